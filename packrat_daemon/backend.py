@@ -1,0 +1,155 @@
+"""The daemon's side of the internal channel: one ROUTER socket and the template process.
+
+Workers and the template connect DEALER sockets to the ROUTER at ``ipc://RUN_DIR/backend.ipc`` and
+name themselves (``template``, ``w1``, ``w2``...). The daemon's loop polls this socket beside the
+frontend; the profiler uses the same class synchronously.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from packrat_daemon.errors import ConfigError, PackratError
+from workers import messages
+
+ALLOCATORS = {
+    "jemalloc": ("libjemalloc.so.2", "libjemalloc2"),
+    "tcmalloc": ("libtcmalloc.so.4", "libgoogle-perftools4"),
+}
+
+
+class TemplateError(PackratError):
+    """The template process could not load the model or died."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    model: str
+    runtime: str
+    dtype: str
+    shape: tuple[int, ...]
+    high: int | None
+    template_pid: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dtype": self.dtype, "shape": list(self.shape)}
+
+
+def allocator_library(name: str) -> str | None:
+    """Path of the malloc to preload into the template (and so every worker), like Intel's launcher."""
+    if name == "system":
+        return None
+    if name not in ALLOCATORS:
+        raise ConfigError(f"unknown allocator {name!r}; choose system, jemalloc or tcmalloc")
+    library, package = ALLOCATORS[name]
+    patterns = [f"/usr/lib/*/{library}", f"/usr/lib/{library}", f"/usr/local/lib/{library}"]
+    for pattern in patterns:
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    found_name = ctypes.util.find_library(name)
+    if found_name and os.path.isabs(found_name):
+        return found_name
+    raise ConfigError(f"allocator {name} is not installed; install it with `apt-get install {package}`")
+
+
+class Backend:
+    def __init__(self, context: zmq.Context, run_dir: str | None = None) -> None:
+        self.context = context
+        self._own_dir = run_dir is None
+        self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="packrat-"))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.run_dir, 0o700)  # the ipc socket accepts anyone who can reach the file
+        self.endpoint = f"ipc://{self.run_dir / 'backend.ipc'}"
+        self.socket = context.socket(zmq.ROUTER)
+        # Sending to a worker that has gone must fail loudly, not drop the slice silently.
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind(self.endpoint)
+        self.template: subprocess.Popen[bytes] | None = None
+
+    # -- the template -------------------------------------------------------------------------
+    def start_template(
+        self, model: str, *, input_override: str | None = None, runtime: str = "torch", allocator: str = "system"
+    ) -> None:
+        env = dict(os.environ)
+        library = allocator_library(allocator)
+        if library:
+            env["LD_PRELOAD"] = ":".join(filter(None, [library, env.get("LD_PRELOAD", "")]))
+        # The workers pin themselves; an inherited OMP binding would fight Packrat's pinning.
+        for variable in ("OMP_PROC_BIND", "OMP_PLACES", "KMP_AFFINITY", "GOMP_CPU_AFFINITY"):
+            env.pop(variable, None)
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("TRANSFORMERS_OFFLINE", "1")
+        command = [
+            sys.executable, "-m", "workers.template",
+            "--model", model, "--runtime", runtime,
+            "--backend", self.endpoint, "--daemon-pid", str(os.getpid()),
+        ]  # fmt: skip
+        if input_override:
+            command += ["--input", input_override]
+        self.template = subprocess.Popen(command, env=env)
+
+    def wait_template(self, timeout: float = 300.0) -> ModelInfo:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.template is not None and self.template.poll() is not None:
+                raise TemplateError(f"the template process exited with status {self.template.returncode}")
+            received = self.recv(200)
+            if received is None:
+                continue
+            identity, kind, header, _ = received
+            if identity != messages.TEMPLATE_IDENTITY:
+                continue
+            if kind == messages.FAILED:
+                raise TemplateError(f"the model could not be loaded: {header['message']}")
+            if kind == messages.READY:
+                spec = header["input"]
+                return ModelInfo(
+                    header["model"], header["runtime"], spec["dtype"], tuple(spec["shape"]), spec.get("high"),
+                    header["pid"],
+                )  # fmt: skip
+        raise TemplateError(f"the template did not load the model within {timeout:.0f} s")
+
+    # -- messages -----------------------------------------------------------------------------
+    def send(self, identity: bytes, kind: bytes, header: dict[str, Any], payload: list[Any] = ()) -> bool:
+        """Send to a worker or the template; False when the peer is not connected (gone)."""
+        try:
+            self.socket.send_multipart([identity, *messages.encode(kind, header, payload)], copy=False)
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                return False
+            raise
+        return True
+
+    def recv(self, timeout_ms: int | None = 0) -> tuple[bytes, bytes, dict[str, Any], list[Any]] | None:
+        if timeout_ms is not None and not self.socket.poll(timeout_ms):
+            return None
+        frames = self.socket.recv_multipart(copy=False)
+        kind, header, payload = messages.decode([frame.bytes for frame in frames[1:3]] + frames[3:])
+        return frames[0].bytes, kind, header, payload
+
+    def close(self) -> None:
+        if self.template is not None and self.template.poll() is None:
+            self.send(messages.TEMPLATE_IDENTITY, messages.STOP, {})
+            try:
+                self.template.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.template.kill()
+                self.template.wait()
+        self.socket.close(linger=0)
+        if self._own_dir:
+            for leftover in self.run_dir.iterdir():
+                leftover.unlink(missing_ok=True)
+            self.run_dir.rmdir()

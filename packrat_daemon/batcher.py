@@ -1,0 +1,78 @@
+"""Dynamic batching: group requests until `max_batch` inputs or `max_delay`, in a bounded queue."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Request:
+    """One client's inference request, waiting for or in a batch."""
+
+    identity: bytes
+    delimiter: bytes | None
+    request_id: Any
+    dtype: str
+    shape: tuple[int, ...]
+    payload: Any  # buffer of the raw rows (a ZeroMQ frame's memoryview: no copy)
+    arrived: float = field(default_factory=time.monotonic)
+    deadline: float | None = None  # monotonic time after which it must not start
+
+    @property
+    def samples(self) -> int:
+        return self.shape[0]
+
+
+class Batcher:
+    def __init__(self, max_batch: int, max_delay_s: float, max_queued_inputs: int) -> None:
+        self.max_batch = max_batch
+        self.max_delay_s = max_delay_s
+        self.max_queued_inputs = max_queued_inputs
+        self.queue: deque[Request] = deque()
+        self.queued_inputs = 0
+
+    def offer(self, request: Request) -> bool:
+        """Queue a request; False when the queue is full (the caller answers OVERLOADED)."""
+        if self.queued_inputs + request.samples > self.max_queued_inputs:
+            return False
+        self.queue.append(request)
+        self.queued_inputs += request.samples
+        return True
+
+    def due(self, now: float) -> bool:
+        """A batch should start now: enough inputs, or the oldest request has waited max_delay."""
+        if not self.queue:
+            return False
+        return self.queued_inputs >= self.max_batch or now - self.queue[0].arrived >= self.max_delay_s
+
+    def take(self) -> list[Request]:
+        """Whole requests in arrival order, up to max_batch inputs (a request is never split)."""
+        batch: list[Request] = []
+        inputs = 0
+        while self.queue and inputs + self.queue[0].samples <= self.max_batch:
+            request = self.queue.popleft()
+            inputs += request.samples
+            batch.append(request)
+        self.queued_inputs -= inputs
+        return batch
+
+    def next_due(self) -> float | None:
+        return self.queue[0].arrived + self.max_delay_s if self.queue else None
+
+    def expire(self, now: float) -> list[Request]:
+        """Remove requests whose client deadline passed before they could start."""
+        if not any(r.deadline is not None and r.deadline < now for r in self.queue):
+            return []
+        expired = [r for r in self.queue if r.deadline is not None and r.deadline < now]
+        self.queue = deque(r for r in self.queue if r.deadline is None or r.deadline >= now)
+        self.queued_inputs -= sum(r.samples for r in expired)
+        return expired
+
+    def drain(self) -> list[Request]:
+        drained = list(self.queue)
+        self.queue.clear()
+        self.queued_inputs = 0
+        return drained

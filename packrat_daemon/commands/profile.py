@@ -1,0 +1,91 @@
+"""`packrat profile`: measure L(threads, batch) for a model on this machine and write the CSV."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from packrat_daemon.commands.options import int_list, positive_int
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "profile",
+        help="measure a latency profile (threads × batch) of a model on this machine",
+        description="Measure each (threads, batch) cell in a pinned worker and write a profile CSV.",
+    )
+    parser.add_argument("--model", default="builtin:resnet50", help="model spec (default: builtin:resnet50)")
+    parser.add_argument("--input", help="input of a model file that does not declare it, e.g. float32:16")
+    parser.add_argument("--threads", type=int_list, help="thread counts (default: 1..usable cores)")
+    parser.add_argument("--batches", type=int_list, default=[1, 2, 4, 8, 16], help="batch sizes (default 1,2,4,8,16)")
+    parser.add_argument("--out", default="profile.csv", help="output CSV (default: profile.csv)")
+    parser.add_argument("--warmup", type=int, default=1, help="warm-up runs per cell (default 1)")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="timed runs per cell (default 3)")
+    parser.add_argument("--allocator", default="system", choices=["system", "jemalloc", "tcmalloc"])
+    parser.add_argument("--runtime", default="torch")
+    # Adaptive (Bayesian) profiling and replay: see docs/profiling.md.
+    parser.add_argument("--adaptive", action="store_true", help="measure only the cells that matter (Bayesian)")
+    parser.add_argument("--budget", default="0.25", help="adaptive budget: a fraction of the grid or SECONDSs")
+    parser.add_argument("--replay", help="answer measurements from this full profile CSV instead of a model")
+    parser.add_argument("--cores", type=positive_int, help="usable cores to plan for (default: detected)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the adaptive search")
+    parser.add_argument("--noise", type=float, default=0.0, help="relative jitter added to replayed cells")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.adaptive or args.replay:
+        from packrat_daemon.commands.profile_adaptive import run_adaptive
+
+        return run_adaptive(args)
+    return run_grid(args)
+
+
+def run_grid(args: argparse.Namespace) -> int:
+    import zmq
+
+    from packrat_daemon.backend import Backend
+    from packrat_daemon.profile import Profile
+    from packrat_daemon.profiler import CellProfiler
+    from packrat_daemon.progress import Progress
+    from packrat_daemon.topology import Topology
+
+    topology = Topology.detect()
+    threads = args.threads or list(range(1, topology.usable_cores + 1))
+    too_many = [t for t in threads if t > topology.usable_cores]
+    if too_many:
+        print(
+            f"packrat profile: note: {too_many} threads exceed the {topology.usable_cores} usable cores",
+            file=sys.stderr,
+        )
+    cells = [(t, b) for t in threads for b in args.batches]
+    context = zmq.Context()
+    backend = Backend(context)
+    measured = {}
+    interrupted = False
+    progress = Progress(len(cells), "profiling")
+    try:
+        backend.start_template(args.model, input_override=args.input, runtime=args.runtime, allocator=args.allocator)
+        progress.note(f"loading {args.model}")
+        info = backend.wait_template()
+        profiler = CellProfiler(backend, topology, info, warmup=args.warmup, repeats=args.repeats)
+        try:
+            for t, b in cells:
+                cell = profiler.measure(t, b)
+                measured[(t, b)] = cell
+                progress.advance(f"t={t} b={b}: {cell.latency_ms:.2f} ms")
+        finally:
+            profiler.close()
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        progress.close()
+        backend.close()
+        context.term()
+    if measured:
+        Profile(measured, model=args.model, runtime=args.runtime).write_csv(args.out)
+        print(f"wrote {len(measured)} of {len(cells)} cells to {args.out}", file=sys.stderr)
+    elif interrupted:
+        print("interrupted before any cell was measured; nothing written", file=sys.stderr)
+    return 130 if interrupted else 0

@@ -1,0 +1,63 @@
+"""`packrat serve`: run the daemon for one model."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from packrat_daemon.commands.options import int_list, positive_int
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve a model over ZeroMQ with a tuned pool of pinned workers",
+        description="Serve a model over ZeroMQ; the pool of pinned workers follows the chosen policy.",
+    )
+    add_serve_options(parser)
+    parser.set_defaults(run=run)
+
+
+def add_serve_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="builtin:resnet50", help="model spec (default: builtin:resnet50)")
+    parser.add_argument("--input", help="input of a model file that does not declare it, e.g. float32:3x224x224")
+    parser.add_argument("--endpoint", default="tcp://127.0.0.1:5555", help="where clients connect (tcp:// or ipc://)")
+    parser.add_argument("--policy", default="packrat", help="packrat, single, torchserve or fixed (default: packrat)")
+    parser.add_argument("--plan", help="the plan for --policy fixed, e.g. 2*1x8")
+    parser.add_argument("--profile", help="latency profile CSV; without it, the needed cells are measured at start")
+    parser.add_argument("--save-profile", help="write the profile measured at start to this CSV")
+    parser.add_argument("--max-batch", type=positive_int, default=16, help="most inputs in one batch (default 16)")
+    parser.add_argument("--max-delay-ms", type=float, default=1.0, help="longest wait to fill a batch (default 1)")
+    parser.add_argument("--max-queue", type=positive_int, default=1024, help="inputs that may wait (default 1024)")
+    parser.add_argument("--batches", type=int_list, help="batch sizes to plan for (default: --max-batch)")
+    parser.add_argument(
+        "--allocator", default="system", choices=["system", "jemalloc", "tcmalloc"], help="malloc to preload"
+    )
+    parser.add_argument("--runtime", default="torch", help="inference runtime (default: torch)")
+    parser.add_argument("--run-dir", help="folder for the internal ipc sockets (default: a private temp folder)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def config_from(args: argparse.Namespace):  # noqa: ANN201
+    from packrat_daemon.daemon import ServeConfig
+
+    return ServeConfig(
+        model=args.model, input=args.input, endpoint=args.endpoint, policy=args.policy, plan=args.plan,
+        profile=args.profile, save_profile=args.save_profile, max_batch=args.max_batch,
+        max_delay_ms=args.max_delay_ms, max_queue=args.max_queue, allocator=args.allocator,
+        runtime=args.runtime, run_dir=args.run_dir, batches=args.batches or [],
+    )  # fmt: skip
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s packrat[%(process)d] %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from packrat_daemon.daemon import serve
+
+    setup_logging(args.log_level)
+    return serve(config_from(args))

@@ -1,0 +1,375 @@
+"""The daemon: start-up, one main loop, staged shutdown (after uvicorn's server and gunicorn's arbiter).
+
+One thread runs everything: the frontend ROUTER, the internal backend ROUTER and a wake-up pipe
+for signals are polled together. Signal handlers only enqueue; the loop acts on the queue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket as pysocket
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from packrat_daemon import protocol
+from packrat_daemon.backend import Backend, ModelInfo
+from packrat_daemon.batcher import Batcher, Request
+from packrat_daemon.dispatcher import Completed, Dispatcher, Splitter
+from packrat_daemon.distribution import BatchDistribution
+from packrat_daemon.errors import ConfigError
+from packrat_daemon.pool import Pool, PoolEvent
+from packrat_daemon.profile import Profile
+from packrat_daemon.profiler import CellProfiler, default_grid
+from packrat_daemon.progress import Progress
+from packrat_daemon.reconciler import Reconciler
+from packrat_daemon.topology import Topology
+from policies.base import Plan
+from policies.registry import get_policy
+
+log = logging.getLogger("packrat.daemon")
+
+MAX_READS_PER_WAKE = 256  # bound how long one socket can starve the others
+
+
+@dataclass
+class ServeConfig:
+    model: str = "builtin:resnet50"
+    input: str | None = None
+    endpoint: str = "tcp://127.0.0.1:5555"
+    policy: str = "packrat"
+    plan: str | None = None
+    profile: str | None = None
+    save_profile: str | None = None
+    max_batch: int = 16
+    max_delay_ms: float = 1.0
+    max_queue: int = 1024  # inputs waiting, across requests
+    allocator: str = "system"
+    runtime: str = "torch"
+    run_dir: str | None = None
+    job_timeout_s: float = 120.0
+    drain_timeout_s: float = 30.0
+    startup_timeout_s: float = 600.0
+    batches: list[int] = field(default_factory=list)  # batch sizes to plan for (default: max_batch)
+
+
+class Daemon:
+    def __init__(self, config: ServeConfig, topology: Topology | None = None) -> None:
+        self.config = config
+        self.topology = topology or Topology.detect()
+        self.context = zmq.Context()
+        self.backend: Backend | None = None
+        self.frontend: zmq.Socket | None = None
+        self.info: ModelInfo | None = None
+        self.plan: Plan | None = None
+        self.profile: Profile | None = None
+        self.events: deque[str] = deque()  # filled by signal handlers, drained by the loop
+        self._wake_r, self._wake_w = pysocket.socketpair()
+        self.state = "starting"
+
+    # -- start-up ----------------------------------------------------------------------------
+    def start(self) -> None:
+        config = self.config
+        self._install_signals()
+        log.info("machine: %s", self.topology.describe())
+        self.backend = Backend(self.context, config.run_dir)
+        log.info("loading %s in the template process", config.model)
+        self.backend.start_template(
+            config.model, input_override=config.input, runtime=config.runtime, allocator=config.allocator
+        )
+        self.info = self.backend.wait_template(config.startup_timeout_s)
+        self.sample_bytes = _sample_bytes(self.info)
+        log.info("model %s: input %s %s per sample", config.model, self.info.dtype, list(self.info.shape))
+        policy = get_policy(config.policy, **({"plan": config.plan} if config.policy == "fixed" else {}))
+        self.profile = self._load_or_measure_profile(policy.needs_profile)
+        distribution = BatchDistribution.from_counts({b: 1.0 for b in (config.batches or [config.max_batch])})
+        self.plan = policy.plan(self.profile, self.topology, distribution)
+        log.info("plan %s — %s", self.plan.describe(), self.plan.reason)
+        self.pool = Pool(self.backend, warmup=(1,))
+        self.reconciler = Reconciler(self.pool, self.topology)
+        self.reconciler.set_plan(self.plan)
+        self.splitter = Splitter(self.profile, self.plan.split)
+        self.dispatcher = Dispatcher(self._send_backend, self.splitter, config.job_timeout_s)
+        self.batcher = Batcher(config.max_batch, config.max_delay_ms / 1000.0, config.max_queue)
+        self._wait_converged()
+        self.frontend = self.context.socket(zmq.ROUTER)
+        self.frontend.setsockopt(zmq.LINGER, 0)
+        self.frontend.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a vanished client must not stall the daemon
+        self.frontend.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes())
+        self.frontend.bind(config.endpoint)
+        self.state = "serving"
+        log.info("serving on %s with %d worker(s)", config.endpoint, len(self.reconciler.serving()))
+        _sd_notify("READY=1\nSTATUS=serving")
+
+    def _load_or_measure_profile(self, needed: bool) -> Profile | None:
+        config = self.config
+        if config.profile:
+            profile = Profile.read_csv(config.profile)
+            log.info("profile %s: %d cells", config.profile, len(profile))
+            return profile
+        if not needed:
+            return None
+        assert self.backend is not None and self.info is not None
+        threads, batches = default_grid(self.topology.usable_cores, max(config.batches or [config.max_batch]))
+        cells = [(t, b) for t in threads for b in batches]
+        progress = Progress(len(cells), "profiling")
+        profiler = CellProfiler(self.backend, self.topology, self.info)
+        measured = {}
+        try:
+            for t, b in cells:
+                measured[(t, b)] = profiler.measure(t, b)
+                progress.advance(f"t={t} b={b}: {measured[(t, b)].latency_ms:.1f} ms")
+        finally:
+            profiler.close()
+            progress.close()
+        profile = Profile(measured, model=config.model, runtime=self.info.runtime)
+        if config.save_profile:
+            profile.write_csv(config.save_profile)
+            log.info("profile saved to %s", config.save_profile)
+        return profile
+
+    def _wait_converged(self) -> None:
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        while not self.reconciler.converged():
+            if time.monotonic() > deadline:
+                raise ConfigError(f"the workers did not become ready within {self.config.startup_timeout_s:.0f} s")
+            if self.events:
+                raise KeyboardInterrupt
+            self.reconciler.step()
+            self._pump_backend(200)
+
+    # -- main loop ---------------------------------------------------------------------------
+    def run(self) -> None:
+        assert self.frontend is not None and self.backend is not None
+        poller = zmq.Poller()
+        poller.register(self.frontend, zmq.POLLIN)
+        poller.register(self.backend.socket, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        drain_deadline: float | None = None
+        while True:
+            timeout_ms = self._poll_timeout_ms()
+            ready = dict(poller.poll(timeout_ms))
+            if self._wake_r.fileno() in ready or self._wake_r in ready:
+                self._wake_r.recv(4096)
+            while self.events:
+                event = self.events.popleft()
+                if event == "stop":
+                    if self.state == "draining":
+                        log.warning("second stop signal: exiting without draining")
+                        return
+                    self.state = "draining"
+                    drain_deadline = time.monotonic() + self.config.drain_timeout_s
+                    _sd_notify("STOPPING=1")
+                    log.info("draining: finishing queued requests (up to %.0f s)", self.config.drain_timeout_s)
+            if self.frontend in ready:
+                self._read_frontend()
+            if self.backend.socket in ready:
+                self._pump_backend(0)
+            self._tick()
+            if self.state == "draining" and not self.dispatcher.busy and not self.batcher.queue:
+                return
+            if drain_deadline is not None and time.monotonic() > drain_deadline:
+                log.warning("drain deadline passed; answering what is left with SHUTTING_DOWN")
+                for request in self.batcher.drain() + self.dispatcher.abandon():
+                    self._reply_error(request, protocol.ErrorCode.SHUTTING_DOWN, "the server is shutting down")
+                return
+
+    def _poll_timeout_ms(self) -> int:
+        deadlines = [time.monotonic() + 0.25]
+        due = self.batcher.next_due()
+        if due is not None and not self.dispatcher.busy:
+            deadlines.append(due)
+        return max(0, int((min(deadlines) - time.monotonic()) * 1000) + (0 if due else 1))
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        for request in self.batcher.expire(now):
+            self._reply_error(request, protocol.ErrorCode.TIMEOUT, "the request's timeout passed while it was queued")
+        for worker in self.dispatcher.overdue(now):
+            log.warning("worker %d (%d threads) did not answer in time; replacing it", worker.id, worker.threads)
+            self.pool.kill(worker)
+            self._on_lost(worker)
+        self.reconciler.step()
+        if not self.dispatcher.busy and self.batcher.due(now):
+            workers = self.reconciler.serving()
+            if workers:
+                self.dispatcher.dispatch(self.batcher.take(), workers)
+
+    # -- frontend ----------------------------------------------------------------------------
+    def _read_frontend(self) -> None:
+        assert self.frontend is not None and self.info is not None
+        for _ in range(MAX_READS_PER_WAKE):
+            try:
+                frames = self.frontend.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            identity = frames[0].bytes
+            try:
+                delimiter, request = protocol.parse_request(frames[1:], max_message_bytes=self._max_message_bytes())
+            except protocol.ProtocolError as exc:
+                reply = protocol.encode_error(exc.request_id, exc.code, exc.message)
+                self._send_frontend(identity, exc.delimiter, reply)
+                continue
+            if isinstance(request, protocol.InfoRequest):
+                self._send_frontend(identity, delimiter, protocol.encode_info(request.request_id, self._info()))
+                continue
+            if self.state != "serving":
+                reply = protocol.encode_error(
+                    request.request_id, protocol.ErrorCode.SHUTTING_DOWN, "the server is shutting down; retry elsewhere"
+                )
+                self._send_frontend(identity, delimiter, reply)
+                continue
+            try:
+                protocol.check_against_model(request, self.info.dtype, self.info.shape, self.config.max_batch)
+            except protocol.ProtocolError as exc:
+                self._send_frontend(identity, delimiter, protocol.encode_error(request.request_id, exc.code, str(exc)))
+                continue
+            now = time.monotonic()
+            deadline = None if request.timeout_ms is None else now + request.timeout_ms / 1000.0
+            queued = Request(
+                identity, delimiter, request.request_id, request.dtype, request.shape, request.payload, now, deadline
+            )
+            if not self.batcher.offer(queued):
+                message = f"the queue is full ({self.batcher.queued_inputs} inputs waiting); retry later"
+                self._reply_error(queued, protocol.ErrorCode.OVERLOADED, message)
+
+    def _info(self) -> dict[str, Any]:
+        assert self.info is not None and self.plan is not None
+        return {
+            "versions": list(protocol.SUPPORTED_VERSIONS),
+            "model": self.config.model,
+            "input": {"dtype": self.info.dtype, "shape": list(self.info.shape)},
+            "max_batch": self.config.max_batch,
+            "plan": self.plan.to_json(),
+            "workers": [{"id": w.id, "threads": w.threads, "cores": list(w.cores)} for w in self.reconciler.serving()],
+        }
+
+    def _send_frontend(self, identity: bytes, delimiter: bytes | None, frames: list[Any]) -> None:
+        assert self.frontend is not None
+        head = [identity] if delimiter is None else [identity, delimiter]
+        try:
+            self.frontend.send_multipart(head + list(frames), copy=False)
+        except zmq.ZMQError as exc:
+            log.debug("could not answer a client: %s", exc)
+
+    def _reply_error(self, request: Request, code: protocol.ErrorCode, message: str) -> None:
+        self._send_frontend(
+            request.identity, request.delimiter, protocol.encode_error(request.request_id, code, message)
+        )
+
+    def _reply_result(self, done: Completed) -> None:
+        request = done.request
+        total_ms = (time.monotonic() - request.arrived) * 1000.0
+        timing = {
+            "queue_ms": round(done.queue_ms, 3),
+            "compute_ms": round(done.compute_ms, 3),
+            "total_ms": round(total_ms, 3),
+        }
+        output = done.output
+        frames = protocol.encode_result(request.request_id, output.dtype.name, output.shape, output, timing)
+        self._send_frontend(request.identity, request.delimiter, frames)
+
+    # -- backend -----------------------------------------------------------------------------
+    def _send_backend(self, identity: bytes, kind: bytes, header: dict[str, Any], payload: list[Any]) -> bool:
+        assert self.backend is not None
+        return self.backend.send(identity, kind, header, payload)
+
+    def _pump_backend(self, timeout_ms: int) -> None:
+        assert self.backend is not None
+        received = self.backend.recv(timeout_ms)
+        reads = 0
+        while received is not None and reads < MAX_READS_PER_WAKE:
+            event = self.pool.handle(*received)
+            if event is not None:
+                self._on_pool_event(event)
+            reads += 1
+            received = self.backend.recv(0)
+        if not self.pool.template_alive():
+            raise TemplateLost("the template process died; the daemon cannot start workers any more")
+
+    def _on_pool_event(self, event: PoolEvent) -> None:
+        worker = event.worker
+        assert worker is not None
+        if event.kind == "result":
+            for done in self.dispatcher.on_result(worker, event.header, event.payload):
+                self._reply_result(done)
+        elif event.kind == "failed":
+            message = event.header.get("message", "the model failed")
+            log.error("worker %d failed a batch: %s", worker.id, message)
+            for request in self.dispatcher.abandon():
+                self._reply_error(request, protocol.ErrorCode.INTERNAL, f"the model failed on this batch: {message}")
+        elif event.kind == "lost":
+            log.warning("worker %d (pid %s, %d threads) exited unexpectedly", worker.id, worker.pid, worker.threads)
+            self._on_lost(worker)
+        elif event.kind == "ready":
+            log.info("worker %d ready: %d thread(s) on cores %s", worker.id, worker.threads, list(worker.cores))
+
+    def _on_lost(self, worker: Any) -> None:
+        if self.dispatcher.busy and not self.dispatcher.reassign(worker, self.reconciler.serving()):
+            for request in self.dispatcher.abandon():
+                self._reply_error(request, protocol.ErrorCode.INTERNAL, "every worker died while serving this batch")
+
+    # -- shutdown ----------------------------------------------------------------------------
+    def close(self) -> None:
+        if self.frontend is not None:
+            self.frontend.close(linger=0)
+        if self.backend is not None:
+            # The template stops its children in order (SIGTERM, then SIGKILL after a grace period).
+            self.backend.close()
+        self._wake_r.close()
+        self._wake_w.close()
+        self.context.term()
+        log.info("stopped")
+
+    def _install_signals(self) -> None:
+        def enqueue(signum: int, _frame: object) -> None:
+            self.events.append("stop")
+            with contextlib.suppress(OSError):
+                self._wake_w.send(b"\0")
+
+        signal.signal(signal.SIGTERM, enqueue)
+        signal.signal(signal.SIGINT, enqueue)
+
+    def _max_message_bytes(self) -> int:
+        return self.config.max_batch * self.sample_bytes + protocol.MAX_HEADER_BYTES + 1024
+
+
+class TemplateLost(ConfigError):
+    """The template died; without it no worker can be (re)started."""
+
+
+def _sample_bytes(info: ModelInfo) -> int:
+    count = 1
+    for dim in info.shape:
+        count *= dim
+    return count * protocol.DTYPES[info.dtype].itemsize
+
+
+def _sd_notify(message: str) -> None:
+    """Tell systemd (Type=notify) about our state, if it started us."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    with pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_DGRAM) as sock, contextlib.suppress(OSError):
+        sock.sendto(message.encode(), address)
+
+
+def serve(config: ServeConfig) -> int:
+    daemon = Daemon(config)
+    try:
+        daemon.start()
+        daemon.run()
+    except KeyboardInterrupt:
+        log.info("interrupted during start-up")
+        return 130
+    finally:
+        daemon.close()
+    return 0

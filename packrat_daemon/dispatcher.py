@@ -1,0 +1,210 @@
+"""The dispatcher: splits each batch across the serving instances and gathers the answers.
+
+Every batch is split exactly for the live pool (policies.solver.split_batch on the instances' own
+profile rows). Each worker gets its rows as frames that point into the clients' own buffers (no
+copy on the way in). A worker that dies or times out has its slice sent to another instance, so
+every request ends in a result or an explicit error.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from packrat_daemon.batcher import Request
+from packrat_daemon.errors import InfeasibleError
+from packrat_daemon.pool import WorkerHandle
+from packrat_daemon.profile import Profile
+from policies.solver import split_batch
+from workers import messages
+
+Send = Callable[[bytes, bytes, dict[str, Any], list[Any]], bool]
+
+
+@dataclass
+class Job:
+    id: int
+    batch: InFlightBatch
+    offset: int  # first row of the batch this job covers
+    rows: int
+    worker: WorkerHandle
+    sent_at: float
+    output: np.ndarray | None = None
+    compute_ms: float = 0.0
+
+
+@dataclass
+class InFlightBatch:
+    requests: list[Request]
+    dtype: np.dtype
+    sample_shape: tuple[int, ...]
+    started: float = field(default_factory=time.monotonic)
+    jobs: list[Job] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return sum(r.samples for r in self.requests)
+
+    def done(self) -> bool:
+        return all(job.output is not None for job in self.jobs)
+
+
+@dataclass(frozen=True)
+class Completed:
+    request: Request
+    output: np.ndarray
+    queue_ms: float
+    compute_ms: float
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A worker's compute time for one slice: what profiles and the estimator learn from."""
+
+    threads: int
+    batch: int
+    compute_ms: float
+
+
+class Splitter:
+    """Per-batch split for a pool, cached by (pool thread counts, batch): pools change rarely."""
+
+    def __init__(self, profile: Profile | None, mode: str) -> None:
+        self.profile = profile
+        self.mode = mode
+        self._cache: dict[tuple[tuple[int, ...], int], list[int]] = {}
+
+    def split(self, threads: Sequence[int], batch: int) -> list[int]:
+        key = (tuple(threads), batch)
+        if key not in self._cache:
+            self._cache[key] = self._compute(list(threads), batch)
+        return self._cache[key]
+
+    def _compute(self, threads: list[int], batch: int) -> list[int]:
+        if self.mode == "exact" and self.profile is not None:
+            try:
+                return split_batch(self.profile, threads, batch)[1]
+            except InfeasibleError:
+                pass  # the profile does not cover this pool or batch: fall back to proportional
+        weights = threads if self.mode == "exact" else [1] * len(threads)
+        return _proportional(weights, batch)
+
+
+def _proportional(weights: Sequence[int], batch: int) -> list[int]:
+    total = sum(weights)
+    sizes = [batch * w // total for w in weights]
+    for k in range(batch - sum(sizes)):
+        sizes[k % len(sizes)] += 1
+    return sizes
+
+
+class Dispatcher:
+    def __init__(self, send: Send, splitter: Splitter, job_timeout_s: float) -> None:
+        self.send = send
+        self.splitter = splitter
+        self.job_timeout_s = job_timeout_s
+        self.batch: InFlightBatch | None = None
+        self.jobs: dict[int, Job] = {}
+        self._next_job = 1
+        self.timings: list[Timing] = []  # drained by the daemon's learners
+
+    @property
+    def busy(self) -> bool:
+        return self.batch is not None
+
+    def dispatch(self, requests: list[Request], workers: list[WorkerHandle]) -> None:
+        first = requests[0]
+        batch = InFlightBatch(requests, np.dtype(first.dtype), tuple(first.shape[1:]))
+        self.batch = batch
+        sizes = self.splitter.split([w.threads for w in workers], batch.rows)
+        offset = 0
+        for worker, rows in zip(workers, sizes, strict=True):
+            if rows:
+                self._send_job(batch, offset, rows, worker)
+                offset += rows
+
+    def on_result(self, worker: WorkerHandle, header: dict[str, Any], payload: list[Any]) -> list[Completed]:
+        job = self.jobs.pop(header["job"], None)
+        if job is None or job.batch is not self.batch:
+            return []  # a late answer for a slice already re-sent elsewhere
+        frame = payload[0]
+        job.output = np.frombuffer(frame.buffer, dtype=np.dtype(header["dtype"])).reshape(header["shape"])
+        job.compute_ms = float(header["compute_ms"])
+        self.timings.append(Timing(int(header["threads"]), int(header["batch"]), job.compute_ms))
+        return self._finish() if self.batch.done() else []
+
+    def reassign(self, lost: WorkerHandle, workers: list[WorkerHandle]) -> bool:
+        """Re-send the lost worker's slices; False when no worker is left to take them."""
+        orphaned = [job for job in self.jobs.values() if job.worker.id == lost.id]
+        candidates = [w for w in workers if w.id != lost.id]
+        if orphaned and not candidates:
+            return False
+        for k, job in enumerate(orphaned):
+            del self.jobs[job.id]
+            job.batch.jobs.remove(job)
+            self._send_job(job.batch, job.offset, job.rows, candidates[k % len(candidates)])
+        return True
+
+    def overdue(self, now: float) -> list[WorkerHandle]:
+        return [job.worker for job in self.jobs.values() if now - job.sent_at > self.job_timeout_s]
+
+    def abandon(self) -> list[Request]:
+        """Give up the batch in flight (no worker left); the caller answers its requests with errors."""
+        requests = self.batch.requests if self.batch else []
+        self.batch = None
+        self.jobs.clear()
+        return requests
+
+    # -- internals --------------------------------------------------------------------------
+    def _send_job(self, batch: InFlightBatch, offset: int, rows: int, worker: WorkerHandle) -> None:
+        job = Job(self._next_job, batch, offset, rows, worker, time.monotonic())
+        self._next_job += 1
+        header = {"job": job.id, "dtype": batch.dtype.name, "shape": [rows, *batch.sample_shape]}
+        self.jobs[job.id] = job
+        batch.jobs.append(job)
+        if not self.send(worker.identity, messages.RUN, header, _row_frames(batch, offset, rows)):
+            job.sent_at = 0.0  # unreachable worker: the next overdue() check re-routes it at once
+
+    def _finish(self) -> list[Completed]:
+        batch = self.batch
+        assert batch is not None
+        self.batch = None
+        jobs = sorted(batch.jobs, key=lambda j: j.offset)
+        compute_ms = max(job.compute_ms for job in jobs)
+        completed = []
+        offset = 0
+        for request in batch.requests:
+            rows = _gather(jobs, offset, request.samples)
+            queue_ms = (batch.started - request.arrived) * 1000.0
+            completed.append(Completed(request, rows, queue_ms, compute_ms))
+            offset += request.samples
+        return completed
+
+
+def _row_frames(batch: InFlightBatch, offset: int, rows: int) -> list[memoryview]:
+    """Frames covering rows [offset, offset+rows) of the batch, as views of the request buffers."""
+    row_bytes = batch.dtype.itemsize * int(np.prod(batch.sample_shape, dtype=np.int64))
+    frames = []
+    start = 0
+    for request in batch.requests:
+        end = start + request.samples
+        low, high = max(offset, start), min(offset + rows, end)
+        if low < high:
+            view = memoryview(request.payload).cast("B")
+            frames.append(view[(low - start) * row_bytes : (high - start) * row_bytes])
+        start = end
+    return frames
+
+
+def _gather(jobs: list[Job], offset: int, rows: int) -> np.ndarray:
+    pieces = []
+    for job in jobs:
+        low, high = max(offset, job.offset), min(offset + rows, job.offset + job.rows)
+        if low < high:
+            assert job.output is not None
+            pieces.append(job.output[low - job.offset : high - job.offset])
+    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)

@@ -1,0 +1,227 @@
+"""Latency profiles: L(threads, batch) for one model on one machine, with sample counts.
+
+The file format is CSV with at least the header ``threads,batch,latency_ms``; extra columns are
+allowed (``samples``, ``p90_ms``, ``runtime``, ...), so profiles measured elsewhere can be imported.
+Rows naming the same (threads, batch) cell are merged by a sample-weighted mean, never dropped.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from packrat_daemon.errors import ProfileError
+
+REQUIRED_COLUMNS = ("threads", "batch", "latency_ms")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measured cell: the median latency of `samples` runs of `batch` inputs on `threads` threads."""
+
+    latency_ms: float
+    samples: int = 1
+    p90_ms: float | None = None
+
+    def merged(self, other: Cell) -> Cell:
+        total = self.samples + other.samples
+        latency = (self.latency_ms * self.samples + other.latency_ms * other.samples) / total
+        p90 = None
+        if self.p90_ms is not None and other.p90_ms is not None:
+            p90 = (self.p90_ms * self.samples + other.p90_ms * other.samples) / total
+        elif self.p90_ms is not None or other.p90_ms is not None:
+            p90 = self.p90_ms if self.p90_ms is not None else other.p90_ms
+        return Cell(latency, total, p90)
+
+
+class Profile:
+    """An immutable latency table by (threads, batch).
+
+    ``lhat(t, b)`` is the latency the solver assumes for an instance with `t` threads given `b`
+    inputs: the latency of the smallest profiled batch b' >= b with the same t (latency is
+    non-decreasing in the batch), or None when b exceeds every batch profiled for t.
+    """
+
+    def __init__(self, cells: Mapping[tuple[int, int], Cell], *, model: str = "", runtime: str = "") -> None:
+        for (threads, batch), cell in cells.items():
+            _check_cell(threads, batch, cell.latency_ms, where=f"cell ({threads}, {batch})")
+        self._cells: dict[tuple[int, int], Cell] = dict(sorted(cells.items()))
+        self.model = model
+        self.runtime = runtime
+        rows: dict[int, list[tuple[int, float]]] = {}
+        for (threads, batch), cell in self._cells.items():
+            rows.setdefault(threads, []).append((batch, cell.latency_ms))
+        self._rows = {t: tuple(r) for t, r in rows.items()}
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_latencies(cls, table: Mapping[tuple[int, int], float], **meta: str) -> Profile:
+        return cls({key: Cell(float(value)) for key, value in table.items()}, **meta)
+
+    @classmethod
+    def read_csv(cls, path: str | os.PathLike[str]) -> Profile:
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ProfileError(f"profile file {path} does not exist; measure one with `packrat profile`") from None
+        except OSError as exc:
+            raise ProfileError(f"cannot read profile file {path}: {exc.strerror}") from None
+        return cls.parse_csv(text, source=str(path))
+
+    @classmethod
+    def parse_csv(cls, text: str, *, source: str = "<profile>") -> Profile:
+        reader = csv.reader(io.StringIO(text))
+        header: list[str] | None = None
+        cells: dict[tuple[int, int], Cell] = {}
+        meta: dict[str, str] = {}
+        for line_number, row in enumerate(reader, start=1):
+            if not row or all(not field.strip() for field in row):
+                continue
+            if row[0].startswith("#"):
+                # Comment lines may carry metadata: "# model: builtin:resnet50".
+                key, sep, value = row[0][1:].partition(":")
+                if sep and key.strip() in ("model", "runtime"):
+                    meta[key.strip()] = ",".join([value, *row[1:]]).strip()
+                continue
+            if header is None:
+                header = [name.strip().lower() for name in row]
+                missing = [name for name in REQUIRED_COLUMNS if name not in header]
+                if missing:
+                    raise ProfileError(
+                        f"{source}:{line_number}: header lacks column(s) {', '.join(missing)}; "
+                        f"a profile's header must contain {','.join(REQUIRED_COLUMNS)}"
+                    )
+                continue
+            if len(row) != len(header):
+                raise ProfileError(
+                    f"{source}:{line_number}: expected {len(header)} fields as in the header, got {len(row)}"
+                )
+            record = dict(zip(header, (field.strip() for field in row), strict=True))
+            where = f"{source}:{line_number}"
+            threads = _parse_int(record["threads"], "threads", where)
+            batch = _parse_int(record["batch"], "batch", where)
+            latency = _parse_float(record["latency_ms"], "latency_ms", where)
+            samples = _parse_int(record["samples"], "samples", where) if record.get("samples") else 1
+            if samples < 1:
+                raise ProfileError(f"{where}: samples must be >= 1, got {samples}")
+            p90 = _parse_float(record["p90_ms"], "p90_ms", where) if record.get("p90_ms") else None
+            _check_cell(threads, batch, latency, where=where)
+            cell = Cell(latency, samples, p90)
+            key = (threads, batch)
+            cells[key] = cells[key].merged(cell) if key in cells else cell
+        if header is None:
+            raise ProfileError(f"{source}: empty profile; expected a header {','.join(REQUIRED_COLUMNS)}")
+        if not cells:
+            raise ProfileError(f"{source}: the profile has a header but no rows")
+        return cls(cells, **meta)
+
+    # -- queries ------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._cells)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter(self._cells)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._cells
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Profile) and self._cells == other._cells
+
+    def __repr__(self) -> str:
+        return f"Profile({len(self)} cells, threads={self.threads()}, model={self.model!r})"
+
+    def cell(self, threads: int, batch: int) -> Cell:
+        return self._cells[(threads, batch)]
+
+    def latency(self, threads: int, batch: int) -> float:
+        return self._cells[(threads, batch)].latency_ms
+
+    def items(self) -> Iterable[tuple[tuple[int, int], Cell]]:
+        return self._cells.items()
+
+    def threads(self) -> list[int]:
+        return sorted(self._rows)
+
+    def batches(self, threads: int | None = None) -> list[int]:
+        if threads is not None:
+            return [b for b, _ in self._rows.get(threads, ())]
+        return sorted({b for _, b in self._cells})
+
+    def row(self, threads: int) -> tuple[tuple[int, float], ...]:
+        """(batch, latency_ms) pairs for `threads`, sorted by batch."""
+        return self._rows.get(threads, ())
+
+    def max_batch(self, threads: int) -> int:
+        row = self._rows.get(threads)
+        return row[-1][0] if row else 0
+
+    def lhat(self, threads: int, batch: int) -> float | None:
+        for profiled_batch, latency in self._rows.get(threads, ()):
+            if profiled_batch >= batch:
+                return latency
+        return None
+
+    def restricted(self, max_threads: int) -> Profile:
+        """The rows an instance can use on a machine with `max_threads` usable cores."""
+        kept = {key: cell for key, cell in self._cells.items() if key[0] <= max_threads}
+        return Profile(kept, model=self.model, runtime=self.runtime)
+
+    def merged(self, other: Profile) -> Profile:
+        cells = dict(self._cells)
+        for key, cell in other.items():
+            cells[key] = cells[key].merged(cell) if key in cells else cell
+        return Profile(cells, model=self.model or other.model, runtime=self.runtime or other.runtime)
+
+    # -- output -------------------------------------------------------------------------------
+    def to_csv(self) -> str:
+        out = io.StringIO()
+        if self.model:
+            out.write(f"# model: {self.model}\n")
+        if self.runtime:
+            out.write(f"# runtime: {self.runtime}\n")
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(["threads", "batch", "latency_ms", "samples", "p90_ms"])
+        for (threads, batch), cell in self._cells.items():
+            p90 = "" if cell.p90_ms is None else f"{cell.p90_ms:.4f}"
+            writer.writerow([threads, batch, f"{cell.latency_ms:.4f}", cell.samples, p90])
+        return out.getvalue()
+
+    def write_csv(self, path: str | os.PathLike[str]) -> None:
+        """Write atomically, so a crash or Ctrl-C never leaves a half-written profile behind."""
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(self.to_csv(), encoding="utf-8")
+        os.replace(tmp, path)
+
+
+def _parse_int(text: str, column: str, where: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ProfileError(f"{where}: column {column} must be an integer, got {text!r}") from None
+    if not value.is_integer():
+        raise ProfileError(f"{where}: column {column} must be an integer, got {text!r}")
+    return int(value)
+
+
+def _parse_float(text: str, column: str, where: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ProfileError(f"{where}: column {column} must be a number, got {text!r}") from None
+
+
+def _check_cell(threads: int, batch: int, latency: float, *, where: str) -> None:
+    if threads < 1:
+        raise ProfileError(f"{where}: threads must be >= 1, got {threads}")
+    if batch < 1:
+        raise ProfileError(f"{where}: batch must be >= 1, got {batch}")
+    if not math.isfinite(latency) or latency <= 0:
+        raise ProfileError(f"{where}: latency_ms must be a positive finite number, got {latency}")

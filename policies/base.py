@@ -1,0 +1,75 @@
+"""The policy contract: a tiny base class; plans are frozen values.
+
+A policy is a pure function of frozen inputs (as optuna's samplers are): it reads a Profile, a
+Topology and a BatchDistribution and returns a Plan. It never touches processes; the reconciler
+turns a Plan into a live pool.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from packrat_daemon.distribution import BatchDistribution
+from packrat_daemon.profile import Profile
+from packrat_daemon.topology import Topology
+
+
+@dataclass(frozen=True)
+class InstancePlan:
+    threads: int
+    batch: int  # inputs this instance is expected to take at the plan's reference batch
+
+
+@dataclass(frozen=True)
+class Plan:
+    instances: tuple[InstancePlan, ...]
+    policy: str
+    reason: str
+    predicted_latency_ms: float | None = None
+    # True when instances deliberately share cores (TorchServe's default); the allocator then gives
+    # every instance the whole CPU set instead of disjoint cores.
+    oversubscribed: bool = False
+    # How each live batch is divided: "exact" uses the per-batch split on the profile's rows,
+    # "even" spreads inputs evenly (what a round-robin server such as TorchServe does).
+    split: str = "exact"
+    details: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def thread_counts(self) -> list[int]:
+        return [instance.threads for instance in self.instances]
+
+    @property
+    def total_threads(self) -> int:
+        return sum(self.thread_counts)
+
+    def describe(self) -> str:
+        groups: dict[tuple[int, int], int] = {}
+        for instance in self.instances:
+            key = (instance.threads, instance.batch)
+            groups[key] = groups.get(key, 0) + 1
+        parts = [f"{n}×⟨{t} thread{'s' if t > 1 else ''}, batch {b}⟩" for (t, b), n in groups.items()]
+        latency = "" if self.predicted_latency_ms is None else f", predicted {self.predicted_latency_ms:.1f} ms"
+        return f"{self.policy}: {' + '.join(parts)}{latency}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "instances": [{"threads": i.threads, "batch": i.batch} for i in self.instances],
+            "predicted_latency_ms": self.predicted_latency_ms,
+            "oversubscribed": self.oversubscribed,
+            "split": self.split,
+            "reason": self.reason,
+        }
+
+
+class Policy(abc.ABC):
+    """Base class of every policy. Subclasses set `name` and implement `plan`."""
+
+    name: ClassVar[str] = ""
+    needs_profile: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def plan(self, profile: Profile | None, topology: Topology, distribution: BatchDistribution) -> Plan:
+        """Return the pool to run for this distribution. Must not mutate its inputs."""

@@ -1,0 +1,463 @@
+"""The exact ⟨instances, threads, batch⟩ solver and the exact per-batch split.
+
+The question (DESIGN.md): choose instances (t_k, b_k) with Σ t_k ≤ T, Σ b_k = B, b_k ≥ 1, minimising
+max_k L̂(t_k, b_k), where L̂(t, b) is the latency of the smallest profiled batch b' ≥ b for t.
+
+Method: for a latency bound λ an instance with t threads may take any batch in
+S_λ(t) = ⋃ {(b_{j-1}, b_j] : L(t, b_j) ≤ λ}. When the row is monotone up to λ that set is a prefix
+[1, cap_λ(t)] and feasibility is an unbounded knapsack "max Σ cap over Σ t ≤ T ≥ B". A noisy,
+non-monotone row makes S_λ(t) a union of intervals; then the same recurrences run over bitsets of
+reachable input sums, which stays exact. A binary search over the sorted distinct latencies finds the
+smallest feasible λ; a second pass over (instances, threads) breaks ties: fewer instances, then fewer
+threads.
+
+The per-batch split answers the same question for a fixed pool of live instances, each usable once
+(and allowed to stay idle). Nothing here imports torch or numpy: `packrat solve` must start fast.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from packrat_daemon.errors import InfeasibleError, ProfileError
+from packrat_daemon.profile import Profile
+
+Interval = tuple[int, int]  # inclusive [low, high] range of batch sizes
+
+
+@dataclass(frozen=True)
+class Solution:
+    """An optimal set of instances for one batch size, with its predicted latency (max over instances)."""
+
+    batch: int
+    latency_ms: float
+    instances: tuple[tuple[int, int], ...]  # (threads, batch) pairs, largest first
+
+    @property
+    def threads_used(self) -> int:
+        return sum(t for t, _ in self.instances)
+
+
+class _Row:
+    """One thread count's latencies, preprocessed so S_λ(t) is found with one bisection."""
+
+    def __init__(self, threads: int, row: Sequence[tuple[int, float]]) -> None:
+        self.threads = threads
+        self.batches = [b for b, _ in row]
+        self.latencies = [lat for _, lat in row]
+        running = float("-inf")
+        self.prefix_max: list[float] = []
+        for lat in self.latencies:
+            running = max(running, lat)
+            self.prefix_max.append(running)
+        running = float("inf")
+        suffix_min = [0.0] * len(self.latencies)
+        for j in range(len(self.latencies) - 1, -1, -1):
+            running = min(running, self.latencies[j])
+            suffix_min[j] = running
+        self.suffix_min = suffix_min
+
+    def prefix_cap(self, bound: float) -> tuple[int, bool]:
+        """(cap, is_prefix): the largest batch of the monotone prefix under `bound`, and whether the
+        allowed set is exactly [1, cap] (no isolated cheaper cell further along a noisy row)."""
+        k = bisect.bisect_right(self.prefix_max, bound)
+        cap = self.batches[k - 1] if k else 0
+        is_prefix = k == len(self.latencies) or self.suffix_min[k] > bound
+        return cap, is_prefix
+
+    def intervals(self, bound: float, limit: int) -> list[Interval]:
+        """S_bound(t) ∩ [1, limit] as merged inclusive intervals."""
+        result: list[Interval] = []
+        previous = 0
+        for batch, lat in zip(self.batches, self.latencies, strict=True):
+            low, high = previous + 1, min(batch, limit)
+            previous = batch
+            if lat > bound or low > high:
+                continue
+            if result and result[-1][1] == low - 1:
+                result[-1] = (result[-1][0], high)
+            else:
+                result.append((low, high))
+        return result
+
+
+# -- the two algebras the recurrences run over ---------------------------------------------------
+# A "value" summarises every selection of instances reaching a DP state. With monotone rows it is the
+# largest Σ cap (any total in [instances, Σ cap] is reachable). With noisy rows it is the exact set of
+# reachable input totals, as a Python int used as a bitset.
+
+_NONE = -1  # cap algebra: state unreachable
+
+
+class _CapAlgebra:
+    def __init__(self, caps: dict[int, int]) -> None:
+        self.caps = caps
+
+    empty = 0
+    none = _NONE
+
+    def extend(self, value: int, threads: int) -> int:
+        return _NONE if value == _NONE else value + self.caps[threads]
+
+    @staticmethod
+    def join(a: int, b: int) -> int:
+        return a if a >= b else b
+
+    @staticmethod
+    def serves(value: int, instances: int, batch: int) -> bool:
+        return value != _NONE and instances <= batch <= value
+
+
+class _BitsetAlgebra:
+    def __init__(self, allowed: dict[int, list[Interval]], batch: int) -> None:
+        self.allowed = allowed
+        self.mask = (1 << (batch + 1)) - 1
+
+    empty = 1  # only the total 0 is reachable with no instance
+    none = 0
+
+    def extend(self, value: int, threads: int) -> int:
+        if not value:
+            return 0
+        out = 0
+        for low, high in self.allowed[threads]:
+            out |= _smear(value << low, high - low + 1)
+        return out & self.mask
+
+    @staticmethod
+    def join(a: int, b: int) -> int:
+        return a | b
+
+    @staticmethod
+    def serves(value: int, instances: int, batch: int) -> bool:
+        return bool((value >> batch) & 1)
+
+
+def _smear(bits: int, width: int) -> int:
+    """OR of bits << s for s in [0, width): all totals reachable by adding 0..width-1."""
+    covered = 1
+    while covered < width:
+        step = min(covered, width - covered)
+        bits |= bits << step
+        covered += step
+    return bits
+
+
+# -- the solver ----------------------------------------------------------------------------------
+class Solver:
+    """Exact solver for one profile on `cores` usable cores. Reusable across batch sizes."""
+
+    def __init__(self, profile: Profile, cores: int) -> None:
+        if cores < 1:
+            raise ProfileError(f"usable cores must be >= 1, got {cores}")
+        self.cores = cores
+        self.rows = {t: _Row(t, profile.row(t)) for t in profile.threads() if t <= cores}
+        if not self.rows:
+            smallest = min(profile.threads()) if len(profile) else None
+            raise InfeasibleError(
+                f"the profile has no row for {cores} or fewer threads (smallest profiled: {smallest}); "
+                "profile smaller thread counts or give more cores",
+                largest_servable_batch=0,
+            )
+        self.latencies = sorted({lat for row in self.rows.values() for lat in row.latencies})
+
+    def largest_servable_batch(self) -> int:
+        caps = {t: row.batches[-1] for t, row in self.rows.items()}
+        return _best_unbounded(_CapAlgebra(caps), self.cores, list(caps))
+
+    def solve(self, batch: int) -> Solution:
+        if batch < 1:
+            raise ProfileError(f"batch must be >= 1, got {batch}")
+        largest = self.largest_servable_batch()
+        if batch > largest:
+            raise InfeasibleError(
+                f"batch {batch} cannot be served with {self.cores} cores: the profile's largest batches "
+                f"carry at most {largest} inputs at once; profile larger batches or serve at most {largest}",
+                largest_servable_batch=largest,
+            )
+        index = _first_feasible(self.latencies, lambda bound: self._feasible(bound, batch))
+        bound = self.latencies[index]
+        algebra = self._algebra(bound, batch)
+        threads_order = [t for t in sorted(self.rows) if _usable(algebra, t)]
+        counts = _tie_break_unbounded(algebra, self.cores, threads_order, batch)
+        return self._solution(batch, counts, algebra)
+
+    # -- internals --------------------------------------------------------------------------
+    def _algebra(self, bound: float, batch: int) -> _CapAlgebra | _BitsetAlgebra:
+        caps: dict[int, int] = {}
+        monotone = True
+        for t, row in self.rows.items():
+            cap, is_prefix = row.prefix_cap(bound)
+            caps[t] = min(cap, batch)
+            monotone = monotone and is_prefix
+        if monotone:
+            return _CapAlgebra(caps)
+        return _BitsetAlgebra({t: row.intervals(bound, batch) for t, row in self.rows.items()}, batch)
+
+    def _feasible(self, bound: float, batch: int) -> bool:
+        algebra = self._algebra(bound, batch)
+        threads = [t for t in sorted(self.rows) if _usable(algebra, t)]
+        best = _best_unbounded(algebra, self.cores, threads)
+        return algebra.serves(best, 1, batch)
+
+    def _solution(self, batch: int, chosen: list[int], algebra: _CapAlgebra | _BitsetAlgebra) -> Solution:
+        if isinstance(algebra, _CapAlgebra):
+            sizes = _balanced([algebra.caps[t] for t in chosen], batch)
+        else:
+            sizes = _exact_sizes(algebra, chosen, batch)
+        pairs = sorted(zip(chosen, sizes, strict=True), key=lambda p: (-p[0], -p[1]))
+        latency = max(self._lhat(t, b) for t, b in pairs)
+        return Solution(batch, latency, tuple(pairs))
+
+    def _lhat(self, threads: int, batch: int) -> float:
+        row = self.rows[threads]
+        return row.latencies[bisect.bisect_left(row.batches, batch)]
+
+
+def _usable(algebra: _CapAlgebra | _BitsetAlgebra, threads: int) -> bool:
+    if isinstance(algebra, _CapAlgebra):
+        return algebra.caps[threads] > 0
+    return bool(algebra.allowed[threads])
+
+
+def _first_feasible(values: Sequence[float], feasible) -> int:  # noqa: ANN001 - a predicate
+    low, high = 0, len(values) - 1
+    while low < high:
+        middle = (low + high) // 2
+        if feasible(values[middle]):
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def _best_unbounded(algebra, cores: int, threads: Sequence[int]):  # noqa: ANN001, ANN202
+    """Join over every multiset of instances with Σ threads ≤ cores (unbounded knapsack)."""
+    best = [algebra.empty] * (cores + 1)
+    for used in range(1, cores + 1):
+        value = best[used - 1]
+        for t in threads:
+            if t > used:
+                break
+            value = algebra.join(value, algebra.extend(best[used - t], t))
+        best[used] = value
+    return best[cores]
+
+
+def _tie_break_unbounded(algebra, cores: int, threads: Sequence[int], batch: int) -> list[int]:  # noqa: ANN001
+    """Thread counts of a feasible multiset with the fewest instances, then the fewest threads.
+
+    layer[used] joins every multiset of exactly `count` instances using exactly `used` threads.
+    """
+    layers = [[algebra.empty] + [algebra.none] * cores]
+    for count in range(1, min(batch, cores) + 1):
+        previous = layers[-1]
+        layer = [algebra.none] * (cores + 1)
+        for used in range(1, cores + 1):
+            value = algebra.none
+            for t in threads:
+                if t > used:
+                    break
+                value = algebra.join(value, algebra.extend(previous[used - t], t))
+            layer[used] = value
+        layers.append(layer)
+        for used in range(1, cores + 1):
+            if algebra.serves(layer[used], count, batch):
+                return _backtrack_unbounded(algebra, layers, used, threads, batch)
+    raise AssertionError("a feasible bound always has a feasible multiset")
+
+
+def _backtrack_unbounded(algebra, layers, used: int, threads: Sequence[int], batch: int) -> list[int]:  # noqa: ANN001
+    chosen: list[int] = []
+    need = batch
+    for count in range(len(layers) - 1, 0, -1):
+        previous = layers[count - 1]
+        for t in threads:
+            if t > used:
+                break
+            step = _step(algebra, previous[used - t], t, need, count - 1)
+            if step is not None:
+                chosen.append(t)
+                used -= t
+                need = step
+                break
+        else:
+            raise AssertionError("backtracking lost the optimal path")
+    return chosen
+
+
+def _step(algebra, previous, threads: int, need: int, remaining: int) -> int | None:  # noqa: ANN001
+    """The input total still needed from `remaining` instances if one `threads` instance joins
+    `previous`, or None when that cannot reach `need`."""
+    if isinstance(algebra, _CapAlgebra):
+        if previous == _NONE:
+            return None
+        # This instance takes 1..cap inputs; the others need at least one each and their caps must
+        # carry the rest. Sizes are balanced afterwards, so only feasibility is tracked here.
+        rest = max(need - algebra.caps[threads], remaining)
+        return rest if remaining <= need - 1 and rest <= previous else None
+    for low, high in algebra.allowed[threads]:
+        for size in range(min(high, need), low - 1, -1):
+            if (previous >> (need - size)) & 1:
+                return need - size
+    return None
+
+
+def _exact_sizes(algebra: _BitsetAlgebra, chosen: Sequence[int], batch: int) -> list[int]:
+    """Input counts for the chosen instances (noisy rows): each in its allowed set, summing to batch."""
+    # Reachable totals of the first k chosen instances, then walk back to pick each size.
+    prefixes = [algebra.empty]
+    for t in chosen:
+        prefixes.append(algebra.extend(prefixes[-1], t))
+    sizes: list[int] = []
+    need = batch
+    for k in range(len(chosen) - 1, -1, -1):
+        t = chosen[k]
+        after = _step(algebra, prefixes[k], t, need, k)
+        assert after is not None
+        sizes.append(need - after)
+        need = after
+    sizes.reverse()
+    return sizes
+
+
+def _balanced(caps: Sequence[int], batch: int) -> list[int]:
+    """Split `batch` inputs as evenly as the caps allow (each instance gets 1..cap)."""
+    sizes = [1] * len(caps)
+    remaining = batch - len(caps)
+    # Water-filling: raise the lowest level until the inputs run out; O(n log B) via bisection.
+    low, high = 1, max(caps)
+    while low < high:
+        level = (low + high + 1) // 2
+        if sum(min(cap, level) for cap in caps) - len(caps) <= remaining:
+            low = level
+        else:
+            high = level - 1
+    sizes = [min(cap, low) for cap in caps]
+    remaining = batch - sum(sizes)
+    for k, cap in enumerate(caps):
+        if remaining == 0:
+            break
+        if sizes[k] < cap:
+            sizes[k] += 1
+            remaining -= 1
+    assert remaining == 0, "caps cannot carry the batch"
+    return sizes
+
+
+# -- the per-batch split over a fixed pool -------------------------------------------------------
+def split_batch(profile: Profile, pool_threads: Sequence[int], batch: int) -> tuple[float, list[int]]:
+    """Split `batch` inputs across live instances with the given thread counts, exactly.
+
+    Returns (predicted latency, inputs per instance in pool order; 0 means the instance stays idle).
+    Ties: fewest busy instances, then fewest busy threads, then earliest in pool order.
+    Raises InfeasibleError when the pool's profiled rows cannot carry the batch.
+    """
+    if batch < 1:
+        raise ProfileError(f"batch must be >= 1, got {batch}")
+    rows = {t: _Row(t, profile.row(t)) for t in set(pool_threads) if profile.row(t)}
+    largest = sum(rows[t].batches[-1] for t in pool_threads if t in rows)
+    if batch > largest:
+        raise InfeasibleError(
+            f"the pool {list(pool_threads)} can carry at most {largest} inputs under its profile; "
+            f"batch {batch} is too large",
+            largest_servable_batch=largest,
+        )
+    members = [k for k, t in enumerate(pool_threads) if t in rows]
+    latencies = sorted({lat for row in rows.values() for lat in row.latencies})
+
+    def algebra_for(bound: float) -> _CapAlgebra | _BitsetAlgebra:
+        caps, monotone = {}, True
+        for t, row in rows.items():
+            cap, is_prefix = row.prefix_cap(bound)
+            caps[t] = min(cap, batch)
+            monotone = monotone and is_prefix
+        if monotone:
+            return _CapAlgebra(caps)
+        return _BitsetAlgebra({t: row.intervals(bound, batch) for t, row in rows.items()}, batch)
+
+    def feasible(bound: float) -> bool:
+        algebra = algebra_for(bound)
+        value = algebra.empty
+        for k in members:
+            value = algebra.join(value, algebra.extend(value, pool_threads[k]))
+        return algebra.serves(value, 1, batch)
+
+    bound = latencies[_first_feasible(latencies, feasible)]
+    algebra = algebra_for(bound)
+    chosen = _tie_break_bounded(algebra, [(k, pool_threads[k]) for k in members], batch)
+    threads_of = [pool_threads[k] for k in chosen]
+    if isinstance(algebra, _CapAlgebra):
+        sizes = _balanced([algebra.caps[t] for t in threads_of], batch)
+    else:
+        sizes = _exact_sizes(algebra, threads_of, batch)
+    split = [0] * len(pool_threads)
+    for k, size in zip(chosen, sizes, strict=True):
+        split[k] = size
+    latency = max(
+        rows[pool_threads[k]].latencies[bisect.bisect_left(rows[pool_threads[k]].batches, size)]
+        for k, size in enumerate(split)
+        if size
+    )
+    return latency, split
+
+
+def _tie_break_bounded(algebra, members: Sequence[tuple[int, int]], batch: int) -> list[int]:  # noqa: ANN001
+    """Pool indices of a feasible subset with the fewest instances, then the fewest threads.
+
+    table[i][count][used]: join over subsets of the first i members with `count` members and
+    `used` threads. Members are visited in pool order so ties go to earlier instances.
+    """
+    total_threads = sum(t for _, t in members)
+    limit = min(batch, len(members))
+    table = [[[algebra.none] * (total_threads + 1) for _ in range(limit + 1)]]
+    table[0][0][0] = algebra.empty
+    for _, t in members:
+        previous = table[-1]
+        current = [list(layer) for layer in previous]
+        for count in range(1, limit + 1):
+            for used in range(t, total_threads + 1):
+                extended = algebra.extend(previous[count - 1][used - t], t)
+                current[count][used] = algebra.join(current[count][used], extended)
+        table.append(current)
+    final = table[-1]
+    for count in range(1, limit + 1):
+        for used in range(total_threads + 1):
+            if algebra.serves(final[count][used], count, batch):
+                return _backtrack_bounded(algebra, table, members, count, used, batch)
+    raise AssertionError("a feasible bound always has a feasible subset")
+
+
+def _backtrack_bounded(algebra, table, members, count: int, used: int, batch: int) -> list[int]:  # noqa: ANN001
+    chosen: list[int] = []
+    need = batch
+    for i in range(len(members), 0, -1):
+        if count == 0:
+            break
+        index, t = members[i - 1]
+        previous = table[i - 1]
+        # Prefer leaving this (later) member out, so ties keep earlier instances busy.
+        if _still_serves(algebra, previous[count][used], count, need):
+            continue
+        if used >= t:
+            step = _step(algebra, previous[count - 1][used - t], t, need, count - 1)
+            if step is not None:
+                chosen.append(index)
+                count, used, need = count - 1, used - t, step
+                continue
+        raise AssertionError("backtracking lost the optimal path")
+    chosen.reverse()
+    return chosen
+
+
+def _still_serves(algebra, value, count: int, need: int) -> bool:  # noqa: ANN001
+    if isinstance(algebra, _CapAlgebra):
+        return value != _NONE and count <= need <= value
+    return need >= 0 and bool((value >> need) & 1)
+
+
+def solve(profile: Profile, cores: int, batch: int) -> Solution:
+    """Convenience wrapper: the exact optimum for one batch size."""
+    return Solver(profile, cores).solve(batch)

@@ -1,0 +1,1 @@
+"""Worker processes: the template that loads a model once, and the pinned instances forked from it."""

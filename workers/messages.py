@@ -1,0 +1,42 @@
+"""Messages between the daemon and its template and workers (internal, over ipc://).
+
+Every message is multipart: [kind, header JSON, *payload frames]. Kinds are short ASCII verbs.
+This module must not import torch: the daemon uses it too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+# daemon → template
+SPAWN = b"spawn"  # {"worker", "threads", "cores", "warmup"}
+# daemon → worker
+RUN = b"run"  # {"job", "dtype", "shape"} + input payload frames (joined in order)
+CONFIGURE = b"configure"  # {"threads", "cores"}: re-thread and re-pin in place
+STOP = b"stop"  # {}
+# template/worker → daemon
+READY = b"ready"  # template: {"pid", "input", "model", "runtime"}; worker: {"worker", "pid", "threads", "cores"}
+SPAWNED = b"spawned"  # {"worker", "pid"}
+EXITED = b"exited"  # {"worker", "pid", "status"}
+RESULT = b"result"  # {"job", "dtype", "shape", "compute_ms"} + output payload
+FAILED = b"failed"  # {"job", "message"}
+CONFIGURED = b"configured"  # {"worker", "threads", "cores"}
+HEARTBEAT = b"heartbeat"  # {"worker"}
+
+TEMPLATE_IDENTITY = b"template"
+
+
+def worker_identity(worker_id: int) -> bytes:
+    return f"w{worker_id}".encode()
+
+
+def encode(kind: bytes, header: dict[str, Any], payload: Sequence[Any] = ()) -> list[Any]:
+    return [kind, json.dumps(header, separators=(",", ":")).encode(), *payload]
+
+
+def decode(frames: Sequence[Any]) -> tuple[bytes, dict[str, Any], list[Any]]:
+    kind = bytes(frames[0])
+    header = json.loads(bytes(frames[1])) if len(frames) > 1 else {}
+    return kind, header, list(frames[2:])
