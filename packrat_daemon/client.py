@@ -131,9 +131,7 @@ def _infer_result(header: dict[str, Any], array: np.ndarray | None, samples: int
         raise server_error(header)
     if array is None or array.ndim == 0 or array.shape[0] != samples:
         got = "no tensor" if array is None else f"shape {list(array.shape)}"
-        raise ProtocolError(
-            ErrorCode.INTERNAL, f"server answered {samples} samples with {got}", header.get("id")
-        )
+        raise ProtocolError(ErrorCode.INTERNAL, f"server answered {samples} samples with {got}", header.get("id"))
     return array
 
 
@@ -230,9 +228,7 @@ class Client:
         self._lock = threading.Lock()
         self._closed = False
 
-    def infer(
-        self, array: np.ndarray, *, timeout: float | None = None, dtype: str | None = None
-    ) -> np.ndarray:
+    def infer(self, array: np.ndarray, *, timeout: float | None = None, dtype: str | None = None) -> np.ndarray:
         """Run the model on ``array`` (first axis = samples); returns one output row per sample.
 
         ``dtype`` is only needed for bfloat16: pass the raw bits as uint16 with ``dtype="bfloat16"``.
@@ -250,9 +246,7 @@ class Client:
         header, _ = self._request(encode_info_request(request_id), request_id, timeout)
         return _info_result(header)
 
-    def _request(
-        self, frames: list[Any], request_id: int, timeout: float
-    ) -> tuple[dict[str, Any], np.ndarray | None]:
+    def _request(self, frames: list[Any], request_id: int, timeout: float) -> tuple[dict[str, Any], np.ndarray | None]:
         deadline = time.monotonic() + timeout
         with self._lock:
             if self._closed:
@@ -357,9 +351,7 @@ class AsyncClient:
         self._readers: list[asyncio.Task[None]] = []
         self._closed = False
 
-    async def infer(
-        self, array: np.ndarray, *, timeout: float | None = None, dtype: str | None = None
-    ) -> np.ndarray:
+    async def infer(self, array: np.ndarray, *, timeout: float | None = None, dtype: str | None = None) -> np.ndarray:
         """Run the model on ``array`` (first axis = samples); returns one output row per sample.
 
         ``dtype`` is only needed for bfloat16: pass the raw bits as uint16 with ``dtype="bfloat16"``.
@@ -430,7 +422,10 @@ class AsyncClient:
         if waiter is None or waiter.done():
             # Late (its caller timed out) or unattributable: with many requests in flight nobody else
             # can claim it, so it is logged and dropped; the affected caller, if any, times out.
-            log.debug("discarding a reply for request %r that nobody waits for", request_id)
+            if isinstance(outcome, ProtocolError):
+                log.warning("discarding a reply that breaks the protocol: %s", outcome)
+            else:
+                log.debug("discarding a reply for request %r that nobody waits for", request_id)
             return
         if isinstance(outcome, BaseException):
             waiter.set_exception(outcome)

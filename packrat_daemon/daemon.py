@@ -35,7 +35,8 @@ from policies.registry import get_policy
 
 log = logging.getLogger("packrat.daemon")
 
-MAX_READS_PER_WAKE = 256  # bound how long one socket can starve the others
+MAX_READS_PER_WAKE = 256
+HARD_MESSAGE_SLACK_BYTES = 64 << 20  # bound how long one socket can starve the others
 
 
 @dataclass
@@ -101,7 +102,10 @@ class Daemon:
         self.frontend = self.context.socket(zmq.ROUTER)
         self.frontend.setsockopt(zmq.LINGER, 0)
         self.frontend.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a vanished client must not stall the daemon
-        self.frontend.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes())
+        # Messages a little over the limit get a TOO_LARGE answer from the parser; ZeroMQ itself cuts
+        # off a peer that sends far more, so a hostile client can never make the daemon buffer gigabytes.
+        limit = self._max_message_bytes()
+        self.frontend.setsockopt(zmq.MAXMSGSIZE, max(4 * limit, limit + HARD_MESSAGE_SLACK_BYTES))
         self.frontend.bind(config.endpoint)
         self.state = "serving"
         log.info("serving on %s with %d worker(s)", config.endpoint, len(self.reconciler.serving()))
@@ -247,7 +251,10 @@ class Daemon:
             "input": {"dtype": self.info.dtype, "shape": list(self.info.shape)},
             "max_batch": self.config.max_batch,
             "plan": self.plan.to_json(),
-            "workers": [{"id": w.id, "threads": w.threads, "cores": list(w.cores)} for w in self.reconciler.serving()],
+            "workers": [
+                {"id": w.id, "pid": w.pid, "threads": w.threads, "cores": list(w.cores)}
+                for w in self.reconciler.serving()
+            ],
         }
 
     def _send_frontend(self, identity: bytes, delimiter: bytes | None, frames: list[Any]) -> None:

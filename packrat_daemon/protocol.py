@@ -317,9 +317,7 @@ def _parse_timeout(timeout_ms: Any, request_id: RequestId) -> float | None:
     return float(timeout_ms)
 
 
-def check_against_model(
-    req: InferRequest, input_dtype: str, sample_shape: tuple[int, ...], max_samples: int
-) -> None:
+def check_against_model(req: InferRequest, input_dtype: str, sample_shape: tuple[int, ...], max_samples: int) -> None:
     """Raise BAD_REQUEST unless ``req`` fits the model's input; a -1 in ``sample_shape`` matches any size."""
     if req.dtype != input_dtype:
         raise _bad(f"dtype is {req.dtype}, but the model takes {input_dtype}; cast the input", req.request_id)
@@ -334,8 +332,7 @@ def check_against_model(
         )
     if req.shape[0] > max_samples:
         raise _bad(
-            f"{req.shape[0]} samples in one request; this server takes at most {max_samples}: "
-            "split the request",
+            f"{req.shape[0]} samples in one request; this server takes at most {max_samples}: split the request",
             req.request_id,
         )
 
@@ -515,18 +512,12 @@ def _decode_result(header: dict[str, Any], request_id: RequestId | None, buffers
     dtype, shape = header.get("dtype"), header.get("shape")
     if dtype not in DTYPES:
         raise _malformed(f"unknown 'dtype' {dtype!r}", request_id)
-    if (
-        not isinstance(shape, list)
-        or len(shape) > MAX_NDIM
-        or not all(_is_int(size) and size >= 0 for size in shape)
-    ):
+    if not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(_is_int(size) and size >= 0 for size in shape):
         raise _malformed(f"'shape' {shape!r} is not an array of non-negative integers", request_id)
     if len(buffers) != 2:
         raise _malformed("a result reply needs a payload frame", request_id)
     payload = buffers[1]
     expected = math.prod(shape) * _ITEMSIZE[dtype]
     if len(payload) != expected:
-        raise _malformed(
-            f"payload is {len(payload)} bytes, but {dtype} of shape {shape} needs {expected}", request_id
-        )
+        raise _malformed(f"payload is {len(payload)} bytes, but {dtype} of shape {shape} needs {expected}", request_id)
     return np.frombuffer(payload, dtype=DTYPES[dtype]).reshape(shape)

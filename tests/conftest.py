@@ -1,0 +1,61 @@
+"""Shared test helpers: start a real `packrat serve` process on a private ipc endpoint."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+
+
+def daemon_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # tests/ holds model factories for module:function specs (tests/model_factories.py).
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), str(REPO), env.get("PYTHONPATH", "")]))
+    return env
+
+
+@contextmanager
+def running_daemon(tmp_path: Path, *args: str, timeout: float = 180.0) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A real daemon with real workers; yields (endpoint, process) once it answers `info`."""
+    from packrat_daemon.client import Client, ClientTimeout
+
+    endpoint = f"ipc://{tmp_path}/front.ipc"
+    command = [sys.executable, "-m", "packrat_daemon", "serve", "--endpoint", endpoint, *args]
+    log = open(tmp_path / "daemon.log", "wb")  # noqa: SIM115 - closed below
+    process = subprocess.Popen(command, env=daemon_env(), stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout
+    try:
+        with Client(endpoint, timeout=2.0) as client:
+            while True:
+                if process.poll() is not None:
+                    raise AssertionError(f"daemon exited early:\n{(tmp_path / 'daemon.log').read_text()}")
+                try:
+                    client.info()
+                    break
+                except ClientTimeout:
+                    if time.monotonic() > deadline:
+                        raise AssertionError(f"daemon not ready:\n{(tmp_path / 'daemon.log').read_text()}") from None
+        yield endpoint, process
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        log.close()
+
+
+@pytest.fixture
+def daemon_log(tmp_path: Path):  # noqa: ANN201
+    return lambda: (tmp_path / "daemon.log").read_text()

@@ -1,0 +1,170 @@
+"""The real daemon with real worker processes on a private ipc endpoint: no mocks anywhere."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zmq
+
+from conftest import running_daemon
+from packrat_daemon.client import AsyncClient, BadRequest, Client, Overloaded, TooLarge, UnsupportedVersion
+from workers.models import load_model
+
+pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs for two pinned workers")
+
+
+def direct(spec: str, x: np.ndarray) -> np.ndarray:
+    model = load_model(spec)
+    with torch.inference_mode():
+        return model.module(torch.from_numpy(x)).numpy()
+
+
+@pytest.fixture(scope="module")
+def two_instance_daemon(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    tmp = tmp_path_factory.mktemp("daemon")
+    args = ["--model", "builtin:tiny-mlp", "--policy", "fixed", "--plan", "2*1x4", "--max-batch", "8"]
+    with running_daemon(tmp, *args, "--max-delay-ms", "5", "--max-queue", "64") as (endpoint, process):
+        yield endpoint, process
+
+
+def test_results_equal_direct_model_outputs_row_for_row(two_instance_daemon) -> None:  # noqa: ANN001
+    endpoint, _ = two_instance_daemon
+    rng = np.random.default_rng(0)
+    with Client(endpoint, timeout=30) as client:
+        info = client.info()
+        assert len(info["workers"]) == 2 and {w["threads"] for w in info["workers"]} == {1}
+        assert set(info["workers"][0]["cores"]).isdisjoint(info["workers"][1]["cores"])
+        for samples in range(1, 9):
+            x = rng.standard_normal((samples, 16), dtype=np.float32)
+            np.testing.assert_allclose(client.infer(x), direct("builtin:tiny-mlp", x), rtol=1e-5, atol=1e-6)
+
+
+def test_concurrent_requests_batched_together_each_get_their_own_rows(two_instance_daemon) -> None:  # noqa: ANN001
+    endpoint, _ = two_instance_daemon
+    rng = np.random.default_rng(1)
+    inputs = [rng.standard_normal((n, 16), dtype=np.float32) for n in (1, 3, 2, 1, 4, 2, 1)]
+
+    async def burst() -> list[np.ndarray]:
+        async with AsyncClient(endpoint, timeout=30) as client:
+            return await asyncio.gather(*(client.infer(x) for x in inputs))
+
+    outputs = asyncio.run(burst())
+    for x, y in zip(inputs, outputs, strict=True):
+        assert y.shape == (x.shape[0], 4)
+        np.testing.assert_allclose(y, direct("builtin:tiny-mlp", x), rtol=1e-5, atol=1e-6)
+
+
+def raw_exchange(endpoint: str, frames: list[bytes]) -> dict:
+    context = zmq.Context.instance()
+    with context.socket(zmq.DEALER) as socket:
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.connect(endpoint)
+        socket.send_multipart(frames)
+        assert socket.poll(10_000), "no answer from the daemon"
+        reply = socket.recv_multipart()
+    return json.loads(reply[0])
+
+
+def header(**fields: object) -> bytes:
+    base = {"v": 1, "id": "r1", "op": "infer", "dtype": "float32", "shape": [1, 16]}
+    base.update(fields)
+    return json.dumps({k: v for k, v in base.items() if v is not None}).encode()
+
+
+GOOD_PAYLOAD = np.zeros((1, 16), dtype=np.float32).tobytes()
+
+
+@pytest.mark.parametrize(
+    ("frames", "code"),
+    [
+        ([header(dtype="float64", shape=[1, 16]), np.zeros((1, 16)).tobytes()], "BAD_REQUEST"),  # wrong dtype
+        ([header(shape=[1, 8]), np.zeros((1, 8), np.float32).tobytes()], "BAD_REQUEST"),  # wrong shape
+        ([header(shape=[0, 16]), b""], "BAD_REQUEST"),  # empty batch
+        ([header(shape=[9, 16]), np.zeros((9, 16), np.float32).tobytes()], "BAD_REQUEST"),  # over max batch
+        ([header(), GOOD_PAYLOAD[:-3]], "BAD_REQUEST"),  # truncated payload
+        ([header()], "BAD_REQUEST"),  # payload frame missing
+        ([b"\xff\x00garbage", GOOD_PAYLOAD], "BAD_REQUEST"),  # not JSON
+        ([header(), GOOD_PAYLOAD, b"extra"], "BAD_REQUEST"),  # too many frames
+        ([header(v=99), GOOD_PAYLOAD], "UNSUPPORTED_VERSION"),
+        ([header(op="explode"), GOOD_PAYLOAD], "BAD_REQUEST"),
+        ([b"{" + b" " * 70_000 + b"}", GOOD_PAYLOAD], "TOO_LARGE"),  # oversize header
+    ],
+)
+def test_bad_input_gets_typed_error_and_next_request_works(two_instance_daemon, frames, code) -> None:  # noqa: ANN001
+    endpoint, process = two_instance_daemon
+    answer = raw_exchange(endpoint, frames)
+    assert answer["ok"] is False and answer["error"]["code"] == code, answer
+    assert answer["error"]["message"]
+    with Client(endpoint, timeout=30) as client:
+        x = np.ones((2, 16), dtype=np.float32)
+        np.testing.assert_allclose(client.infer(x), direct("builtin:tiny-mlp", x), rtol=1e-5, atol=1e-6)
+    assert process.poll() is None
+
+
+def test_client_raises_typed_exceptions(two_instance_daemon) -> None:  # noqa: ANN001
+    endpoint, _ = two_instance_daemon
+    with Client(endpoint, timeout=30) as client:
+        with pytest.raises(BadRequest, match="model takes"):
+            client.infer(np.zeros((1, 3), dtype=np.float32))
+        with pytest.raises(BadRequest, match="at most 8"):
+            client.infer(np.zeros((9, 16), dtype=np.float32))
+        with pytest.raises(TooLarge):
+            client.infer(np.zeros((4096, 16), dtype=np.float32))  # over the message size limit
+    answer = raw_exchange(endpoint, [header(v=2), GOOD_PAYLOAD])
+    assert UnsupportedVersion and answer["versions"] == [1]
+
+
+def test_worker_killed_mid_batch_has_its_slice_resent(tmp_path: Path) -> None:
+    args = ["--model", "model_factories:slow_mlp", "--policy", "fixed", "--plan", "2*1x2", "--max-batch", "4"]
+    with running_daemon(tmp_path, *args) as (endpoint, _), Client(endpoint, timeout=60) as client:
+        workers = client.info()["workers"]
+        x = np.random.default_rng(2).standard_normal((4, 16), dtype=np.float32)
+        result: dict[str, np.ndarray] = {}
+        thread = threading.Thread(target=lambda: result.setdefault("y", client.infer(x)))
+        thread.start()
+        time.sleep(0.15)  # both workers are inside their 0.3 s forward pass now
+        os.kill(workers[0]["pid"], signal.SIGKILL)
+        thread.join(60)
+        np.testing.assert_allclose(result["y"], direct("model_factories:slow_mlp", x), rtol=1e-5, atol=1e-6)
+        # The reconciler replaces the dead worker; the pool gets back to two instances.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            live = client.info()["workers"]
+            if len(live) == 2 and workers[0]["pid"] not in {w["pid"] for w in live}:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"the dead worker was not replaced: {client.info()['workers']}")
+
+
+def test_full_queue_answers_overloaded_and_every_request_ends(tmp_path: Path) -> None:
+    args = ["--model", "model_factories:slow_mlp", "--policy", "fixed", "--plan", "1x2", "--max-batch", "2"]
+    with running_daemon(tmp_path, *args, "--max-queue", "4") as (endpoint, _):
+
+        async def flood() -> list[object]:
+            async with AsyncClient(endpoint, timeout=60) as client:
+                x = np.zeros((2, 16), dtype=np.float32)
+                return await asyncio.gather(*(client.infer(x) for _ in range(12)), return_exceptions=True)
+
+        outcomes = asyncio.run(flood())
+    overloaded = [o for o in outcomes if isinstance(o, Overloaded)]
+    results = [o for o in outcomes if isinstance(o, np.ndarray)]
+    assert overloaded and results and len(overloaded) + len(results) == 12
+    assert "queue is full" in str(overloaded[0])
+
+
+def test_sigterm_drains_and_stops_cleanly(tmp_path: Path) -> None:
+    args = ["--model", "builtin:tiny-mlp", "--policy", "single", "--max-batch", "4"]
+    with running_daemon(tmp_path, *args) as (_, process):
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    assert "stopped" in (tmp_path / "daemon.log").read_text()
