@@ -23,6 +23,8 @@ import zmq
 from packrat_daemon.errors import ConfigError, PackratError
 from workers import messages
 
+ZERO_COPY_MIN_BYTES = 64 * 1024
+
 ALLOCATORS = {
     "jemalloc": ("libjemalloc.so.2", "libjemalloc2"),
     "tcmalloc": ("libtcmalloc.so.4", "libgoogle-perftools4"),
@@ -126,7 +128,10 @@ class Backend:
     def send(self, identity: bytes, kind: bytes, header: dict[str, Any], payload: list[Any] = ()) -> bool:
         """Send to a worker or the template; False when the peer is not connected (gone)."""
         try:
-            self.socket.send_multipart([identity, *messages.encode(kind, header, payload)], copy=False)
+            frames = [identity, *messages.encode(kind, header, payload)]
+            # Zero-copy only pays for big payloads: pyzmq builds a tracked Frame per part otherwise.
+            large = sum(memoryview(frame).nbytes for frame in payload) >= ZERO_COPY_MIN_BYTES
+            self.socket.send_multipart(frames, copy=not large)
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
                 return False
@@ -134,10 +139,19 @@ class Backend:
         return True
 
     def recv(self, timeout_ms: int | None = 0) -> tuple[bytes, bytes, dict[str, Any], list[Any]] | None:
-        if timeout_ms is not None and not self.socket.poll(timeout_ms):
-            return None
-        frames = self.socket.recv_multipart(copy=False)
-        kind, header, payload = messages.decode([frame.bytes for frame in frames[1:3]] + frames[3:])
+        """One message, waiting up to `timeout_ms` (0: only what is already queued; None: forever)."""
+        if timeout_ms:
+            if not self.socket.poll(timeout_ms):
+                return None
+        elif timeout_ms == 0:
+            # Checking EVENTS is much cheaper than letting recv raise zmq.Again on an empty queue.
+            if not self.socket.get(zmq.EVENTS) & zmq.POLLIN:
+                return None
+        return self._split(self.socket.recv_multipart(copy=False))
+
+    @staticmethod
+    def _split(frames: list[zmq.Frame]) -> tuple[bytes, bytes, dict[str, Any], list[Any]]:
+        kind, header, payload = messages.decode([frames[1].bytes, *frames[2:]])
         return frames[0].bytes, kind, header, payload
 
     def close(self) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import zmq
 
 from packrat_daemon import protocol
-from packrat_daemon.backend import Backend, ModelInfo
+from packrat_daemon.backend import ZERO_COPY_MIN_BYTES, Backend, ModelInfo
 from packrat_daemon.batcher import Batcher, Request
 from packrat_daemon.dispatcher import Completed, Dispatcher, Splitter
 from packrat_daemon.distribution import BatchDistribution
@@ -36,7 +36,8 @@ from policies.registry import get_policy
 log = logging.getLogger("packrat.daemon")
 
 MAX_READS_PER_WAKE = 256
-HARD_MESSAGE_SLACK_BYTES = 64 << 20  # bound how long one socket can starve the others
+HARD_MESSAGE_SLACK_BYTES = 64 << 20
+RECONCILE_INTERVAL_S = 0.1  # bound how long one socket can starve the others
 
 
 @dataclass
@@ -73,6 +74,9 @@ class Daemon:
         self.events: deque[str] = deque()  # filled by signal handlers, drained by the loop
         self._wake_r, self._wake_w = pysocket.socketpair()
         self.state = "starting"
+        self._pool_changed = True
+        self._next_reconcile = 0.0
+        self._next_template_check = 0.0
 
     # -- start-up ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -199,7 +203,11 @@ class Daemon:
             log.warning("worker %d (%d threads) did not answer in time; replacing it", worker.id, worker.threads)
             self.pool.kill(worker)
             self._on_lost(worker)
-        self.reconciler.step()
+        if self._pool_changed or now >= self._next_reconcile:
+            # Reconciling walks the whole pool; on the hot path it runs only when the pool changed.
+            self._pool_changed = False
+            self._next_reconcile = now + RECONCILE_INTERVAL_S
+            self.reconciler.step()
         if not self.dispatcher.busy and self.batcher.due(now):
             workers = self.reconciler.serving()
             if workers:
@@ -251,6 +259,7 @@ class Daemon:
             "input": {"dtype": self.info.dtype, "shape": list(self.info.shape)},
             "max_batch": self.config.max_batch,
             "plan": self.plan.to_json(),
+            "template_pid": self.info.template_pid,
             "workers": [
                 {"id": w.id, "pid": w.pid, "threads": w.threads, "cores": list(w.cores)}
                 for w in self.reconciler.serving()
@@ -261,7 +270,9 @@ class Daemon:
         assert self.frontend is not None
         head = [identity] if delimiter is None else [identity, delimiter]
         try:
-            self.frontend.send_multipart(head + list(frames), copy=False)
+            frames = head + list(frames)
+            large = sum(memoryview(frame).nbytes for frame in frames) >= ZERO_COPY_MIN_BYTES
+            self.frontend.send_multipart(frames, copy=not large)
         except zmq.ZMQError as exc:
             log.debug("could not answer a client: %s", exc)
 
@@ -295,10 +306,13 @@ class Daemon:
             event = self.pool.handle(*received)
             if event is not None:
                 self._on_pool_event(event)
+                self._pool_changed = self._pool_changed or event.kind != "result"
             reads += 1
             received = self.backend.recv(0)
-        if not self.pool.template_alive():
-            raise TemplateLost("the template process died; the daemon cannot start workers any more")
+        if time.monotonic() >= self._next_template_check:
+            self._next_template_check = time.monotonic() + RECONCILE_INTERVAL_S
+            if not self.pool.template_alive():
+                raise TemplateLost("the template process died; the daemon cannot start workers any more")
 
     def _on_pool_event(self, event: PoolEvent) -> None:
         worker = event.worker

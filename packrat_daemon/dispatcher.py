@@ -8,6 +8,7 @@ every request ends in a result or an explicit error.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -187,7 +188,7 @@ class Dispatcher:
 
 def _row_frames(batch: InFlightBatch, offset: int, rows: int) -> list[memoryview]:
     """Frames covering rows [offset, offset+rows) of the batch, as views of the request buffers."""
-    row_bytes = batch.dtype.itemsize * int(np.prod(batch.sample_shape, dtype=np.int64))
+    row_bytes = batch.dtype.itemsize * math.prod(batch.sample_shape)
     frames = []
     start = 0
     for request in batch.requests:

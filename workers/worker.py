@@ -20,6 +20,8 @@ from workers.pinning import die_with_parent, pin_process
 from workers.runtime import Runtime, sample_input
 
 HEARTBEAT_SECONDS = 1.0
+# Zero-copy sends cost more than a memcpy for small messages (pyzmq builds a tracked Frame per part).
+ZERO_COPY_MIN_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,8 @@ def run_worker(runtime: Runtime, input_spec: InputSpec, config: WorkerConfig) ->
             if socket.poll(int(HEARTBEAT_SECONDS * 1000)):
                 kind, header, payload = messages.decode(socket.recv_multipart(copy=False))
                 if kind == messages.RUN:
-                    socket.send_multipart(_run_job(runtime, header, payload, threads), copy=False)
+                    reply = _run_job(runtime, header, payload, threads)
+                    socket.send_multipart(reply, copy=_nbytes(reply) < ZERO_COPY_MIN_BYTES)
                 elif kind == messages.CONFIGURE:
                     threads, cores = int(header["threads"]), tuple(header["cores"])
                     pin_process(cores)
@@ -92,6 +95,10 @@ def _run_job(runtime: Runtime, header: dict, payload: list, threads: int) -> lis
         "batch": int(batch.shape[0]),
     }
     return messages.encode(messages.RESULT, reply, [memoryview(output).cast("B")])
+
+
+def _nbytes(frames: list) -> int:
+    return sum(memoryview(frame).nbytes for frame in frames)
 
 
 def _status(worker_id: int, threads: int, cores: tuple[int, ...]) -> dict:

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 import zmq
-
 from conftest import running_daemon
+
 from packrat_daemon.client import AsyncClient, BadRequest, Client, Overloaded, TooLarge, UnsupportedVersion
 from workers.models import load_model
 

@@ -1,0 +1,333 @@
+"""End-to-end latency: direct PyTorch, the side-by-side ceiling, and the daemon under three policies.
+
+    .venv/bin/python bench/e2e.py [--rounds 12] [--batches 2,4,8,16] [--skip-tiny] [--skip-memory]
+
+Everything runs at once and the measurements are interleaved round by round (in a shuffled order),
+so drift on a shared, noisy machine hits every configuration alike. Prints one JSON object:
+  - resnet50: median latency per batch size of
+      direct      in-process inference with all cores' threads (2 here), no daemon
+      ceiling     two pinned processes, 1 thread and B/2 inputs each, no daemon (the side-by-side ideal)
+      single / torchserve / packrat   the daemon's round trip through the client library
+    and the ratios the targets are stated in;
+  - tiny: the daemon's batch-1 round trip against a bare two-hop pyzmq relay
+    (client → relay → worker → relay → client, no batching) on the same tiny model;
+  - memory: PSS of two forked workers (with their template) against two independently loaded models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import zmq
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from packrat_daemon.client import Client, ClientTimeout  # noqa: E402
+
+MODEL = "builtin:resnet50"
+
+
+# -- in-process runners (spawned: each loads its own model, as an independent server would) --------
+def _runner(conn: Any, spec: str, threads: int, cores: list[int] | None) -> None:
+    import torch
+
+    from workers.models import load_model
+    from workers.runtime import sample_input
+
+    if cores is not None:
+        os.sched_setaffinity(0, cores)
+    torch.set_num_threads(threads)
+    model = load_model(spec)
+    inputs: dict[int, Any] = {}
+    conn.send(("ready", os.getpid()))
+    while True:
+        batch = conn.recv()
+        if batch is None:
+            return
+        if batch not in inputs:
+            inputs[batch] = torch.from_numpy(sample_input(model.input, batch))
+            if model.channels_last:
+                inputs[batch] = inputs[batch].contiguous(memory_format=torch.channels_last)
+        with torch.inference_mode():
+            start = time.perf_counter()
+            model.module(inputs[batch])
+            end = time.perf_counter()
+        conn.send((start, end))
+
+
+class Runner:
+    def __init__(self, spec: str, threads: int, cores: list[int] | None) -> None:
+        context = mp.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_runner, args=(child, spec, threads, cores), daemon=True)
+        self.process.start()
+        _, self.pid = self.conn.recv()
+
+    def start(self, batch: int) -> None:
+        self.conn.send(batch)
+
+    def finish(self) -> tuple[float, float]:
+        return self.conn.recv()
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.process.join(10)
+
+
+# -- daemons --------------------------------------------------------------------------------------
+class Daemon:
+    def __init__(self, name: str, folder: Path, args: list[str]) -> None:
+        self.endpoint = f"ipc://{folder}/{name}.ipc"
+        self.log_path = folder / f"{name}.log"
+        command = [sys.executable, "-m", "packrat_daemon", "serve", "--endpoint", self.endpoint, *args]
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        self.client = Client(self.endpoint, timeout=5.0)
+
+    def wait(self, timeout: float = 900.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"daemon exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                info = self.client.info(timeout=2.0)
+                self.client.close()
+                self.client = Client(self.endpoint, timeout=120.0)
+                return info
+            except ClientTimeout:
+                continue
+        raise RuntimeError(f"daemon not ready: {self.log_path.read_text()[-3000:]}")
+
+    def close(self) -> None:
+        self.client.close()
+        self.process.terminate()
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def pss(pids: list[int]) -> int:
+    return sum(psutil.Process(pid).memory_full_info().pss for pid in pids)
+
+
+# -- the ResNet-50 comparison ---------------------------------------------------------------------
+def resnet(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    cores = sorted(os.sched_getaffinity(0))
+    profile = folder / "resnet50.csv"
+    common = ["--model", MODEL, "--max-batch", str(max(args.batches)), "--max-delay-ms", "0"]
+    plan_for = ["--batches", ",".join(map(str, args.batches))]
+    print("starting the packrat daemon (it profiles what it needs first) ...", file=sys.stderr)
+    packrat = Daemon("packrat", folder, [*common, *plan_for, "--policy", "packrat", "--save-profile", str(profile)])
+    packrat_info = packrat.wait()
+    daemons = {
+        "single": Daemon("single", folder, [*common, "--policy", "single"]),
+        "torchserve": Daemon("torchserve", folder, [*common, "--policy", "torchserve"]),
+        "packrat": packrat,
+    }
+    for daemon in daemons.values():
+        daemon.wait()
+    print("starting direct and ceiling runners ...", file=sys.stderr)
+    direct = Runner(MODEL, len(cores), None)
+    ceiling = [Runner(MODEL, 1, [core]) for core in cores[:2]]
+
+    samples: dict[str, dict[int, list[float]]] = {
+        name: {b: [] for b in args.batches} for name in ["direct", "ceiling", *daemons]
+    }
+    inputs = {b: np.random.default_rng(b).standard_normal((b, 3, 224, 224), dtype=np.float32) for b in args.batches}
+
+    def measure(name: str, batch: int) -> float:
+        if name == "direct":
+            direct.start(batch)
+            start, end = direct.finish()
+            return end - start
+        if name == "ceiling":
+            halves = [batch // 2, batch - batch // 2]
+            for runner, half in zip(ceiling, halves, strict=True):
+                runner.start(half)
+            spans = [runner.finish() for runner in ceiling]
+            return max(e for _, e in spans) - min(s for s, _ in spans)
+        client = daemons[name].client
+        start = time.perf_counter()
+        client.infer(inputs[batch])
+        return time.perf_counter() - start
+
+    names = list(samples)
+    for _ in range(args.warmup):
+        for batch in args.batches:
+            for name in names:
+                measure(name, batch)
+    rng = random.Random(0)
+    for round_index in range(args.rounds):
+        for batch in args.batches:
+            rng.shuffle(names)
+            for name in names:
+                samples[name][batch].append(measure(name, batch) * 1000.0)
+        print(f"round {round_index + 1}/{args.rounds} done", file=sys.stderr)
+
+    medians = {name: {b: statistics.median(v) for b, v in per.items()} for name, per in samples.items()}
+    ratios = {}
+    for b in args.batches:
+        ceiling_speedup = medians["direct"][b] / medians["ceiling"][b]
+        packrat_speedup = medians["single"][b] / medians["packrat"][b]
+        ratios[b] = {
+            "ceiling_speedup_over_direct": ceiling_speedup,
+            "packrat_speedup_over_single": packrat_speedup,
+            "packrat_speedup_vs_ceiling_speedup": packrat_speedup / ceiling_speedup,
+            "single_daemon_overhead_over_direct": medians["single"][b] / medians["direct"][b] - 1.0,
+            "torchserve_over_single": medians["torchserve"][b] / medians["single"][b],
+        }
+    memory: dict[str, Any] = {}
+    if not args.skip_memory:
+        forked = [w["pid"] for w in packrat_info["workers"]]
+        template = packrat_info.get("template_pid")
+        independent = [runner.pid for runner in ceiling]
+        parameter_bytes = 25_557_032 * 4
+        forked_total = pss(forked + ([template] if template else []))
+        independent_total = pss(independent)
+        memory = {
+            "forked_workers": len(forked),
+            "pss_forked_workers_mb": pss(forked) / 2**20,
+            "pss_forked_workers_plus_template_mb": forked_total / 2**20,
+            "pss_independent_mb": independent_total / 2**20,
+            "parameter_mb_per_copy": parameter_bytes / 2**20,
+            "saved_fraction_of_duplicate_parameters": (independent_total - forked_total)
+            / ((len(forked) - 1) * parameter_bytes)
+            if len(forked) > 1
+            else None,
+        }
+    direct.close()
+    for runner in ceiling:
+        runner.close()
+    plans = {name: d.client.info()["plan"] for name, d in daemons.items()}
+    for daemon in daemons.values():
+        daemon.close()
+    return {
+        "model": MODEL,
+        "cores": cores,
+        "rounds": args.rounds,
+        "median_ms": medians,
+        "ratios": ratios,
+        "plans": {
+            name: {"instances": p["instances"], "predicted_ms": p["predicted_latency_ms"]} for name, p in plans.items()
+        },
+        "memory": memory,
+    }
+
+
+# -- tiny model: daemon vs bare relay -------------------------------------------------------------
+def _relay(front: str, back: str) -> None:
+    context = zmq.Context()
+    frontend, backend = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
+    frontend.bind(front)
+    backend.bind(back)
+    zmq.proxy(frontend, backend)
+
+
+def _relay_worker(back: str, cores: list[int]) -> None:
+    import torch
+
+    from workers.models import load_model
+
+    os.sched_setaffinity(0, cores)
+    torch.set_num_threads(1)
+    model = load_model("builtin:tiny-mlp")
+    context = zmq.Context()
+    socket = context.socket(zmq.DEALER)
+    socket.connect(back)
+    while True:
+        identity, header, payload = socket.recv_multipart(copy=False)
+        x = torch.from_numpy(np.frombuffer(payload.buffer, dtype=np.float32).reshape(-1, 16).copy())
+        with torch.inference_mode():
+            y = model.module(x).numpy()
+        socket.send_multipart([identity, header.bytes, y.tobytes()])
+
+
+def tiny(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    front, back = f"ipc://{folder}/relay-front.ipc", f"ipc://{folder}/relay-back.ipc"
+    context = mp.get_context("spawn")
+    relay = context.Process(target=_relay, args=(front, back), daemon=True)
+    worker = context.Process(target=_relay_worker, args=(back, [sorted(os.sched_getaffinity(0))[0]]), daemon=True)
+    relay.start()
+    worker.start()
+    daemon = Daemon(
+        "tiny", folder, ["--model", "builtin:tiny-mlp", "--policy", "fixed", "--plan", "1x1", "--max-batch", "1",
+                         "--max-delay-ms", "0"]
+    )  # fmt: skip
+    daemon.wait()
+    zcontext = zmq.Context()
+    relay_socket = zcontext.socket(zmq.DEALER)
+    relay_socket.connect(front)
+    x = np.random.default_rng(0).standard_normal((1, 16), dtype=np.float32)
+    header = json.dumps({"v": 1, "id": 1}).encode()
+
+    def relay_call() -> float:
+        start = time.perf_counter()
+        relay_socket.send_multipart([header, x])
+        relay_socket.recv_multipart()
+        return time.perf_counter() - start
+
+    def daemon_call() -> float:
+        start = time.perf_counter()
+        daemon.client.infer(x)
+        return time.perf_counter() - start
+
+    for _ in range(200):
+        relay_call()
+        daemon_call()
+    relay_times, daemon_times = [], []
+    for _ in range(args.tiny_blocks):
+        relay_times += [relay_call() for _ in range(100)]
+        daemon_times += [daemon_call() for _ in range(100)]
+    daemon.close()
+    relay_socket.close(0)
+    zcontext.term()
+    relay.terminate()
+    worker.terminate()
+    relay_ms, daemon_ms = statistics.median(relay_times) * 1000, statistics.median(daemon_times) * 1000
+    return {
+        "model": "builtin:tiny-mlp",
+        "batch": 1,
+        "calls_each": len(relay_times),
+        "bare_relay_p50_ms": relay_ms,
+        "daemon_p50_ms": daemon_ms,
+        "daemon_over_relay": daemon_ms / relay_ms,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batches", default="2,4,8,16")
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--tiny-blocks", type=int, default=20)
+    parser.add_argument("--skip-tiny", action="store_true")
+    parser.add_argument("--skip-resnet", action="store_true")
+    parser.add_argument("--skip-memory", action="store_true")
+    args = parser.parse_args()
+    args.batches = [int(b) for b in args.batches.split(",")]
+    result: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="packrat-bench-") as folder:
+        if not args.skip_tiny:
+            result["tiny"] = tiny(args, Path(folder))
+        if not args.skip_resnet:
+            result["resnet50"] = resnet(args, Path(folder))
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
