@@ -41,12 +41,15 @@ from policies.solver import Solution, Solver
 CellKey = tuple[int, int]
 Measure = Callable[[int, int], float]
 
-NOISE_FLOOR = 0.01  # relative jitter of one measured cell (log space): shared machines are noisy
+ROUGHNESS = 0.01  # how far a true cell may sit off any smooth trend (log space)
+MAX_SAMPLES = 4  # re-measurements of one contested cell; more rarely settles a contest within budget
 MODEL_FLOOR = 0.03  # least doubt about the surrogate far from every measurement (log space)
 UNPROVEN_DOUBT = 0.15  # doubt while there are too few cells to judge the fit's own error
 LENGTH_SCALE = np.array([1.0, 1.0])  # octaves of threads, batch over which residuals stay correlated
 OPTIMISM_Z = 2.0  # "plausibly as fast as": a prediction lowered by this many σ
 TOLERANCE = 0.01  # improvements smaller than this fraction of λ are not worth a measurement
+CONTEST_TOLERANCE = 0.01  # ... nor a re-measurement: near-ties within noise are not worth the budget
+REMEASURE_WEIGHT = 0.5  # a re-measurement is worth less than a first look at an equally decisive cell
 EXPLORATION_KAPPA = 1.0  # LCB weight on a candidate cell's σ: prefer the cells we know least
 
 
@@ -183,7 +186,7 @@ def _features(cells: Sequence[CellKey]) -> np.ndarray:
     per-thread overhead (synchronisation, which grows with the team)."""
     t = np.array([c[0] for c in cells], dtype=float)
     b = np.array([c[1] for c in cells], dtype=float)
-    return np.column_stack([np.ones_like(t), 1.0 / t, b, b / t, t])
+    return np.column_stack([np.ones_like(t), 1.0 / t, b, b / t, t, b * b / t])
 
 
 def _coords(cells: Sequence[CellKey]) -> np.ndarray:
@@ -201,10 +204,10 @@ class Surrogate:
     `predict` gives the median latency and its uncertainty σ (log space) for any cells.
     """
 
-    def __init__(self, measured: Mapping[CellKey, float], noise: float = NOISE_FLOOR) -> None:
+    def __init__(self, measured: Mapping[CellKey, float], roughness: float = ROUGHNESS) -> None:
         cells = list(measured)
         latencies = np.array([measured[c] for c in cells], dtype=float)
-        self.noise = noise
+        self.roughness = roughness
         self.theta = _fit_physics(_features(cells), latencies)
         residual = np.log(latencies / self._physics(cells))
         active = int(np.count_nonzero(self.theta))
@@ -217,7 +220,7 @@ class Surrogate:
             amplitude = UNPROVEN_DOUBT
         self.amplitude = amplitude
         self._x = _coords(cells)
-        kernel = amplitude**2 * _matern52(self._x, self._x) + noise**2 * np.eye(len(cells))
+        kernel = amplitude**2 * _matern52(self._x, self._x) + roughness**2 * np.eye(len(cells))
         self._chol = np.linalg.cholesky(kernel)
         self._alpha = np.linalg.solve(self._chol.T, np.linalg.solve(self._chol, residual))
 
@@ -229,8 +232,8 @@ class Surrogate:
         mean = cross @ self._alpha
         v = np.linalg.solve(self._chol, cross.T)
         variance = np.maximum(self.amplitude**2 - (v * v).sum(0), 0.0)
-        # A true cell differs from the smooth trend by its own noise too.
-        sigma = np.sqrt(variance + self.noise**2)
+        # A true cell differs from the smooth trend by its own roughness too.
+        sigma = np.sqrt(variance + self.roughness**2)
         return self._physics(cells) * np.exp(mean), sigma
 
 
@@ -332,15 +335,15 @@ def adaptive_profile(
     *,
     budget: Budget,
     seed: int = 0,
-    noise: float = NOISE_FLOOR,
+    noise: float = 0.0,
     tolerance: float = TOLERANCE,
     on_step: Callable[[StepReport], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> AdaptiveResult:
     """Measure the cells that decide the plans for `targets` on `cores` cores, within `budget`.
 
-    `noise` is the relative jitter of one measurement: it sets how close a contest between measured
-    plans must be before their cells are measured again. The budget counts every measurement.
+    `noise` is the relative jitter (σ, log space) of one measurement: with noise, a close contest
+    between measured plans has its cells measured again. The budget counts every measurement.
     """
     targets = sorted({int(b) for b in targets})
     if not targets or targets[0] < 1:
@@ -400,22 +403,30 @@ def _assess(
     """Fit, fill, solve; then find the cells whose measurement could confirm or change a plan."""
     measured = samples.medians()
     counts = samples.counts()
-    mean, sigma = Surrogate(measured, noise).predict(grid.cells)
-    # σ of every cell: the surrogate's doubt, or a measured median's own noise.
-    doubt = {c: noise / math.sqrt(counts[c]) if c in counts else float(s) for c, s in zip(grid.cells, sigma, strict=True)}
+    mean, sigma = Surrogate(measured).predict(grid.cells)
     estimate = {c: float(m) for c, m in zip(grid.cells, mean, strict=True)}
+    # σ of every cell: the surrogate's doubt, or a measured median's own noise.
+    doubt = {c: float(s) for c, s in zip(grid.cells, sigma, strict=True)}
+    doubt.update({c: noise / math.sqrt(n) for c, n in counts.items()})
     table = fill_rows(grid, measured, estimate)
     solver = Solver(Profile.from_latencies(table), cores)
     solutions = {b: solver.solve(b) for b in targets}
-    # The optimist's table: every cell as fast as it plausibly is (measured ones within their noise).
+    # The explorer's table: every unmeasured cell as fast as it plausibly is.
     hopeful = {c: v * math.exp(-OPTIMISM_Z * doubt[c]) for c, v in estimate.items()}
-    lucky = {c: v * math.exp(-OPTIMISM_Z * doubt[c]) for c, v in measured.items()}
-    optimist = Solver(Profile.from_latencies(fill_rows(grid, lucky, hopeful)), cores)
+    explorer = Solver(Profile.from_latencies(fill_rows(grid, measured, hopeful)), cores)
+    # The sceptic's table: measured cells too, within their noise (a lucky measurement misleads).
+    sceptic = None
+    if noise > 0:
+        lucky = {c: v * math.exp(-OPTIMISM_Z * doubt[c]) for c, v in measured.items()}
+        sceptic = Solver(Profile.from_latencies(fill_rows(grid, lucky, hopeful)), cores)
     candidates: dict[CellKey, tuple[float, float]] = {}
 
     def add(cell: CellKey, value: float) -> None:
         old = candidates.get(cell, (0.0, 0.0))[0]
         candidates[cell] = (old + value, doubt[cell])
+
+    def chance_below(cell: CellKey, bound: float) -> float:
+        return max(_normal_cdf((math.log(bound) - math.log(table[cell])) / doubt[cell]), 1e-3)
 
     for batch, solution in solutions.items():
         plan_cells = _lookup_cells(grid, solution)
@@ -423,19 +434,28 @@ def _assess(
             if cell not in measured:
                 add(cell, 1.0)  # the plan's latency is only a guess until its own cells are measured
         bound = solution.latency_ms * (1.0 - tolerance)
-        hope = optimist.solve(batch)
-        if hope.latency_ms >= bound:
-            continue  # no plausible value of any cell beats this plan by more than `tolerance`
-        rivals = _lookup_cells(grid, hope)
-        for cell in rivals:
-            # The chance that this cell really is fast enough to beat the plan.
-            z = (math.log(bound) - math.log(table[cell])) / doubt[cell]
-            add(cell, max(_normal_cdf(z), 1e-3))
-        if all(c in measured for c in rivals):
-            # A contest between measured cells: the plan's own slowest cell may have been lucky too.
-            slowest = max(plan_cells, key=lambda c: table[c])
-            z = (math.log(table[slowest]) - math.log(hope.latency_ms)) / doubt[slowest]
-            add(slowest, max(_normal_cdf(z) - 0.5, 1e-3))
+        hope = explorer.solve(batch)
+        if hope.latency_ms < bound:
+            # Unmeasured cells that, if as fast as they plausibly are, beat the plan.
+            for cell in _lookup_cells(grid, hope):
+                if cell not in measured:
+                    add(cell, chance_below(cell, bound))
+            continue
+        if sceptic is None:
+            continue
+        bound = solution.latency_ms * (1.0 - CONTEST_TOLERANCE)
+        rival = sceptic.solve(batch)
+        if rival.latency_ms >= bound:
+            continue  # no plausible value of any cell beats this plan by more than the tolerances
+        # A contest decided by measured cells: measure both sides again (a re-measurement is worth
+        # less than a first look, which the explorer above always gets first).
+        for cell in _lookup_cells(grid, rival):
+            if counts.get(cell, 0) < MAX_SAMPLES:
+                add(cell, chance_below(cell, bound) * REMEASURE_WEIGHT)
+        slowest = max(plan_cells, key=lambda c: table[c])
+        if counts[slowest] < MAX_SAMPLES:
+            above = 1.0 - _normal_cdf((math.log(rival.latency_ms) - math.log(table[slowest])) / doubt[slowest])
+            add(slowest, max(above, 1e-3) * REMEASURE_WEIGHT)
     return _State(Profile.from_latencies(table), solutions, candidates)
 
 

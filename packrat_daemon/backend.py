@@ -140,13 +140,11 @@ class Backend:
 
     def recv(self, timeout_ms: int | None = 0) -> tuple[bytes, bytes, dict[str, Any], list[Any]] | None:
         """One message, waiting up to `timeout_ms` (0: only what is already queued; None: forever)."""
-        if timeout_ms:
-            if not self.socket.poll(timeout_ms):
-                return None
-        elif timeout_ms == 0:
-            # Checking EVENTS is much cheaper than letting recv raise zmq.Again on an empty queue.
-            if not self.socket.get(zmq.EVENTS) & zmq.POLLIN:
-                return None
+        if timeout_ms and not self.socket.poll(timeout_ms):
+            return None
+        # With no wait, checking EVENTS is much cheaper than letting recv raise zmq.Again.
+        if timeout_ms == 0 and not self.socket.get(zmq.EVENTS) & zmq.POLLIN:
+            return None
         return self._split(self.socket.recv_multipart(copy=False))
 
     @staticmethod

@@ -76,19 +76,25 @@ class Profile:
 
     @classmethod
     def parse_csv(cls, text: str, *, source: str = "<profile>") -> Profile:
-        reader = csv.reader(io.StringIO(text))
         header: list[str] | None = None
         cells: dict[tuple[int, int], Cell] = {}
         meta: dict[str, str] = {}
-        for line_number, row in enumerate(reader, start=1):
-            if not row or all(not field.strip() for field in row):
+        # Line by line, so a stray quote in a comment cannot swallow the rows after it and every
+        # error names the file's own line number.
+        for line_number, line in enumerate(text.splitlines(), start=1):
+            stripped = line.strip()
+            if not stripped:
                 continue
-            if row[0].startswith("#"):
+            if stripped.startswith("#"):
                 # Comment lines may carry metadata: "# model: builtin:resnet50".
-                key, sep, value = row[0][1:].partition(":")
+                key, sep, value = stripped[1:].partition(":")
                 if sep and key.strip() in ("model", "runtime"):
-                    meta[key.strip()] = ",".join([value, *row[1:]]).strip()
+                    meta[key.strip()] = value.strip()
                 continue
+            try:
+                row = next(csv.reader([line]))
+            except csv.Error as exc:
+                raise ProfileError(f"{source}:{line_number}: not a CSV line: {exc}") from None
             if header is None:
                 header = [name.strip().lower() for name in row]
                 missing = [name for name in REQUIRED_COLUMNS if name not in header]
@@ -189,8 +195,8 @@ class Profile:
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(["threads", "batch", "latency_ms", "samples", "p90_ms"])
         for (threads, batch), cell in self._cells.items():
-            p90 = "" if cell.p90_ms is None else f"{cell.p90_ms:.4f}"
-            writer.writerow([threads, batch, f"{cell.latency_ms:.4f}", cell.samples, p90])
+            p90 = "" if cell.p90_ms is None else _number(cell.p90_ms)
+            writer.writerow([threads, batch, _number(cell.latency_ms), cell.samples, p90])
         return out.getvalue()
 
     def write_csv(self, path: str | os.PathLike[str]) -> None:
@@ -199,6 +205,11 @@ class Profile:
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(self.to_csv(), encoding="utf-8")
         os.replace(tmp, path)
+
+
+def _number(value: float) -> str:
+    """Shortest text that reads back as the same float (no precision lost in a round trip)."""
+    return repr(float(value))
 
 
 def _parse_int(text: str, column: str, where: str) -> int:

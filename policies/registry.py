@@ -20,23 +20,35 @@ def _builtin() -> dict[str, type[Policy]]:
     return {cls.name: cls for cls in (PackratPolicy, SinglePolicy, TorchServePolicy, FixedPolicy)}
 
 
-def available_policies() -> dict[str, type[Policy]]:
-    found = _builtin()
+def _load_plugins() -> tuple[dict[str, type[Policy]], dict[str, str]]:
+    """Third-party policies, and why each broken one failed (reported only when it is asked for)."""
+    builtin = _builtin()
+    found: dict[str, type[Policy]] = {}
+    broken: dict[str, str] = {}
     for entry in entry_points(group=ENTRY_POINT_GROUP):
-        if entry.name in found:
+        if entry.name in builtin:
             continue  # built-ins win: a plugin cannot silently replace `packrat` or `single`
         try:
             loaded = entry.load()
         except Exception as exc:  # a broken plugin must not break the built-ins
-            raise PolicyError(f"policy plugin {entry.name!r} ({entry.value}) failed to load: {exc}") from exc
+            broken[entry.name] = f"policy plugin {entry.name!r} ({entry.value}) failed to load: {exc}"
+            continue
         if not (isinstance(loaded, type) and issubclass(loaded, Policy)):
-            raise PolicyError(f"policy plugin {entry.name!r} ({entry.value}) is not a Policy subclass")
+            broken[entry.name] = f"policy plugin {entry.name!r} ({entry.value}) is not a Policy subclass"
+            continue
         found[entry.name] = loaded
-    return found
+    return found, broken
+
+
+def available_policies() -> dict[str, type[Policy]]:
+    return {**_builtin(), **_load_plugins()[0]}
 
 
 def get_policy(name: str, **options: Any) -> Policy:
-    policies = available_policies()
+    plugins, broken = _load_plugins()
+    policies = {**_builtin(), **plugins}
+    if name in broken and name not in policies:
+        raise PolicyError(broken[name])
     try:
         cls = policies[name]
     except KeyError:

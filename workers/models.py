@@ -166,7 +166,9 @@ def load_model(spec: str, input_override: str | None = None) -> LoadedModel:
     if input_spec is None:
         raise ModelSpecError(f"model {spec!r} does not declare its input; pass --input DTYPE:D1xD2..., e.g. float32:16")
     if isinstance(module, nn.Module):
-        module.eval()
+        # An exported program's train/eval behaviour was fixed at export time; it refuses .eval().
+        if not spec.endswith(".pt2"):
+            module.eval()
         for parameter in module.parameters():
             parameter.requires_grad_(False)
         if channels_last:

@@ -72,6 +72,8 @@ class TorchRuntime(Runtime):
         torch = self._torch
         with torch.inference_mode():
             x = torch.from_numpy(np.ascontiguousarray(batch))
+            if self.model.input.dtype == "bfloat16":
+                x = x.view(torch.bfloat16)
             if self.model.channels_last and x.dim() == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
             out = self.model.module(x)
@@ -94,6 +96,9 @@ def sample_input(spec: InputSpec, batch: int, seed: int = 0) -> np.ndarray:
     """A random batch that matches the model's declared input (for warm-up and profiling)."""
     rng = np.random.default_rng(seed)
     shape = (batch, *spec.shape)
+    if spec.dtype == "bfloat16":
+        # numpy has no bfloat16: the protocol carries its raw bits as uint16 (the top half of a float32).
+        return (rng.standard_normal(shape, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
     if spec.dtype.startswith("float"):
         return rng.standard_normal(shape, dtype=np.float32).astype(spec.dtype)
     if spec.dtype == "bool":

@@ -19,6 +19,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_serve_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="TOML file of these options (underscores for dashes); flags win")
     parser.add_argument("--model", default="builtin:resnet50", help="model spec (default: builtin:resnet50)")
     parser.add_argument("--input", help="input of a model file that does not declare it, e.g. float32:3x224x224")
     parser.add_argument("--endpoint", default="tcp://127.0.0.1:5555", help="where clients connect (tcp:// or ipc://)")
@@ -56,8 +57,40 @@ def setup_logging(level: str) -> None:
     )
 
 
+def apply_config_file(args: argparse.Namespace, defaults: dict[str, object]) -> None:
+    """Fill options the command line left at their defaults from the TOML file given by --config."""
+    import tomllib
+
+    from packrat_daemon.errors import ConfigError
+
+    try:
+        with open(args.config, "rb") as handle:
+            values = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {args.config} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {args.config} is not valid TOML: {exc}") from None
+    for key, value in values.items():
+        if key not in defaults or key in ("config", "run", "command"):
+            known = ", ".join(sorted(k for k in defaults if k not in ("config", "run", "command")))
+            raise ConfigError(f"{args.config}: unknown option {key!r}; known options: {known}")
+        if key == "batches" and isinstance(value, str):
+            value = int_list(value)
+        if getattr(args, key) == defaults[key]:
+            setattr(args, key, value)
+
+
 def run(args: argparse.Namespace) -> int:
     from packrat_daemon.daemon import serve
 
+    if args.config:
+        defaults = {action.dest: action.default for action in _serve_parser()._actions}
+        apply_config_file(args, defaults)
     setup_logging(args.log_level)
     return serve(config_from(args))
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(add_help=False)
+    add_serve_options(parser)
+    return parser

@@ -242,11 +242,6 @@ def test_cell_merge_keeps_the_only_known_p90() -> None:
     assert Cell(10.0, 1, 12.0).merged(Cell(20.0, 1, None)) == Cell(15.0, 2, 12.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug in packrat_daemon/profile.py: comments go through csv.reader, so a field opening with a "
-    "quote in a comment swallows the rows that follow it, silently",
-)
 def test_quote_in_a_comment_does_not_swallow_rows() -> None:
     profile = parse('threads,batch,latency_ms\n# source: bench,"2 cores\n1,1,5\n1,2,8\n')
     assert sorted(profile) == [(1, 1), (1, 2)]

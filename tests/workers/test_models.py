@@ -142,12 +142,6 @@ def test_scripted_torchscript_file_loads_from_a_ts_path(tmp_path: Path) -> None:
 
 
 # -- torch.export files --------------------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    raises=NotImplementedError,
-    reason="bug in workers/models.py load_model: module.eval() on torch.export's module() raises "
-    "NotImplementedError('Calling eval() is not supported yet.')",
-)
 def test_exported_program_loads_with_its_inferred_input(tmp_path: Path) -> None:
     torch.manual_seed(2)
     module = TinyMLP().eval()

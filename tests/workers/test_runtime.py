@@ -128,10 +128,5 @@ def test_sample_input_of_scalar_samples_is_one_dimensional() -> None:
     assert sample_input(InputSpec("float32", ()), 5).shape == (5,)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="bug in workers/runtime.py sample_input: numpy has no bfloat16, which InputSpec.parse accepts",
-)
 def test_sample_input_supports_bfloat16() -> None:
     assert sample_input(InputSpec("bfloat16", (4,)), 2).shape == (2, 4)
