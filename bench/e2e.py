@@ -139,6 +139,11 @@ def resnet(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         "torchserve": Daemon("torchserve", folder, [*common, "--policy", "torchserve"]),
         "packrat": packrat,
     }
+    for allocator in args.allocators:
+        # Same plan as the packrat daemon (same saved profile), only the malloc differs.
+        name = f"packrat+{allocator}"
+        daemons[name] = Daemon(name, folder, [*common, *plan_for, "--policy", "packrat", "--profile", str(profile),
+                                              "--allocator", allocator])  # fmt: skip
     for daemon in daemons.values():
         daemon.wait()
     print("starting direct and ceiling runners ...", file=sys.stderr)
@@ -191,6 +196,10 @@ def resnet(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
             "single_daemon_overhead_over_direct": medians["single"][b] / medians["direct"][b] - 1.0,
             "torchserve_over_single": medians["torchserve"][b] / medians["single"][b],
         }
+        for allocator in args.allocators:
+            ratios[b][f"packrat_{allocator}_over_packrat_system"] = (
+                medians[f"packrat+{allocator}"][b] / medians["packrat"][b]
+            )
     memory: dict[str, Any] = {}
     if not args.skip_memory:
         forked = [w["pid"] for w in packrat_info["workers"]]
@@ -318,8 +327,10 @@ def main() -> None:
     parser.add_argument("--skip-tiny", action="store_true")
     parser.add_argument("--skip-resnet", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--allocators", default="", help="also run packrat with these mallocs, e.g. jemalloc,tcmalloc")
     args = parser.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
+    args.allocators = [a for a in args.allocators.split(",") if a]
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="packrat-bench-") as folder:
         if not args.skip_tiny:

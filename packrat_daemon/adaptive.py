@@ -264,9 +264,8 @@ def fill_rows(grid: Grid, measured: Mapping[CellKey, float], estimate: Mapping[C
             ceiling[j] = min(ceiling[j + 1], value)
         running = 0.0
         for j, b in enumerate(batches):
-            if (t, b) in measured:
-                value = measured[(t, b)]
-            else:
+            value = measured.get((t, b))
+            if value is None:
                 value = max(running, min(estimate[(t, b)], ceiling[j + 1]))
             table[(t, b)] = value
             running = max(running, value)

@@ -1,0 +1,49 @@
+"""The internal channel: allocator preloading, template start-up errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import zmq
+from conftest import running_daemon
+
+from packrat_daemon.backend import Backend, TemplateError, allocator_library
+from packrat_daemon.client import Client
+from packrat_daemon.errors import ConfigError
+
+
+def test_unknown_allocator_is_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match="system, jemalloc or tcmalloc"):
+        allocator_library("hoard")
+
+
+def test_system_allocator_preloads_nothing() -> None:
+    assert allocator_library("system") is None
+
+
+def test_template_that_cannot_load_the_model_says_why(tmp_path: Path) -> None:
+    context = zmq.Context()
+    backend = Backend(context, str(tmp_path / "run"))
+    try:
+        backend.start_template("builtin:no-such-model")
+        with pytest.raises(TemplateError, match="unknown built-in model 'no-such-model'"):
+            backend.wait_template(timeout=120)
+    finally:
+        backend.close()
+        context.term()
+
+
+@pytest.mark.parametrize("allocator", ["jemalloc", "tcmalloc"])
+def test_allocator_is_preloaded_into_every_worker(tmp_path: Path, allocator: str) -> None:
+    try:
+        library = allocator_library(allocator)
+    except ConfigError as exc:
+        pytest.skip(str(exc))
+    args = ["--model", "builtin:tiny-mlp", "--policy", "single", "--max-batch", "2", "--allocator", allocator]
+    with running_daemon(tmp_path, *args) as (endpoint, _), Client(endpoint, timeout=30) as client:
+        pids = [w["pid"] for w in client.info()["workers"]]
+        for pid in pids:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+            assert os.path.basename(library) in maps

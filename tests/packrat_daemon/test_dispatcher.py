@@ -1,0 +1,91 @@
+"""The dispatcher over a recording sender: exact splits, zero-copy row frames, gathering, re-routing."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from packrat_daemon.batcher import Request
+from packrat_daemon.dispatcher import Dispatcher, Splitter
+from packrat_daemon.pool import WorkerHandle, WorkerState
+from packrat_daemon.profile import Profile
+from workers import messages
+
+
+class Recorder:
+    """Stands in for the backend socket: records what would be sent (the split is what is tested)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, dict, bytes]] = []
+
+    def __call__(self, identity: bytes, kind: bytes, header: dict, payload: list) -> bool:
+        assert kind == messages.RUN
+        self.sent.append((identity, header, b"".join(bytes(p) for p in payload)))
+        return True
+
+
+class Frame:
+    def __init__(self, data: bytes) -> None:
+        self.buffer = memoryview(data)
+
+
+def workers(*threads: int) -> list[WorkerHandle]:
+    return [WorkerHandle(k + 1, t, (k,), 1, WorkerState.READY) for k, t in enumerate(threads)]
+
+
+def requests(*sizes: int) -> tuple[list[Request], list[np.ndarray]]:
+    arrays = [np.arange(n * 2, dtype=np.float32).reshape(n, 2) + 100 * k for k, n in enumerate(sizes)]
+    return [Request(b"c%d" % k, None, k, "float32", a.shape, memoryview(a)) for k, a in enumerate(arrays)], arrays
+
+
+def answer(dispatcher: Dispatcher, pool: list[WorkerHandle], sent: tuple[bytes, dict, bytes]) -> list:
+    identity, header, data = sent
+    worker = next(w for w in pool if w.identity == identity)
+    rows = np.frombuffer(data, dtype=np.float32).reshape(header["shape"]) * 2  # the "model" doubles
+    reply = {"job": header["job"], "dtype": "float32", "shape": list(rows.shape), "compute_ms": 1.0,
+             "threads": worker.threads, "batch": rows.shape[0]}  # fmt: skip
+    return dispatcher.on_result(worker, reply, [Frame(rows.tobytes())])
+
+
+def test_split_follows_the_profile_and_each_request_gets_its_own_rows() -> None:
+    profile = Profile.from_latencies({(1, 2): 10.0, (1, 4): 20.0, (2, 4): 12.0, (2, 8): 30.0})
+    recorder, pool = Recorder(), workers(2, 1)
+    dispatcher = Dispatcher(recorder, Splitter(profile, "exact"), job_timeout_s=10)
+    batch, arrays = requests(3, 2, 1)
+    dispatcher.dispatch(batch, pool)
+    assert [h["shape"][0] for _, h, _ in recorder.sent] == [4, 2]  # 2 threads take 4 rows at 12 ms
+    done = []
+    for sent in recorder.sent:
+        done += answer(dispatcher, pool, sent)
+    assert not dispatcher.busy
+    for completed, array in zip(done, arrays, strict=True):
+        np.testing.assert_array_equal(completed.output, array * 2)
+
+
+def test_lost_worker_slice_goes_to_another_instance() -> None:
+    recorder, pool = Recorder(), workers(1, 1)
+    dispatcher = Dispatcher(recorder, Splitter(None, "exact"), job_timeout_s=10)
+    batch, arrays = requests(4)
+    dispatcher.dispatch(batch, pool)
+    first, second = recorder.sent
+    assert dispatcher.reassign(pool[0], pool)
+    resent = recorder.sent[2]
+    assert resent[0] == pool[1].identity and resent[2] == first[2]
+    done = answer(dispatcher, pool, second) + answer(dispatcher, pool, resent)
+    assert answer(dispatcher, pool, first) == []  # a late answer from the lost worker is ignored
+    np.testing.assert_array_equal(done[0].output, arrays[0] * 2)
+
+
+def test_no_worker_left_abandons_the_batch() -> None:
+    recorder, pool = Recorder(), workers(1)
+    dispatcher = Dispatcher(recorder, Splitter(None, "exact"), job_timeout_s=10)
+    batch, _ = requests(2)
+    dispatcher.dispatch(batch, pool)
+    assert not dispatcher.reassign(pool[0], pool)
+    assert dispatcher.abandon() == batch and not dispatcher.busy
+
+
+def test_splitter_falls_back_to_threads_when_the_profile_cannot_answer() -> None:
+    assert Splitter(None, "exact").split([2, 1, 1], 8) == [4, 2, 2]
+    assert Splitter(None, "even").split([2, 2], 5) == [3, 2]
+    profile = Profile.from_latencies({(1, 1): 1.0})
+    assert Splitter(profile, "exact").split([1, 1], 5) == [3, 2]  # the profile carries only 2
