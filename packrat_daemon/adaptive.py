@@ -43,7 +43,7 @@ Measure = Callable[[int, int], float]
 
 ROUGHNESS = 0.01  # how far a true cell may sit off any smooth trend (log space)
 MAX_SAMPLES = 4  # re-measurements of one contested cell; more rarely settles a contest within budget
-MODEL_FLOOR = 0.03  # least doubt about the surrogate far from every measurement (log space)
+MODEL_FLOOR = 0.05  # least doubt about the surrogate far from every measurement (log space)
 UNPROVEN_DOUBT = 0.15  # doubt while there are too few cells to judge the fit's own error
 LENGTH_SCALE = np.array([1.0, 1.0])  # octaves of threads, batch over which residuals stay correlated
 OPTIMISM_Z = 2.0  # "plausibly as fast as": a prediction lowered by this many σ
@@ -140,6 +140,9 @@ class Grid:
         if not any(t <= cores for t in self.threads):
             raise ProfileError(f"every thread count in the grid exceeds the {cores} usable cores")
         self.search = self._search_region(cores, max(targets))
+        # The slowest instance of a plan for B carries at least B / cores inputs: anchors below that
+        # would pin the surrogate where no plan's latency is decided.
+        self.smallest_decisive_batch = max(1, math.ceil(min(targets) / cores))
 
     def _search_region(self, cores: int, largest_target: int) -> list[CellKey]:
         """Cells a plan for the targets could use: rows that fit the cores, and per row the batches up
@@ -166,6 +169,9 @@ class Grid:
         rows: dict[int, list[int]] = {}
         for t, b in self.search:
             rows.setdefault(t, []).append(b)
+        for t, batches in rows.items():
+            decisive = [b for b in batches if b >= self.smallest_decisive_batch]
+            rows[t] = decisive or batches[-1:]
         threads = sorted(rows)
         middle = _geometric_middle(threads)
         chosen = []

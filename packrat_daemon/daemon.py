@@ -13,6 +13,7 @@ import signal
 import socket as pysocket
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ from packrat_daemon.backend import ZERO_COPY_MIN_BYTES, Backend, ModelInfo
 from packrat_daemon.batcher import Batcher, Request
 from packrat_daemon.dispatcher import Completed, Dispatcher, Splitter
 from packrat_daemon.distribution import BatchDistribution
-from packrat_daemon.errors import ConfigError
+from packrat_daemon.errors import ConfigError, PackratError
 from packrat_daemon.pool import Pool, PoolEvent
 from packrat_daemon.profile import Profile
 from packrat_daemon.profiler import CellProfiler, default_grid
@@ -62,8 +63,14 @@ class ServeConfig:
 
 
 class Daemon:
-    def __init__(self, config: ServeConfig, topology: Topology | None = None) -> None:
+    def __init__(
+        self,
+        config: ServeConfig,
+        topology: Topology | None = None,
+        reload_config: Callable[[], ServeConfig] | None = None,
+    ) -> None:
         self.config = config
+        self.reload_config = reload_config  # SIGHUP re-reads the configuration through this
         self.topology = topology or Topology.detect()
         self.context = zmq.Context()
         self.backend: Backend | None = None
@@ -91,10 +98,9 @@ class Daemon:
         self.info = self.backend.wait_template(config.startup_timeout_s)
         self.sample_bytes = _sample_bytes(self.info)
         log.info("model %s: input %s %s per sample", config.model, self.info.dtype, list(self.info.shape))
-        policy = get_policy(config.policy, **({"plan": config.plan} if config.policy == "fixed" else {}))
+        policy = _policy_for(config)
         self.profile = self._load_or_measure_profile(policy.needs_profile)
-        distribution = BatchDistribution.from_counts({b: 1.0 for b in (config.batches or [config.max_batch])})
-        self.plan = policy.plan(self.profile, self.topology, distribution)
+        self.plan = policy.plan(self.profile, self.topology, _distribution_for(config))
         log.info("plan %s — %s", self.plan.describe(), self.plan.reason)
         self.pool = Pool(self.backend, warmup=(1,))
         self.reconciler = Reconciler(self.pool, self.topology)
@@ -167,7 +173,9 @@ class Daemon:
                 self._wake_r.recv(4096)
             while self.events:
                 event = self.events.popleft()
-                if event == "stop":
+                if event == "reload":
+                    self._reload()
+                elif event == "stop":
                     if self.state == "draining":
                         log.warning("second stop signal: exiting without draining")
                         return
@@ -328,6 +336,8 @@ class Daemon:
         elif event.kind == "lost":
             log.warning("worker %d (pid %s, %d threads) exited unexpectedly", worker.id, worker.pid, worker.threads)
             self._on_lost(worker)
+        elif event.kind == "reconfigured":
+            log.info("worker %d now runs %d thread(s) on cores %s", worker.id, worker.threads, list(worker.cores))
         elif event.kind == "ready":
             log.info("worker %d ready: %d thread(s) on cores %s", worker.id, worker.threads, list(worker.cores))
 
@@ -335,6 +345,36 @@ class Daemon:
         if self.dispatcher.busy and not self.dispatcher.reassign(worker, self.reconciler.serving()):
             for request in self.dispatcher.abandon():
                 self._reply_error(request, protocol.ErrorCode.INTERNAL, "every worker died while serving this batch")
+
+    # -- reconfiguration ---------------------------------------------------------------------
+    def _reload(self) -> None:
+        """SIGHUP: re-read the configuration and profile, re-plan, and let the reconciler converge.
+
+        A bad new configuration is logged and ignored: the daemon keeps serving the current plan.
+        """
+        try:
+            config = self.reload_config() if self.reload_config else self.config
+            for name in ("model", "input", "endpoint", "runtime", "allocator", "run_dir"):
+                if getattr(config, name) != getattr(self.config, name):
+                    log.warning("reload: %s changed; that takes a restart, the running value stays", name)
+                    setattr(config, name, getattr(self.config, name))
+            if config.max_batch > self.config.max_batch:
+                log.warning("reload: max_batch can only shrink without a restart; keeping %d", self.config.max_batch)
+                config.max_batch = self.config.max_batch
+            policy = _policy_for(config)
+            profile = Profile.read_csv(config.profile) if config.profile else self.profile
+            plan = policy.plan(profile, self.topology, _distribution_for(config))
+        except PackratError as exc:
+            log.error("reload failed, still serving the current plan: %s", exc)
+            return
+        self.config, self.profile, self.plan = config, profile, plan
+        self.batcher.max_batch = config.max_batch
+        self.batcher.max_delay_s = config.max_delay_ms / 1000.0
+        self.batcher.max_queued_inputs = config.max_queue
+        self.dispatcher.splitter = Splitter(profile, plan.split)
+        log.info("reload: plan %s — %s", plan.describe(), plan.reason)
+        self.reconciler.set_plan(plan)
+        self._pool_changed = True
 
     # -- shutdown ----------------------------------------------------------------------------
     def close(self) -> None:
@@ -354,11 +394,25 @@ class Daemon:
             with contextlib.suppress(OSError):
                 self._wake_w.send(b"\0")
 
+        def enqueue_reload(signum: int, _frame: object) -> None:
+            self.events.append("reload")
+            with contextlib.suppress(OSError):
+                self._wake_w.send(b"\0")
+
         signal.signal(signal.SIGTERM, enqueue)
         signal.signal(signal.SIGINT, enqueue)
+        signal.signal(signal.SIGHUP, enqueue_reload)
 
     def _max_message_bytes(self) -> int:
         return self.config.max_batch * self.sample_bytes + protocol.MAX_HEADER_BYTES + 1024
+
+
+def _policy_for(config: ServeConfig):  # noqa: ANN202
+    return get_policy(config.policy, **({"plan": config.plan} if config.policy == "fixed" else {}))
+
+
+def _distribution_for(config: ServeConfig) -> BatchDistribution:
+    return BatchDistribution.from_counts({b: 1.0 for b in (config.batches or [config.max_batch])})
 
 
 class TemplateLost(ConfigError):
@@ -383,8 +437,8 @@ def _sd_notify(message: str) -> None:
         sock.sendto(message.encode(), address)
 
 
-def serve(config: ServeConfig) -> int:
-    daemon = Daemon(config)
+def serve(config: ServeConfig, reload_config: Callable[[], ServeConfig] | None = None) -> int:
+    daemon = Daemon(config, reload_config=reload_config)
     try:
         daemon.start()
         daemon.run()

@@ -40,6 +40,13 @@ class WorkerHandle:
     pid: int | None = None
     started_at: float = field(default_factory=time.monotonic)
     last_seen: float = field(default_factory=time.monotonic)
+    # (threads, cores, generation) it was told to switch to in place; it serves as before until done.
+    pending: tuple[int, tuple[int, ...], int] | None = None
+
+    @property
+    def target(self) -> tuple[int, tuple[int, ...]]:
+        """The (threads, cores) this worker has or is switching to."""
+        return (self.pending[0], self.pending[1]) if self.pending else (self.threads, self.cores)
 
     @property
     def identity(self) -> bytes:
@@ -67,6 +74,12 @@ class Pool:
         if not self.backend.send(messages.TEMPLATE_IDENTITY, messages.SPAWN, header):
             worker.state = WorkerState.DEAD
         return worker
+
+    def reconfigure(self, worker: WorkerHandle, threads: int, cores: tuple[int, ...], generation: int) -> None:
+        """Re-thread and re-pin a live worker in place: no fork, no model reload, no downtime."""
+        worker.pending = (threads, cores, generation)
+        if not self.backend.send(worker.identity, messages.CONFIGURE, {"threads": threads, "cores": list(cores)}):
+            self.kill(worker)
 
     def retire(self, worker: WorkerHandle) -> None:
         if worker.state in (WorkerState.STOPPING, WorkerState.DEAD):
@@ -108,6 +121,10 @@ class Pool:
             if worker.state is WorkerState.STOPPING:
                 self.backend.send(worker.identity, messages.STOP, {})
             return None
+        if kind == messages.CONFIGURED and worker.pending is not None:
+            worker.threads, worker.cores, worker.generation = worker.pending
+            worker.pending = None
+            return PoolEvent("reconfigured", worker, header, payload)
         if kind == messages.RESULT:
             return PoolEvent("result", worker, header, payload)
         if kind == messages.FAILED:

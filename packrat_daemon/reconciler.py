@@ -1,9 +1,14 @@
 """The reconciler: the only code that changes the worker pool.
 
-It is given a desired Plan and makes the live pool match it, new-first: a new generation of
-workers is started beside the serving one, and the old generation is retired only once every new
-worker is ready, so no request ever finds the pool empty. Workers that die are replaced within the
-current generation. (Shape after gunicorn's manage_workers: describe the target, converge to it.)
+It is given a desired Plan and makes the live pool match it (after gunicorn's manage_workers:
+describe the target, converge to it). Each plan is a new generation of slots (threads, cores):
+  1. live workers that already have a slot's threads and cores join the new generation as they are;
+  2. other ready workers are re-threaded and re-pinned in place (no fork, no reload): they keep
+     serving with their old threads until the switch is done;
+  3. slots still empty get freshly forked workers;
+  4. workers the plan has no slot for are retired only once every slot is served.
+Every ready worker takes batches meanwhile, so no request ever finds the pool empty. Workers that
+die are replaced within the current generation.
 """
 
 from __future__ import annotations
@@ -17,64 +22,85 @@ from policies.base import Plan
 
 log = logging.getLogger("packrat.reconciler")
 
+Slot = tuple[int, tuple[int, ...]]  # (threads, cores)
+
 
 class Reconciler:
     def __init__(self, pool: Pool, topology: Topology) -> None:
         self.pool = pool
         self.allocator = CoreAllocator(topology)
         self.plan: Plan | None = None
-        self.generation = 0  # the generation being built (== serving once it is complete)
-        self.serving_generation: int | None = None
-        self._slots: list[tuple[int, tuple[int, ...]]] = []
+        self.generation = 0
+        self._slots: list[Slot] = []
+        self._complete_logged = -1
 
     def set_plan(self, plan: Plan) -> None:
-        if self.plan is not None and self._same_pool(plan):
-            self.plan = plan
-            return
         self.plan = plan
         self.generation += 1
         counts = plan.thread_counts
         cores = (
-            self.allocator.allocate_oversubscribed(counts)
-            if plan.oversubscribed
-            else self.allocator.allocate(counts)
+            self.allocator.allocate_oversubscribed(counts) if plan.oversubscribed else self.allocator.allocate(counts)
         )
         self._slots = list(zip(counts, cores, strict=True))
         log.info("reconciling to generation %d: %s", self.generation, plan.describe())
+        self._adopt_live_workers()
 
     def step(self) -> None:
-        """Start what is missing from the target generation; retire what the target replaces."""
+        """Fork what is missing; once every slot is served, retire what the plan has no slot for."""
         if self.plan is None:
             return
-        mine = [w for w in self.pool.live() if w.generation == self.generation]
-        for threads, cores in self._missing(mine):
+        for threads, cores in self._missing():
             self.pool.spawn(threads, cores, self.generation)
-        target_ready = self.pool.ready(self.generation)
-        if len(target_ready) == len(self._slots) and self.serving_generation != self.generation:
-            self.serving_generation = self.generation
-            log.info("generation %d is serving with %d worker(s)", self.generation, len(target_ready))
-        if self.serving_generation == self.generation:
+        if self._complete():
+            if self._complete_logged != self.generation:
+                self._complete_logged = self.generation
+                log.info("generation %d serves with %d worker(s)", self.generation, len(self._slots))
             for worker in self.pool.live():
-                if worker.generation != self.generation:
+                if worker.generation != self.generation and worker.pending is None:
                     self.pool.retire(worker)
 
     def serving(self) -> list[WorkerHandle]:
-        """Workers that take batches now: the newest complete generation, else the previous one."""
-        if self.serving_generation is None:
-            return []
-        workers = self.pool.ready(self.serving_generation)
-        if not workers:  # every serving worker died: use anything ready rather than nothing
-            workers = self.pool.ready()
-        return sorted(workers, key=lambda w: w.id)
+        """Every ready worker takes batches; retired ones are no longer ready."""
+        return sorted(self.pool.ready(), key=lambda w: w.id)
 
     def converged(self) -> bool:
-        if self.plan is None or self.serving_generation != self.generation:
-            return False
-        ready = self.pool.ready(self.generation)
-        return len(ready) == len(self._slots) and len(self.pool.live()) == len(ready)
+        return self.plan is not None and self._complete() and len(self.pool.live()) == len(self._slots)
 
-    def _missing(self, mine: list[WorkerHandle]) -> list[tuple[int, tuple[int, ...]]]:
-        have = Counter((w.threads, w.cores) for w in mine if w.state is not WorkerState.DEAD)
+    # -- internals --------------------------------------------------------------------------
+    def _adopt_live_workers(self) -> None:
+        free = Counter(self._slots)
+        leftovers: list[WorkerHandle] = []
+        for worker in sorted(self.pool.live(), key=lambda w: w.id):
+            if worker.pending is None and free[(worker.threads, worker.cores)] > 0:
+                free[(worker.threads, worker.cores)] -= 1
+                worker.generation = self.generation
+            elif worker.state is WorkerState.READY:
+                leftovers.append(worker)
+            else:
+                # Still starting for an older plan: it will be retired once the new plan is served.
+                continue
+        remaining = [slot for slot in self._slots for _ in range(free[slot])]
+        # Slots keep plan order; pair each with a worker that already has that many threads if possible.
+        for slot in list(remaining):
+            match = next((w for w in leftovers if w.threads == slot[0]), None) or (leftovers[0] if leftovers else None)
+            if match is None:
+                break
+            leftovers.remove(match)
+            remaining.remove(slot)
+            self.pool.reconfigure(match, slot[0], slot[1], self.generation)
+            log.info("re-threading worker %d in place: %d→%d thread(s) on cores %s",
+                     match.id, match.threads, slot[0], list(slot[1]))  # fmt: skip
+
+    def _mine(self) -> list[WorkerHandle]:
+        return [
+            w
+            for w in self.pool.live()
+            if (w.pending is not None and w.pending[2] == self.generation)
+            or (w.pending is None and w.generation == self.generation)
+        ]
+
+    def _missing(self) -> list[Slot]:
+        have = Counter(w.target for w in self._mine())
         missing = []
         for slot in self._slots:
             if have[slot]:
@@ -83,8 +109,6 @@ class Reconciler:
                 missing.append(slot)
         return missing
 
-    def _same_pool(self, plan: Plan) -> bool:
-        assert self.plan is not None
-        return sorted(plan.thread_counts) == sorted(self.plan.thread_counts) and (
-            plan.oversubscribed == self.plan.oversubscribed
-        )
+    def _complete(self) -> bool:
+        ready = [w for w in self._mine() if w.state is WorkerState.READY and w.pending is None]
+        return Counter((w.threads, w.cores) for w in ready) == Counter(self._slots)

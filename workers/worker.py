@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +22,7 @@ from workers.pinning import die_with_parent, pin_process
 from workers.runtime import Runtime, sample_input
 
 HEARTBEAT_SECONDS = 1.0
+PREPARE_POLL_MS = 20  # how often the main loop checks whether a background re-threading is ready
 # Zero-copy sends cost more than a memcpy for small messages (pyzmq builds a tracked Frame per part).
 ZERO_COPY_MIN_BYTES = 64 * 1024
 
@@ -51,23 +54,27 @@ def run_worker(runtime: Runtime, input_spec: InputSpec, config: WorkerConfig) ->
     threads, cores = config.threads, config.cores
     socket.send_multipart(messages.encode(messages.READY, _status(config.worker_id, threads, cores)))
     last_sent = time.monotonic()
+    switch: Rethreading | None = None
     try:
         while True:
-            if socket.poll(int(HEARTBEAT_SECONDS * 1000)):
+            timeout_ms = PREPARE_POLL_MS if switch else int(HEARTBEAT_SECONDS * 1000)
+            if socket.poll(timeout_ms):
                 kind, header, payload = messages.decode(socket.recv_multipart(copy=False))
                 if kind == messages.RUN:
                     reply = _run_job(runtime, header, payload, threads)
                     socket.send_multipart(reply, copy=_nbytes(reply) < ZERO_COPY_MIN_BYTES)
                 elif kind == messages.CONFIGURE:
-                    threads, cores = int(header["threads"]), tuple(header["cores"])
-                    pin_process(cores)
-                    runtime.set_threads(threads)
-                    reply = messages.encode(messages.CONFIGURED, _status(config.worker_id, threads, cores))
-                    socket.send_multipart(reply)
+                    switch = Rethreading(runtime, int(header["threads"]), tuple(header["cores"]))
                 elif kind == messages.STOP:
                     return 0
                 last_sent = time.monotonic()
-            elif time.monotonic() - last_sent >= HEARTBEAT_SECONDS:
+            if switch is not None and switch.ready():
+                # Between jobs: swap in what was prepared, then move every thread to the new cores.
+                threads, cores = switch.commit()
+                switch = None
+                socket.send_multipart(messages.encode(messages.CONFIGURED, _status(config.worker_id, threads, cores)))
+                last_sent = time.monotonic()
+            if time.monotonic() - last_sent >= HEARTBEAT_SECONDS:
                 socket.send_multipart(messages.encode(messages.HEARTBEAT, {"worker": config.worker_id}))
                 last_sent = time.monotonic()
             if os.getppid() != config.template_pid:
@@ -75,6 +82,44 @@ def run_worker(runtime: Runtime, input_spec: InputSpec, config: WorkerConfig) ->
     finally:
         socket.close(linger=0)
         context.term()
+
+
+class Rethreading:
+    """A switch to new threads and cores, prepared without stopping service.
+
+    Runtimes that re-thread in place (torch) switch at once. Others (ONNX Runtime, OpenVINO) build a
+    new session in a background thread pinned to the new cores (so its pool threads inherit them)
+    while the old session keeps answering; the main thread commits the swap between jobs.
+    """
+
+    def __init__(self, runtime: Runtime, threads: int, cores: tuple[int, ...]) -> None:
+        self.threads, self.cores = threads, cores
+        self._commit: Callable[[], None] | None = None
+        self._error: BaseException | None = None
+        if getattr(runtime, "rethreads_in_place", True):
+            self._commit = lambda: runtime.set_threads(threads)
+            self._thread = None
+        else:
+            self._thread = threading.Thread(target=self._prepare, args=(runtime,), daemon=True)
+            self._thread.start()
+
+    def _prepare(self, runtime: Runtime) -> None:
+        try:
+            os.sched_setaffinity(0, self.cores)  # this thread only: the session's threads inherit it
+            self._commit = runtime.prepare_threads(self.threads)
+        except BaseException as exc:  # noqa: BLE001 - reported by commit() in the main thread
+            self._error = exc
+
+    def ready(self) -> bool:
+        return self._thread is None or not self._thread.is_alive()
+
+    def commit(self) -> tuple[int, tuple[int, ...]]:
+        if self._error is not None:
+            raise RuntimeError(f"could not prepare {self.threads} thread(s): {self._error}") from self._error
+        assert self._commit is not None
+        self._commit()
+        pin_process(self.cores)
+        return self.threads, self.cores
 
 
 def _run_job(runtime: Runtime, header: dict, payload: list, threads: int) -> list:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 
 from packrat_daemon.commands.options import int_list, positive_int
@@ -83,11 +84,19 @@ def apply_config_file(args: argparse.Namespace, defaults: dict[str, object]) -> 
 def run(args: argparse.Namespace) -> int:
     from packrat_daemon.daemon import serve
 
+    defaults = {action.dest: action.default for action in _serve_parser()._actions}
+    pristine = copy.copy(args)
+
+    def reload_config():  # noqa: ANN202 - SIGHUP: the same command line over the file as it is now
+        fresh = copy.copy(pristine)
+        if fresh.config:
+            apply_config_file(fresh, defaults)
+        return config_from(fresh)
+
     if args.config:
-        defaults = {action.dest: action.default for action in _serve_parser()._actions}
         apply_config_file(args, defaults)
     setup_logging(args.log_level)
-    return serve(config_from(args))
+    return serve(config_from(args), reload_config)
 
 
 def _serve_parser() -> argparse.ArgumentParser:

@@ -168,3 +168,52 @@ def test_sigterm_drains_and_stops_cleanly(tmp_path: Path) -> None:
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
     assert "stopped" in (tmp_path / "daemon.log").read_text()
+
+
+def test_sighup_reconfigures_under_load_in_place_without_losing_a_request(tmp_path: Path) -> None:
+    config = tmp_path / "serve.toml"
+    config.write_text('policy = "fixed"\nplan = "2*1x2"\nmax_batch = 4\nmodel = "builtin:tiny-mlp"\n')
+    with running_daemon(tmp_path, "--config", str(config)) as (endpoint, process):
+        with Client(endpoint, timeout=30) as client:
+            before = client.info()["workers"]
+        assert sorted(w["threads"] for w in before) == [1, 1]
+        rng = np.random.default_rng(3)
+        inputs = [rng.standard_normal((1 + k % 4, 16), dtype=np.float32) for k in range(300)]
+
+        async def load() -> list[np.ndarray]:
+            async with AsyncClient(endpoint, timeout=30) as aclient:
+                results = []
+                for k in range(0, len(inputs), 10):
+                    results += await asyncio.gather(*(aclient.infer(x) for x in inputs[k : k + 10]))
+                    if k == 50:
+                        config.write_text('policy = "fixed"\nplan = "2x4"\nmax_batch = 4\nmodel = "builtin:tiny-mlp"\n')
+                        process.send_signal(signal.SIGHUP)
+                return results
+
+        outputs = asyncio.run(load())
+        for x, y in zip(inputs, outputs, strict=True):
+            np.testing.assert_allclose(y, direct("builtin:tiny-mlp", x), rtol=1e-5, atol=1e-6)
+        with Client(endpoint, timeout=30) as client:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                after = client.info()["workers"]
+                if [w["threads"] for w in after] == [2]:
+                    break
+                time.sleep(0.1)
+        assert [w["threads"] for w in after] == [2]
+        assert after[0]["pid"] in {w["pid"] for w in before}  # re-threaded in place, not re-forked
+        assert sorted(after[0]["cores"]) == sorted(c for w in before for c in w["cores"])
+
+
+def test_bad_reload_keeps_serving_the_current_plan(tmp_path: Path) -> None:
+    config = tmp_path / "serve.toml"
+    config.write_text('policy = "fixed"\nplan = "2x4"\nmax_batch = 4\nmodel = "builtin:tiny-mlp"\n')
+    with running_daemon(tmp_path, "--config", str(config)) as (endpoint, process):
+        config.write_text('policy = "fixed"\nplan = "9x9"\nmax_batch = 4\nmodel = "builtin:tiny-mlp"\n')
+        process.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        with Client(endpoint, timeout=30) as client:
+            assert [w["threads"] for w in client.info()["workers"]] == [2]
+            x = np.ones((2, 16), dtype=np.float32)
+            np.testing.assert_allclose(client.infer(x), direct("builtin:tiny-mlp", x), rtol=1e-5, atol=1e-6)
+    assert "reload failed, still serving the current plan" in (tmp_path / "daemon.log").read_text()
