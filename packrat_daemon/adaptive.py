@@ -41,6 +41,7 @@ from policies.solver import Solution, Solver
 CellKey = tuple[int, int]
 Measure = Callable[[int, int], float]
 
+FULL_ANCHORS_FROM = 16  # measurements in the budget from which all four corners are anchors
 ROUGHNESS = 0.01  # how far a true cell may sit off any smooth trend (log space)
 MAX_SAMPLES = 4  # re-measurements of one contested cell; more rarely settles a contest within budget
 MODEL_FLOOR = 0.05  # least doubt about the surrogate far from every measurement (log space)
@@ -164,8 +165,12 @@ class Grid:
                 return threads, b
         return threads, self.rows[threads][-1]
 
-    def anchors(self) -> list[CellKey]:
-        """Corners and centre of the search region: they pin the surrogate's thread and batch shape."""
+    def anchors(self, budget: int) -> list[CellKey]:
+        """Corners and centre of the search region: they pin the surrogate's thread and batch shape.
+
+        A small budget keeps only two opposite corners and the centre: on a small grid each anchor
+        is a large share of the cells, and the decisive cells are better use of it.
+        """
         rows: dict[int, list[int]] = {}
         for t, b in self.search:
             rows.setdefault(t, []).append(b)
@@ -174,10 +179,10 @@ class Grid:
             rows[t] = decisive or batches[-1:]
         threads = sorted(rows)
         middle = _geometric_middle(threads)
-        chosen = []
-        for t in (threads[0], threads[-1]):
-            chosen += [(t, rows[t][0]), (t, rows[t][-1])]
-        chosen.append((middle, _geometric_middle(rows[middle])))
+        low, high = threads[0], threads[-1]
+        chosen = [(low, rows[low][0]), (high, rows[high][-1]), (middle, _geometric_middle(rows[middle]))]
+        if budget >= FULL_ANCHORS_FROM:
+            chosen += [(low, rows[low][-1]), (high, rows[high][0])]
         return list(dict.fromkeys(chosen))
 
 
@@ -385,7 +390,7 @@ def adaptive_profile(
             report(cell, take(cell), {})
         return result(_assess(grid, samples, targets, cores, noise, tolerance), "grid")
 
-    for cell in grid.anchors():
+    for cell in grid.anchors(max_cells):
         if not budget_left():
             break
         report(cell, take(cell), {})

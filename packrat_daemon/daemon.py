@@ -7,6 +7,7 @@ for signals are polled together. Signal handlers only enqueue; the loop acts on 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import signal
@@ -26,7 +27,7 @@ from packrat_daemon.dispatcher import Completed, Dispatcher, Splitter
 from packrat_daemon.distribution import BatchDistribution
 from packrat_daemon.errors import ConfigError, PackratError
 from packrat_daemon.pool import Pool, PoolEvent
-from packrat_daemon.profile import Profile
+from packrat_daemon.profile import Profile, write_profiles
 from packrat_daemon.profiler import CellProfiler, default_grid
 from packrat_daemon.progress import Progress
 from packrat_daemon.reconciler import Reconciler
@@ -81,6 +82,7 @@ class Daemon:
         self.events: deque[str] = deque()  # filled by signal handlers, drained by the loop
         self._wake_r, self._wake_w = pysocket.socketpair()
         self.state = "starting"
+        self._saved_profiles: list[Profile] = []
         self._pool_changed = True
         self._next_reconcile = 0.0
         self._next_template_check = 0.0
@@ -90,17 +92,27 @@ class Daemon:
         config = self.config
         self._install_signals()
         log.info("machine: %s", self.topology.describe())
-        self.backend = Backend(self.context, config.run_dir)
-        log.info("loading %s in the template process", config.model)
-        self.backend.start_template(
-            config.model, input_override=config.input, runtime=config.runtime, allocator=config.allocator
-        )
-        self.info = self.backend.wait_template(config.startup_timeout_s)
-        self.sample_bytes = _sample_bytes(self.info)
-        log.info("model %s: input %s %s per sample", config.model, self.info.dtype, list(self.info.shape))
         policy = _policy_for(config)
-        self.profile = self._load_or_measure_profile(policy.needs_profile)
-        self.plan = policy.plan(self.profile, self.topology, _distribution_for(config))
+        runtimes = available_runtimes() if config.runtime == "auto" else [config.runtime]
+        measure = policy.needs_profile or len(runtimes) > 1
+        candidates: list[tuple[Backend, ModelInfo, Profile | None, Plan]] = []
+        try:
+            for runtime in runtimes:
+                candidates.append(self._prepare_runtime(runtime, policy, measure))
+        except BaseException:
+            for candidate in candidates:
+                candidate[0].close()
+            raise
+        # --runtime auto: serve with the runtime whose plan predicts the lowest latency.
+        best = min(candidates, key=lambda c: _predicted(c[3], c[2]))
+        for candidate in candidates:
+            if candidate is not best:
+                candidate[0].close()
+        self.backend, self.info, self.profile, self.plan = best
+        if len(candidates) > 1:
+            scores = ", ".join(f"{c[1].runtime} {_predicted(c[3], c[2]):.1f} ms" for c in candidates)
+            log.info("runtime auto: chose %s (predicted: %s)", self.info.runtime, scores)
+        self.sample_bytes = _sample_bytes(self.info)
         log.info("plan %s — %s", self.plan.describe(), self.plan.reason)
         self.pool = Pool(self.backend, warmup=(1,))
         self.reconciler = Reconciler(self.pool, self.topology)
@@ -121,19 +133,39 @@ class Daemon:
         log.info("serving on %s with %d worker(s)", config.endpoint, len(self.reconciler.serving()))
         _sd_notify("READY=1\nSTATUS=serving")
 
-    def _load_or_measure_profile(self, needed: bool) -> Profile | None:
+    def _prepare_runtime(
+        self, runtime: str, policy: Any, measure: bool
+    ) -> tuple[Backend, ModelInfo, Profile | None, Plan]:
+        """Start a template for `runtime`, get its profile (file or measured) and the policy's plan."""
+        config = self.config
+        run_dir = None if config.run_dir is None else os.path.join(config.run_dir, runtime)
+        backend = Backend(self.context, run_dir)
+        try:
+            log.info("loading %s in the %s template process", config.model, runtime)
+            backend.start_template(
+                config.model, input_override=config.input, runtime=runtime, allocator=config.allocator
+            )
+            info = backend.wait_template(config.startup_timeout_s)
+            log.info("model %s: input %s %s per sample", config.model, info.dtype, list(info.shape))
+            profile = self._load_or_measure_profile(backend, info, measure)
+            plan = policy.plan(profile, self.topology, _distribution_for(config))
+        except BaseException:
+            backend.close()
+            raise
+        return backend, info, profile, plan
+
+    def _load_or_measure_profile(self, backend: Backend, info: ModelInfo, needed: bool) -> Profile | None:
         config = self.config
         if config.profile:
-            profile = Profile.read_csv(config.profile)
-            log.info("profile %s: %d cells", config.profile, len(profile))
+            profile = Profile.read_csv(config.profile, runtime=info.runtime)
+            log.info("profile %s: %d cells for %s", config.profile, len(profile), info.runtime)
             return profile
         if not needed:
             return None
-        assert self.backend is not None and self.info is not None
         threads, batches = default_grid(self.topology.usable_cores, max(config.batches or [config.max_batch]))
         cells = [(t, b) for t in threads for b in batches]
-        progress = Progress(len(cells), "profiling")
-        profiler = CellProfiler(self.backend, self.topology, self.info)
+        progress = Progress(len(cells), f"profiling {info.runtime}")
+        profiler = CellProfiler(backend, self.topology, info)
         measured = {}
         try:
             for t, b in cells:
@@ -142,9 +174,10 @@ class Daemon:
         finally:
             profiler.close()
             progress.close()
-        profile = Profile(measured, model=config.model, runtime=self.info.runtime)
+        profile = Profile(measured, model=config.model, runtime=info.runtime)
         if config.save_profile:
-            profile.write_csv(config.save_profile)
+            self._saved_profiles.append(profile)
+            write_profiles(config.save_profile, self._saved_profiles)
             log.info("profile saved to %s", config.save_profile)
         return profile
 
@@ -362,7 +395,7 @@ class Daemon:
                 log.warning("reload: max_batch can only shrink without a restart; keeping %d", self.config.max_batch)
                 config.max_batch = self.config.max_batch
             policy = _policy_for(config)
-            profile = Profile.read_csv(config.profile) if config.profile else self.profile
+            profile = Profile.read_csv(config.profile, runtime=self.info.runtime) if config.profile else self.profile
             plan = policy.plan(profile, self.topology, _distribution_for(config))
         except PackratError as exc:
             log.error("reload failed, still serving the current plan: %s", exc)
@@ -405,6 +438,23 @@ class Daemon:
 
     def _max_message_bytes(self) -> int:
         return self.config.max_batch * self.sample_bytes + protocol.MAX_HEADER_BYTES + 1024
+
+
+def available_runtimes() -> list[str]:
+    """Runtimes whose packages are installed, found without importing them (the daemon stays light)."""
+    packages = {"torch": "torch", "onnxruntime": "onnxruntime", "openvino": "openvino"}
+    return [name for name, package in packages.items() if importlib.util.find_spec(package) is not None]
+
+
+def _predicted(plan: Plan, profile: Profile | None) -> float:
+    """A plan's predicted latency, for choosing between runtimes (unknown sorts last)."""
+    if plan.predicted_latency_ms is not None:
+        return plan.predicted_latency_ms
+    if profile is not None and not plan.oversubscribed:
+        lhats = [profile.lhat(i.threads, max(i.batch, 1)) for i in plan.instances]
+        if None not in lhats:
+            return max(x for x in lhats if x is not None)
+    return float("inf")
 
 
 def _policy_for(config: ServeConfig):  # noqa: ANN202

@@ -11,7 +11,7 @@ import csv
 import io
 import math
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,20 +64,37 @@ class Profile:
         return cls({key: Cell(float(value)) for key, value in table.items()}, **meta)
 
     @classmethod
-    def read_csv(cls, path: str | os.PathLike[str]) -> Profile:
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ProfileError(f"profile file {path} does not exist; measure one with `packrat profile`") from None
-        except OSError as exc:
-            raise ProfileError(f"cannot read profile file {path}: {exc.strerror}") from None
-        return cls.parse_csv(text, source=str(path))
+    def read_csv(cls, path: str | os.PathLike[str], runtime: str | None = None) -> Profile:
+        return cls.parse_csv(_read_text(path), source=str(path), runtime=runtime)
 
     @classmethod
-    def parse_csv(cls, text: str, *, source: str = "<profile>") -> Profile:
+    def read_all(cls, path: str | os.PathLike[str]) -> dict[str, Profile]:
+        return cls.parse_all(_read_text(path), source=str(path))
+
+
+
+    @classmethod
+    def parse_csv(cls, text: str, *, source: str = "<profile>", runtime: str | None = None) -> Profile:
+        """One runtime's profile. A file with a `runtime` column may hold several; name one then."""
+        profiles = cls.parse_all(text, source=source)
+        if runtime is not None:
+            if runtime in profiles:
+                return profiles[runtime]
+            if len(profiles) == 1 and "" in profiles:
+                return profiles[""]  # a profile that does not say which runtime measured it
+            raise ProfileError(f"{source}: no rows for runtime {runtime!r}; it has {', '.join(sorted(profiles))}")
+        if len(profiles) > 1:
+            raise ProfileError(
+                f"{source}: holds profiles of several runtimes ({', '.join(sorted(profiles))}); "
+                "choose one with --runtime"
+            )
+        return next(iter(profiles.values()))
+
+    @classmethod
+    def parse_all(cls, text: str, *, source: str = "<profile>") -> dict[str, Profile]:
+        """Every runtime's profile in the file, by runtime name ('' when the file does not say)."""
         header: list[str] | None = None
-        cells: dict[tuple[int, int], Cell] = {}
+        by_runtime: dict[str, dict[tuple[int, int], Cell]] = {}
         meta: dict[str, str] = {}
         # Line by line, so a stray quote in a comment cannot swallow the rows after it and every
         # error names the file's own line number.
@@ -119,13 +136,16 @@ class Profile:
             p90 = _parse_float(record["p90_ms"], "p90_ms", where) if record.get("p90_ms") else None
             _check_cell(threads, batch, latency, where=where)
             cell = Cell(latency, samples, p90)
+            row_runtime = record.get("runtime") or meta.get("runtime", "")
+            table = by_runtime.setdefault(row_runtime, {})
             key = (threads, batch)
-            cells[key] = cells[key].merged(cell) if key in cells else cell
+            table[key] = table[key].merged(cell) if key in table else cell
         if header is None:
             raise ProfileError(f"{source}: empty profile; expected a header {','.join(REQUIRED_COLUMNS)}")
-        if not cells:
+        if not by_runtime:
             raise ProfileError(f"{source}: the profile has a header but no rows")
-        return cls(cells, **meta)
+        model = meta.get("model", "")
+        return {name: cls(table, model=model, runtime=name) for name, table in by_runtime.items()}
 
     # -- queries ------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -190,21 +210,40 @@ class Profile:
         out = io.StringIO()
         if self.model:
             out.write(f"# model: {self.model}\n")
-        if self.runtime:
-            out.write(f"# runtime: {self.runtime}\n")
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(["threads", "batch", "latency_ms", "samples", "p90_ms"])
+        writer.writerow(["threads", "batch", "latency_ms", "samples", "p90_ms", "runtime"])
         for (threads, batch), cell in self._cells.items():
             p90 = "" if cell.p90_ms is None else _number(cell.p90_ms)
-            writer.writerow([threads, batch, _number(cell.latency_ms), cell.samples, p90])
+            writer.writerow([threads, batch, _number(cell.latency_ms), cell.samples, p90, self.runtime])
         return out.getvalue()
 
     def write_csv(self, path: str | os.PathLike[str]) -> None:
-        """Write atomically, so a crash or Ctrl-C never leaves a half-written profile behind."""
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(self.to_csv(), encoding="utf-8")
-        os.replace(tmp, path)
+        write_profiles(path, [self])
+
+
+def write_profiles(path: str | os.PathLike[str], profiles: Sequence[Profile]) -> None:
+    """One CSV holding several runtimes' rows (the `runtime` column tells them apart).
+
+    Written atomically, so a crash or Ctrl-C never leaves a half-written profile behind.
+    """
+    path = Path(path)
+    text = "".join(
+        p.to_csv() if k == 0 else p.to_csv().split("threads,batch,", 1)[1].split("\n", 1)[1]
+        for k, p in enumerate(profiles)
+    )
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _read_text(path: str | os.PathLike[str]) -> str:
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProfileError(f"profile file {path} does not exist; measure one with `packrat profile`") from None
+    except OSError as exc:
+        raise ProfileError(f"cannot read profile file {path}: {exc.strerror}") from None
 
 
 def _number(value: float) -> str:

@@ -22,7 +22,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="warm-up runs per cell (default 1)")
     parser.add_argument("--repeats", type=positive_int, default=3, help="timed runs per cell (default 3)")
     parser.add_argument("--allocator", default="system", choices=["system", "jemalloc", "tcmalloc"])
-    parser.add_argument("--runtime", default="torch")
+    parser.add_argument(
+        "--runtime", default="torch", help="torch, onnxruntime, openvino, or auto: every installed one (default: torch)"
+    )
     # Adaptive (Bayesian) profiling and replay: see docs/profiling.md.
     parser.add_argument("--adaptive", action="store_true", help="measure only the cells that matter (Bayesian)")
     parser.add_argument("--budget", default="0.25", help="adaptive budget: a fraction of the grid or SECONDSs")
@@ -45,10 +47,8 @@ def run(args: argparse.Namespace) -> int:
 def run_grid(args: argparse.Namespace) -> int:
     import zmq
 
-    from packrat_daemon.backend import Backend
-    from packrat_daemon.profile import Profile
-    from packrat_daemon.profiler import CellProfiler
-    from packrat_daemon.progress import Progress
+    from packrat_daemon.daemon import available_runtimes
+    from packrat_daemon.profile import Profile, write_profiles
     from packrat_daemon.topology import Topology
 
     topology = Topology.detect()
@@ -60,13 +60,39 @@ def run_grid(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     cells = [(t, b) for t in threads for b in args.batches]
+    runtimes = available_runtimes() if args.runtime == "auto" else [args.runtime]
     context = zmq.Context()
+    profiles: list[Profile] = []
+    interrupted = False
+    try:
+        for runtime in runtimes:
+            measured, interrupted = _measure_runtime(context, topology, args, runtime, cells)
+            if measured:
+                profiles.append(Profile(measured, model=args.model, runtime=runtime))
+            if interrupted:
+                break
+    finally:
+        context.term()
+    if profiles:
+        write_profiles(args.out, profiles)
+        counts = ", ".join(f"{len(p)} {p.runtime}" for p in profiles)
+        print(f"wrote {counts} cell(s) of {len(cells)} per runtime to {args.out}", file=sys.stderr)
+    elif interrupted:
+        print("interrupted before any cell was measured; nothing written", file=sys.stderr)
+    return 130 if interrupted else 0
+
+
+def _measure_runtime(context, topology, args: argparse.Namespace, runtime: str, cells: list[tuple[int, int]]):  # noqa: ANN001, ANN202
+    """(cells measured, interrupted): Ctrl-C keeps what was measured so far."""
+    from packrat_daemon.backend import Backend
+    from packrat_daemon.profiler import CellProfiler
+    from packrat_daemon.progress import Progress
+
     backend = Backend(context)
     measured = {}
-    interrupted = False
-    progress = Progress(len(cells), "profiling")
+    progress = Progress(len(cells), f"profiling {runtime}")
     try:
-        backend.start_template(args.model, input_override=args.input, runtime=args.runtime, allocator=args.allocator)
+        backend.start_template(args.model, input_override=args.input, runtime=runtime, allocator=args.allocator)
         progress.note(f"loading {args.model}")
         info = backend.wait_template()
         profiler = CellProfiler(backend, topology, info, warmup=args.warmup, repeats=args.repeats)
@@ -78,14 +104,8 @@ def run_grid(args: argparse.Namespace) -> int:
         finally:
             profiler.close()
     except KeyboardInterrupt:
-        interrupted = True
+        return measured, True
     finally:
         progress.close()
         backend.close()
-        context.term()
-    if measured:
-        Profile(measured, model=args.model, runtime=args.runtime).write_csv(args.out)
-        print(f"wrote {len(measured)} of {len(cells)} cells to {args.out}", file=sys.stderr)
-    elif interrupted:
-        print("interrupted before any cell was measured; nothing written", file=sys.stderr)
-    return 130 if interrupted else 0
+    return measured, False

@@ -35,7 +35,11 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allocator", default="system", choices=["system", "jemalloc", "tcmalloc"], help="malloc to preload"
     )
-    parser.add_argument("--runtime", default="torch", help="inference runtime (default: torch)")
+    parser.add_argument(
+        "--runtime",
+        default="torch",
+        help="torch, onnxruntime, openvino, or auto: measure each installed one, serve the fastest (default: torch)",
+    )
     parser.add_argument("--run-dir", help="folder for the internal ipc sockets (default: a private temp folder)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 

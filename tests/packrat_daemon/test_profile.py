@@ -245,3 +245,25 @@ def test_cell_merge_keeps_the_only_known_p90() -> None:
 def test_quote_in_a_comment_does_not_swallow_rows() -> None:
     profile = parse('threads,batch,latency_ms\n# source: bench,"2 cores\n1,1,5\n1,2,8\n')
     assert sorted(profile) == [(1, 1), (1, 2)]
+
+
+def test_runtime_column_keeps_each_runtime_apart(tmp_path) -> None:  # noqa: ANN001
+    from packrat_daemon.profile import write_profiles
+
+    torch_rows = Profile.from_latencies({(1, 1): 10.0, (2, 1): 7.0}, runtime="torch")
+    ort_rows = Profile.from_latencies({(1, 1): 6.0}, runtime="onnxruntime")
+    path = tmp_path / "both.csv"
+    write_profiles(path, [torch_rows, ort_rows])
+    both = Profile.read_all(path)
+    assert set(both) == {"torch", "onnxruntime"}
+    assert both["torch"] == torch_rows and both["onnxruntime"].latency(1, 1) == 6.0
+    assert Profile.read_csv(path, runtime="onnxruntime").runtime == "onnxruntime"
+    with pytest.raises(ProfileError, match="several runtimes"):
+        Profile.read_csv(path)
+    with pytest.raises(ProfileError, match="no rows for runtime 'openvino'"):
+        Profile.read_csv(path, runtime="openvino")
+
+
+def test_profile_without_runtime_serves_any_runtime() -> None:
+    profile = Profile.parse_csv("threads,batch,latency_ms\n1,1,5\n", runtime="openvino")
+    assert profile.latency(1, 1) == 5.0
