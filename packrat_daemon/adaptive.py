@@ -4,19 +4,26 @@ Profiling every cell of a threads × batch grid takes hours for a large model, y
 for a batch size B depends on few cells: those whose latency sits near the plan's latency bound λ_B.
 This module finds them with a Bayesian ask/tell loop and fills every other cell from a surrogate:
 
-1. Measure a few anchor cells (corners and centre of the region the targets can use).
+1. Measure a few anchor cells: corners and centre of the region the targets can use (rows that fit
+   the cores; batches from B_min / cores, below which no plan's slowest instance lies, up to B_max).
 2. Fit the surrogate: an Amdahl-style model with a per-batch fixed cost,
-   L ≈ c0 + c1/t + (c2 + c3/t)·b + c4·t (non-negative least squares on relative error), times a
-   Gaussian-process correction of its log residuals, which also gives each unmeasured cell an
-   uncertainty σ. Filled rows are made non-decreasing in batch around the measured cells.
-3. Solve exactly on the filled table (the plan, λ_B) and on an optimistic table whose unmeasured
-   cells are lowered by OPTIMISM_Z σ (the best the unknown cells could plausibly be).
-4. The cells worth measuring: the plan's own cells until measured (to confirm its latency), and the
-   unmeasured cells of an optimistic plan that would beat λ_B by more than `tolerance` (each weighed
-   by the probability that it really is that fast). A `skopt.Optimizer` over (thread index, batch
-   index) picks among them: its regressor is this surrogate's decision value, its acquisition LCB.
-5. Stop when every plan is confirmed by measurement and no plausible value of the unmeasured cells
-   could improve any plan by more than `tolerance`, or when the budget is spent.
+   L ≈ c0 + c1/t + (c2 + c3/t)·b + c4·t + c5·b²/t (non-negative least squares on relative error;
+   the last term is cache pressure), times a Gaussian-process correction of its log residuals, which
+   also gives each unmeasured cell an uncertainty σ. Filled rows are non-decreasing in batch and
+   never contradict a measured cell.
+3. Solve exactly on the filled table: the plan for each target and its predicted latency λ_B.
+4. Pick the cells worth measuring:
+   - the plan's own cells, until measured: its latency is only a guess before;
+   - the explorer: solve again with every unmeasured cell lowered by OPTIMISM_Z σ. If that beats λ_B
+     by more than `tolerance`, its unmeasured cells could change the answer; each is weighed by
+     the probability that it really is fast enough;
+   - the sceptic (only when measurements are noisy): lower measured cells by their own noise too.
+     A rival plan that then wins is a contest between measured cells; both sides are re-measured.
+   A `skopt.Optimizer` over (thread index, batch index) chooses among them: its regressor is the
+   value of measuring each cell (`DecisionModel`), its acquisition LCB, so among equally decisive
+   cells it prefers the one the surrogate knows least.
+5. Stop when every plan is confirmed by measurement and neither explorer nor sceptic can improve any
+   plan by more than the tolerances — or when the budget (every measurement counts) is spent.
 
 Everything here is pure: measurements come from the `measure(threads, batch) -> ms` callable, so a
 full table can stand in for a model (replay) in research and tests.
@@ -49,7 +56,7 @@ UNPROVEN_DOUBT = 0.15  # doubt while there are too few cells to judge the fit's 
 LENGTH_SCALE = np.array([1.0, 1.0])  # octaves of threads, batch over which residuals stay correlated
 OPTIMISM_Z = 2.0  # "plausibly as fast as": a prediction lowered by this many σ
 TOLERANCE = 0.01  # improvements smaller than this fraction of λ are not worth a measurement
-CONTEST_TOLERANCE = 0.01  # ... nor a re-measurement: near-ties within noise are not worth the budget
+CONTEST_TOLERANCE = 0.01  # the same for a re-measurement of a contest between measured plans
 REMEASURE_WEIGHT = 0.5  # a re-measurement is worth less than a first look at an equally decisive cell
 EXPLORATION_KAPPA = 1.0  # LCB weight on a candidate cell's σ: prefer the cells we know least
 
@@ -193,8 +200,9 @@ def _geometric_middle(values: Sequence[int]) -> int:
 
 # -- the surrogate -------------------------------------------------------------------------------
 def _features(cells: Sequence[CellKey]) -> np.ndarray:
-    """Amdahl-style terms: fixed cost, its parallel part, serial and parallel work per input, and a
-    per-thread overhead (synchronisation, which grows with the team)."""
+    """Amdahl-style terms: fixed cost, its parallel part, serial and parallel work per input, a
+    per-thread overhead (synchronisation grows with the team), and cache pressure (inputs per thread
+    beyond what the caches hold make each input dearer)."""
     t = np.array([c[0] for c in cells], dtype=float)
     b = np.array([c[1] for c in cells], dtype=float)
     return np.column_stack([np.ones_like(t), 1.0 / t, b, b / t, t, b * b / t])

@@ -258,10 +258,10 @@ class Daemon:
     def _read_frontend(self) -> None:
         assert self.frontend is not None and self.info is not None
         for _ in range(MAX_READS_PER_WAKE):
-            try:
-                frames = self.frontend.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            # EVENTS is far cheaper than a recv that raises zmq.Again once the queue is empty.
+            if not self.frontend.get(zmq.EVENTS) & zmq.POLLIN:
                 return
+            frames = self.frontend.recv_multipart(copy=False)
             identity = frames[0].bytes
             try:
                 delimiter, request = protocol.parse_request(frames[1:], max_message_bytes=self._max_message_bytes())

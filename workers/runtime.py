@@ -1,15 +1,29 @@
-"""The runtime interface a worker runs a model through, and the PyTorch implementation.
+"""The runtime interface a worker runs a model through, and its implementations.
 
-Only this module and `workers.models` know about torch; ONNX Runtime and OpenVINO runtimes are
-planned behind the same four methods.
+    torch        PyTorch eager (the default); re-threads in place.
+    onnxruntime  ONNX Runtime on the model exported to ONNX (pip install -e '.[onnx]').
+    openvino     OpenVINO on the model converted to its IR (pip install -e '.[openvino]').
+
+Every runtime follows the same life: `load` once in the template process (which must never start a
+thread pool or run inference: the template forks workers, and libgomp, ONNX Runtime's and TBB's pools
+are not fork-safe), then in each forked, pinned worker `set_threads` and `run` per batch. ONNX Runtime
+and OpenVINO fix their thread count when a session is built, so re-threading them builds a new session
+beside the serving one (`prepare_threads`, in a background thread) and swaps it in between jobs.
+Only this module, `workers.models`, `workers.conversion` and `workers.convert` know about these packages.
 """
 
 from __future__ import annotations
 
 import abc
 import contextlib
+import importlib.util
+import os
+import threading
 import time
 import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -18,6 +32,11 @@ from workers.models import InputSpec, LoadedModel, load_model
 
 class Runtime(abc.ABC):
     name: str = ""
+    # True: set_threads changes the live thread pool (cheap, any time). False: a new session is built per count.
+    rethreads_in_place: ClassVar[bool] = True
+    # Optional packages the runtime needs (first one named in the error) and the extra that installs them.
+    requires: ClassVar[tuple[str, ...]] = ()
+    extra: ClassVar[str | None] = None
 
     @abc.abstractmethod
     def load(self, spec: str, input_override: str | None = None) -> InputSpec:
@@ -25,11 +44,20 @@ class Runtime(abc.ABC):
 
     @abc.abstractmethod
     def set_threads(self, threads: int) -> None:
-        """Use `threads` intra-op threads from now on (callable again to re-thread in place)."""
+        """Use `threads` intra-op threads from now on (called first in the worker, after fork)."""
 
     @abc.abstractmethod
     def run(self, batch: np.ndarray) -> np.ndarray:
         """Run one batch (first axis = samples); numpy in, numpy out."""
+
+    def prepare_threads(self, threads: int) -> Callable[[], None]:
+        """Build what `threads` needs without disturbing the serving model; return the cheap swap.
+
+        Called from a background thread while the worker's main thread keeps serving; new pool threads
+        inherit that thread's CPU affinity, so the worker sets it to the new cores first. The returned
+        `commit` is called by the main thread between jobs. In-place runtimes have nothing to build.
+        """
+        return lambda: self.set_threads(threads)
 
     def timed_run(self, batch: np.ndarray) -> tuple[np.ndarray, float]:
         """Run and report compute time in milliseconds (what the profile store learns from)."""
@@ -80,16 +108,174 @@ class TorchRuntime(Runtime):
         return out.contiguous().numpy()
 
 
-RUNTIMES: dict[str, type[Runtime]] = {"torch": TorchRuntime}
+class SessionRuntime(Runtime):
+    """A runtime whose thread count is fixed per session (ONNX Runtime, OpenVINO).
+
+    The template only makes sure the converted file is in the cache and reads the model's declared
+    input from it: no session, no thread pool, no weights beyond what the file system shares. Each
+    worker builds its own session for its thread count.
+    """
+
+    rethreads_in_place = False
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        self.input: InputSpec | None = None
+        self.threads = 0
+        self._serving: Any = None
+
+    def load(self, spec: str, input_override: str | None = None) -> InputSpec:
+        from workers.conversion import ensure_converted
+
+        converted = ensure_converted(spec, input_override, self.name)  # a subprocess, if not cached
+        self.use_file(converted.path, converted.input)
+        return converted.input
+
+    def use_file(self, path: Path, input_spec: InputSpec) -> None:
+        """Serve an already converted file (what `load` does after the cache lookup)."""
+        from packrat_daemon.errors import ConfigError
+
+        if input_spec.dtype == "bfloat16":
+            raise ConfigError(f"runtime {self.name} cannot take bfloat16 inputs (numpy has none); use --runtime torch")
+        self.path, self.input = Path(path), input_spec
+
+    def set_threads(self, threads: int) -> None:
+        self._install(self._build(threads), threads)
+
+    def prepare_threads(self, threads: int) -> Callable[[], None]:
+        built = self._build(threads)  # slow (graph optimisation, weight packing): off the serving thread
+        return lambda: self._install(built, threads)
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        serving = self._serving  # one read: a concurrent commit swaps the reference, never this session
+        assert serving is not None, "load() and set_threads() first"
+        return self._run(serving, batch)
+
+    def _install(self, built: Any, threads: int) -> None:
+        # Dropping the old session ends its pool threads; it is only released, never torn down mid-run.
+        self._serving, self.threads = built, threads
+
+    @abc.abstractmethod
+    def _build(self, threads: int) -> Any:
+        """A ready-to-run session for `threads` threads (called in the worker, maybe off its main thread)."""
+
+    @abc.abstractmethod
+    def _run(self, serving: Any, batch: np.ndarray) -> np.ndarray: ...
+
+
+# ONNX Runtime's intra-op threads spin-wait for work after each parallel section. SPINNING_MEASUREMENT
+ORT_SPINNING_DEFAULT = True
+
+
+def ort_spinning() -> bool:
+    """Whether ONNX Runtime's intra-op threads spin; PACKRAT_ORT_SPINNING=0/1 overrides the measured default."""
+    value = os.environ.get("PACKRAT_ORT_SPINNING", "").strip()
+    return ORT_SPINNING_DEFAULT if value == "" else value not in ("0", "false", "no", "off")
+
+
+class OnnxRuntime(SessionRuntime):
+    name = "onnxruntime"
+    requires = ("onnxruntime", "onnx", "onnxscript")
+    extra = "onnx"
+
+    def _build(self, threads: int) -> Any:
+        # Imported here, in the worker: importing onnxruntime starts a native thread, and the template forks.
+        import onnxruntime as ort
+
+        assert self.path is not None, "load() first"
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads  # the calling thread is one of them
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if ort_spinning() else "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        # session.intra_op_thread_affinities stays unset: Packrat pins (an explicit thread count keeps
+        # ORT from pinning by itself), and new pool threads inherit the building thread's affinity.
+        session = ort.InferenceSession(str(self.path), sess_options=options, providers=["CPUExecutionProvider"])
+        return session, session.get_inputs()[0].name, session.get_outputs()[0].name
+
+    def _run(self, serving: Any, batch: np.ndarray) -> np.ndarray:
+        session, input_name, output_name = serving
+        return session.run([output_name], {input_name: np.ascontiguousarray(batch)})[0]
+
+
+def openvino_config(threads: int) -> dict[str, Any]:
+    """One stream of `threads` threads, unpinned (Packrat pins), float32 like PyTorch.
+
+    OpenVINO would run bfloat16 on CPUs with AVX512_BF16 (as here) unless told otherwise; that is faster
+    but leaves the tolerance checked against PyTorch. PACKRAT_OV_PRECISION=bf16 opts in.
+    """
+    return {
+        "INFERENCE_NUM_THREADS": threads,
+        "NUM_STREAMS": 1,
+        "ENABLE_CPU_PINNING": False,
+        "PERFORMANCE_HINT": "LATENCY",
+        "INFERENCE_PRECISION_HINT": os.environ.get("PACKRAT_OV_PRECISION") or "f32",
+    }
+
+
+class OpenVinoRuntime(SessionRuntime):
+    name = "openvino"
+    requires = ("openvino", "onnx", "onnxscript")
+    extra = "openvino"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._core: Any = None
+        self._core_lock = threading.Lock()
+
+    def core(self) -> Any:
+        # Created lazily, in the worker: importing openvino and creating a Core start threads, and the template forks.
+        with self._core_lock:
+            if self._core is None:
+                import openvino as ov
+
+                self._core = ov.Core()
+            return self._core
+
+    def _build(self, threads: int) -> Any:
+        assert self.path is not None, "load() first"
+        compiled = self.core().compile_model(str(self.path), "CPU", openvino_config(threads))
+        return compiled, compiled.create_infer_request()
+
+    def _run(self, serving: Any, batch: np.ndarray) -> np.ndarray:
+        _, request = serving
+        request.infer({0: np.ascontiguousarray(batch)}, share_inputs=True)
+        # The output tensor is the request's own buffer, overwritten by the next batch: copy it out.
+        return request.get_output_tensor(0).data.copy()
+
+
+RUNTIMES: dict[str, type[Runtime]] = {"torch": TorchRuntime, "onnxruntime": OnnxRuntime, "openvino": OpenVinoRuntime}
+
+
+def _missing_package(runtime: type[Runtime]) -> str | None:
+    # find_spec instead of import: importing onnxruntime or openvino starts threads, and this may run in
+    # the template (or in the daemon, which has no use for them). sys.modules[name] = None counts as missing.
+    for package in runtime.requires:
+        try:
+            if importlib.util.find_spec(package) is None:
+                return package
+        except (ImportError, ValueError):
+            return package
+    return None
+
+
+def available_runtimes() -> list[str]:
+    """The runtimes whose packages are installed, torch first."""
+    return [name for name, runtime in RUNTIMES.items() if _missing_package(runtime) is None]
 
 
 def make_runtime(name: str) -> Runtime:
     from packrat_daemon.errors import ConfigError
 
-    try:
-        return RUNTIMES[name]()
-    except KeyError:
-        raise ConfigError(f"unknown runtime {name!r}; available: {', '.join(RUNTIMES)}") from None
+    runtime = RUNTIMES.get(name)
+    if runtime is None:
+        raise ConfigError(f"unknown runtime {name!r}; available: {', '.join(RUNTIMES)}")
+    missing = _missing_package(runtime)
+    if missing is not None:
+        raise ConfigError(f"runtime {name} needs the {missing} package: pip install -e '.[{runtime.extra}]'")
+    return runtime()
 
 
 def sample_input(spec: InputSpec, batch: int, seed: int = 0) -> np.ndarray:

@@ -75,13 +75,14 @@ def apply_config_file(args: argparse.Namespace, defaults: dict[str, object]) -> 
         raise ConfigError(f"config file {args.config} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {args.config} is not valid TOML: {exc}") from None
+    explicit = _typed_flags(getattr(args, "argv", None))
     for key, value in values.items():
         if key not in defaults or key in ("config", "run", "command"):
             known = ", ".join(sorted(k for k in defaults if k not in ("config", "run", "command")))
             raise ConfigError(f"{args.config}: unknown option {key!r}; known options: {known}")
         if key == "batches" and isinstance(value, str):
             value = int_list(value)
-        if getattr(args, key) == defaults[key]:
+        if key not in explicit:
             setattr(args, key, value)
 
 
@@ -101,6 +102,18 @@ def run(args: argparse.Namespace) -> int:
         apply_config_file(args, defaults)
     setup_logging(args.log_level)
     return serve(config_from(args), reload_config)
+
+
+def _typed_flags(argv: list[str] | None) -> set[str]:
+    """The options given on the command line (they win over the config file)."""
+    if argv is None:
+        return set()
+    parser = argparse.ArgumentParser(add_help=False)
+    add_serve_options(parser)
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS  # only what was typed lands in the namespace
+    known, _ = parser.parse_known_args([a for a in argv if a != "serve"])
+    return set(vars(known))
 
 
 def _serve_parser() -> argparse.ArgumentParser:

@@ -13,6 +13,7 @@ from packrat_daemon.errors import ConfigError
 
 def parse(*argv: str):  # noqa: ANN201
     args = build_parser().parse_args(["serve", *argv])
+    args.argv = ["serve", *argv]
     defaults = {action.dest: action.default for action in _serve_parser()._actions}
     apply_config_file(args, defaults)
     return args

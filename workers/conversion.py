@@ -1,0 +1,181 @@
+"""A disk cache of models converted for ONNX Runtime and OpenVINO, so a model is converted once per version.
+
+A conversion runs `python -m workers.convert` in a subprocess: exporting a model runs it (tracing,
+constant folding, the converter's own check against PyTorch), and the template process that asks for
+it must never start a thread pool before it forks. The result lands in
+
+    $PACKRAT_CACHE_DIR (default ~/.cache/packrat) / RUNTIME-KEY /  model.onnx | model.xml + model.bin,
+                                                                   meta.json (the model's input, the check)
+
+where KEY is the sha256 of everything the converted file depends on (see `cache_key`). A conversion is
+written to a private temporary folder and renamed into place in one step, so a reader never sees half
+a model; a lock file makes a second process wait for the first one's conversion instead of repeating it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from packrat_daemon.errors import ModelSpecError
+from workers.models import InputSpec
+
+# Bump when the converter changes what it writes, so old cache entries are no longer used.
+CACHE_FORMAT = 1
+ARTIFACTS = {"onnxruntime": "model.onnx", "openvino": "model.xml"}
+# The packages whose versions change what a conversion writes, per runtime.
+_PACKAGES = {
+    "onnxruntime": ("torch", "onnx", "onnxscript", "onnxruntime"),
+    "openvino": ("torch", "onnx", "onnxscript", "openvino"),
+}
+CONVERT_TIMEOUT_S = 1800.0
+_REPO = Path(__file__).resolve().parent.parent
+
+
+class ConversionError(ModelSpecError):
+    """A model could not be converted for a runtime, or the converted model disagrees with PyTorch."""
+
+
+@dataclass(frozen=True)
+class Converted:
+    path: Path  # the file the runtime opens (model.onnx or model.xml)
+    input: InputSpec
+    meta: dict
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PACKRAT_CACHE_DIR") or Path.home() / ".cache" / "packrat")
+
+
+def cache_key(spec: str, input_override: str | None, runtime: str) -> str:
+    """sha256 of what the converted model depends on: the spec, the input override, the model's source
+    file (size and mtime, for file and module:function specs) and the versions of torch, the exporter
+    and the runtime. A new runtime version or a rewritten model file gives a new key, never a stale hit."""
+    parts = {
+        "format": CACHE_FORMAT,
+        "spec": spec,
+        "input": input_override,
+        "source": _source_fingerprint(spec),
+        "runtime": runtime,
+        "versions": {name: _version(name) for name in _PACKAGES[runtime]},
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def entry_dir(spec: str, input_override: str | None, runtime: str) -> Path:
+    return cache_dir() / f"{runtime}-{cache_key(spec, input_override, runtime)[:32]}"
+
+
+def ensure_converted(spec: str, input_override: str | None, runtime: str) -> Converted:
+    """The cached conversion of `spec` for `runtime`, converting it first (in a subprocess) if needed."""
+    if runtime not in ARTIFACTS:
+        raise ConversionError(f"no converter for runtime {runtime!r}; convertible: {', '.join(ARTIFACTS)}")
+    entry = entry_dir(spec, input_override, runtime)
+    cached = read_entry(entry, runtime)
+    if cached is not None:
+        return cached
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(entry.with_name(entry.name + ".lock")):
+        cached = read_entry(entry, runtime)  # another process may have converted it while we waited
+        if cached is not None:
+            return cached
+        _convert_into(entry, spec, input_override, runtime)
+    converted = read_entry(entry, runtime)
+    if converted is None:
+        raise ConversionError(f"the conversion of {spec} for {runtime} left no usable files in {entry}")
+    return converted
+
+
+def read_entry(entry: Path, runtime: str) -> Converted | None:
+    """The entry's model and input if it is complete; None if it is absent (a renamed-in entry is whole)."""
+    try:
+        meta = json.loads((entry / "meta.json").read_text())
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ValueError) as exc:
+        raise ConversionError(f"cache entry {entry} is unreadable ({exc}); delete it to convert again") from exc
+    path = entry / ARTIFACTS[runtime]
+    if not path.is_file():
+        raise ConversionError(f"cache entry {entry} has no {path.name}; delete it to convert again")
+    data = meta["input"]
+    return Converted(path, InputSpec(data["dtype"], tuple(data["shape"]), data.get("high")), meta)
+
+
+def run_converter(spec: str, input_override: str | None, runtime: str, out: Path) -> None:
+    """Run `python -m workers.convert` (a separate process: conversion runs the model)."""
+    command = [sys.executable, "-m", "workers.convert", "--model", spec, "--runtime", runtime, "--out", str(out)]
+    if input_override:
+        command += ["--input", input_override]
+    env = dict(os.environ)
+    # The converter imports workers.*; module:function specs resolve as they do for the caller.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO), env.get("PYTHONPATH", "")]))
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise ConversionError(f"converting {spec} for {runtime} took over {CONVERT_TIMEOUT_S:.0f} s") from None
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
+        raise ConversionError(f"converting {spec} for {runtime} failed:\n{tail}")
+
+
+def _convert_into(entry: Path, spec: str, input_override: str | None, runtime: str) -> None:
+    staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=entry.parent))
+    try:
+        run_converter(spec, input_override, runtime, staging / ARTIFACTS[runtime])
+        if not (staging / "meta.json").is_file():
+            raise ConversionError(f"the converter wrote no meta.json for {spec} ({runtime})")
+        try:
+            os.rename(staging, entry)  # atomic: readers see no entry or a whole one
+        except OSError:
+            if not entry.is_dir():  # a process that ignored the lock may have won the race; its copy is whole
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    # The lock file stays: deleting it would let a third process lock a new file while a second holds the old.
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _source_fingerprint(spec: str) -> list | None:
+    """Size and mtime of the file behind a file or module:function spec (builtins have none)."""
+    if spec.startswith("builtin:"):
+        return None
+    path: str | None = spec
+    if not Path(spec).is_file() and ":" in spec:
+        module = spec.partition(":")[0]
+        try:
+            found = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            found = None
+        path = found.origin if found is not None else None
+    if path is None or not Path(path).is_file():
+        return None
+    stat = Path(path).stat()
+    return [str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns]
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
