@@ -121,12 +121,15 @@ class SessionRuntime(Runtime):
     def __init__(self) -> None:
         self.path: Path | None = None
         self.input: InputSpec | None = None
+        # The cores the template may use (its affinity at load): what a worker may be re-pinned to later.
+        self.usable_cpus: set[int] = os.sched_getaffinity(0)
         self.threads = 0
         self._serving: Any = None
 
     def load(self, spec: str, input_override: str | None = None) -> InputSpec:
         from workers.conversion import ensure_converted
 
+        self.usable_cpus = os.sched_getaffinity(0)
         converted = ensure_converted(spec, input_override, self.name)  # a subprocess, if not cached
         self.use_file(converted.path, converted.input)
         return converted.input
@@ -229,9 +232,7 @@ class OpenVinoRuntime(SessionRuntime):
         # Created lazily, in the worker: importing openvino and creating a Core start threads, and the template forks.
         with self._core_lock:
             if self._core is None:
-                import openvino as ov
-
-                self._core = ov.Core()
+                self._core = _openvino_core(self.usable_cpus)
             return self._core
 
     def _build(self, threads: int) -> Any:
@@ -244,6 +245,30 @@ class OpenVinoRuntime(SessionRuntime):
         request.infer({0: np.ascontiguousarray(batch)}, share_inputs=True)
         # The output tensor is the request's own buffer, overwritten by the next batch: copy it out.
         return request.get_output_tensor(0).data.copy()
+
+
+def _openvino_core(usable_cpus: set[int]) -> Any:
+    """An OpenVINO Core whose CPU plugin knows every usable core, not only the worker's current ones.
+
+    The CPU plugin reads the CPU set once per process, when it loads. Loaded in a worker pinned to one
+    core, it caps every later compiled model at one thread and pins the inferring thread back to that
+    core (measured with 2026.4), so a re-thread to more cores would silently stay on the old one. So the
+    plugin loads while this thread's affinity is widened; threads started meanwhile are pinned back.
+    """
+    import openvino as ov
+
+    own = os.sched_getaffinity(0)
+    before = set(os.listdir("/proc/self/task"))
+    os.sched_setaffinity(0, usable_cpus | own)
+    try:
+        core = ov.Core()
+        core.get_property("CPU", "FULL_DEVICE_NAME")  # loads the CPU plugin now, while the set is wide
+    finally:
+        os.sched_setaffinity(0, own)
+        for task in set(os.listdir("/proc/self/task")) - before:
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(int(task), own)
+    return core
 
 
 RUNTIMES: dict[str, type[Runtime]] = {"torch": TorchRuntime, "onnxruntime": OnnxRuntime, "openvino": OpenVinoRuntime}

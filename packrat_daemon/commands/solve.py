@@ -23,6 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch", type=int_list, required=True, help="batch size(s), e.g. 8 or 1,8,64")
     parser.add_argument("--policy", default="packrat", help="policy name (default: packrat)")
     parser.add_argument("--plan", help="plan for --policy fixed, e.g. 2*1x8")
+    parser.add_argument("--runtime", help="which runtime's rows to use when the profile holds several")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(run=run)
 
@@ -52,7 +53,7 @@ def solve_plans(
 
 
 def run(args: argparse.Namespace) -> int:
-    profile = Profile.read_csv(args.profile)
+    profile = Profile.read_csv(args.profile, runtime=args.runtime)
     topology = Topology.synthetic(args.cores) if args.cores else Topology.detect()
     plans = solve_plans(profile, topology, args.batch, args.policy, args.plan)
     if args.json:

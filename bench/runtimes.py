@@ -1,0 +1,380 @@
+"""Runtimes side by side: PyTorch, ONNX Runtime and OpenVINO in-process, OpenVINO's own 2-stream answer,
+and the Packrat daemon with --runtime auto, on ResNet-50 and BERT-base.
+
+    .venv/bin/python bench/runtimes.py [--models builtin:resnet50,builtin:bert-base] [--batches 1,4,8,16]
+                                       [--rounds 5] [--budget-s 150] [--skip-daemon]
+    .venv/bin/python bench/runtimes.py --ort-spinning     # only: ONNX Runtime's spinning on/off, 2 threads
+
+Every configuration runs in its own spawned process (each loads its own model, as a separate server
+would), pinned: 1 thread on the first core, 2 threads on the first two. Calls are interleaved round by
+round in a shuffled order, so drift on a shared machine hits every configuration alike; medians are
+printed with ratios. In-process times are the runtime's compute time; the daemon's are client round
+trips (transport and batching included, ≈1 ms). Prints one JSON object:
+  - per model, per batch size B: median ms of torch/onnxruntime/openvino at 1 and 2 threads,
+    ov_throughput (OpenVINO's THROUGHPUT hint, NUM_STREAMS=2: B split in two asynchronous infer requests,
+    OpenVINO pinning as it ships), and daemon_auto;
+  - ratios: each runtime's speed-up over torch at the same threads; the daemon's speed-up over the best
+    single in-process configuration, and over ov_throughput at B >= 8 (> 1: the daemon is faster).
+Conversions come from the cache (~/.cache/packrat or $PACKRAT_CACHE_DIR); a first run converts first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+RUNTIMES = ("torch", "onnxruntime", "openvino")
+
+
+# -- in-process runners ----------------------------------------------------------------------------
+def _open_runtime(kind: str, spec: str, threads: int) -> tuple[Any, Any]:
+    """(run(batch) -> ms, input spec) for one configuration; imports happen here, in the spawned child."""
+    from workers.runtime import make_runtime
+
+    if kind == "ov_throughput":
+        return _open_ov_throughput(spec, threads)
+    runtime = make_runtime(kind)
+    input_spec = runtime.load(spec)
+    runtime.set_threads(threads)
+
+    def run(batch: np.ndarray) -> float:
+        return runtime.timed_run(batch)[1]
+
+    return run, input_spec
+
+
+def _open_ov_throughput(spec: str, threads: int) -> tuple[Any, Any]:
+    """OpenVINO's own answer to multi-core throughput: 2 streams, a batch split across 2 async requests."""
+    import openvino as ov
+
+    from workers.conversion import ensure_converted
+
+    converted = ensure_converted(spec, None, "openvino")
+    config = {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": 2, "INFERENCE_NUM_THREADS": threads}
+    config["INFERENCE_PRECISION_HINT"] = "f32"  # as the other runtimes: float32 like PyTorch
+    compiled = ov.Core().compile_model(str(converted.path), "CPU", config)
+    requests = [compiled.create_infer_request() for _ in range(2)]
+
+    def run(batch: np.ndarray) -> float:
+        parts = [part for part in np.array_split(batch, 2) if len(part)]
+        start = time.perf_counter()
+        for request, part in zip(requests, parts, strict=False):
+            request.start_async({0: part})
+        for request in requests[: len(parts)]:
+            request.wait()
+        return (time.perf_counter() - start) * 1000.0
+
+    return run, converted.input
+
+
+def _runner(conn: Any, kind: str, spec: str, threads: int, cores: list[int], env: dict[str, str]) -> None:
+    os.environ.update(env)
+    os.sched_setaffinity(0, cores)  # before any import: pools started later inherit it
+    from workers.runtime import sample_input
+
+    try:
+        run, input_spec = _open_runtime(kind, spec, threads)
+    except Exception as exc:  # noqa: BLE001 - reported in the JSON, the other configurations go on
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    inputs: dict[int, np.ndarray] = {}
+    conn.send(("ready", os.getpid()))
+    while True:
+        batch = conn.recv()
+        if batch is None:
+            return
+        if batch not in inputs:
+            inputs[batch] = sample_input(input_spec, batch)
+        conn.send(run(inputs[batch]))
+
+
+class Runner:
+    def __init__(self, kind: str, spec: str, threads: int, cores: list[int], env: dict[str, str] | None = None):
+        context = mp.get_context("spawn")
+        self.conn, child = context.Pipe()
+        args = (child, kind, spec, threads, cores, env or {})
+        self.process = context.Process(target=_runner, args=args, daemon=True)
+        self.process.start()
+
+    def wait(self) -> None:
+        status, detail = self.conn.recv()
+        if status != "ready":
+            raise RuntimeError(detail)
+
+    def measure(self, batch: int) -> float:
+        self.conn.send(batch)
+        return self.conn.recv()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.send(None)
+        self.process.join(20)
+        if self.process.is_alive():
+            self.process.kill()
+
+
+# -- the daemon ------------------------------------------------------------------------------------
+class Daemon:
+    def __init__(self, spec: str, folder: Path, batches: list[int], runtime: str = "auto") -> None:
+        from packrat_daemon.client import Client
+
+        self.endpoint = f"ipc://{folder}/daemon.ipc"
+        self.log_path = folder / "daemon.log"
+        command = [
+            sys.executable, "-m", "packrat_daemon", "serve", "--model", spec, "--runtime", runtime,
+            "--max-batch", str(max(batches)), "--batches", ",".join(map(str, batches)), "--max-delay-ms", "0",
+            "--endpoint", self.endpoint,
+        ]  # fmt: skip
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        self.client = Client(self.endpoint, timeout=5.0)
+        self.inputs: dict[int, np.ndarray] = {}
+        self.input_spec: Any = None
+
+    def wait(self, timeout: float) -> dict[str, Any]:
+        from packrat_daemon.client import Client, ClientTimeout
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"daemon exited: {self._log_tail()}")
+            try:
+                info = self.client.info(timeout=2.0)
+            except ClientTimeout:
+                continue
+            self.client.close()
+            self.client = Client(self.endpoint, timeout=120.0)
+            return info
+        raise RuntimeError(f"daemon not ready within {timeout:.0f} s: {self._log_tail()}")
+
+    def measure(self, batch: int) -> float:
+        from workers.models import InputSpec
+        from workers.runtime import sample_input
+
+        if batch not in self.inputs:
+            if self.input_spec is None:
+                declared = self.client.info()["input"]
+                self.input_spec = InputSpec(declared["dtype"], tuple(declared["shape"]), declared.get("high"))
+            self.inputs[batch] = sample_input(self.input_spec, batch)
+        start = time.perf_counter()
+        self.client.infer(self.inputs[batch])
+        return (time.perf_counter() - start) * 1000.0
+
+    def close(self) -> None:
+        self.client.close()
+        self.process.terminate()
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+    def _log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-2000:]
+
+
+# -- measuring -------------------------------------------------------------------------------------
+def calls_per_round(batch: int) -> int:
+    # Small batches are short and noisy: more calls per round at the same cost in seconds.
+    return max(1, 8 // batch)
+
+
+def interleave(
+    targets: dict[str, Any], batches: list[int], rounds: int, budget_s: float, errors: dict[str, str], seed: int = 0
+) -> tuple[dict[str, dict[int, list[float]]], int]:
+    """Warm every target at every batch, then shuffled rounds until `rounds` or the budget (at least 2).
+
+    A target that fails is dropped (its error reported); the others go on.
+    """
+    samples: dict[str, dict[int, list[float]]] = {name: {b: [] for b in batches} for name in targets}
+    live = dict(targets)
+
+    def measure(name: str, batch: int) -> float | None:
+        try:
+            return live[name].measure(batch)
+        except Exception as exc:  # noqa: BLE001
+            errors[name] = f"{type(exc).__name__}: {exc}"
+            del live[name]
+            return None
+
+    for batch in batches:
+        for name in list(live):
+            measure(name, batch)
+    rng = random.Random(seed)
+    start = time.monotonic()
+    done = 0
+    while done < rounds and (done < 2 or time.monotonic() - start < budget_s):
+        for batch in batches:
+            names = list(live)
+            rng.shuffle(names)
+            for name in names:
+                for _ in range(calls_per_round(batch)):
+                    if name not in live or (elapsed := measure(name, batch)) is None:
+                        break
+                    samples[name][batch].append(elapsed)
+        done += 1
+        print(f"  round {done} done ({time.monotonic() - start:.0f} s)", file=sys.stderr)
+    return samples, done
+
+
+def medians(samples: dict[str, dict[int, list[float]]]) -> dict[str, dict[int, float]]:
+    return {name: {b: round(statistics.median(v), 2) for b, v in per.items() if v} for name, per in samples.items()}
+
+
+def start_runners(spec: str, configs: dict[str, tuple], errors: dict[str, str]) -> dict[str, Runner]:
+    """Start all, then wait for all (they load in parallel); a configuration that fails is reported."""
+    started = {name: Runner(*config) for name, config in configs.items()}
+    ready = {}
+    for name, runner in started.items():
+        try:
+            runner.wait()
+            ready[name] = runner
+        except (RuntimeError, EOFError) as exc:
+            errors[name] = str(exc)
+            runner.close()
+    return ready
+
+
+def in_process_configs(spec: str, cores: list[int]) -> dict[str, tuple]:
+    configs: dict[str, tuple] = {}
+    for runtime in RUNTIMES:
+        for threads in (1, 2):
+            configs[f"{runtime}_{threads}t"] = (runtime, spec, threads, cores[:threads])
+    configs["ov_throughput"] = ("ov_throughput", spec, 2, cores[:2])
+    return configs
+
+
+def ratios(spec_medians: dict[str, dict[int, float]], batches: list[int]) -> dict[int, dict[str, Any]]:
+    out: dict[int, dict[str, Any]] = {}
+    singles = [f"{runtime}_{threads}t" for runtime in RUNTIMES for threads in (1, 2)]
+    for b in batches:
+        row: dict[str, Any] = {}
+        for runtime in RUNTIMES[1:]:
+            for threads in (1, 2):
+                torch_ms = spec_medians.get(f"torch_{threads}t", {}).get(b)
+                other_ms = spec_medians.get(f"{runtime}_{threads}t", {}).get(b)
+                if torch_ms and other_ms:
+                    row[f"{runtime}_{threads}t_speedup_over_torch"] = round(torch_ms / other_ms, 3)
+        present = {name: spec_medians[name][b] for name in singles if b in spec_medians.get(name, {})}
+        if present:
+            best = min(present, key=present.__getitem__)
+            row["best_single"] = best
+        daemon_ms = spec_medians.get("daemon_auto", {}).get(b)
+        if daemon_ms and present:
+            row["daemon_speedup_over_best_single"] = round(present[best] / daemon_ms, 3)
+        throughput_ms = spec_medians.get("ov_throughput", {}).get(b)
+        if daemon_ms and throughput_ms and b >= 8:
+            row["daemon_speedup_over_ov_throughput"] = round(throughput_ms / daemon_ms, 3)
+        out[b] = row
+    return out
+
+
+def bench_model(spec: str, args: argparse.Namespace, cores: list[int], folder: Path) -> dict[str, Any]:
+    errors: dict[str, str] = {}
+    targets: dict[str, Any] = {}
+    daemon: Daemon | None = None
+    plan: Any = None
+    if not args.skip_daemon:
+        # First, alone: the daemon profiles what it needs at start, on an otherwise idle machine.
+        print(f"{spec}: starting the daemon with --runtime auto ...", file=sys.stderr)
+        daemon = Daemon(spec, folder, args.batches)
+        try:
+            info = daemon.wait(args.daemon_timeout_s)
+            plan = {key: info.get(key) for key in ("runtime", "plan") if key in info}
+            targets["daemon_auto"] = daemon
+        except Exception as exc:  # noqa: BLE001 - the lead's --runtime auto may not be there yet
+            errors["daemon_auto"] = f"{type(exc).__name__}: {exc}"
+            daemon.close()
+            daemon = None
+    print(f"{spec}: starting the in-process runners ...", file=sys.stderr)
+    runners = start_runners(spec, in_process_configs(spec, cores), errors)
+    targets.update(runners)
+    try:
+        samples, rounds = interleave(targets, args.batches, args.rounds, args.budget_s, errors)
+    finally:
+        for runner in runners.values():
+            runner.close()
+        if daemon is not None:
+            daemon.close()
+    spec_medians = medians(samples)
+    return {
+        "rounds": rounds,
+        "median_ms": spec_medians,
+        "ratios": ratios(spec_medians, args.batches),
+        "daemon": plan,
+        "errors": errors,
+    }
+
+
+def ort_spinning(args: argparse.Namespace, cores: list[int]) -> dict[str, Any]:
+    """ONNX Runtime at 2 threads with its intra-op threads spinning or not, side by side."""
+    result: dict[str, Any] = {}
+    batches = [1, 8]
+    for spec in args.models:
+        print(f"{spec}: ORT spinning on/off ...", file=sys.stderr)
+        errors: dict[str, str] = {}
+        configs = {
+            f"spin_{flag}": ("onnxruntime", spec, 2, cores[:2], {"PACKRAT_ORT_SPINNING": flag}) for flag in ("0", "1")
+        }
+        runners = start_runners(spec, configs, errors)
+        try:
+            samples, rounds = interleave(runners, batches, args.rounds, args.budget_s, errors)
+        finally:
+            for runner in runners.values():
+                runner.close()
+        spec_medians = medians(samples)
+        speedup = {
+            b: round(spec_medians["spin_0"][b] / spec_medians["spin_1"][b], 3)
+            for b in batches
+            if "spin_0" in spec_medians and "spin_1" in spec_medians
+        }
+        result[spec] = {"rounds": rounds, "median_ms": spec_medians, "spinning_speedup": speedup, "errors": errors}
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="builtin:resnet50,builtin:bert-base")
+    parser.add_argument("--batches", default="1,4,8,16")
+    parser.add_argument("--rounds", type=int, default=5, help="measured rounds per model (at most)")
+    parser.add_argument("--budget-s", type=float, default=150.0, help="seconds of measuring per model (>= 2 rounds)")
+    parser.add_argument("--daemon-timeout-s", type=float, default=300.0, help="how long the daemon may take to start")
+    parser.add_argument("--skip-daemon", action="store_true")
+    parser.add_argument("--ort-spinning", action="store_true", help="only compare ORT spinning on/off")
+    args = parser.parse_args()
+    args.models = [m for m in args.models.split(",") if m]
+    args.batches = [int(b) for b in args.batches.split(",")]
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        print("this bench needs at least 2 cores", file=sys.stderr)
+        return 1
+    started = time.monotonic()
+    if args.ort_spinning:
+        report: dict[str, Any] = {"ort_spinning": ort_spinning(args, cores)}
+    else:
+        report = {"cores": cores[:2], "batches": args.batches, "models": {}}
+        with tempfile.TemporaryDirectory(prefix="packrat-bench-") as folder:
+            for spec in args.models:
+                report["models"][spec] = bench_model(spec, args, cores, Path(folder))
+    report["seconds"] = round(time.monotonic() - started, 1)
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
