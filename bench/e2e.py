@@ -7,7 +7,8 @@ so drift on a shared, noisy machine hits every configuration alike. Prints one J
   - resnet50: median latency per batch size of
       direct      in-process inference with all cores' threads (2 here), no daemon
       ceiling     two pinned processes, 1 thread and B/2 inputs each, no daemon (the side-by-side ideal)
-      single / torchserve / packrat   the daemon's round trip through the client library
+      single / torchserve / packrat   the daemon's round trip through the client library; `packrat` is
+                  planned for the B measured, `packrat_mixed` plans one pool for all the B at once
     and the ratios the targets are stated in;
   - tiny: the daemon's batch-1 round trip against a bare two-hop pyzmq relay
     (client → relay → worker → relay → client, no batching) on the same tiny model;
@@ -132,26 +133,34 @@ def resnet(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     common = ["--model", MODEL, "--max-batch", str(max(args.batches)), "--max-delay-ms", "0"]
     plan_for = ["--batches", ",".join(map(str, args.batches))]
     print("starting the packrat daemon (it profiles what it needs first) ...", file=sys.stderr)
-    packrat = Daemon("packrat", folder, [*common, *plan_for, "--policy", "packrat", "--save-profile", str(profile)])
-    packrat_info = packrat.wait()
+    # "packrat_mixed" plans one pool for the whole set of batch sizes (each batch split exactly on it);
+    # "packrat" is the policy planned for the batch size being measured (one daemon per B, same profile).
+    mixed = Daemon("packrat_mixed", folder, [*common, *plan_for, "--policy", "packrat", "--save-profile", str(profile)])
+    packrat_info = mixed.wait()
     daemons = {
         "single": Daemon("single", folder, [*common, "--policy", "single"]),
         "torchserve": Daemon("torchserve", folder, [*common, "--policy", "torchserve"]),
-        "packrat": packrat,
+        "packrat_mixed": mixed,
+    }
+    per_batch = {
+        b: Daemon(
+            f"packrat{b}", folder, [*common, "--batches", str(b), "--policy", "packrat", "--profile", str(profile)]
+        )
+        for b in args.batches
     }
     for allocator in args.allocators:
-        # Same plan as the packrat daemon (same saved profile), only the malloc differs.
+        # Same plan as the mixed packrat daemon (same saved profile), only the malloc differs.
         name = f"packrat+{allocator}"
         daemons[name] = Daemon(name, folder, [*common, *plan_for, "--policy", "packrat", "--profile", str(profile),
                                               "--allocator", allocator])  # fmt: skip
-    for daemon in daemons.values():
+    for daemon in [*daemons.values(), *per_batch.values()]:
         daemon.wait()
     print("starting direct and ceiling runners ...", file=sys.stderr)
     direct = Runner(MODEL, len(cores), None)
     ceiling = [Runner(MODEL, 1, [core]) for core in cores[:2]]
 
     samples: dict[str, dict[int, list[float]]] = {
-        name: {b: [] for b in args.batches} for name in ["direct", "ceiling", *daemons]
+        name: {b: [] for b in args.batches} for name in ["direct", "ceiling", "packrat", *daemons]
     }
     inputs = {b: np.random.default_rng(b).standard_normal((b, 3, 224, 224), dtype=np.float32) for b in args.batches}
 
@@ -166,7 +175,7 @@ def resnet(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
                 runner.start(half)
             spans = [runner.finish() for runner in ceiling]
             return max(e for _, e in spans) - min(s for s, _ in spans)
-        client = daemons[name].client
+        client = per_batch[batch].client if name == "packrat" else daemons[name].client
         start = time.perf_counter()
         client.infer(inputs[batch])
         return time.perf_counter() - start
@@ -195,10 +204,11 @@ def resnet(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
             "packrat_speedup_vs_ceiling_speedup": packrat_speedup / ceiling_speedup,
             "single_daemon_overhead_over_direct": medians["single"][b] / medians["direct"][b] - 1.0,
             "torchserve_over_single": medians["torchserve"][b] / medians["single"][b],
+            "packrat_mixed_speedup_over_single": medians["single"][b] / medians["packrat_mixed"][b],
         }
         for allocator in args.allocators:
             ratios[b][f"packrat_{allocator}_over_packrat_system"] = (
-                medians[f"packrat+{allocator}"][b] / medians["packrat"][b]
+                medians[f"packrat+{allocator}"][b] / medians["packrat_mixed"][b]
             )
     memory: dict[str, Any] = {}
     if not args.skip_memory:
@@ -223,7 +233,8 @@ def resnet(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     for runner in ceiling:
         runner.close()
     plans = {name: d.client.info()["plan"] for name, d in daemons.items()}
-    for daemon in daemons.values():
+    plans.update({f"packrat@{b}": d.client.info()["plan"] for b, d in per_batch.items()})
+    for daemon in [*daemons.values(), *per_batch.values()]:
         daemon.close()
     return {
         "model": MODEL,
