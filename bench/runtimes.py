@@ -26,6 +26,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -184,6 +185,19 @@ class Daemon:
         except subprocess.TimeoutExpired:
             self.process.kill()
 
+    def describe(self, info: dict[str, Any]) -> dict[str, Any]:
+        """The runtime it chose (from its log: `info` does not say) and its plan."""
+        chosen = re.search(
+            r"runtime auto: chose (\S+) \(predicted: ([^)]*)\)", self.log_path.read_text(errors="replace")
+        )
+        plan = info.get("plan") or {}
+        return {
+            "runtime": info.get("runtime") or (chosen.group(1) if chosen else None),
+            "predicted_by_runtime": chosen.group(2) if chosen else None,
+            "instances": plan.get("instances"),
+            "predicted_ms": plan.get("predicted_latency_ms"),
+        }
+
     def _log_tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-2000:]
 
@@ -295,7 +309,7 @@ def bench_model(spec: str, args: argparse.Namespace, cores: list[int], folder: P
         daemon = Daemon(spec, folder, args.batches)
         try:
             info = daemon.wait(args.daemon_timeout_s)
-            plan = {key: info.get(key) for key in ("runtime", "plan") if key in info}
+            plan = daemon.describe(info)
             targets["daemon_auto"] = daemon
         except Exception as exc:  # noqa: BLE001 - the lead's --runtime auto may not be there yet
             errors["daemon_auto"] = f"{type(exc).__name__}: {exc}"

@@ -297,7 +297,8 @@ class Daemon:
         return {
             "versions": list(protocol.SUPPORTED_VERSIONS),
             "model": self.config.model,
-            "input": {"dtype": self.info.dtype, "shape": list(self.info.shape)},
+            "input": {"dtype": self.info.dtype, "shape": list(self.info.shape), "high": self.info.high},
+            "runtime": self.info.runtime,
             "max_batch": self.config.max_batch,
             "plan": self.plan.to_json(),
             "template_pid": self.info.template_pid,

@@ -71,8 +71,6 @@ class Profile:
     def read_all(cls, path: str | os.PathLike[str]) -> dict[str, Profile]:
         return cls.parse_all(_read_text(path), source=str(path))
 
-
-
     @classmethod
     def parse_csv(cls, text: str, *, source: str = "<profile>", runtime: str | None = None) -> Profile:
         """One runtime's profile. A file with a `runtime` column may hold several; name one then."""

@@ -37,9 +37,7 @@ def parse_cpulist(text: str) -> list[int]:
         part = part.strip()
         match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
         if match is None:
-            raise ValueError(
-                f"{part!r} is not a CPU number or a range like 0-3 (in cpulist {text.strip()!r})"
-            )
+            raise ValueError(f"{part!r} is not a CPU number or a range like 0-3 (in cpulist {text.strip()!r})")
         first = int(match.group(1))
         last = int(match.group(2)) if match.group(2) is not None else first
         if last < first:
@@ -341,9 +339,7 @@ def _read_cpulist_file(path: Path) -> list[int] | None:
     try:
         return parse_cpulist(text)
     except ValueError as exc:
-        raise TopologyError(
-            f"Malformed CPU list in {path}: {exc}. Expected a list like 0-3,8-11,14."
-        ) from exc
+        raise TopologyError(f"Malformed CPU list in {path}: {exc}. Expected a list like 0-3,8-11,14.") from exc
 
 
 def _read_int_file(path: Path) -> int | None:

@@ -26,4 +26,3 @@ class SlowMLP(nn.Module):
 
 def slow_mlp() -> nn.Module:
     return SlowMLP()
-

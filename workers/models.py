@@ -109,9 +109,11 @@ def _gpt2() -> tuple[nn.Module, InputSpec, bool]:
     from transformers import GPT2Config, GPT2Model
 
     config = GPT2Config()  # 124 M parameters
-    return _Logits(GPT2Model(config), "last_hidden_state", last_token=True), InputSpec(
-        "int64", (64,), high=config.vocab_size
-    ), False
+    return (
+        _Logits(GPT2Model(config), "last_hidden_state", last_token=True),
+        InputSpec("int64", (64,), high=config.vocab_size),
+        False,
+    )
 
 
 def _tiny_mlp() -> tuple[nn.Module, InputSpec, bool]:

@@ -112,8 +112,8 @@ class SessionRuntime(Runtime):
     """A runtime whose thread count is fixed per session (ONNX Runtime, OpenVINO).
 
     The template only makes sure the converted file is in the cache and reads the model's declared
-    input from it: no session, no thread pool, no weights beyond what the file system shares. Each
-    worker builds its own session for its thread count.
+    input from it: no session, no thread pool. Each worker builds its own session for its thread count,
+    with its own copy of the (repacked) weights: unlike torch's, they are not shared copy-on-write.
     """
 
     rethreads_in_place = False
@@ -155,8 +155,13 @@ class SessionRuntime(Runtime):
         return self._run(serving, batch)
 
     def _install(self, built: Any, threads: int) -> None:
-        # Dropping the old session ends its pool threads; it is only released, never torn down mid-run.
+        retired = [self._serving]
         self._serving, self.threads = built, threads
+        if retired[0] is not None:
+            # Releasing a session joins its pool threads and frees its packed weights (≈6 ms for ResNet-50
+            # here): a short-lived thread does it, so OpenVINO's commit is a swap (6.4 → 0.3 ms). ONNX
+            # Runtime's destructor holds the GIL, so its commit still stalls Python (not inference) ≈6 ms.
+            threading.Thread(target=retired.clear, name="packrat-release", daemon=True).start()
 
     @abc.abstractmethod
     def _build(self, threads: int) -> Any:
@@ -166,7 +171,12 @@ class SessionRuntime(Runtime):
     def _run(self, serving: Any, batch: np.ndarray) -> np.ndarray: ...
 
 
-# ONNX Runtime's intra-op threads spin-wait for work after each parallel section. SPINNING_MEASUREMENT
+# ONNX Runtime's intra-op threads spin-wait for work after each parallel section instead of sleeping.
+# Measured on 2 cores with `bench/runtimes.py --ort-spinning` (2 threads, pinned; median ms off → on):
+#   ResNet-50 B=1 43.97 → 43.32, B=8 336.5 → 311.7;  BERT-base B=1 132.0 → 128.2, B=8 1055 → 1011
+# so spinning is 1.5-8 % faster when the instance owns its cores, as Packrat's pinned workers do. An
+# earlier run while another job shared the cores had ResNet-50 B=1 at 41 → 66 ms: spinning costs when
+# cores are shared. Only instances of 2+ threads have a pool to spin. PACKRAT_ORT_SPINNING=0 turns it off.
 ORT_SPINNING_DEFAULT = True
 
 

@@ -102,9 +102,7 @@ def test_cgroup_v2_cpuset_and_quota(tmp_path: Path) -> None:
     assert sorted(ids(topology)) == [0, 1, 2, 4, 8, 9, 10]
     assert topology.quota_cores == 2
     assert topology.usable_cores == 2  # 4 physical cores in the cpuset, but the quota allows 2.5
-    assert (
-        topology.describe() == "2 usable cores (7 logical CPUs, SMT 2, 2 NUMA nodes, cgroup quota 2.5 cores)"
-    )
+    assert topology.describe() == "2 usable cores (7 logical CPUs, SMT 2, 2 NUMA nodes, cgroup quota 2.5 cores)"
 
 
 def test_cgroup_v2_takes_the_tightest_ancestor_quota_and_walks_up_for_the_cpuset(tmp_path: Path) -> None:
@@ -261,10 +259,7 @@ def test_synthetic_numbers_siblings_like_linux() -> None:
     assert topology.usable_cores == 8
     assert topology.nodes == (0, 1)
     assert topology.describe() == "8 usable cores (16 logical CPUs, SMT 2, 2 NUMA nodes, no cgroup quota)"
-    assert (
-        Topology.synthetic(1).describe()
-        == "1 usable core (1 logical CPU, SMT 1, 1 NUMA node, no cgroup quota)"
-    )
+    assert Topology.synthetic(1).describe() == "1 usable core (1 logical CPU, SMT 1, 1 NUMA node, no cgroup quota)"
 
 
 def test_synthetic_matches_the_detected_machine(tmp_path: Path) -> None:
@@ -272,9 +267,7 @@ def test_synthetic_matches_the_detected_machine(tmp_path: Path) -> None:
     detected = Topology.detect(tmp_path, affinity=ALL_16)
     synthetic = Topology.synthetic(cores=8, smt=2, nodes=2)
 
-    assert [(c.id, c.node, c.package) for c in detected.cpus] == [
-        (c.id, c.node, c.package) for c in synthetic.cpus
-    ]
+    assert [(c.id, c.node, c.package) for c in detected.cpus] == [(c.id, c.node, c.package) for c in synthetic.cpus]
 
 
 def test_quota_caps_usable_cores_and_shows_in_describe() -> None:
