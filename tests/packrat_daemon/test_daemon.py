@@ -217,3 +217,42 @@ def test_bad_reload_keeps_serving_the_current_plan(tmp_path: Path) -> None:
             x = np.ones((2, 16), dtype=np.float32)
             np.testing.assert_allclose(client.infer(x), direct("builtin:tiny-mlp", x), rtol=1e-5, atol=1e-6)
     assert "reload failed, still serving the current plan" in (tmp_path / "daemon.log").read_text()
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
+def test_session_runtime_reconfiguration_under_load_loses_no_request(tmp_path: Path, runtime: str) -> None:
+    pytest.importorskip(runtime)
+    pytest.importorskip("onnxscript")
+    base = f'model = "builtin:tiny-mlp"\nruntime = "{runtime}"\npolicy = "fixed"\nmax_batch = 4\n'
+    config = tmp_path / "serve.toml"
+    config.write_text(base + 'plan = "2*1x2"\n')
+    with running_daemon(tmp_path, "--config", str(config), timeout=300) as (endpoint, process):
+        with Client(endpoint, timeout=60) as client:
+            info = client.info()
+            before = info["workers"]
+        assert info["runtime"] == runtime
+        rng = np.random.default_rng(4)
+        inputs = [rng.standard_normal((1 + k % 4, 16), dtype=np.float32) for k in range(200)]
+
+        async def load() -> list[np.ndarray]:
+            async with AsyncClient(endpoint, timeout=60) as aclient:
+                results = []
+                for k in range(0, len(inputs), 10):
+                    results += await asyncio.gather(*(aclient.infer(x) for x in inputs[k : k + 10]))
+                    if k == 30:
+                        config.write_text(base + 'plan = "2x4"\n')
+                        process.send_signal(signal.SIGHUP)
+                return results
+
+        outputs = asyncio.run(load())
+        for x, y in zip(inputs, outputs, strict=True):
+            np.testing.assert_allclose(y, direct("builtin:tiny-mlp", x), rtol=1e-4, atol=1e-5)
+        with Client(endpoint, timeout=60) as client:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                after = client.info()["workers"]
+                if [w["threads"] for w in after] == [2]:
+                    break
+                time.sleep(0.2)
+        assert [w["threads"] for w in after] == [2]
+        assert after[0]["pid"] in {w["pid"] for w in before}  # a new session in the same process
