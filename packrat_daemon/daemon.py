@@ -117,7 +117,7 @@ class Daemon:
         self.pool = Pool(self.backend, warmup=(1,))
         self.reconciler = Reconciler(self.pool, self.topology)
         self.reconciler.set_plan(self.plan)
-        self.splitter = Splitter(self.profile, self.plan.split)
+        self.splitter = Splitter(self.profile, self.plan.split, self.reconciler.layouts, self.plan.oversubscribed)
         self.dispatcher = Dispatcher(self._send_backend, self.splitter, config.job_timeout_s)
         self.batcher = Batcher(config.max_batch, config.max_delay_ms / 1000.0, config.max_queue)
         self._wait_converged()
@@ -330,6 +330,7 @@ class Daemon:
             "queue_ms": round(done.queue_ms, 3),
             "compute_ms": round(done.compute_ms, 3),
             "total_ms": round(total_ms, 3),
+            "instances": done.instances,
         }
         output = done.output
         frames = protocol.encode_result(request.request_id, output.dtype.name, output.shape, output, timing)
@@ -405,9 +406,9 @@ class Daemon:
         self.batcher.max_batch = config.max_batch
         self.batcher.max_delay_s = config.max_delay_ms / 1000.0
         self.batcher.max_queued_inputs = config.max_queue
-        self.dispatcher.splitter = Splitter(profile, plan.split)
         log.info("reload: plan %s — %s", plan.describe(), plan.reason)
         self.reconciler.set_plan(plan)
+        self.dispatcher.splitter = Splitter(profile, plan.split, self.reconciler.layouts, plan.oversubscribed)
         self._pool_changed = True
 
     # -- shutdown ----------------------------------------------------------------------------

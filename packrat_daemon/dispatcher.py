@@ -60,6 +60,7 @@ class Completed:
     output: np.ndarray
     queue_ms: float
     compute_ms: float
+    instances: int  # how many workers shared the batch
 
 
 @dataclass(frozen=True)
@@ -72,27 +73,74 @@ class Timing:
 
 
 class Splitter:
-    """Per-batch split for a pool, cached by (pool thread counts, batch): pools change rarely."""
+    """Which live workers take a batch, and how many rows each: exact, cached, per batch size.
 
-    def __init__(self, profile: Profile | None, mode: str) -> None:
+    A plan may keep several layouts of the same cores warm (say one 2-thread worker and two 1-thread
+    workers); each batch goes to the complete layout whose exact split predicts the lowest latency.
+    """
+
+    def __init__(
+        self,
+        profile: Profile | None,
+        mode: str,
+        layouts: Sequence[Sequence[tuple[int, tuple[int, ...]]]] = (),
+        oversubscribed: bool = False,
+    ) -> None:
         self.profile = profile
         self.mode = mode
-        self._cache: dict[tuple[tuple[int, ...], int], list[int]] = {}
+        self.layouts = [list(layout) for layout in layouts]
+        self.oversubscribed = oversubscribed
+        self._cache: dict[tuple[tuple[int, ...], int], tuple[float, list[int]]] = {}
+
+    def choose(self, workers: Sequence[WorkerHandle], batch: int) -> list[tuple[WorkerHandle, int]]:
+        candidates = [members for layout in self.layouts if (members := _match(layout, workers))]
+        if not candidates:
+            # Mid-reconfiguration no layout may be complete: use ready workers whose cores do not overlap.
+            candidates = [list(workers) if self.oversubscribed else _disjoint(workers)]
+        best = min(candidates, key=lambda ws: (self._split(tuple(w.threads for w in ws), batch)[0], len(ws)))
+        sizes = self._split(tuple(w.threads for w in best), batch)[1]
+        return [(worker, rows) for worker, rows in zip(best, sizes, strict=True) if rows]
 
     def split(self, threads: Sequence[int], batch: int) -> list[int]:
-        key = (tuple(threads), batch)
+        return self._split(tuple(threads), batch)[1]
+
+    def _split(self, threads: tuple[int, ...], batch: int) -> tuple[float, list[int]]:
+        key = (threads, batch)
         if key not in self._cache:
             self._cache[key] = self._compute(list(threads), batch)
         return self._cache[key]
 
-    def _compute(self, threads: list[int], batch: int) -> list[int]:
+    def _compute(self, threads: list[int], batch: int) -> tuple[float, list[int]]:
         if self.mode == "exact" and self.profile is not None:
             try:
-                return split_batch(self.profile, threads, batch)[1]
+                return split_batch(self.profile, threads, batch)
             except InfeasibleError:
                 pass  # the profile does not cover this pool or batch: fall back to proportional
         weights = threads if self.mode == "exact" else [1] * len(threads)
-        return _proportional(weights, batch)
+        return float("inf"), _proportional(weights, batch)
+
+
+def _match(layout: Sequence[tuple[int, tuple[int, ...]]], workers: Sequence[WorkerHandle]) -> list[WorkerHandle]:
+    """Ready workers filling every slot of `layout`, or [] when one is missing."""
+    free = [w for w in workers if w.pending is None]
+    members = []
+    for threads, cores in layout:
+        found = next((w for w in free if w.threads == threads and w.cores == cores), None)
+        if found is None:
+            return []
+        free.remove(found)
+        members.append(found)
+    return members
+
+
+def _disjoint(workers: Sequence[WorkerHandle]) -> list[WorkerHandle]:
+    taken: set[int] = set()
+    chosen = []
+    for worker in sorted(workers, key=lambda w: (-w.threads, w.id)):
+        if taken.isdisjoint(worker.cores):
+            chosen.append(worker)
+            taken.update(worker.cores)
+    return chosen
 
 
 def _proportional(weights: Sequence[int], batch: int) -> list[int]:
@@ -121,12 +169,10 @@ class Dispatcher:
         first = requests[0]
         batch = InFlightBatch(requests, np.dtype(first.dtype), tuple(first.shape[1:]))
         self.batch = batch
-        sizes = self.splitter.split([w.threads for w in workers], batch.rows)
         offset = 0
-        for worker, rows in zip(workers, sizes, strict=True):
-            if rows:
-                self._send_job(batch, offset, rows, worker)
-                offset += rows
+        for worker, rows in self.splitter.choose(workers, batch.rows):
+            self._send_job(batch, offset, rows, worker)
+            offset += rows
 
     def on_result(self, worker: WorkerHandle, header: dict[str, Any], payload: list[Any]) -> list[Completed]:
         job = self.jobs.pop(header["job"], None)
@@ -181,7 +227,7 @@ class Dispatcher:
         for request in batch.requests:
             rows = _gather(jobs, offset, request.samples)
             queue_ms = (batch.started - request.arrived) * 1000.0
-            completed.append(Completed(request, rows, queue_ms, compute_ms))
+            completed.append(Completed(request, rows, queue_ms, compute_ms, len(jobs)))
             offset += request.samples
         return completed
 

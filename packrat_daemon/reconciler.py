@@ -32,16 +32,23 @@ class Reconciler:
         self.plan: Plan | None = None
         self.generation = 0
         self._slots: list[Slot] = []
+        self.layouts: list[list[Slot]] = []
         self._complete_logged = -1
 
     def set_plan(self, plan: Plan) -> None:
         self.plan = plan
         self.generation += 1
-        counts = plan.thread_counts
-        cores = (
-            self.allocator.allocate_oversubscribed(counts) if plan.oversubscribed else self.allocator.allocate(counts)
-        )
-        self._slots = list(zip(counts, cores, strict=True))
+        # Each layout gets disjoint cores of its own; layouts overlap one another (one runs at a time).
+        self.layouts = []
+        for layout in plan.layouts:
+            counts = [instance.threads for instance in layout]
+            allocate = self.allocator.allocate_oversubscribed if plan.oversubscribed else self.allocator.allocate
+            self.layouts.append(list(zip(counts, allocate(counts), strict=True)))
+        # A worker serves every layout that has its exact (threads, cores): count each slot once.
+        needed: Counter[Slot] = Counter()
+        for layout in self.layouts:
+            needed |= Counter(layout)
+        self._slots = sorted(needed.elements(), key=lambda slot: (-slot[0], slot[1]))
         log.info("reconciling to generation %d: %s", self.generation, plan.describe())
         self._adopt_live_workers()
 

@@ -34,7 +34,15 @@ class Plan:
     # How each live batch is divided: "exact" uses the per-batch split on the profile's rows,
     # "even" spreads inputs evenly (what a round-robin server such as TorchServe does).
     split: str = "exact"
+    # Further layouts of the same cores, kept warm beside `instances`: each batch runs on whichever
+    # layout serves its size fastest (e.g. one 2-thread instance for a single input, two 1-thread
+    # instances for sixteen). Workers are forked from one template, so a spare layout costs little memory.
+    alternatives: tuple[tuple[InstancePlan, ...], ...] = ()
     details: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def layouts(self) -> tuple[tuple[InstancePlan, ...], ...]:
+        return (self.instances, *self.alternatives)
 
     @property
     def thread_counts(self) -> list[int]:
@@ -51,7 +59,8 @@ class Plan:
             groups[key] = groups.get(key, 0) + 1
         parts = [f"{n}×⟨{t} thread{'s' if t > 1 else ''}, batch {b}⟩" for (t, b), n in groups.items()]
         latency = "" if self.predicted_latency_ms is None else f", predicted {self.predicted_latency_ms:.1f} ms"
-        return f"{self.policy}: {' + '.join(parts)}{latency}"
+        spare = f" (+{len(self.alternatives)} spare layout(s) for other batch sizes)" if self.alternatives else ""
+        return f"{self.policy}: {' + '.join(parts)}{latency}{spare}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -60,6 +69,9 @@ class Plan:
             "predicted_latency_ms": self.predicted_latency_ms,
             "oversubscribed": self.oversubscribed,
             "split": self.split,
+            "alternatives": [
+                [{"threads": i.threads, "batch": i.batch} for i in layout] for layout in self.alternatives
+            ],
             "reason": self.reason,
         }
 

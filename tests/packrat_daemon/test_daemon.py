@@ -16,6 +16,7 @@ import torch
 import zmq
 from conftest import running_daemon
 
+from packrat_daemon import protocol
 from packrat_daemon.client import AsyncClient, BadRequest, Client, Overloaded, TooLarge, UnsupportedVersion
 from workers.models import load_model
 
@@ -256,3 +257,22 @@ def test_session_runtime_reconfiguration_under_load_loses_no_request(tmp_path: P
                 time.sleep(0.2)
         assert [w["threads"] for w in after] == [2]
         assert after[0]["pid"] in {w["pid"] for w in before}  # a new session in the same process
+
+
+def test_spare_layout_serves_the_batch_sizes_it_is_fastest_for(tmp_path: Path) -> None:
+    # A profile where one 2-thread worker wins for one input and two 1-thread workers win for four.
+    profile = tmp_path / "profile.csv"
+    profile.write_text("threads,batch,latency_ms\n1,1,1.0\n1,2,1.2\n2,1,0.6\n2,4,2.6\n1,4,2.5\n")
+    args = ["--model", "builtin:tiny-mlp", "--policy", "packrat", "--profile", str(profile), "--max-batch", "4"]
+    with running_daemon(tmp_path, *args, "--batches", "1,4") as (endpoint, _):
+        context = zmq.Context.instance()
+        with context.socket(zmq.DEALER) as socket, Client(endpoint, timeout=30) as client:
+            workers = client.info()["workers"]
+            assert sorted(w["threads"] for w in workers) == [1, 1, 2]  # both layouts stay warm
+            socket.connect(endpoint)
+            for samples, instances in [(1, 1), (4, 2), (1, 1)]:
+                x = np.random.default_rng(samples).standard_normal((samples, 16), dtype=np.float32)
+                socket.send_multipart(protocol.encode_infer_request(samples, x))
+                head, y = protocol.decode_reply(socket.recv_multipart())
+                assert head["timing"]["instances"] == instances
+                np.testing.assert_allclose(y, direct("builtin:tiny-mlp", x), rtol=1e-5, atol=1e-6)

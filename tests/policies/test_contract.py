@@ -199,7 +199,14 @@ def test_packrat_pool_carries_every_batch_of_the_distribution() -> None:
 def test_packrat_pool_is_no_worse_than_any_single_batch_proposal() -> None:
     profile, topology = amdahl_profile(), Topology.synthetic(4)
     plan = PackratPolicy().plan(profile, topology, MIXED)
-    assert plan.predicted_latency_ms == pytest.approx(expected_latency(profile, plan.thread_counts, MIXED))
+    # The prediction is the expected latency when every batch runs on the fastest of the plan's layouts.
+    per_batch_best = sum(
+        weight * min(split_batch(profile, [i.threads for i in layout], batch)[0] for layout in plan.layouts)
+        for batch, weight in MIXED.weights
+    )
+    assert plan.predicted_latency_ms == pytest.approx(per_batch_best)
+    main_only = expected_latency(profile, plan.thread_counts, MIXED)
+    assert main_only is not None and plan.predicted_latency_ms <= main_only + 1e-9
     pools = {tuple(t for t, _ in solve(profile, topology.usable_cores, b).instances) for b in MIXED.batches}
     assert len(pools) > 1, "the test needs proposals that differ"
     for pool in pools:
@@ -217,3 +224,23 @@ def test_packrat_never_picks_a_pool_that_cannot_carry_the_largest_batch() -> Non
     plan = PackratPolicy().plan(profile, topology, distribution)
     _, sizes = split_batch(profile, plan.thread_counts, 16)
     assert sum(sizes) == 16
+
+
+def test_packrat_keeps_a_spare_layout_when_batch_sizes_disagree() -> None:
+    # One 2-thread instance wins for one input; two 1-thread instances win for sixteen.
+    profile = Profile.from_latencies(
+        {(1, 1): 100.0, (1, 8): 600.0, (2, 1): 60.0, (2, 16): 1300.0, (2, 8): 700.0, (1, 16): 1250.0}
+    )
+    distribution = BatchDistribution.from_counts({1: 1.0, 16: 1.0})
+    plan = get_policy("packrat").plan(profile, Topology.synthetic(2), distribution)
+    layouts = sorted(sorted(i.threads for i in layout) for layout in plan.layouts)
+    assert layouts == [[1, 1], [2]]
+    # Expected latency: each batch size on its best layout: (60 + 600) / 2.
+    assert plan.predicted_latency_ms == pytest.approx(330.0)
+    assert plan.to_json()["alternatives"]
+
+
+def test_packrat_keeps_one_layout_when_it_serves_every_batch_best() -> None:
+    profile = Profile.from_latencies({(1, 1): 50.0, (1, 8): 300.0, (2, 1): 60.0, (2, 16): 1300.0})
+    plan = get_policy("packrat").plan(profile, Topology.synthetic(2), BatchDistribution.from_counts({1: 1, 16: 1}))
+    assert plan.alternatives == ()
