@@ -342,6 +342,12 @@ def main() -> None:
     args = parser.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
     args.allocators = [a for a in args.allocators.split(",") if a]
+    # The daemon's workers run with Packrat's glibc malloc tuning; give the direct and ceiling runners
+    # the same, so every ratio measures the daemon and the plan, not the allocator settings.
+    from packrat_daemon.backend import GLIBC_MALLOC_TUNING
+
+    for variable, value in GLIBC_MALLOC_TUNING.items():
+        os.environ.setdefault(variable, value)
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="packrat-bench-") as folder:
         if not args.skip_tiny:

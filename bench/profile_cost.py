@@ -86,7 +86,7 @@ def main() -> int:
     started = time.monotonic()
     with model_session(args.model) as (backend, info):
         log(f"{args.model} loaded; {len(grid)} cells, {cores} cores")
-        profiler = CellProfiler(backend, topology, info)
+        profiler = CellProfiler(backend, topology, info, side_by_side=False)  # as adaptive measures
         try:
             full, full_seconds = measure_full(profiler, grid)
         finally:

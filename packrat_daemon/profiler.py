@@ -30,32 +30,39 @@ class MeasurementError(PackratError):
 
 
 class CellProfiler:
-    """Measures cells one at a time; keeps one worker alive per thread count while it is in use."""
+    """Measures cells one at a time; keeps the workers of one thread count alive while it is in use.
+
+    Side by side (the default), a cell (t, b) runs on as many t-thread workers as the cores hold, all
+    at once on disjoint cores, and records the slowest: a plan's instances run together and slow one
+    another down through shared caches and memory bandwidth, which an isolated measurement misses.
+    """
 
     def __init__(
         self, backend: Backend, topology: Topology, info: ModelInfo, *, warmup: int = 1, repeats: int = 3,
-        max_cell_seconds: float = 20.0,
+        max_cell_seconds: float = 20.0, side_by_side: bool = True,
     ) -> None:  # fmt: skip
         self.backend = backend
         self.info = info
+        self.topology = topology
         self.allocator = CoreAllocator(topology)
         self.pool = Pool(backend, warmup=(1,))
         self.warmup = warmup
         self.repeats = repeats
         self.max_cell_seconds = max_cell_seconds
-        self.worker: WorkerHandle | None = None
+        self.side_by_side = side_by_side
+        self.workers: list[WorkerHandle] = []
         self._job = 0
 
     def measure(self, threads: int, batch: int) -> Cell:
-        worker = self._worker_for(threads)
+        workers = self._workers_for(threads)
         inputs = _sample(self.info, batch)
         for _ in range(self.warmup):
-            self._run(worker, inputs)
+            self._run(workers, inputs)
         times: list[float] = []
         started = time.monotonic()
         wanted = self.repeats
         while len(times) < wanted:
-            times.append(self._run(worker, inputs))
+            times.append(self._run(workers, inputs))
             # A slow cell (big batch on one thread) keeps fewer repeats rather than stalling for minutes.
             if time.monotonic() - started > self.max_cell_seconds:
                 break
@@ -70,42 +77,60 @@ class CellProfiler:
         return {(t, b): self.measure(t, b) for t, b in cells}
 
     def close(self) -> None:
-        if self.worker is not None:
-            self.pool.retire(self.worker)
-            self._wait_exit(self.worker)
-            self.worker = None
+        for worker in self.workers:
+            self.pool.retire(worker)
+        for worker in self.workers:
+            self._wait_exit(worker)
+        self.workers = []
 
     # -- internals --------------------------------------------------------------------------
-    def _worker_for(self, threads: int) -> WorkerHandle:
-        if self.worker is not None and self.worker.threads == threads and self.worker.state is WorkerState.READY:
-            return self.worker
+    def _workers_for(self, threads: int) -> list[WorkerHandle]:
+        if (
+            self.workers
+            and self.workers[0].threads == threads
+            and all(w.state is WorkerState.READY for w in self.workers)
+        ):
+            return self.workers
         self.close()
-        cores = self.allocator.allocate([threads])[0]
-        worker = self.pool.spawn(threads, cores, generation=0)
+        count = max(1, self.topology.usable_cores // threads) if self.side_by_side else 1
+        workers = [
+            self.pool.spawn(threads, cores, generation=0) for cores in self.allocator.allocate([threads] * count)
+        ]
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while worker.state is WorkerState.STARTING:
+        while any(w.state is WorkerState.STARTING for w in workers):
             if time.monotonic() > deadline:
                 raise MeasurementError(f"a {threads}-thread worker did not start within {READY_TIMEOUT_S:.0f} s")
             self._pump(500)
-        if worker.state is not WorkerState.READY:
-            raise MeasurementError(f"the {threads}-thread worker died while starting")
-        self.worker = worker
-        return worker
+        if any(w.state is not WorkerState.READY for w in workers):
+            raise MeasurementError(f"a {threads}-thread worker died while starting")
+        self.workers = workers
+        return workers
 
-    def _run(self, worker: WorkerHandle, inputs: np.ndarray) -> float:
-        self._job += 1
-        job = self._job
-        header = {"job": job, "dtype": inputs.dtype.name, "shape": list(inputs.shape)}
-        if not self.backend.send(worker.identity, messages.RUN, header, [memoryview(inputs).cast("B")]):
-            raise MeasurementError(f"worker {worker.id} is gone")
-        while True:
+    def _run(self, workers: list[WorkerHandle], inputs: np.ndarray) -> float:
+        """Run `inputs` on every worker at once; the slowest compute time, in milliseconds."""
+        jobs: dict[int, WorkerHandle] = {}
+        header = {"dtype": inputs.dtype.name, "shape": list(inputs.shape)}
+        for worker in workers:
+            self._job += 1
+            jobs[self._job] = worker
+            if not self.backend.send(
+                worker.identity, messages.RUN, {**header, "job": self._job}, [memoryview(inputs).cast("B")]
+            ):
+                raise MeasurementError(f"worker {worker.id} is gone")
+        slowest = 0.0
+        while jobs:
             event = self._pump(1000)
-            if worker.state is WorkerState.DEAD:
-                raise MeasurementError(f"worker {worker.id} ({worker.threads} threads) died during a measurement")
-            if event is not None and event.kind == "result" and event.header["job"] == job:
-                return float(event.header["compute_ms"])
-            if event is not None and event.kind == "failed" and event.header.get("job") == job:
+            for worker in jobs.values():
+                if worker.state is WorkerState.DEAD:
+                    raise MeasurementError(f"worker {worker.id} ({worker.threads} threads) died during a measurement")
+            if event is None or event.header.get("job") not in jobs:
+                continue
+            if event.kind == "failed":
                 raise MeasurementError(f"the model failed on a batch of {inputs.shape[0]}: {event.header['message']}")
+            if event.kind == "result":
+                del jobs[event.header["job"]]
+                slowest = max(slowest, float(event.header["compute_ms"]))
+        return slowest
 
     def _pump(self, timeout_ms: int):  # noqa: ANN202
         received = self.backend.recv(timeout_ms)

@@ -21,6 +21,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", default="profile.csv", help="output CSV (default: profile.csv)")
     parser.add_argument("--warmup", type=int, default=1, help="warm-up runs per cell (default 1)")
     parser.add_argument("--repeats", type=positive_int, default=3, help="timed runs per cell (default 3)")
+    parser.add_argument(
+        "--isolated",
+        action="store_true",
+        help="measure each cell on one worker alone (default: side by side on every core, interference included)",
+    )
     parser.add_argument("--allocator", default="system", choices=["system", "jemalloc", "tcmalloc"])
     parser.add_argument(
         "--runtime", default="torch", help="torch, onnxruntime, openvino, or auto: every installed one (default: torch)"
@@ -95,7 +100,9 @@ def _measure_runtime(context, topology, args: argparse.Namespace, runtime: str, 
         backend.start_template(args.model, input_override=args.input, runtime=runtime, allocator=args.allocator)
         progress.note(f"loading {args.model}")
         info = backend.wait_template()
-        profiler = CellProfiler(backend, topology, info, warmup=args.warmup, repeats=args.repeats)
+        profiler = CellProfiler(
+            backend, topology, info, warmup=args.warmup, repeats=args.repeats, side_by_side=not args.isolated
+        )
         try:
             for t, b in cells:
                 cell = profiler.measure(t, b)
