@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import zmq
 
 from packrat_daemon.errors import ConfigError, PackratError
@@ -176,3 +177,14 @@ class Backend:
             for leftover in self.run_dir.iterdir():
                 leftover.unlink(missing_ok=True)
             self.run_dir.rmdir()
+
+
+def sample_inputs(info: ModelInfo, batch: int) -> np.ndarray:
+    """Deterministic inputs of the model's declared shape (values do not change dense compute time)."""
+    rng = np.random.default_rng(batch)
+    shape = (batch, *info.shape)
+    if info.dtype.startswith("float"):
+        return rng.standard_normal(shape, dtype=np.float32).astype(info.dtype)
+    if info.dtype == "bool":
+        return rng.integers(0, 2, shape).astype(bool)
+    return rng.integers(0, info.high or 100, shape).astype(info.dtype)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packrat_daemon.backend import Backend, ModelInfo
+from packrat_daemon.backend import Backend, ModelInfo, sample_inputs
 from packrat_daemon.errors import PackratError
 from packrat_daemon.pool import Pool, PoolEvent, WorkerHandle, WorkerState
 from packrat_daemon.profile import Cell
@@ -225,17 +225,6 @@ def _timing(instances: tuple[tuple[int, int], ...], runs: list[tuple[float, floa
         per_instance,
         len(runs),
     )
-
-
-def sample_inputs(info: ModelInfo, batch: int) -> np.ndarray:
-    """Deterministic inputs of the model's declared shape (values do not change dense compute time)."""
-    rng = np.random.default_rng(batch)
-    shape = (batch, *info.shape)
-    if info.dtype.startswith("float"):
-        return rng.standard_normal(shape, dtype=np.float32).astype(info.dtype)
-    if info.dtype == "bool":
-        return rng.integers(0, 2, shape).astype(bool)
-    return rng.integers(0, info.high or 100, shape).astype(info.dtype)
 
 
 def table_confirmation(lhat, instances: Instances, interference: float = 1.0) -> float:  # noqa: ANN001

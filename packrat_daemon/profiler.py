@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from packrat_daemon.backend import Backend, ModelInfo
+from packrat_daemon.backend import Backend, ModelInfo, sample_inputs
 from packrat_daemon.errors import PackratError
 from packrat_daemon.pool import Pool, WorkerHandle, WorkerState
 from packrat_daemon.profile import Cell
@@ -55,7 +55,7 @@ class CellProfiler:
 
     def measure(self, threads: int, batch: int) -> Cell:
         workers = self._workers_for(threads)
-        inputs = _sample(self.info, batch)
+        inputs = sample_inputs(self.info, batch)
         for _ in range(self.warmup):
             self._run(workers, inputs)
         times: list[float] = []
@@ -144,16 +144,6 @@ class CellProfiler:
         deadline = time.monotonic() + timeout
         while worker.id in self.pool.workers and time.monotonic() < deadline:
             self._pump(100)
-
-
-def _sample(info: ModelInfo, batch: int) -> np.ndarray:
-    rng = np.random.default_rng(batch)
-    shape = (batch, *info.shape)
-    if info.dtype.startswith("float"):
-        return rng.standard_normal(shape, dtype=np.float32).astype(info.dtype)
-    if info.dtype == "bool":
-        return rng.integers(0, 2, shape).astype(bool)
-    return rng.integers(0, info.high or 100, shape).astype(info.dtype)
 
 
 def _spread(times: list[float]) -> float:
