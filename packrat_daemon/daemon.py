@@ -39,7 +39,8 @@ log = logging.getLogger("packrat.daemon")
 
 MAX_READS_PER_WAKE = 256
 HARD_MESSAGE_SLACK_BYTES = 64 << 20
-RECONCILE_INTERVAL_S = 0.1  # bound how long one socket can starve the others
+RECONCILE_INTERVAL_S = 0.1
+HEARTBEAT_TIMEOUT_S = 10.0  # bound how long one socket can starve the others
 
 
 @dataclass
@@ -248,11 +249,24 @@ class Daemon:
             # Reconciling walks the whole pool; on the hot path it runs only when the pool changed.
             self._pool_changed = False
             self._next_reconcile = now + RECONCILE_INTERVAL_S
+            self._reap_silent_workers(now)
             self.reconciler.step()
         if not self.dispatcher.busy and self.batcher.due(now):
             workers = self.reconciler.serving()
             if workers:
                 self.dispatcher.dispatch(self.batcher.take(), workers)
+
+    def _reap_silent_workers(self, now: float) -> None:
+        """An idle worker heartbeats every second; one silent for HEARTBEAT_TIMEOUT_S is hung: replace it.
+
+        A worker busy with a slice cannot heartbeat (it computes on its only Python thread); the job
+        timeout covers that case.
+        """
+        busy = {job.worker.id for job in self.dispatcher.jobs.values()}
+        for worker in self.pool.ready():
+            if worker.id not in busy and now - worker.last_seen > HEARTBEAT_TIMEOUT_S:
+                log.warning("worker %d sent no heartbeat for %.0f s; replacing it", worker.id, now - worker.last_seen)
+                self.pool.kill(worker)
 
     # -- frontend ----------------------------------------------------------------------------
     def _read_frontend(self) -> None:

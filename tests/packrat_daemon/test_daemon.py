@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -276,3 +277,25 @@ def test_spare_layout_serves_the_batch_sizes_it_is_fastest_for(tmp_path: Path) -
                 head, y = protocol.decode_reply(socket.recv_multipart())
                 assert head["timing"]["instances"] == instances
                 np.testing.assert_allclose(y, direct("builtin:tiny-mlp", x), rtol=1e-5, atol=1e-6)
+
+
+def test_hung_idle_worker_is_replaced(tmp_path: Path) -> None:
+    args = ["--model", "builtin:tiny-mlp", "--policy", "fixed", "--plan", "2*1x2", "--max-batch", "4"]
+    with running_daemon(tmp_path, *args) as (endpoint, _), Client(endpoint, timeout=30) as client:
+        hung = client.info()["workers"][0]
+        os.kill(hung["pid"], signal.SIGSTOP)  # alive but silent: no heartbeat, no answer
+        try:
+            deadline = time.monotonic() + 40
+            while time.monotonic() < deadline:
+                live = client.info()["workers"]
+                if len(live) == 2 and hung["pid"] not in {w["pid"] for w in live}:
+                    break
+                time.sleep(0.5)
+            else:
+                raise AssertionError(f"the silent worker was not replaced: {client.info()['workers']}")
+            x = np.ones((4, 16), dtype=np.float32)
+            np.testing.assert_allclose(client.infer(x), direct("builtin:tiny-mlp", x), rtol=1e-5, atol=1e-6)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(hung["pid"], signal.SIGCONT)
+    assert "sent no heartbeat" in (tmp_path / "daemon.log").read_text()
