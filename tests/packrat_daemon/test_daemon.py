@@ -299,3 +299,20 @@ def test_hung_idle_worker_is_replaced(tmp_path: Path) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(hung["pid"], signal.SIGCONT)
     assert "sent no heartbeat" in (tmp_path / "daemon.log").read_text()
+
+
+def test_runtime_auto_measures_each_installed_runtime_and_serves_one(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    saved = tmp_path / "profiles.csv"
+    args = ["--model", "builtin:tiny-mlp", "--runtime", "auto", "--max-batch", "4", "--save-profile", str(saved)]
+    with running_daemon(tmp_path, *args, timeout=300) as (endpoint, _), Client(endpoint, timeout=30) as client:
+        chosen = client.info()["runtime"]
+        x = np.random.default_rng(5).standard_normal((3, 16), dtype=np.float32)
+        np.testing.assert_allclose(client.infer(x), direct("builtin:tiny-mlp", x), rtol=1e-4, atol=1e-5)
+    log = (tmp_path / "daemon.log").read_text()
+    assert f"runtime auto: chose {chosen}" in log
+    from packrat_daemon.daemon import available_runtimes
+    from packrat_daemon.profile import Profile
+
+    assert set(Profile.read_all(saved)) == set(available_runtimes())  # one profile per runtime, one file
