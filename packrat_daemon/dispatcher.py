@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,8 @@ from packrat_daemon.pool import WorkerHandle
 from packrat_daemon.profile import Profile
 from policies.solver import split_batch
 from workers import messages
+
+TIMINGS_KEPT = 10_000
 
 Send = Callable[[bytes, bytes, dict[str, Any], list[Any]], bool]
 
@@ -159,7 +162,9 @@ class Dispatcher:
         self.batch: InFlightBatch | None = None
         self.jobs: dict[int, Job] = {}
         self._next_job = 1
-        self.timings: list[Timing] = []  # drained by the daemon's learners
+        # The latest compute times per (threads, batch), for the learners the roadmap adds (production
+        # profiles, the live distribution). Bounded: a daemon runs for months.
+        self.timings: deque[Timing] = deque(maxlen=TIMINGS_KEPT)
 
     @property
     def busy(self) -> bool:
