@@ -32,6 +32,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     die_with_parent()
+    # Ctrl-C reaches the whole process group; the daemon or profiler stops the template in order
+    # (and keeps what it measured), so the template itself must not die of it first.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     runtime = make_runtime(args.runtime)
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)

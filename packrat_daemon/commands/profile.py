@@ -90,6 +90,7 @@ def run_grid(args: argparse.Namespace) -> int:
 def _measure_runtime(context, topology, args: argparse.Namespace, runtime: str, cells: list[tuple[int, int]]):  # noqa: ANN001, ANN202
     """(cells measured, interrupted): Ctrl-C keeps what was measured so far."""
     from packrat_daemon.backend import Backend
+    from packrat_daemon.errors import PackratError
     from packrat_daemon.profiler import CellProfiler
     from packrat_daemon.progress import Progress
 
@@ -111,6 +112,10 @@ def _measure_runtime(context, topology, args: argparse.Namespace, runtime: str, 
         finally:
             profiler.close()
     except KeyboardInterrupt:
+        return measured, True
+    except PackratError as exc:
+        # A worker or the template died: keep what was measured, and say why the rest is missing.
+        print(f"packrat profile: error: {exc}", file=sys.stderr)
         return measured, True
     finally:
         progress.close()
