@@ -170,6 +170,8 @@ class Daemon:
         measured = {}
         try:
             for t, b in cells:
+                if self.events:  # SIGTERM or Ctrl-C during start-up: stop between cells
+                    raise KeyboardInterrupt
                 measured[(t, b)] = profiler.measure(t, b)
                 progress.advance(f"t={t} b={b}: {measured[(t, b)].latency_ms:.1f} ms")
         finally:
