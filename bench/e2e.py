@@ -23,7 +23,6 @@ import multiprocessing as mp
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +36,7 @@ import zmq
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from packrat_daemon.client import Client, ClientTimeout  # noqa: E402
+from harness import DaemonProcess as Daemon  # noqa: E402  (bench/ is on sys.path when this script runs)
 
 MODEL = "builtin:resnet50"
 
@@ -90,38 +89,6 @@ class Runner:
 
 
 # -- daemons --------------------------------------------------------------------------------------
-class Daemon:
-    def __init__(self, name: str, folder: Path, args: list[str]) -> None:
-        self.endpoint = f"ipc://{folder}/{name}.ipc"
-        self.log_path = folder / f"{name}.log"
-        command = [sys.executable, "-m", "packrat_daemon", "serve", "--endpoint", self.endpoint, *args]
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-        self.client = Client(self.endpoint, timeout=5.0)
-
-    def wait(self, timeout: float = 900.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"daemon exited: {self.log_path.read_text()[-3000:]}")
-            try:
-                info = self.client.info(timeout=2.0)
-                self.client.close()
-                self.client = Client(self.endpoint, timeout=120.0)
-                return info
-            except ClientTimeout:
-                continue
-        raise RuntimeError(f"daemon not ready: {self.log_path.read_text()[-3000:]}")
-
-    def close(self) -> None:
-        self.client.close()
-        self.process.terminate()
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-
-
 def pss(pids: list[int]) -> int:
     return sum(psutil.Process(pid).memory_full_info().pss for pid in pids)
 

@@ -28,7 +28,6 @@ import os
 import random
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +38,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from harness import DaemonProcess  # noqa: E402  (bench/ is on sys.path when this script runs)
 
 RUNTIMES = ("torch", "onnxruntime", "openvino")
 
@@ -131,38 +132,15 @@ class Runner:
 
 
 # -- the daemon ------------------------------------------------------------------------------------
-class Daemon:
+class Daemon(DaemonProcess):
     def __init__(self, spec: str, folder: Path, batches: list[int], runtime: str = "auto") -> None:
-        from packrat_daemon.client import Client
-
-        self.endpoint = f"ipc://{folder}/daemon.ipc"
-        self.log_path = folder / "daemon.log"
-        command = [
-            sys.executable, "-m", "packrat_daemon", "serve", "--model", spec, "--runtime", runtime,
-            "--max-batch", str(max(batches)), "--batches", ",".join(map(str, batches)), "--max-delay-ms", "0",
-            "--endpoint", self.endpoint,
+        args = [
+            "--model", spec, "--runtime", runtime, "--max-batch", str(max(batches)),
+            "--batches", ",".join(map(str, batches)), "--max-delay-ms", "0",
         ]  # fmt: skip
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-        self.client = Client(self.endpoint, timeout=5.0)
+        super().__init__("daemon", folder, args)
         self.inputs: dict[int, np.ndarray] = {}
         self.input_spec: Any = None
-
-    def wait(self, timeout: float) -> dict[str, Any]:
-        from packrat_daemon.client import Client, ClientTimeout
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"daemon exited: {self._log_tail()}")
-            try:
-                info = self.client.info(timeout=2.0)
-            except ClientTimeout:
-                continue
-            self.client.close()
-            self.client = Client(self.endpoint, timeout=120.0)
-            return info
-        raise RuntimeError(f"daemon not ready within {timeout:.0f} s: {self._log_tail()}")
 
     def measure(self, batch: int) -> float:
         from workers.models import InputSpec
@@ -177,14 +155,6 @@ class Daemon:
         self.client.infer(self.inputs[batch])
         return (time.perf_counter() - start) * 1000.0
 
-    def close(self) -> None:
-        self.client.close()
-        self.process.terminate()
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-
     def describe(self, info: dict[str, Any]) -> dict[str, Any]:
         """The runtime it chose (from its log: `info` does not say) and its plan."""
         chosen = re.search(
@@ -197,9 +167,6 @@ class Daemon:
             "instances": plan.get("instances"),
             "predicted_ms": plan.get("predicted_latency_ms"),
         }
-
-    def _log_tail(self) -> str:
-        return self.log_path.read_text(errors="replace")[-2000:]
 
 
 # -- measuring -------------------------------------------------------------------------------------

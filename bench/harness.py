@@ -1,0 +1,53 @@
+"""What the benchmark scripts share: a `packrat serve` subprocess driven through the client library."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from packrat_daemon.client import Client, ClientTimeout  # noqa: E402
+
+
+class DaemonProcess:
+    """`packrat serve ARGS` on a private ipc endpoint in `folder`, its log in `folder/NAME.log`."""
+
+    def __init__(self, name: str, folder: Path, args: list[str]) -> None:
+        self.endpoint = f"ipc://{folder}/{name}.ipc"
+        self.log_path = folder / f"{name}.log"
+        command = [sys.executable, "-m", "packrat_daemon", "serve", "--endpoint", self.endpoint, *args]
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        self.client = Client(self.endpoint, timeout=5.0)
+
+    def wait(self, timeout: float = 900.0) -> dict[str, Any]:
+        """Block until the daemon answers `info` (it binds only once its workers serve)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"daemon exited: {self.log_tail()}")
+            try:
+                info = self.client.info(timeout=2.0)
+            except ClientTimeout:
+                continue
+            self.client.close()
+            self.client = Client(self.endpoint, timeout=120.0)
+            return info
+        raise RuntimeError(f"daemon not ready within {timeout:.0f} s: {self.log_tail()}")
+
+    def close(self) -> None:
+        self.client.close()
+        self.process.terminate()
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
