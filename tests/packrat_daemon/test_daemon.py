@@ -172,6 +172,35 @@ def test_sigterm_drains_and_stops_cleanly(tmp_path: Path) -> None:
     assert "stopped" in (tmp_path / "daemon.log").read_text()
 
 
+def infer_while_reloading(endpoint: str, process, reload, count: int, at: int) -> list[tuple]:  # noqa: ANN001
+    """Send `count` requests of 1-4 samples in waves of 10; after `at` of them, reload (SIGHUP)."""
+    rng = np.random.default_rng(count)
+    inputs = [rng.standard_normal((1 + k % 4, 16), dtype=np.float32) for k in range(count)]
+
+    async def load() -> list[np.ndarray]:
+        async with AsyncClient(endpoint, timeout=60) as aclient:
+            results = []
+            for k in range(0, count, 10):
+                results += await asyncio.gather(*(aclient.infer(x) for x in inputs[k : k + 10]))
+                if k == at:
+                    reload()
+                    process.send_signal(signal.SIGHUP)
+            return results
+
+    return list(zip(inputs, asyncio.run(load()), strict=True))
+
+
+def wait_for_threads(endpoint: str, threads: list[int], timeout: float = 60) -> list[dict]:
+    with Client(endpoint, timeout=60) as client:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            workers = client.info()["workers"]
+            if [w["threads"] for w in workers] == threads:
+                return workers
+            time.sleep(0.1)
+    raise AssertionError(f"the pool did not reach {threads} threads: {workers}")
+
+
 def test_sighup_reconfigures_under_load_in_place_without_losing_a_request(tmp_path: Path) -> None:
     config = tmp_path / "serve.toml"
     config.write_text('policy = "fixed"\nplan = "2*1x2"\nmax_batch = 4\nmodel = "builtin:tiny-mlp"\n')
@@ -179,29 +208,11 @@ def test_sighup_reconfigures_under_load_in_place_without_losing_a_request(tmp_pa
         with Client(endpoint, timeout=30) as client:
             before = client.info()["workers"]
         assert sorted(w["threads"] for w in before) == [1, 1]
-        rng = np.random.default_rng(3)
-        inputs = [rng.standard_normal((1 + k % 4, 16), dtype=np.float32) for k in range(300)]
-
-        async def load() -> list[np.ndarray]:
-            async with AsyncClient(endpoint, timeout=30) as aclient:
-                results = []
-                for k in range(0, len(inputs), 10):
-                    results += await asyncio.gather(*(aclient.infer(x) for x in inputs[k : k + 10]))
-                    if k == 50:
-                        config.write_text('policy = "fixed"\nplan = "2x4"\nmax_batch = 4\nmodel = "builtin:tiny-mlp"\n')
-                        process.send_signal(signal.SIGHUP)
-                return results
-
-        outputs = asyncio.run(load())
-        for x, y in zip(inputs, outputs, strict=True):
+        new_plan = 'policy = "fixed"\nplan = "2x4"\nmax_batch = 4\nmodel = "builtin:tiny-mlp"\n'
+        answered = infer_while_reloading(endpoint, process, lambda: config.write_text(new_plan), 300, at=50)
+        for x, y in answered:
             np.testing.assert_allclose(y, direct("builtin:tiny-mlp", x), rtol=1e-5, atol=1e-6)
-        with Client(endpoint, timeout=30) as client:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                after = client.info()["workers"]
-                if [w["threads"] for w in after] == [2]:
-                    break
-                time.sleep(0.1)
+        after = wait_for_threads(endpoint, [2])
         assert [w["threads"] for w in after] == [2]
         assert after[0]["pid"] in {w["pid"] for w in before}  # re-threaded in place, not re-forked
         assert sorted(after[0]["cores"]) == sorted(c for w in before for c in w["cores"])
@@ -233,29 +244,10 @@ def test_session_runtime_reconfiguration_under_load_loses_no_request(tmp_path: P
             info = client.info()
             before = info["workers"]
         assert info["runtime"] == runtime
-        rng = np.random.default_rng(4)
-        inputs = [rng.standard_normal((1 + k % 4, 16), dtype=np.float32) for k in range(200)]
-
-        async def load() -> list[np.ndarray]:
-            async with AsyncClient(endpoint, timeout=60) as aclient:
-                results = []
-                for k in range(0, len(inputs), 10):
-                    results += await asyncio.gather(*(aclient.infer(x) for x in inputs[k : k + 10]))
-                    if k == 30:
-                        config.write_text(base + 'plan = "2x4"\n')
-                        process.send_signal(signal.SIGHUP)
-                return results
-
-        outputs = asyncio.run(load())
-        for x, y in zip(inputs, outputs, strict=True):
+        answered = infer_while_reloading(endpoint, process, lambda: config.write_text(base + 'plan = "2x4"\n'), 200, 30)
+        for x, y in answered:
             np.testing.assert_allclose(y, direct("builtin:tiny-mlp", x), rtol=1e-4, atol=1e-5)
-        with Client(endpoint, timeout=60) as client:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                after = client.info()["workers"]
-                if [w["threads"] for w in after] == [2]:
-                    break
-                time.sleep(0.2)
+        after = wait_for_threads(endpoint, [2])
         assert [w["threads"] for w in after] == [2]
         assert after[0]["pid"] in {w["pid"] for w in before}  # a new session in the same process
 
