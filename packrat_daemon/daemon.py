@@ -26,12 +26,14 @@ from packrat_daemon.batcher import Batcher, Request
 from packrat_daemon.dispatcher import Completed, Dispatcher, Splitter
 from packrat_daemon.distribution import BatchDistribution
 from packrat_daemon.errors import ConfigError, PackratError
+from packrat_daemon.estimator import BatchSizeEstimator
 from packrat_daemon.pool import Pool, PoolEvent
 from packrat_daemon.profile import Profile, write_profiles
 from packrat_daemon.profiler import CellProfiler, default_grid
 from packrat_daemon.progress import Progress
 from packrat_daemon.reconciler import Reconciler
 from packrat_daemon.topology import Topology
+from packrat_daemon.tuner import Tuner, TunerSettings
 from policies.base import Plan
 from policies.registry import get_policy
 
@@ -62,6 +64,12 @@ class ServeConfig:
     drain_timeout_s: float = 30.0
     startup_timeout_s: float = 600.0
     batches: list[int] = field(default_factory=list)  # batch sizes to plan for (default: max_batch)
+    # Online adaptation (packrat policy only): re-plan when the live batch sizes move.
+    adapt: bool = True
+    adapt_interval_s: float = 5.0
+    adapt_min_batches: int = 50
+    adapt_cooldown_s: float = 30.0
+    adapt_min_gain: float = 0.05
 
 
 class Daemon:
@@ -86,6 +94,7 @@ class Daemon:
         self._saved_profiles: list[Profile] = []
         self._pool_changed = True
         self._next_reconcile = 0.0
+        self._next_tune = 0.0
         self._next_template_check = 0.0
 
     # -- start-up ----------------------------------------------------------------------------
@@ -121,6 +130,8 @@ class Daemon:
         self.splitter = Splitter(self.profile, self.plan.split, self.reconciler.layouts, self.plan.oversubscribed)
         self.dispatcher = Dispatcher(self._send_backend, self.splitter, config.job_timeout_s)
         self.batcher = Batcher(config.max_batch, config.max_delay_ms / 1000.0, config.max_queue)
+        self.estimator = BatchSizeEstimator()
+        self.tuner = self._make_tuner(policy, config)
         self._wait_converged()
         self.frontend = self.context.socket(zmq.ROUTER)
         self.frontend.setsockopt(zmq.LINGER, 0)
@@ -256,7 +267,12 @@ class Daemon:
         if not self.dispatcher.busy and self.batcher.due(now):
             workers = self.reconciler.serving()
             if workers:
-                self.dispatcher.dispatch(self.batcher.take(), workers)
+                batch = self.batcher.take()
+                self.estimator.observe(sum(r.samples for r in batch), now)
+                self.dispatcher.dispatch(batch, workers)
+        if self.tuner is not None and now >= self._next_tune:
+            self._next_tune = now + self.config.adapt_interval_s
+            self._adapt(now)
 
     def _reap_silent_workers(self, now: float) -> None:
         """An idle worker heartbeats every second; one silent for HEARTBEAT_TIMEOUT_S is hung: replace it.
@@ -398,6 +414,42 @@ class Daemon:
                 self._reply_error(request, protocol.ErrorCode.INTERNAL, "every worker died while serving this batch")
 
     # -- reconfiguration ---------------------------------------------------------------------
+    def _make_tuner(self, policy: Any, config: ServeConfig) -> Tuner | None:
+        if not (config.adapt and policy.name == "packrat" and self.profile is not None):
+            return None
+        settings = TunerSettings(
+            config.adapt_interval_s, config.adapt_min_batches, config.adapt_min_gain, config.adapt_cooldown_s
+        )
+        return Tuner(policy, self.profile, self.topology, settings)
+
+    def _adapt(self, now: float) -> None:
+        """Re-plan for the batch sizes clients actually send, if that is predicted to pay."""
+        assert self.tuner is not None and self.plan is not None
+        distribution = self.estimator.distribution(now)
+        if distribution is None:
+            return
+        try:
+            decision = self.tuner.consider(self.plan, distribution, self.estimator.observed, now)
+        except PackratError as exc:
+            log.warning("adaptation skipped: %s", exc)
+            return
+        if decision is None:
+            return
+        sizes = ", ".join(f"{b}: {w:.0%}" for b, w in distribution.weights)
+        log.info(
+            "adapting to the live batch sizes (%s): predicted %.1f → %.1f ms; plan %s",
+            sizes, decision.current_ms, decision.proposed_ms, decision.plan.describe(),
+        )  # fmt: skip
+        self._switch(decision.plan)
+        self.estimator.reset_count()
+
+    def _switch(self, plan: Plan) -> None:
+        """Hand a new plan to the reconciler; the dispatcher splits by its layouts from now on."""
+        self.plan = plan
+        self.reconciler.set_plan(plan)
+        self.dispatcher.splitter = Splitter(self.profile, plan.split, self.reconciler.layouts, plan.oversubscribed)
+        self._pool_changed = True
+
     def _reload(self) -> None:
         """SIGHUP: re-read the configuration and profile, re-plan, and let the reconciler converge.
 
@@ -423,9 +475,8 @@ class Daemon:
         self.batcher.max_delay_s = config.max_delay_ms / 1000.0
         self.batcher.max_queued_inputs = config.max_queue
         log.info("reload: plan %s — %s", plan.describe(), plan.reason)
-        self.reconciler.set_plan(plan)
-        self.dispatcher.splitter = Splitter(profile, plan.split, self.reconciler.layouts, plan.oversubscribed)
-        self._pool_changed = True
+        self._switch(plan)
+        self.tuner = self._make_tuner(policy, config)
 
     # -- shutdown ----------------------------------------------------------------------------
     def close(self) -> None:

@@ -95,3 +95,10 @@ def _plan_from(solution: Solution, predicted: float, reason: str, spares: list[S
         predicted_latency_ms=predicted,
         alternatives=tuple(tuple(InstancePlan(t, b) for t, b in spare.instances) for spare in spares),
     )
+
+
+def plan_expected_latency(profile: Profile, plan: Plan, distribution: BatchDistribution) -> float:
+    """Expected latency of a plan's layouts under `distribution` (inf when a batch size cannot be served)."""
+    layouts = [tuple(i.threads for i in layout) for layout in plan.layouts]
+    table = {pool: _latencies(profile, list(pool), distribution) for pool in set(layouts)}
+    return _expected(layouts, table, distribution)

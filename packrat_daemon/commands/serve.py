@@ -42,6 +42,15 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--run-dir", help="folder for the internal ipc sockets (default: a private temp folder)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--no-adapt", dest="adapt", action="store_false", help="never re-plan for the live batch sizes")
+    parser.add_argument("--adapt-interval-s", type=float, default=5.0, help="how often to look at them (default 5)")
+    parser.add_argument(
+        "--adapt-min-batches", type=positive_int, default=50, help="batches seen before re-planning (default 50)"
+    )
+    parser.add_argument("--adapt-cooldown-s", type=float, default=30.0, help="least time between re-plans (default 30)")
+    parser.add_argument(
+        "--adapt-min-gain", type=float, default=0.05, help="predicted gain needed to re-plan (default 0.05)"
+    )
 
 
 def config_from(args: argparse.Namespace):  # noqa: ANN201
@@ -51,7 +60,9 @@ def config_from(args: argparse.Namespace):  # noqa: ANN201
         model=args.model, input=args.input, endpoint=args.endpoint, policy=args.policy, plan=args.plan,
         profile=args.profile, save_profile=args.save_profile, max_batch=args.max_batch,
         max_delay_ms=args.max_delay_ms, max_queue=args.max_queue, allocator=args.allocator,
-        runtime=args.runtime, run_dir=args.run_dir, batches=args.batches or [],
+        runtime=args.runtime, run_dir=args.run_dir, batches=args.batches or [], adapt=args.adapt,
+        adapt_interval_s=args.adapt_interval_s, adapt_min_batches=args.adapt_min_batches,
+        adapt_cooldown_s=args.adapt_cooldown_s, adapt_min_gain=args.adapt_min_gain,
     )  # fmt: skip
 
 

@@ -308,3 +308,26 @@ def test_runtime_auto_measures_each_installed_runtime_and_serves_one(tmp_path: P
     from packrat_daemon.profile import Profile
 
     assert set(Profile.read_all(saved)) == set(available_runtimes())  # one profile per runtime, one file
+
+
+def test_daemon_adapts_to_the_live_batch_sizes_without_losing_a_request(tmp_path: Path) -> None:
+    # Planned for single inputs (one 2-thread worker), then clients send four at a time, for which
+    # this profile says two 1-thread workers are twice as fast: the daemon re-plans by itself.
+    profile = tmp_path / "profile.csv"
+    profile.write_text("threads,batch,latency_ms\n1,1,1.0\n1,2,1.2\n1,4,2.5\n2,1,0.6\n2,4,2.6\n")
+    args = ["--model", "builtin:tiny-mlp", "--policy", "packrat", "--profile", str(profile), "--max-batch", "4"]
+    adapt = ["--batches", "1", "--adapt-interval-s", "0.2", "--adapt-min-batches", "20", "--adapt-cooldown-s", "1"]
+    serving = running_daemon(tmp_path, *args, *adapt, "--max-delay-ms", "0")
+    with serving as (endpoint, _), Client(endpoint, timeout=30) as client:
+        assert [w["threads"] for w in client.info()["workers"]] == [2]
+        x = np.random.default_rng(6).standard_normal((4, 16), dtype=np.float32)
+        expected = direct("builtin:tiny-mlp", x)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            np.testing.assert_allclose(client.infer(x), expected, rtol=1e-5, atol=1e-6)
+            if sorted(w["threads"] for w in client.info()["workers"]) == [1, 1]:
+                break
+        else:
+            raise AssertionError(f"the daemon did not adapt: {client.info()['workers']}")
+        np.testing.assert_allclose(client.infer(x), expected, rtol=1e-5, atol=1e-6)
+    assert "adapting to the live batch sizes (4: 100%)" in (tmp_path / "daemon.log").read_text()

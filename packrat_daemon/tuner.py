@@ -1,0 +1,51 @@
+"""The tuner: when the live distribution moves, ask the policy for a plan and decide whether to switch.
+
+Hysteresis (switch only for a predicted gain of at least `min_gain`), a cool-down between switches and
+a minimum number of observed batches keep the pool from flapping; the policy itself stays a pure
+function. The tuner only proposes: the daemon hands an accepted plan to the reconciler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from packrat_daemon.distribution import BatchDistribution
+from packrat_daemon.profile import Profile
+from packrat_daemon.topology import Topology
+from policies.base import Plan, Policy
+from policies.packrat import plan_expected_latency
+
+
+@dataclass(frozen=True)
+class TunerSettings:
+    interval_s: float = 5.0  # how often the live distribution is looked at
+    min_batches: int = 50  # batches observed since the last plan before a switch is considered
+    min_gain: float = 0.05  # predicted expected-latency gain needed to switch
+    cooldown_s: float = 30.0  # least time between two switches
+
+
+@dataclass(frozen=True)
+class Decision:
+    plan: Plan
+    current_ms: float
+    proposed_ms: float
+
+
+class Tuner:
+    def __init__(self, policy: Policy, profile: Profile, topology: Topology, settings: TunerSettings) -> None:
+        self.policy = policy
+        self.profile = profile
+        self.topology = topology
+        self.settings = settings
+        self.last_switch = float("-inf")
+
+    def consider(self, current: Plan, distribution: BatchDistribution, observed: int, now: float) -> Decision | None:
+        if observed < self.settings.min_batches or now - self.last_switch < self.settings.cooldown_s:
+            return None
+        proposed = self.policy.plan(self.profile, self.topology, distribution)
+        current_ms = plan_expected_latency(self.profile, current, distribution)
+        proposed_ms = plan_expected_latency(self.profile, proposed, distribution)
+        if not proposed_ms < current_ms * (1.0 - self.settings.min_gain):
+            return None
+        self.last_switch = now
+        return Decision(proposed, current_ms, proposed_ms)

@@ -1,0 +1,48 @@
+"""The tuner's decisions: switch only for a real predicted gain, after enough batches, not too often."""
+
+from __future__ import annotations
+
+from packrat_daemon.distribution import BatchDistribution
+from packrat_daemon.profile import Profile
+from packrat_daemon.topology import Topology
+from packrat_daemon.tuner import Tuner, TunerSettings
+from policies.packrat import PackratPolicy
+
+# One 2-thread instance wins for a single input; two 1-thread instances win for four.
+PROFILE = Profile.from_latencies({(1, 1): 1.0, (1, 2): 1.2, (1, 4): 2.5, (2, 1): 0.6, (2, 4): 2.6})
+TOPOLOGY = Topology.synthetic(2)
+ONES, FOURS = BatchDistribution.single(1), BatchDistribution.single(4)
+
+
+def tuner(**settings: float) -> Tuner:
+    values = {"interval_s": 1.0, "min_batches": 10, "min_gain": 0.05, "cooldown_s": 30.0, **settings}
+    return Tuner(PackratPolicy(), PROFILE, TOPOLOGY, TunerSettings(**values))
+
+
+def plan_for(distribution: BatchDistribution):  # noqa: ANN201
+    return PackratPolicy().plan(PROFILE, TOPOLOGY, distribution)
+
+
+def test_switches_when_the_live_sizes_make_another_pool_faster() -> None:
+    decision = tuner().consider(plan_for(ONES), FOURS, observed=50, now=100.0)
+    assert decision is not None
+    assert sorted(decision.plan.thread_counts) == [1, 1]
+    assert decision.current_ms == 2.6 and decision.proposed_ms == 1.2
+
+
+def test_keeps_the_plan_when_it_is_already_right() -> None:
+    assert tuner().consider(plan_for(FOURS), FOURS, observed=50, now=100.0) is None
+
+
+def test_waits_for_enough_batches_and_for_the_cool_down() -> None:
+    patient = tuner()
+    assert patient.consider(plan_for(ONES), FOURS, observed=5, now=100.0) is None
+    assert patient.consider(plan_for(ONES), FOURS, observed=50, now=100.0) is not None
+    assert patient.consider(plan_for(FOURS), ONES, observed=50, now=110.0) is None  # within 30 s
+    assert patient.consider(plan_for(FOURS), ONES, observed=50, now=131.0) is not None
+
+
+def test_small_gains_do_not_cause_a_switch() -> None:
+    # Switching from two 1-thread instances to one 2-thread instance for batch 1 gains 40%; ask for 50%.
+    assert tuner(min_gain=0.5).consider(plan_for(FOURS), ONES, observed=50, now=100.0) is None
+    assert tuner(min_gain=0.3).consider(plan_for(FOURS), ONES, observed=50, now=100.0) is not None
