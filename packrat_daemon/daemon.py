@@ -27,6 +27,7 @@ from packrat_daemon.dispatcher import Completed, Dispatcher, Splitter
 from packrat_daemon.distribution import BatchDistribution
 from packrat_daemon.errors import ConfigError, PackratError
 from packrat_daemon.estimator import BatchSizeEstimator
+from packrat_daemon.metrics import Metrics
 from packrat_daemon.pool import Pool, PoolEvent
 from packrat_daemon.profile import Profile, write_profiles
 from packrat_daemon.profiler import CellProfiler, default_grid
@@ -70,6 +71,8 @@ class ServeConfig:
     adapt_min_batches: int = 50
     adapt_cooldown_s: float = 30.0
     adapt_min_gain: float = 0.05
+    metrics_port: int = 0  # 0: no metrics endpoint
+    metrics_address: str = "127.0.0.1"
 
 
 class Daemon:
@@ -91,6 +94,7 @@ class Daemon:
         self.events: deque[str] = deque()  # filled by signal handlers, drained by the loop
         self._wake_r, self._wake_w = pysocket.socketpair()
         self.state = "starting"
+        self.metrics = Metrics(config.model)
         self._saved_profiles: list[Profile] = []
         self._pool_changed = True
         self._next_reconcile = 0.0
@@ -101,6 +105,9 @@ class Daemon:
     def start(self) -> None:
         config = self.config
         self._install_signals()
+        if config.metrics_port:  # first: a port clash should fail before minutes of profiling
+            self.metrics.serve(config.metrics_port, config.metrics_address)
+            log.info("metrics on http://%s:%d/metrics", config.metrics_address, config.metrics_port)
         log.info("machine: %s", self.topology.describe())
         policy = _policy_for(config)
         runtimes = available_runtimes() if config.runtime == "auto" else [config.runtime]
@@ -140,6 +147,7 @@ class Daemon:
         # off a peer that sends far more, so a hostile client can never make the daemon buffer gigabytes.
         limit = self._max_message_bytes()
         self.frontend.setsockopt(zmq.MAXMSGSIZE, max(4 * limit, limit + HARD_MESSAGE_SLACK_BYTES))
+        self.metrics.plan_changed(self.plan, "start")
         self.frontend.bind(config.endpoint)
         self.state = "serving"
         log.info("serving on %s with %d worker(s)", config.endpoint, len(self.reconciler.serving()))
@@ -264,11 +272,15 @@ class Daemon:
             self._next_reconcile = now + RECONCILE_INTERVAL_S
             self._reap_silent_workers(now)
             self.reconciler.step()
+            self.metrics.queued.set(self.batcher.queued_inputs)
+            self.metrics.workers.set(len(self.pool.ready()))
         if not self.dispatcher.busy and self.batcher.due(now):
             workers = self.reconciler.serving()
             if workers:
                 batch = self.batcher.take()
-                self.estimator.observe(sum(r.samples for r in batch), now)
+                rows = sum(r.samples for r in batch)
+                self.estimator.observe(rows, now)
+                self.metrics.batch_size.observe(rows)
                 self.dispatcher.dispatch(batch, workers)
         if self.tuner is not None and now >= self._next_tune:
             self._next_tune = now + self.config.adapt_interval_s
@@ -298,6 +310,7 @@ class Daemon:
             try:
                 delimiter, request = protocol.parse_request(frames[1:], max_message_bytes=self._max_message_bytes())
             except protocol.ProtocolError as exc:
+                self.metrics.requests.labels(exc.code).inc()
                 reply = protocol.encode_error(exc.request_id, exc.code, exc.message)
                 self._send_frontend(identity, exc.delimiter, reply)
                 continue
@@ -305,6 +318,7 @@ class Daemon:
                 self._send_frontend(identity, delimiter, protocol.encode_info(request.request_id, self._info()))
                 continue
             if self.state != "serving":
+                self.metrics.requests.labels(protocol.ErrorCode.SHUTTING_DOWN).inc()
                 reply = protocol.encode_error(
                     request.request_id, protocol.ErrorCode.SHUTTING_DOWN, "the server is shutting down; retry elsewhere"
                 )
@@ -313,6 +327,7 @@ class Daemon:
             try:
                 protocol.check_against_model(request, self.info.dtype, self.info.shape, self.config.max_batch)
             except protocol.ProtocolError as exc:
+                self.metrics.requests.labels(exc.code).inc()
                 self._send_frontend(identity, delimiter, protocol.encode_error(request.request_id, exc.code, str(exc)))
                 continue
             now = time.monotonic()
@@ -351,6 +366,7 @@ class Daemon:
             log.debug("could not answer a client: %s", exc)
 
     def _reply_error(self, request: Request, code: protocol.ErrorCode, message: str) -> None:
+        self.metrics.requests.labels(code).inc()
         self._send_frontend(
             request.identity, request.delimiter, protocol.encode_error(request.request_id, code, message)
         )
@@ -364,6 +380,8 @@ class Daemon:
             "total_ms": round(total_ms, 3),
             "instances": done.instances,
         }
+        self.metrics.requests.labels("ok").inc()
+        self.metrics.latency.observe(total_ms / 1000.0)
         output = done.output
         frames = protocol.encode_result(request.request_id, output.dtype.name, output.shape, output, timing)
         self._send_frontend(request.identity, request.delimiter, frames)
@@ -393,6 +411,7 @@ class Daemon:
         worker = event.worker
         assert worker is not None
         if event.kind == "result":
+            self.metrics.compute.labels(worker.threads).observe(float(event.header["compute_ms"]) / 1000.0)
             for done in self.dispatcher.on_result(worker, event.header, event.payload):
                 self._reply_result(done)
         elif event.kind == "failed":
@@ -440,11 +459,12 @@ class Daemon:
             "adapting to the live batch sizes (%s): predicted %.1f → %.1f ms; plan %s",
             sizes, decision.current_ms, decision.proposed_ms, decision.plan.describe(),
         )  # fmt: skip
-        self._switch(decision.plan)
+        self._switch(decision.plan, "adapt")
         self.estimator.reset_count()
 
-    def _switch(self, plan: Plan) -> None:
+    def _switch(self, plan: Plan, reason: str) -> None:
         """Hand a new plan to the reconciler; the dispatcher splits by its layouts from now on."""
+        self.metrics.plan_changed(plan, reason)
         self.plan = plan
         self.reconciler.set_plan(plan)
         self.dispatcher.splitter = Splitter(self.profile, plan.split, self.reconciler.layouts, plan.oversubscribed)
@@ -475,11 +495,12 @@ class Daemon:
         self.batcher.max_delay_s = config.max_delay_ms / 1000.0
         self.batcher.max_queued_inputs = config.max_queue
         log.info("reload: plan %s — %s", plan.describe(), plan.reason)
-        self._switch(plan)
+        self._switch(plan, "reload")
         self.tuner = self._make_tuner(policy, config)
 
     # -- shutdown ----------------------------------------------------------------------------
     def close(self) -> None:
+        self.metrics.close()
         if self.frontend is not None:
             self.frontend.close(linger=0)
         if self.backend is not None:

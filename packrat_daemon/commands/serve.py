@@ -42,6 +42,10 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--run-dir", help="folder for the internal ipc sockets (default: a private temp folder)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (default 0: off)"
+    )
+    parser.add_argument("--metrics-address", default="127.0.0.1", help="metrics address (default: loopback only)")
     parser.add_argument("--no-adapt", dest="adapt", action="store_false", help="never re-plan for the live batch sizes")
     parser.add_argument("--adapt-interval-s", type=float, default=5.0, help="how often to look at them (default 5)")
     parser.add_argument(
@@ -63,6 +67,7 @@ def config_from(args: argparse.Namespace):  # noqa: ANN201
         runtime=args.runtime, run_dir=args.run_dir, batches=args.batches or [], adapt=args.adapt,
         adapt_interval_s=args.adapt_interval_s, adapt_min_batches=args.adapt_min_batches,
         adapt_cooldown_s=args.adapt_cooldown_s, adapt_min_gain=args.adapt_min_gain,
+        metrics_port=args.metrics_port, metrics_address=args.metrics_address,
     )  # fmt: skip
 
 

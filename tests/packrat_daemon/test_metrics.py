@@ -1,0 +1,64 @@
+"""Prometheus metrics from a real daemon, scraped over HTTP on loopback."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import running_daemon
+from prometheus_client.parser import text_string_to_metric_families
+
+from packrat_daemon.client import BadRequest, Client
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_metrics_count_requests_batches_errors_and_describe_the_plan(tmp_path: Path) -> None:
+    port = free_port()
+    args = ["--model", "builtin:tiny-mlp", "--policy", "fixed", "--plan", "2*1x2", "--max-batch", "4"]
+    with running_daemon(tmp_path, *args, "--metrics-port", str(port)) as (endpoint, _):
+        with Client(endpoint, timeout=30) as client:
+            for samples in (1, 2, 3, 4, 4):
+                client.infer(np.ones((samples, 16), dtype=np.float32))
+            with pytest.raises(BadRequest):
+                client.infer(np.ones((1, 3), dtype=np.float32))
+        metrics = scrape(port)
+    assert metrics[("packrat_requests_total", (("outcome", "ok"),))] == 5
+    assert metrics[("packrat_requests_total", (("outcome", "BAD_REQUEST"),))] == 1
+    assert metrics[("packrat_request_latency_seconds_count", ())] == 5
+    assert metrics[("packrat_batch_size_sum", ())] == 14
+    assert metrics[("packrat_worker_compute_seconds_count", (("threads", "1"),))] >= 5
+    assert metrics[("packrat_workers_ready", ())] == 2
+    assert metrics[("packrat_plan_changes_total", (("reason", "start"),))] == 1
+    plan = next(labels for (name, labels) in metrics if name == "packrat_plan_info")
+    assert ("policy", "fixed") in plan and ("threads", "1+1") in plan
+
+
+def test_metrics_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with (
+            pytest.raises(AssertionError, match="choose another --metrics-port"),
+            running_daemon(
+                tmp_path, "--model", "builtin:tiny-mlp", "--policy", "single", "--metrics-port", str(port), timeout=60
+            ),
+        ):
+            pass
