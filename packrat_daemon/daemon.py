@@ -29,6 +29,7 @@ from packrat_daemon.errors import ConfigError, PackratError
 from packrat_daemon.estimator import BatchSizeEstimator
 from packrat_daemon.metrics import Metrics
 from packrat_daemon.pool import Pool, PoolEvent
+from packrat_daemon.production import ProductionProfile
 from packrat_daemon.profile import Profile, write_profiles
 from packrat_daemon.profiler import CellProfiler, default_grid
 from packrat_daemon.progress import Progress
@@ -138,6 +139,7 @@ class Daemon:
         self.dispatcher = Dispatcher(self._send_backend, self.splitter, config.job_timeout_s)
         self.batcher = Batcher(config.max_batch, config.max_delay_ms / 1000.0, config.max_queue)
         self.estimator = BatchSizeEstimator()
+        self.production = ProductionProfile()
         self.tuner = self._make_tuner(policy, config)
         self._wait_converged()
         self.frontend = self.context.socket(zmq.ROUTER)
@@ -411,7 +413,9 @@ class Daemon:
         worker = event.worker
         assert worker is not None
         if event.kind == "result":
-            self.metrics.compute.labels(worker.threads).observe(float(event.header["compute_ms"]) / 1000.0)
+            compute_ms = float(event.header["compute_ms"])
+            self.metrics.compute.labels(worker.threads).observe(compute_ms / 1000.0)
+            self.production.observe(worker.threads, int(event.header["batch"]), compute_ms, time.monotonic())
             for done in self.dispatcher.on_result(worker, event.header, event.payload):
                 self._reply_result(done)
         elif event.kind == "failed":
@@ -447,6 +451,8 @@ class Daemon:
         distribution = self.estimator.distribution(now)
         if distribution is None:
             return
+        # Plan on what production has measured, interference included, over the offline profile.
+        self.tuner.profile = self.production.merged_into(self.profile, now) or self.tuner.profile
         try:
             decision = self.tuner.consider(self.plan, distribution, self.estimator.observed, now)
         except PackratError as exc:
@@ -467,7 +473,8 @@ class Daemon:
         self.metrics.plan_changed(plan, reason)
         self.plan = plan
         self.reconciler.set_plan(plan)
-        self.dispatcher.splitter = Splitter(self.profile, plan.split, self.reconciler.layouts, plan.oversubscribed)
+        profile = self.tuner.profile if self.tuner is not None else self.profile
+        self.dispatcher.splitter = Splitter(profile, plan.split, self.reconciler.layouts, plan.oversubscribed)
         self._pool_changed = True
 
     def _reload(self) -> None:
@@ -499,8 +506,23 @@ class Daemon:
         self.tuner = self._make_tuner(policy, config)
 
     # -- shutdown ----------------------------------------------------------------------------
+    def _save_learned_profile(self) -> None:
+        """With --save-profile, keep what production taught us for the next start."""
+        if not self.config.save_profile or not hasattr(self, "production") or not self.production.samples:
+            return
+        if self.plan is not None and self.plan.oversubscribed:
+            return  # timings from oversubscribed workers describe the contention, not the cells
+        learned = self.production.merged_into(self.profile, time.monotonic())
+        if learned is None or learned is self.profile:
+            return
+        runtime = self.info.runtime if self.info else ""
+        learned = Profile(dict(learned.items()), model=self.config.model, runtime=runtime)
+        write_profiles(self.config.save_profile, [learned])
+        log.info("profile with production timings saved to %s (%d cells)", self.config.save_profile, len(learned))
+
     def close(self) -> None:
         self.metrics.close()
+        self._save_learned_profile()
         if self.frontend is not None:
             self.frontend.close(linger=0)
         if self.backend is not None:

@@ -19,6 +19,7 @@ from conftest import running_daemon
 
 from packrat_daemon import protocol
 from packrat_daemon.client import AsyncClient, BadRequest, Client, Overloaded, TooLarge, UnsupportedVersion
+from packrat_daemon.profile import Profile
 from workers.models import load_model
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs for two pinned workers")
@@ -314,7 +315,9 @@ def test_daemon_adapts_to_the_live_batch_sizes_without_losing_a_request(tmp_path
     # Planned for single inputs (one 2-thread worker), then clients send four at a time, for which
     # this profile says two 1-thread workers are twice as fast: the daemon re-plans by itself.
     profile = tmp_path / "profile.csv"
-    profile.write_text("threads,batch,latency_ms\n1,1,1.0\n1,2,1.2\n1,4,2.5\n2,1,0.6\n2,4,2.6\n")
+    # Many samples per cell: the few production timings of this test must not outvote the profile.
+    rows = [(1, 1, 1.0), (1, 2, 1.2), (1, 4, 2.5), (2, 1, 0.6), (2, 4, 2.6)]
+    profile.write_text("threads,batch,latency_ms,samples\n" + "".join(f"{t},{b},{ms},100000\n" for t, b, ms in rows))
     args = ["--model", "builtin:tiny-mlp", "--policy", "packrat", "--profile", str(profile), "--max-batch", "4"]
     adapt = ["--batches", "1", "--adapt-interval-s", "0.2", "--adapt-min-batches", "20", "--adapt-cooldown-s", "1"]
     serving = running_daemon(tmp_path, *args, *adapt, "--max-delay-ms", "0")
@@ -331,3 +334,21 @@ def test_daemon_adapts_to_the_live_batch_sizes_without_losing_a_request(tmp_path
             raise AssertionError(f"the daemon did not adapt: {client.info()['workers']}")
         np.testing.assert_allclose(client.infer(x), expected, rtol=1e-5, atol=1e-6)
     assert "adapting to the live batch sizes (4: 100%)" in (tmp_path / "daemon.log").read_text()
+
+
+def test_production_timings_are_saved_into_the_profile(tmp_path: Path) -> None:
+    # The offline profile is far off (milliseconds for a model that takes microseconds); after serving,
+    # --save-profile writes the cells production measured, pulled towards the truth.
+    offline = tmp_path / "offline.csv"
+    offline.write_text("threads,batch,latency_ms,samples\n1,2,50.0,1\n1,4,80.0,1\n")
+    saved = tmp_path / "learned.csv"
+    args = ["--model", "builtin:tiny-mlp", "--policy", "fixed", "--plan", "2*1x2", "--max-batch", "4"]
+    with running_daemon(tmp_path, *args, "--profile", str(offline), "--save-profile", str(saved)) as (endpoint, proc):
+        with Client(endpoint, timeout=30) as client:
+            for _ in range(30):
+                client.infer(np.ones((4, 16), dtype=np.float32))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    learned = Profile.read_csv(saved)
+    assert learned.cell(1, 2).samples > 1 and learned.latency(1, 2) < 50.0 / 4
+    assert "profile with production timings saved" in (tmp_path / "daemon.log").read_text()

@@ -1,0 +1,72 @@
+"""Profiles kept up to date from production timings.
+
+Every slice a worker computes reports (threads, inputs, compute time), measured while the other
+instances run beside it, so it carries the interference an offline profile can miss. Per cell the
+learner keeps a robust running estimate: each sample is clipped to within a factor of two of the
+current estimate (one stalled call cannot drag it) and folded into an exponentially weighted mean of
+log-latency. Its weight decays with age, so a cell nobody uses any more hands the say back to the
+offline measurement.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from packrat_daemon.profile import Cell, Profile
+
+CLIP_FACTOR = 2.0
+
+
+@dataclass
+class _Estimate:
+    log_ms: float
+    weight: float  # decayed number of samples behind the estimate
+    seen: float  # time of the last sample
+
+
+class ProductionProfile:
+    def __init__(self, half_life_s: float = 600.0, smoothing: float = 0.1, min_weight: float = 3.0) -> None:
+        self.half_life_s = half_life_s
+        self.smoothing = smoothing  # weight of a new sample in the running mean
+        self.min_weight = min_weight  # a cell needs this much recent evidence before it counts
+        self._cells: dict[tuple[int, int], _Estimate] = {}
+        self.samples = 0
+
+    def observe(self, threads: int, batch: int, compute_ms: float, now: float) -> None:
+        if compute_ms <= 0 or not math.isfinite(compute_ms):
+            return
+        self.samples += 1
+        key = (threads, batch)
+        estimate = self._cells.get(key)
+        value = math.log(compute_ms)
+        if estimate is None:
+            self._cells[key] = _Estimate(value, 1.0, now)
+            return
+        limit = math.log(CLIP_FACTOR)
+        value = min(max(value, estimate.log_ms - limit), estimate.log_ms + limit)
+        estimate.log_ms += self.smoothing * (value - estimate.log_ms)
+        estimate.weight = self._decayed(estimate, now) + 1.0
+        estimate.seen = now
+
+    def learned(self, now: float) -> dict[tuple[int, int], Cell]:
+        """Cells with enough recent evidence, as profile cells (samples = their decayed weight)."""
+        cells = {}
+        for key, estimate in self._cells.items():
+            weight = self._decayed(estimate, now)
+            # A burst of samples decays a hair while it arrives: allow for that, not for a missing one.
+            if weight >= self.min_weight - 0.05:
+                cells[key] = Cell(math.exp(estimate.log_ms), max(1, round(weight)))
+        return cells
+
+    def merged_into(self, base: Profile | None, now: float) -> Profile | None:
+        """`base` with the learned cells folded in (by sample weight); None when nothing is known."""
+        learned = self.learned(now)
+        if not learned:
+            return base
+        if base is None:
+            return Profile(learned)
+        return base.merged(Profile(learned, model=base.model, runtime=base.runtime))
+
+    def _decayed(self, estimate: _Estimate, now: float) -> float:
+        return estimate.weight * math.pow(0.5, max(0.0, now - estimate.seen) / self.half_life_s)

@@ -1,0 +1,42 @@
+"""Production profiles: robust running estimates, decay, merging into the offline profile."""
+
+from __future__ import annotations
+
+import pytest
+
+from packrat_daemon.production import ProductionProfile
+from packrat_daemon.profile import Cell, Profile
+
+
+def test_a_cell_counts_only_with_enough_recent_evidence() -> None:
+    learner = ProductionProfile(min_weight=3)
+    learner.observe(1, 4, 10.0, now=0.0)
+    learner.observe(1, 4, 10.0, now=0.1)
+    assert learner.learned(now=0.1) == {}
+    learner.observe(1, 4, 10.0, now=0.2)
+    assert learner.learned(now=0.2)[(1, 4)].latency_ms == pytest.approx(10.0)
+
+
+def test_one_stalled_call_cannot_drag_the_estimate() -> None:
+    learner = ProductionProfile(smoothing=0.1, min_weight=1)
+    for k in range(20):
+        learner.observe(2, 8, 20.0, now=k)
+    learner.observe(2, 8, 5000.0, now=21)  # a stall: clipped to twice the estimate first
+    assert learner.learned(now=21)[(2, 8)].latency_ms == pytest.approx(20.0 * 2**0.1, rel=1e-6)
+
+
+def test_stale_cells_fade_back_to_the_offline_measurement() -> None:
+    learner = ProductionProfile(half_life_s=10.0, min_weight=3)
+    for k in range(8):
+        learner.observe(1, 4, 30.0, now=k * 0.01)
+    base = Profile({(1, 4): Cell(20.0, samples=8)})
+    fresh = learner.merged_into(base, now=0.1)
+    assert fresh.latency(1, 4) == pytest.approx(25.0, rel=0.01)  # 8 offline samples, 8 production ones
+    assert learner.merged_into(base, now=100.0).latency(1, 4) == 20.0  # ten half-lives later: forgotten
+
+
+def test_new_batch_sizes_from_production_join_the_table() -> None:
+    learner = ProductionProfile(min_weight=1)
+    learner.observe(1, 3, 12.0, now=0.0)
+    merged = learner.merged_into(Profile({(1, 4): Cell(20.0)}), now=0.0)
+    assert sorted(merged) == [(1, 3), (1, 4)] and merged.lhat(1, 2) == pytest.approx(12.0)
