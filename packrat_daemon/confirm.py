@@ -21,7 +21,7 @@ import numpy as np
 
 from packrat_daemon.backend import Backend, ModelInfo, sample_inputs
 from packrat_daemon.errors import PackratError
-from packrat_daemon.pool import Pool, PoolEvent, WorkerHandle, WorkerState
+from packrat_daemon.pool import Pool, WorkerHandle, WorkerState
 from packrat_daemon.profile import Cell
 from packrat_daemon.profiler import MAX_REPEATS, NOISY_SPREAD
 from packrat_daemon.topology import CoreAllocator, Topology
@@ -102,7 +102,7 @@ class SideBySide:
         while any(w.state is WorkerState.STARTING for w in workers):
             if time.monotonic() > deadline:
                 raise ConfirmError(f"the plan's workers did not start within {READY_TIMEOUT_S:.0f} s")
-            self._pump(500)
+            self.pool.pump(500)
         dead = [w for w in workers if w.state is not WorkerState.READY]
         if dead:
             raise ConfirmError(f"{len(dead)} of the plan's workers died while starting")
@@ -125,7 +125,7 @@ class SideBySide:
         while jobs:
             if time.monotonic() > deadline:
                 raise ConfirmError(f"no result within {RESULT_TIMEOUT_S:.0f} s from {len(jobs)} worker(s)")
-            event = self._pump(1000)
+            event = self.pool.pump(1000)
             self._check_alive(live.workers)
             if event is None or event.header.get("job") not in jobs:
                 continue
@@ -142,7 +142,7 @@ class SideBySide:
             self.pool.retire(worker)
         deadline = time.monotonic() + 10.0
         while any(w.id in self.pool.workers for w in live.workers) and time.monotonic() < deadline:
-            self._pump(100)
+            self.pool.pump(100)
 
     def measure(self, instances: Instances, rounds: int = 5, warmup: int = 1) -> PlanTiming:
         return self.compare({"plan": instances}, rounds, warmup)["plan"]
@@ -200,14 +200,6 @@ class SideBySide:
         if batch not in self._inputs:
             self._inputs[batch] = sample_inputs(self.info, batch)
         return self._inputs[batch]
-
-    def _pump(self, timeout_ms: int) -> PoolEvent | None:
-        received = self.backend.recv(timeout_ms)
-        if received is None:
-            if not self.pool.template_alive():
-                raise ConfirmError("the template process died")
-            return None
-        return self.pool.handle(*received)
 
     @staticmethod
     def _check_alive(workers: Sequence[WorkerHandle]) -> None:

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from packrat_daemon.backend import Backend
+from packrat_daemon.backend import Backend, TemplateError
 from workers import messages
 
 # Worker ids are unique for the life of the daemon process, whichever pool (serving or profiling)
@@ -142,6 +142,16 @@ class Pool:
             if was is not WorkerState.STOPPING:
                 return PoolEvent("lost", worker, header, [])
         return None
+
+    def pump(self, timeout_ms: int) -> PoolEvent | None:
+        """Wait up to `timeout_ms` for one backend message and apply it (for synchronous users:
+        profiling and confirmation; the daemon's loop polls the socket itself)."""
+        received = self.backend.recv(timeout_ms)
+        if received is None:
+            if not self.template_alive():
+                raise TemplateError("the template process died")
+            return None
+        return self.handle(*received)
 
     def template_alive(self) -> bool:
         template = self.backend.template

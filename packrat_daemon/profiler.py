@@ -100,7 +100,7 @@ class CellProfiler:
         while any(w.state is WorkerState.STARTING for w in workers):
             if time.monotonic() > deadline:
                 raise MeasurementError(f"a {threads}-thread worker did not start within {READY_TIMEOUT_S:.0f} s")
-            self._pump(500)
+            self.pool.pump(500)
         if any(w.state is not WorkerState.READY for w in workers):
             raise MeasurementError(f"a {threads}-thread worker died while starting")
         self.workers = workers
@@ -119,7 +119,7 @@ class CellProfiler:
                 raise MeasurementError(f"worker {worker.id} is gone")
         slowest = 0.0
         while jobs:
-            event = self._pump(1000)
+            event = self.pool.pump(1000)
             for worker in jobs.values():
                 if worker.state is WorkerState.DEAD:
                     raise MeasurementError(f"worker {worker.id} ({worker.threads} threads) died during a measurement")
@@ -132,18 +132,10 @@ class CellProfiler:
                 slowest = max(slowest, float(event.header["compute_ms"]))
         return slowest
 
-    def _pump(self, timeout_ms: int):  # noqa: ANN202
-        received = self.backend.recv(timeout_ms)
-        if received is None:
-            if not self.pool.template_alive():
-                raise MeasurementError("the template process died")
-            return None
-        return self.pool.handle(*received)
-
     def _wait_exit(self, worker: WorkerHandle, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
         while worker.id in self.pool.workers and time.monotonic() < deadline:
-            self._pump(100)
+            self.pool.pump(100)
 
 
 def _spread(times: list[float]) -> float:
