@@ -22,6 +22,7 @@ import numpy as np
 import zmq
 
 from packrat_daemon.errors import ConfigError, PackratError
+from packrat_daemon.zmqio import readable, recv_frames, send_frames
 from workers import messages
 
 ZERO_COPY_MIN_BYTES = 64 * 1024
@@ -143,7 +144,7 @@ class Backend:
             frames = [identity, *messages.encode(kind, header, payload)]
             # Zero-copy only pays for big payloads: pyzmq builds a tracked Frame per part otherwise.
             large = sum(memoryview(frame).nbytes for frame in payload) >= ZERO_COPY_MIN_BYTES
-            self.socket.send_multipart(frames, copy=not large)
+            send_frames(self.socket, frames, copy=not large)
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
                 return False
@@ -155,9 +156,9 @@ class Backend:
         if timeout_ms and not self.socket.poll(timeout_ms):
             return None
         # With no wait, checking EVENTS is much cheaper than letting recv raise zmq.Again.
-        if timeout_ms == 0 and not self.socket.get(zmq.EVENTS) & zmq.POLLIN:
+        if timeout_ms == 0 and not readable(self.socket):
             return None
-        return self._split(self.socket.recv_multipart(copy=False))
+        return self._split(recv_frames(self.socket))
 
     @staticmethod
     def _split(frames: list[zmq.Frame]) -> tuple[bytes, bytes, dict[str, Any], list[Any]]:

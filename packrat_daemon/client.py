@@ -31,6 +31,7 @@ from packrat_daemon.protocol import (
     encode_infer_request,
     encode_info_request,
 )
+from packrat_daemon.zmqio import NOBLOCK, recv_frames, send_frames
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +266,7 @@ class Client:
     def _send(self, socket: zmq.Socket, frames: list[Any], deadline: float) -> None:
         while True:
             try:
-                socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                send_frames(socket, frames, NOBLOCK, copy=False)
                 return
             except zmq.Again:
                 # The endpoint's queue is full (high-water mark): wait for room, within the deadline.
@@ -278,9 +279,14 @@ class Client:
     ) -> tuple[dict[str, Any], np.ndarray | None]:
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not socket.poll(_timeout_ms(remaining), zmq.POLLIN):
+            if remaining <= 0:
                 raise ClientTimeout(self._timeout_message(socket))
-            frames = socket.recv_multipart(copy=False)
+            # A receive that blocks up to the deadline, not poll-then-receive: one wake-up per reply.
+            socket.setsockopt(zmq.RCVTIMEO, max(1, _timeout_ms(remaining)))
+            try:
+                frames = recv_frames(socket)
+            except zmq.Again:
+                raise ClientTimeout(self._timeout_message(socket)) from None
             try:
                 header, array = decode_reply(frames)
             except ProtocolError as exc:

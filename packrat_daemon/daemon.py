@@ -36,6 +36,7 @@ from packrat_daemon.progress import Progress
 from packrat_daemon.reconciler import Reconciler
 from packrat_daemon.topology import Topology
 from packrat_daemon.tuner import Tuner, TunerSettings
+from packrat_daemon.zmqio import readable, recv_frames, send_frames
 from policies.base import Plan
 from policies.registry import get_policy
 
@@ -218,15 +219,13 @@ class Daemon:
     # -- main loop ---------------------------------------------------------------------------
     def run(self) -> None:
         assert self.frontend is not None and self.backend is not None
-        poller = zmq.Poller()
-        poller.register(self.frontend, zmq.POLLIN)
-        poller.register(self.backend.socket, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
+        frontend, backend, wake = self.frontend, self.backend.socket, self._wake_r.fileno()
+        # zmq_poll itself, not zmq.Poller: the loop wakes twice per request and Poller.poll adds a layer.
+        items = [(frontend, zmq.POLLIN), (backend, zmq.POLLIN), (wake, zmq.POLLIN)]
         drain_deadline: float | None = None
         while True:
-            timeout_ms = self._poll_timeout_ms()
-            ready = dict(poller.poll(timeout_ms))
-            if self._wake_r.fileno() in ready or self._wake_r in ready:
+            ready = {item for item, _ in zmq.zmq_poll(items, self._poll_timeout_ms())}
+            if wake in ready:
                 self._wake_r.recv(4096)
             while self.events:
                 event = self.events.popleft()
@@ -240,9 +239,9 @@ class Daemon:
                     drain_deadline = time.monotonic() + self.config.drain_timeout_s
                     _sd_notify("STOPPING=1")
                     log.info("draining: finishing queued requests (up to %.0f s)", self.config.drain_timeout_s)
-            if self.frontend in ready:
+            if frontend in ready:
                 self._read_frontend()
-            if self.backend.socket in ready:
+            if backend in ready:
                 self._pump_backend(0)
             self._tick()
             if self.state == "draining" and not self.dispatcher.busy and not self.batcher.queue:
@@ -280,10 +279,11 @@ class Daemon:
             workers = self.reconciler.serving()
             if workers:
                 batch = self.batcher.take()
+                self.dispatcher.dispatch(batch, workers)
+                # Bookkeeping after the send: the workers start meanwhile.
                 rows = sum(r.samples for r in batch)
                 self.estimator.observe(rows, now)
                 self.metrics.batch_size.observe(rows)
-                self.dispatcher.dispatch(batch, workers)
         if self.tuner is not None and now >= self._next_tune:
             self._next_tune = now + self.config.adapt_interval_s
             self._adapt(now)
@@ -305,9 +305,9 @@ class Daemon:
         assert self.frontend is not None and self.info is not None
         for _ in range(MAX_READS_PER_WAKE):
             # EVENTS is far cheaper than a recv that raises zmq.Again once the queue is empty.
-            if not self.frontend.get(zmq.EVENTS) & zmq.POLLIN:
+            if not readable(self.frontend):
                 return
-            frames = self.frontend.recv_multipart(copy=False)
+            frames = recv_frames(self.frontend)
             identity = frames[0].bytes
             try:
                 delimiter, request = protocol.parse_request(frames[1:], max_message_bytes=self._max_message_bytes())
@@ -361,9 +361,9 @@ class Daemon:
         assert self.frontend is not None
         head = [identity] if delimiter is None else [identity, delimiter]
         try:
-            frames = head + list(frames)
-            large = sum(memoryview(frame).nbytes for frame in frames) >= ZERO_COPY_MIN_BYTES
-            self.frontend.send_multipart(frames, copy=not large)
+            # Only a result's tensor (the last frame) can be large enough for zero-copy to pay.
+            large = len(frames) > 1 and memoryview(frames[-1]).nbytes >= ZERO_COPY_MIN_BYTES
+            send_frames(self.frontend, head + list(frames), copy=not large)
         except zmq.ZMQError as exc:
             log.debug("could not answer a client: %s", exc)
 
@@ -382,11 +382,10 @@ class Daemon:
             "total_ms": round(total_ms, 3),
             "instances": done.instances,
         }
-        self.metrics.requests.labels("ok").inc()
-        self.metrics.latency.observe(total_ms / 1000.0)
         output = done.output
         frames = protocol.encode_result(request.request_id, output.dtype.name, output.shape, output, timing)
         self._send_frontend(request.identity, request.delimiter, frames)
+        self.metrics.answered_ok(total_ms)
 
     # -- backend -----------------------------------------------------------------------------
     def _send_backend(self, identity: bytes, kind: bytes, header: dict[str, Any], payload: list[Any]) -> bool:
@@ -413,11 +412,12 @@ class Daemon:
         worker = event.worker
         assert worker is not None
         if event.kind == "result":
-            compute_ms = float(event.header["compute_ms"])
-            self.metrics.compute.labels(worker.threads).observe(compute_ms / 1000.0)
-            self.production.observe(worker.threads, int(event.header["batch"]), compute_ms, time.monotonic())
+            # Answer first, learn after: the client's reply must not wait for bookkeeping.
             for done in self.dispatcher.on_result(worker, event.header, event.payload):
                 self._reply_result(done)
+            compute_ms = float(event.header["compute_ms"])
+            self.metrics.observe_compute(worker.threads, compute_ms)
+            self.production.observe(worker.threads, int(event.header["batch"]), compute_ms, time.monotonic())
         elif event.kind == "failed":
             message = event.header.get("message", "the model failed")
             log.error("worker %d failed a batch: %s", worker.id, message)

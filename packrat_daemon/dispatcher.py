@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,10 +20,9 @@ from packrat_daemon.batcher import Request
 from packrat_daemon.errors import InfeasibleError
 from packrat_daemon.pool import WorkerHandle
 from packrat_daemon.profile import Profile
+from packrat_daemon.protocol import DTYPES
 from policies.solver import split_batch
 from workers import messages
-
-TIMINGS_KEPT = 10_000
 
 Send = Callable[[bytes, bytes, dict[str, Any], list[Any]], bool]
 
@@ -57,22 +55,13 @@ class InFlightBatch:
         return all(job.output is not None for job in self.jobs)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: one is built per request answered
 class Completed:
     request: Request
     output: np.ndarray
     queue_ms: float
     compute_ms: float
     instances: int  # how many workers shared the batch
-
-
-@dataclass(frozen=True)
-class Timing:
-    """A worker's compute time for one slice: what profiles and the estimator learn from."""
-
-    threads: int
-    batch: int
-    compute_ms: float
 
 
 class Splitter:
@@ -162,9 +151,6 @@ class Dispatcher:
         self.batch: InFlightBatch | None = None
         self.jobs: dict[int, Job] = {}
         self._next_job = 1
-        # The latest compute times per (threads, batch), for the learners the roadmap adds (production
-        # profiles, the live distribution). Bounded: a daemon runs for months.
-        self.timings: deque[Timing] = deque(maxlen=TIMINGS_KEPT)
 
     @property
     def busy(self) -> bool:
@@ -172,7 +158,7 @@ class Dispatcher:
 
     def dispatch(self, requests: list[Request], workers: list[WorkerHandle]) -> None:
         first = requests[0]
-        batch = InFlightBatch(requests, np.dtype(first.dtype), tuple(first.shape[1:]))
+        batch = InFlightBatch(requests, DTYPES[first.dtype], tuple(first.shape[1:]))
         self.batch = batch
         offset = 0
         for worker, rows in self.splitter.choose(workers, batch.rows):
@@ -186,7 +172,6 @@ class Dispatcher:
         frame = payload[0]
         job.output = np.frombuffer(frame.buffer, dtype=np.dtype(header["dtype"])).reshape(header["shape"])
         job.compute_ms = float(header["compute_ms"])
-        self.timings.append(Timing(int(header["threads"]), int(header["batch"]), job.compute_ms))
         return self._finish() if self.batch.done() else []
 
     def reassign(self, lost: WorkerHandle, workers: list[WorkerHandle]) -> bool:

@@ -46,6 +46,19 @@ class Metrics:
         self.plan = Info("packrat_plan", "The plan being served", registry=r)
         Info("packrat_model", "The model being served", registry=r).info({"model": model})
         self.server: Any = None
+        # Labelled children looked up once: labels() takes a lock and hashes on every call.
+        self._ok = self.requests.labels("ok")
+        self._compute_by_threads: dict[int, Any] = {}
+
+    def answered_ok(self, total_ms: float) -> None:
+        self._ok.inc()
+        self.latency.observe(total_ms / 1000.0)
+
+    def observe_compute(self, threads: int, compute_ms: float) -> None:
+        child = self._compute_by_threads.get(threads)
+        if child is None:
+            child = self._compute_by_threads[threads] = self.compute.labels(threads)
+        child.observe(compute_ms / 1000.0)
 
     def serve(self, port: int, address: str = "127.0.0.1") -> None:
         try:

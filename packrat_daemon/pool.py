@@ -53,7 +53,7 @@ class WorkerHandle:
         return messages.worker_identity(self.id)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: one is built per result, and frozen fields cost a setattr each
 class PoolEvent:
     kind: str  # "ready", "lost", "result", "failed", "template-lost"
     worker: WorkerHandle | None

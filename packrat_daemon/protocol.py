@@ -385,6 +385,9 @@ def encode_error(request_id: RequestId | None, code: ErrorCode, message: str) ->
 
 def dtype_name(np_dtype: Any) -> str:
     """The wire name of a numpy dtype (any byte order); ValueError if the protocol cannot carry it."""
+    known = _WIRE_NAME_CACHE.get(np_dtype) if isinstance(np_dtype, np.dtype) else None
+    if known is not None:
+        return known
     dt = np.dtype(np_dtype)
     if dt.name == "bfloat16" and dt.itemsize == 2:  # ml_dtypes.bfloat16, when installed
         return "bfloat16"
@@ -394,7 +397,12 @@ def dtype_name(np_dtype: Any) -> str:
             f"dtype {dt} cannot be sent; supported: {', '.join(DTYPES)} "
             "(for bfloat16 pass its raw bits as uint16 with dtype='bfloat16')"
         )
+    _WIRE_NAME_CACHE[dt] = name
     return name
+
+
+# numpy's dtype.name is computed in Python on every access; the client encodes on every call.
+_WIRE_NAME_CACHE: dict[np.dtype, str] = {}
 
 
 def _wire_array(array: np.ndarray, dtype: str | None) -> tuple[str, np.ndarray]:
@@ -413,6 +421,8 @@ def _wire_array(array: np.ndarray, dtype: str | None) -> tuple[str, np.ndarray]:
         name = dtype
     wire = DTYPES[name]
     array = np.ascontiguousarray(array)
+    if array.dtype == wire:  # the common case: native little-endian, nothing to convert
+        return name, array
     if array.dtype.name == "bfloat16":
         array = array.view(np.uint16)  # keep the bits: astype would round the values to integers
     if array.dtype != wire:

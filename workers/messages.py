@@ -33,8 +33,12 @@ def worker_identity(worker_id: int) -> bytes:
     return f"w{worker_id}".encode()
 
 
+# json.dumps with arguments builds a new encoder on every call; this one is built once.
+_encode_json = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def encode(kind: bytes, header: dict[str, Any], payload: Sequence[Any] = ()) -> list[Any]:
-    return [kind + b" " + json.dumps(header, separators=(",", ":")).encode(), *payload]
+    return [kind + b" " + _encode_json(header).encode(), *payload]
 
 
 def decode(frames: Sequence[Any]) -> tuple[bytes, dict[str, Any], list[Any]]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
+from packrat_daemon.zmqio import recv_frames, send_frames
 from workers import messages
 from workers.models import InputSpec
 from workers.pinning import die_with_parent, pin_process
@@ -55,25 +56,36 @@ def run_worker(runtime: Runtime, input_spec: InputSpec, config: WorkerConfig) ->
     socket.send_multipart(messages.encode(messages.READY, _status(config.worker_id, threads, cores)))
     last_sent = time.monotonic()
     switch: Rethreading | None = None
+    wait_ms = 0
     try:
         while True:
-            timeout_ms = PREPARE_POLL_MS if switch else int(HEARTBEAT_SECONDS * 1000)
-            if socket.poll(timeout_ms):
-                kind, header, payload = messages.decode(socket.recv_multipart(copy=False))
+            # A blocking receive with a timeout, not poll-then-receive: one wake per job, not two.
+            want_ms = PREPARE_POLL_MS if switch else int(HEARTBEAT_SECONDS * 1000)
+            if want_ms != wait_ms:
+                wait_ms = want_ms
+                socket.setsockopt(zmq.RCVTIMEO, wait_ms)
+            try:
+                frames = recv_frames(socket)
+            except zmq.Again:
+                frames = None
+            if frames is not None:
+                kind, header, payload = messages.decode(frames)
                 if kind == messages.RUN:
                     reply = _run_job(runtime, header, payload, threads)
-                    socket.send_multipart(reply, copy=_nbytes(reply) < ZERO_COPY_MIN_BYTES)
+                    send_frames(socket, reply, copy=_nbytes(reply) < ZERO_COPY_MIN_BYTES)
                 elif kind == messages.CONFIGURE:
                     switch = Rethreading(runtime, int(header["threads"]), tuple(header["cores"]))
                 elif kind == messages.STOP:
                     return 0
-                last_sent = time.monotonic()
+                last_sent = time.monotonic()  # a reply is a sign of life too
             if switch is not None and switch.ready():
                 # Between jobs: swap in what was prepared, then move every thread to the new cores.
                 threads, cores = switch.commit()
                 switch = None
                 socket.send_multipart(messages.encode(messages.CONFIGURED, _status(config.worker_id, threads, cores)))
                 last_sent = time.monotonic()
+            if frames is not None:
+                continue  # busy: the daemon hears from us with every reply
             if time.monotonic() - last_sent >= HEARTBEAT_SECONDS:
                 socket.send_multipart(messages.encode(messages.HEARTBEAT, {"worker": config.worker_id}))
                 last_sent = time.monotonic()
