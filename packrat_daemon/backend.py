@@ -22,7 +22,7 @@ import numpy as np
 import zmq
 
 from packrat_daemon.errors import ConfigError, PackratError
-from packrat_daemon.zmqio import readable, recv_frames, send_frames
+from packrat_daemon.zmqio import NOBLOCK, readable, recv_frames, send_frames
 from workers import messages
 
 ZERO_COPY_MIN_BYTES = 64 * 1024
@@ -159,6 +159,13 @@ class Backend:
         if timeout_ms == 0 and not readable(self.socket):
             return None
         return self._split(recv_frames(self.socket))
+
+    def recv_waiting(self) -> tuple[bytes, bytes, dict[str, Any], list[Any]] | None:
+        """The message a poll just reported waiting (None if it is gone after all), with no check first."""
+        try:
+            return self._split(recv_frames(self.socket, NOBLOCK))
+        except zmq.Again:
+            return None
 
     @staticmethod
     def _split(frames: list[zmq.Frame]) -> tuple[bytes, bytes, dict[str, Any], list[Any]]:

@@ -36,9 +36,10 @@ from packrat_daemon.progress import Progress
 from packrat_daemon.reconciler import Reconciler
 from packrat_daemon.topology import Topology
 from packrat_daemon.tuner import Tuner, TunerSettings
-from packrat_daemon.zmqio import readable, recv_frames, send_frames
+from packrat_daemon.zmqio import NOBLOCK, readable, recv_frames, send_frames
 from policies.base import Plan
 from policies.registry import get_policy
+from workers.messages import numpy_name
 
 log = logging.getLogger("packrat.daemon")
 
@@ -242,7 +243,7 @@ class Daemon:
             if frontend in ready:
                 self._read_frontend()
             if backend in ready:
-                self._pump_backend(0)
+                self._pump_backend(0, waiting=True)
             self._tick()
             if self.state == "draining" and not self.dispatcher.busy and not self.batcher.queue:
                 return
@@ -253,24 +254,27 @@ class Daemon:
                 return
 
     def _poll_timeout_ms(self) -> int:
-        deadlines = [time.monotonic() + 0.25]
-        due = self.batcher.next_due()
-        if due is not None and not self.dispatcher.busy:
-            deadlines.append(due)
-        return max(0, int((min(deadlines) - time.monotonic()) * 1000) + (0 if due else 1))
+        """Wake for the next batch that falls due, else at least every 250 ms for the periodic work."""
+        due = None if self.dispatcher.busy else self.batcher.next_due()
+        if due is None:
+            return 250
+        return min(250, max(0, int((due - time.monotonic()) * 1000)))
 
     def _tick(self) -> None:
         now = time.monotonic()
-        for request in self.batcher.expire(now):
-            self._reply_error(request, protocol.ErrorCode.TIMEOUT, "the request's timeout passed while it was queued")
-        for worker in self.dispatcher.overdue(now):
-            log.warning("worker %d (%d threads) did not answer in time; replacing it", worker.id, worker.threads)
-            self.pool.kill(worker)
-            self._on_lost(worker)
+        if self.batcher.queue:
+            for request in self.batcher.expire(now):
+                message = "the request's timeout passed while it was queued"
+                self._reply_error(request, protocol.ErrorCode.TIMEOUT, message)
         if self._pool_changed or now >= self._next_reconcile:
-            # Reconciling walks the whole pool; on the hot path it runs only when the pool changed.
+            # Walking the pool and the jobs runs every RECONCILE_INTERVAL_S, or at once when the pool
+            # changed: job timeouts are seconds long, and this loop wakes twice per request.
             self._pool_changed = False
             self._next_reconcile = now + RECONCILE_INTERVAL_S
+            for worker in self.dispatcher.overdue(now):
+                log.warning("worker %d (%d threads) did not answer in time; replacing it", worker.id, worker.threads)
+                self.pool.kill(worker)
+                self._on_lost(worker)
             self._reap_silent_workers(now)
             self.reconciler.step()
             self.metrics.queued.set(self.batcher.queued_inputs)
@@ -303,16 +307,20 @@ class Daemon:
     # -- frontend ----------------------------------------------------------------------------
     def _read_frontend(self) -> None:
         assert self.frontend is not None and self.info is not None
-        for _ in range(MAX_READS_PER_WAKE):
-            # EVENTS is far cheaper than a recv that raises zmq.Again once the queue is empty.
-            if not readable(self.frontend):
+        for reads in range(MAX_READS_PER_WAKE):
+            # The poll reported the first message; after it, EVENTS is far cheaper than a receive that
+            # raises zmq.Again once the queue is empty.
+            if reads and not readable(self.frontend):
                 return
-            frames = recv_frames(self.frontend)
+            try:
+                frames = recv_frames(self.frontend, NOBLOCK)
+            except zmq.Again:
+                return
             identity = frames[0].bytes
             try:
                 delimiter, request = protocol.parse_request(frames[1:], max_message_bytes=self._max_message_bytes())
             except protocol.ProtocolError as exc:
-                self.metrics.requests.labels(exc.code).inc()
+                self.metrics.count(exc.code)
                 reply = protocol.encode_error(exc.request_id, exc.code, exc.message)
                 self._send_frontend(identity, exc.delimiter, reply)
                 continue
@@ -320,7 +328,7 @@ class Daemon:
                 self._send_frontend(identity, delimiter, protocol.encode_info(request.request_id, self._info()))
                 continue
             if self.state != "serving":
-                self.metrics.requests.labels(protocol.ErrorCode.SHUTTING_DOWN).inc()
+                self.metrics.count(protocol.ErrorCode.SHUTTING_DOWN)
                 reply = protocol.encode_error(
                     request.request_id, protocol.ErrorCode.SHUTTING_DOWN, "the server is shutting down; retry elsewhere"
                 )
@@ -329,7 +337,7 @@ class Daemon:
             try:
                 protocol.check_against_model(request, self.info.dtype, self.info.shape, self.config.max_batch)
             except protocol.ProtocolError as exc:
-                self.metrics.requests.labels(exc.code).inc()
+                self.metrics.count(exc.code)
                 self._send_frontend(identity, delimiter, protocol.encode_error(request.request_id, exc.code, str(exc)))
                 continue
             now = time.monotonic()
@@ -368,7 +376,7 @@ class Daemon:
             log.debug("could not answer a client: %s", exc)
 
     def _reply_error(self, request: Request, code: protocol.ErrorCode, message: str) -> None:
-        self.metrics.requests.labels(code).inc()
+        self.metrics.count(code)
         self._send_frontend(
             request.identity, request.delimiter, protocol.encode_error(request.request_id, code, message)
         )
@@ -383,7 +391,7 @@ class Daemon:
             "instances": done.instances,
         }
         output = done.output
-        frames = protocol.encode_result(request.request_id, output.dtype.name, output.shape, output, timing)
+        frames = protocol.encode_result(request.request_id, numpy_name(output.dtype), output.shape, output, timing)
         self._send_frontend(request.identity, request.delimiter, frames)
         self.metrics.answered_ok(total_ms)
 
@@ -392,9 +400,10 @@ class Daemon:
         assert self.backend is not None
         return self.backend.send(identity, kind, header, payload)
 
-    def _pump_backend(self, timeout_ms: int) -> None:
+    def _pump_backend(self, timeout_ms: int, waiting: bool = False) -> None:
+        """Handle what the workers and template sent; `waiting`: a poll has just reported a message."""
         assert self.backend is not None
-        received = self.backend.recv(timeout_ms)
+        received = self.backend.recv_waiting() if waiting else self.backend.recv(timeout_ms)
         reads = 0
         while received is not None and reads < MAX_READS_PER_WAKE:
             event = self.pool.handle(*received)

@@ -23,6 +23,7 @@ from packrat_daemon.profile import Profile
 from packrat_daemon.protocol import DTYPES
 from policies.solver import split_batch
 from workers import messages
+from workers.messages import numpy_name
 
 Send = Callable[[bytes, bytes, dict[str, Any], list[Any]], bool]
 
@@ -200,11 +201,11 @@ class Dispatcher:
     def _send_job(self, batch: InFlightBatch, offset: int, rows: int, worker: WorkerHandle) -> None:
         job = Job(self._next_job, batch, offset, rows, worker, time.monotonic())
         self._next_job += 1
-        header = {"job": job.id, "dtype": batch.dtype.name, "shape": [rows, *batch.sample_shape]}
+        header = {"job": job.id, "dtype": numpy_name(batch.dtype), "shape": [rows, *batch.sample_shape]}
         self.jobs[job.id] = job
         batch.jobs.append(job)
         if not self.send(worker.identity, messages.RUN, header, _row_frames(batch, offset, rows)):
-            job.sent_at = 0.0  # unreachable worker: the next overdue() check re-routes it at once
+            job.sent_at = 0.0  # unreachable worker: the next overdue() check (≤ 0.1 s) re-routes it
 
     def _finish(self) -> list[Completed]:
         batch = self.batch

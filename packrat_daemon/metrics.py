@@ -1,14 +1,21 @@
 """Prometheus metrics. The daemon alone holds the registry; workers only report raw timings.
 
-Served over HTTP on loopback by default (`--metrics-port`), from prometheus_client's own thread; the
-registry is thread-safe, and the daemon's loop only increments and observes (about a microsecond each).
+Served over HTTP on loopback by default (`--metrics-port`), from prometheus_client's own thread. What
+changes per request (outcomes, latency, batch sizes, compute times) is kept in plain tallies that a
+custom collector turns into counters and histograms at scrape time; the rest are prometheus_client's
+own metrics, set a few times a second at most.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Info, start_http_server
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from packrat_daemon.errors import ConfigError
 from policies.base import Plan
@@ -17,24 +24,74 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
+class Tally:
+    """A histogram the loop updates with one bisect and two additions: no lock, no label lookup.
+
+    prometheus_client's Histogram takes a lock per bucket and per sum on every observation; on the
+    request path that was a measurable share of a tiny model's round trip. Only the daemon's loop
+    writes; the scrape thread copies the counts in one step (atomic under the GIL) when it reads.
+    """
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one: above every bound (+Inf)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1  # buckets are "less or equal"
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        counts = list(self.counts)
+        buckets, total = [], 0
+        for bound, count in zip((*self.bounds, float("inf")), counts, strict=True):
+            total += count
+            buckets.append((floatToGoString(bound), total))
+        return buckets
+
+
+class _RequestPathCollector(Collector):
+    """Exports the request path's tallies at scrape time, as ordinary counters and histograms."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Any]:
+        m = self.metrics
+        requests = CounterMetricFamily(
+            "packrat_requests", "Requests answered, by outcome (ok or the error code)", labels=["outcome"]
+        )
+        for outcome, count in list(m.outcomes.items()):
+            requests.add_metric([outcome], count)
+        yield requests
+        latency = HistogramMetricFamily(
+            "packrat_request_latency_seconds", "From receipt to reply, for answered infer requests"
+        )
+        latency.add_metric([], m.latency.cumulative(), m.latency.sum)
+        yield latency
+        batch = HistogramMetricFamily("packrat_batch_size", "Inputs per batch formed by the batcher")
+        batch.add_metric([], m.batch_size.cumulative(), m.batch_size.sum)
+        yield batch
+        compute = HistogramMetricFamily(
+            "packrat_worker_compute_seconds", "A worker's compute time for its slice, by its thread count",
+            labels=["threads"],
+        )  # fmt: skip
+        for threads, tally in sorted(m.compute.items()):
+            compute.add_metric([str(threads)], tally.cumulative(), tally.sum)
+        yield compute
+
+
 class Metrics:
     def __init__(self, model: str) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter(
-            "packrat_requests", "Requests answered, by outcome (ok or the error code)", ["outcome"], registry=r
-        )
-        self.latency = Histogram(
-            "packrat_request_latency_seconds", "From receipt to reply, for answered infer requests",
-            buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.batch_size = Histogram(
-            "packrat_batch_size", "Inputs per batch formed by the batcher", buckets=BATCH_BUCKETS, registry=r
-        )
-        self.compute = Histogram(
-            "packrat_worker_compute_seconds", "A worker's compute time for its slice, by its thread count",
-            ["threads"], buckets=LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+        # Updated on every request: plain tallies, exported by _RequestPathCollector.
+        self.outcomes: dict[str, int] = {}
+        self.latency = Tally(LATENCY_BUCKETS)
+        self.batch_size = Tally(BATCH_BUCKETS)
+        self.compute: dict[int, Tally] = {}
+        r.register(_RequestPathCollector(self))
+        # Updated rarely: prometheus_client's own metrics.
         self.queued = Gauge("packrat_queued_inputs", "Inputs waiting to be batched", registry=r)
         self.workers = Gauge("packrat_workers_ready", "Worker processes ready to serve", registry=r)
         self.switches = Counter(
@@ -46,19 +103,20 @@ class Metrics:
         self.plan = Info("packrat_plan", "The plan being served", registry=r)
         Info("packrat_model", "The model being served", registry=r).info({"model": model})
         self.server: Any = None
-        # Labelled children looked up once: labels() takes a lock and hashes on every call.
-        self._ok = self.requests.labels("ok")
-        self._compute_by_threads: dict[int, Any] = {}
+
+    def count(self, outcome: str) -> None:
+        """One request answered with `outcome`: "ok" or an error code."""
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
 
     def answered_ok(self, total_ms: float) -> None:
-        self._ok.inc()
+        self.count("ok")
         self.latency.observe(total_ms / 1000.0)
 
     def observe_compute(self, threads: int, compute_ms: float) -> None:
-        child = self._compute_by_threads.get(threads)
-        if child is None:
-            child = self._compute_by_threads[threads] = self.compute.labels(threads)
-        child.observe(compute_ms / 1000.0)
+        tally = self.compute.get(threads)
+        if tally is None:
+            tally = self.compute[threads] = Tally(LATENCY_BUCKETS)
+        tally.observe(compute_ms / 1000.0)
 
     def serve(self, port: int, address: str = "127.0.0.1") -> None:
         try:

@@ -11,6 +11,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 # daemon → template
 SPAWN = b"spawn"  # {"worker", "threads", "cores", "warmup"}
 # daemon → worker
@@ -41,6 +43,20 @@ def encode(kind: bytes, header: dict[str, Any], payload: Sequence[Any] = ()) -> 
     return [kind + b" " + _encode_json(header).encode(), *payload]
 
 
+_decode_json = json.JSONDecoder().decode  # from str: json.loads sniffs the encoding of bytes first
+
+
 def decode(frames: Sequence[Any]) -> tuple[bytes, dict[str, Any], list[Any]]:
     kind, _, header = bytes(frames[0]).partition(b" ")
-    return kind, (json.loads(header) if header else {}), list(frames[1:])
+    return kind, (_decode_json(header.decode()) if header else {}), list(frames[1:])
+
+
+_NUMPY_NAMES: dict[np.dtype, str] = {}
+
+
+def numpy_name(dtype: np.dtype) -> str:
+    """``dtype.name`` as headers carry it, remembered: numpy computes it in Python on every access."""
+    name = _NUMPY_NAMES.get(dtype)
+    if name is None:
+        name = _NUMPY_NAMES[dtype] = dtype.name
+    return name

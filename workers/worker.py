@@ -138,14 +138,14 @@ def _run_job(runtime: Runtime, header: dict, payload: list, threads: int) -> lis
     job = header["job"]
     try:
         data = payload[0].buffer if len(payload) == 1 else b"".join(bytes(frame.buffer) for frame in payload)
-        batch = np.frombuffer(data, dtype=np.dtype(header["dtype"])).reshape(header["shape"])
+        batch = np.frombuffer(data, dtype=header["dtype"]).reshape(header["shape"])
         output, compute_ms = runtime.timed_run(batch)
         output = np.ascontiguousarray(output)
     except Exception as exc:  # the daemon re-routes or answers INTERNAL; the worker stays up
         return messages.encode(messages.FAILED, {"job": job, "message": f"{type(exc).__name__}: {exc}"})
     reply = {
         "job": job,
-        "dtype": output.dtype.name,
+        "dtype": messages.numpy_name(output.dtype),
         "shape": list(output.shape),
         "compute_ms": compute_ms,
         "threads": threads,
