@@ -1,13 +1,16 @@
 """Messages between the daemon and its template and workers (internal, over ipc://).
 
-Every message is multipart: [kind + b" " + header JSON, *payload frames]. Kinds are short ASCII verbs.
+Every message is multipart: [kind + separator + header, *payload frames]. Kinds are short ASCII verbs.
 Kind and header share one frame because every extra frame is one more send call on the hot path.
+The header is JSON after a space; the two messages of every request, RUN and RESULT, carry theirs
+packed in binary after a NUL instead (fixed fields, no JSON encoding or parsing per request).
 This module must not import torch: the daemon uses it too.
 """
 
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,6 +43,9 @@ _encode_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def encode(kind: bytes, header: dict[str, Any], payload: Sequence[Any] = ()) -> list[Any]:
+    packer = _PACKERS.get(kind)
+    if packer is not None and header.keys() == packer.keys:
+        return [kind + b"\0" + packer.pack(header), *payload]
     return [kind + b" " + _encode_json(header).encode(), *payload]
 
 
@@ -47,8 +53,41 @@ _decode_json = json.JSONDecoder().decode  # from str: json.loads sniffs the enco
 
 
 def decode(frames: Sequence[Any]) -> tuple[bytes, dict[str, Any], list[Any]]:
-    kind, _, header = bytes(frames[0]).partition(b" ")
+    first = bytes(frames[0])
+    cut = first.find(b"\0")  # JSON never holds a raw NUL: one marks a binary header
+    if cut > 0:
+        kind = first[:cut]
+        return kind, _PACKERS[kind].unpack(first, cut + 1), list(frames[1:])
+    kind, _, header = first.partition(b" ")
     return kind, (_decode_json(header.decode()) if header else {}), list(frames[1:])
+
+
+class _Packer:
+    """One message's header in binary: fixed numeric fields, then the dtype name and the shape."""
+
+    def __init__(self, numbers: tuple[str, ...], layout: str) -> None:
+        self.numbers = numbers
+        self.head = struct.Struct("<" + layout + "BB")  # ..., len(dtype name), len(shape)
+        self.keys = {*numbers, "dtype", "shape"}
+
+    def pack(self, header: dict[str, Any]) -> bytes:
+        dtype, shape = header["dtype"].encode(), header["shape"]
+        head = self.head.pack(*[header[name] for name in self.numbers], len(dtype), len(shape))
+        return head + dtype + struct.pack(f"<{len(shape)}q", *shape)
+
+    def unpack(self, data: bytes, offset: int) -> dict[str, Any]:
+        *numbers, name_len, ndim = self.head.unpack_from(data, offset)
+        offset += self.head.size
+        header = dict(zip(self.numbers, numbers, strict=True))
+        header["dtype"] = data[offset : offset + name_len].decode()
+        header["shape"] = list(struct.unpack_from(f"<{ndim}q", data, offset + name_len))
+        return header
+
+
+_PACKERS = {
+    RUN: _Packer(("job",), "Q"),
+    RESULT: _Packer(("job", "compute_ms", "threads", "batch"), "QdII"),
+}
 
 
 _NUMPY_NAMES: dict[np.dtype, str] = {}

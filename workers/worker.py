@@ -44,6 +44,7 @@ def run_worker(runtime: Runtime, input_spec: InputSpec, config: WorkerConfig) ->
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the daemon, which stops us in order
     pin_process(config.cores)
     runtime.set_threads(config.threads)
+    runtime.serve_only()
     for batch in config.warmup:
         runtime.run(sample_input(input_spec, batch))
 

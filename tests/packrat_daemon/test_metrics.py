@@ -62,3 +62,46 @@ def test_metrics_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
             ),
         ):
             pass
+
+
+def test_tallies_export_what_prometheus_histograms_would() -> None:
+    """The request path's lock-free tallies scrape exactly like prometheus_client's own Histogram."""
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from packrat_daemon.metrics import LATENCY_BUCKETS, Metrics
+
+    values = [0.0005, 0.0004, 0.003, 0.25, 0.2500001, 7.0, 31.0, 0.0]  # on, under and over the bounds
+    reference_registry = CollectorRegistry()
+    reference = Histogram("packrat_request_latency_seconds", "x", buckets=LATENCY_BUCKETS, registry=reference_registry)
+    metrics = Metrics("builtin:tiny-mlp")
+    for value in values:
+        reference.observe(value)
+        metrics.answered_ok(value * 1000.0)
+    metrics.count("BAD_REQUEST")
+
+    def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple], float]:
+        text = generate_latest(registry).decode()
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name.startswith("packrat_request_latency_seconds") and not s.name.endswith("_created")
+        }
+
+    ours, theirs = samples(metrics.registry), samples(reference_registry)
+    assert ours.keys() == theirs.keys()
+    for key, value in theirs.items():
+        assert ours[key] == pytest.approx(value)
+    everything = scrape_registry(metrics.registry)
+    assert everything[("packrat_requests_total", (("outcome", "ok"),))] == len(values)
+    assert everything[("packrat_requests_total", (("outcome", "BAD_REQUEST"),))] == 1
+
+
+def scrape_registry(registry) -> dict[tuple[str, tuple], float]:  # noqa: ANN001
+    from prometheus_client import generate_latest
+
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in family.samples
+    }
