@@ -103,7 +103,7 @@ def resnet(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     # "packrat_mixed" plans one pool for the whole set of batch sizes (each batch split exactly on it);
     # "packrat" is the policy planned for the batch size being measured (one daemon per B, same profile).
     mixed = Daemon("packrat_mixed", folder, [*common, *plan_for, "--policy", "packrat", "--save-profile", str(profile)])
-    packrat_info = mixed.wait()
+    mixed.wait()
     daemons = {
         "single": Daemon("single", folder, [*common, "--policy", "single"]),
         "torchserve": Daemon("torchserve", folder, [*common, "--policy", "torchserve"]),
@@ -179,8 +179,13 @@ def resnet(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
             )
     memory: dict[str, Any] = {}
     if not args.skip_memory:
-        forked = [w["pid"] for w in packrat_info["workers"]]
-        template = packrat_info.get("template_pid")
+        # Two forked workers whatever the plans above chose: a fixed 2×1 pool, measured after the runs
+        # (each worker has run the model, so its activations and allocator state are in the numbers).
+        pair = Daemon("memory", folder, [*common, "--policy", "fixed", "--plan", "2*1x8"])
+        pair_info = pair.wait()
+        pair.client.infer(inputs[max(args.batches)])
+        forked = [w["pid"] for w in pair_info["workers"]]
+        template = pair_info.get("template_pid")
         independent = [runner.pid for runner in ceiling]
         parameter_bytes = 25_557_032 * 4
         forked_total = pss(forked + ([template] if template else []))
@@ -196,6 +201,7 @@ def resnet(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
             if len(forked) > 1
             else None,
         }
+        pair.close()
     direct.close()
     for runner in ceiling:
         runner.close()
