@@ -193,6 +193,8 @@ class Dispatcher:
     def abandon(self) -> list[Request]:
         """Give up the batch in flight (no worker left); the caller answers its requests with errors."""
         requests = self.batch.requests if self.batch else []
+        if self.batch is not None:
+            self.batch.jobs.clear()  # see _finish: no cycle may keep the request buffers alive
         self.batch = None
         self.jobs.clear()
         return requests
@@ -212,6 +214,11 @@ class Dispatcher:
         assert batch is not None
         self.batch = None
         jobs = sorted(batch.jobs, key=lambda j: j.offset)
+        # Jobs and their batch point at each other; left alone, that cycle would keep the clients'
+        # input buffers (megabytes each) alive until the cyclic garbage collector runs, and every new
+        # request would land in fresh memory and page-fault all of it in (measured: 2 369 faults, the
+        # whole 9.6 MB, per ResNet-50 batch of 16).
+        batch.jobs = []
         compute_ms = max(job.compute_ms for job in jobs)
         completed = []
         offset = 0

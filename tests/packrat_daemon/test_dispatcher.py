@@ -89,3 +89,36 @@ def test_splitter_falls_back_to_threads_when_the_profile_cannot_answer() -> None
     assert Splitter(None, "even").split([2, 2], 5) == [3, 2]
     profile = Profile.from_latencies({(1, 1): 1.0})
     assert Splitter(profile, "exact").split([1, 1], 5) == [3, 2]  # the profile carries only 2
+
+
+class Payload(bytearray):
+    """A request buffer that can be watched with a weak reference."""
+
+
+def test_a_finished_or_abandoned_batch_frees_its_input_buffers_without_the_garbage_collector() -> None:
+    """No reference cycle may keep clients' inputs alive: each would be megabytes of fresh memory."""
+    import gc
+    import weakref
+
+    profile = Profile.from_latencies({(1, 2): 10.0, (1, 4): 20.0, (2, 4): 12.0, (2, 8): 30.0})
+    gc.disable()
+    try:
+        for finish in (True, False):
+            recorder, pool = Recorder(), workers(2, 1)
+            dispatcher = Dispatcher(recorder, Splitter(profile, "exact"), job_timeout_s=10)
+            payload = Payload(np.ones((6, 2), dtype=np.float32).tobytes())
+            watch = weakref.ref(payload)
+            dispatcher.dispatch([Request(b"c", None, 1, "float32", (6, 2), memoryview(payload))], pool)
+            if finish:
+                done = []
+                for sent in recorder.sent:
+                    done += answer(dispatcher, pool, sent)
+                assert len(done) == 1
+                del done
+            else:
+                assert len(dispatcher.abandon()) == 1
+            del payload
+            recorder.sent.clear()
+            assert watch() is None, "the batch's input buffer outlived the batch"
+    finally:
+        gc.enable()
