@@ -11,7 +11,8 @@ so drift on a shared, noisy machine hits every configuration alike. Prints one J
                   planned for the B measured, `packrat_mixed` plans one pool for all the B at once
     and the ratios the targets are stated in;
   - tiny: the daemon's batch-1 round trip against a bare two-hop pyzmq relay
-    (client → relay → worker → relay → client, no batching) on the same tiny model;
+    (client → relay → worker → relay → client, no batching) on the same tiny model, through the
+    client library and through a bare socket like the relay's;
   - memory: PSS of two forked workers (with their template) against two independently loaded models.
 """
 
@@ -37,6 +38,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from harness import DaemonProcess as Daemon  # noqa: E402  (bench/ is on sys.path when this script runs)
+
+from packrat_daemon.protocol import encode_infer_request  # noqa: E402
 
 MODEL = "builtin:resnet50"
 
@@ -279,26 +282,43 @@ def tiny(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         daemon.client.infer(x)
         return time.perf_counter() - start
 
+    # The same daemon through a bare socket, as the relay is measured: a protocol header encoded once,
+    # the reply received but not decoded. The difference to daemon_call is the client library's cost.
+    raw_socket = zcontext.socket(zmq.DEALER)
+    raw_socket.connect(daemon.endpoint)
+    raw_header = encode_infer_request(1, x)[0]
+
+    def daemon_raw_call() -> float:
+        start = time.perf_counter()
+        raw_socket.send_multipart([raw_header, x])
+        raw_socket.recv_multipart()
+        return time.perf_counter() - start
+
+    calls = (relay_call, daemon_call, daemon_raw_call)
     for _ in range(200):
-        relay_call()
-        daemon_call()
-    relay_times, daemon_times = [], []
+        for call in calls:
+            call()
+    relay_times, daemon_times, raw_times = [], [], []
     for _ in range(args.tiny_blocks):
-        relay_times += [relay_call() for _ in range(100)]
-        daemon_times += [daemon_call() for _ in range(100)]
+        for call, times in zip(calls, (relay_times, daemon_times, raw_times), strict=True):
+            times += [call() for _ in range(100)]
     daemon.close()
     relay_socket.close(0)
+    raw_socket.close(0)
     zcontext.term()
     relay.terminate()
     worker.terminate()
     relay_ms, daemon_ms = statistics.median(relay_times) * 1000, statistics.median(daemon_times) * 1000
+    raw_ms = statistics.median(raw_times) * 1000
     return {
         "model": "builtin:tiny-mlp",
         "batch": 1,
         "calls_each": len(relay_times),
         "bare_relay_p50_ms": relay_ms,
-        "daemon_p50_ms": daemon_ms,
+        "daemon_p50_ms": daemon_ms,  # through packrat_daemon.client.Client
         "daemon_over_relay": daemon_ms / relay_ms,
+        "daemon_bare_socket_p50_ms": raw_ms,  # the client side as bare as the relay's
+        "daemon_bare_socket_over_relay": raw_ms / relay_ms,
     }
 
 
