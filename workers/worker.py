@@ -74,11 +74,11 @@ def run_worker(runtime: Runtime, input_spec: InputSpec, config: WorkerConfig) ->
                 if kind == messages.RUN:
                     reply = _run_job(runtime, header, payload, threads)
                     send_frames(socket, reply, copy=_nbytes(reply) < ZERO_COPY_MIN_BYTES)
+                    last_sent = time.monotonic()  # a reply is a sign of life too
                 elif kind == messages.CONFIGURE:
                     switch = Rethreading(runtime, int(header["threads"]), tuple(header["cores"]))
                 elif kind == messages.STOP:
                     return 0
-                last_sent = time.monotonic()  # a reply is a sign of life too
             if switch is not None and switch.ready():
                 # Between jobs: swap in what was prepared, then move every thread to the new cores.
                 threads, cores = switch.commit()
@@ -86,7 +86,7 @@ def run_worker(runtime: Runtime, input_spec: InputSpec, config: WorkerConfig) ->
                 socket.send_multipart(messages.encode(messages.CONFIGURED, _status(config.worker_id, threads, cores)))
                 last_sent = time.monotonic()
             if frames is not None:
-                continue  # busy: the daemon hears from us with every reply
+                continue  # busy: the heartbeat and orphan checks wait for a quiet moment
             if time.monotonic() - last_sent >= HEARTBEAT_SECONDS:
                 socket.send_multipart(messages.encode(messages.HEARTBEAT, {"worker": config.worker_id}))
                 last_sent = time.monotonic()
