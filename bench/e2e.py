@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from harness import DaemonProcess as Daemon  # noqa: E402  (bench/ is on sys.path when this script runs)
+from harness import serve_batches  # noqa: E402
 
 from packrat_daemon.protocol import encode_infer_request  # noqa: E402
 
@@ -55,21 +56,18 @@ def _runner(conn: Any, spec: str, threads: int, cores: list[int] | None) -> None
         os.sched_setaffinity(0, cores)
     torch.set_num_threads(threads)
     model = load_model(spec)
-    inputs: dict[int, Any] = {}
-    conn.send(("ready", os.getpid()))
-    while True:
-        batch = conn.recv()
-        if batch is None:
-            return
-        if batch not in inputs:
-            inputs[batch] = torch.from_numpy(sample_input(model.input, batch))
-            if model.channels_last:
-                inputs[batch] = inputs[batch].contiguous(memory_format=torch.channels_last)
+
+    def make_input(batch: int) -> Any:
+        x = torch.from_numpy(sample_input(model.input, batch))
+        return x.contiguous(memory_format=torch.channels_last) if model.channels_last else x
+
+    def run(x: Any) -> tuple[float, float]:
         with torch.inference_mode():
             start = time.perf_counter()
-            model.module(inputs[batch])
-            end = time.perf_counter()
-        conn.send((start, end))
+            model.module(x)
+            return start, time.perf_counter()
+
+    serve_batches(conn, make_input, run)
 
 
 class Runner:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,19 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from packrat_daemon.client import Client, ClientTimeout  # noqa: E402
+
+
+def serve_batches(conn: Any, make_input: Callable[[int], Any], run: Callable[[Any], Any]) -> None:
+    """The loop of a spawned in-process runner: say ready, then run each batch size asked for until None.
+
+    Inputs are made once per batch size, so only the run is timed.
+    """
+    inputs: dict[int, Any] = {}
+    conn.send(("ready", os.getpid()))
+    while (batch := conn.recv()) is not None:
+        if batch not in inputs:
+            inputs[batch] = make_input(batch)
+        conn.send(run(inputs[batch]))
 
 
 class DaemonProcess:

@@ -39,7 +39,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from harness import DaemonProcess  # noqa: E402  (bench/ is on sys.path when this script runs)
+from harness import DaemonProcess, serve_batches  # noqa: E402  (bench/ is on sys.path when this script runs)
 
 RUNTIMES = ("torch", "onnxruntime", "openvino")
 
@@ -95,15 +95,7 @@ def _runner(conn: Any, kind: str, spec: str, threads: int, cores: list[int], env
     except Exception as exc:  # noqa: BLE001 - reported in the JSON, the other configurations go on
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
-    inputs: dict[int, np.ndarray] = {}
-    conn.send(("ready", os.getpid()))
-    while True:
-        batch = conn.recv()
-        if batch is None:
-            return
-        if batch not in inputs:
-            inputs[batch] = sample_input(input_spec, batch)
-        conn.send(run(inputs[batch]))
+    serve_batches(conn, lambda batch: sample_input(input_spec, batch), run)
 
 
 class Runner:
