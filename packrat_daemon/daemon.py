@@ -38,7 +38,7 @@ from packrat_daemon.topology import Topology
 from packrat_daemon.tuner import Tuner, TunerSettings
 from packrat_daemon.zmqio import NOBLOCK, readable, recv_frames, send_frames
 from policies.base import Plan
-from policies.registry import get_policy
+from policies.registry import get_policy, policy_options
 from workers.messages import numpy_name
 
 log = logging.getLogger("packrat.daemon")
@@ -68,6 +68,7 @@ class ServeConfig:
     drain_timeout_s: float = 30.0
     startup_timeout_s: float = 600.0
     batches: list[int] = field(default_factory=list)  # batch sizes to plan for (default: max_batch)
+    min_split_gain: float = 0.05  # packrat policy: several instances must beat one by this much
     # Online adaptation (packrat policy only): re-plan when the live batch sizes move.
     adapt: bool = True
     adapt_interval_s: float = 5.0
@@ -579,7 +580,7 @@ def _predicted(plan: Plan, profile: Profile | None) -> float:
 
 
 def _policy_for(config: ServeConfig):  # noqa: ANN202
-    return get_policy(config.policy, **({"plan": config.plan} if config.policy == "fixed" else {}))
+    return get_policy(config.policy, **policy_options(config.policy, config.plan, config.min_split_gain))
 
 
 def _distribution_for(config: ServeConfig) -> BatchDistribution:

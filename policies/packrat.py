@@ -5,6 +5,11 @@ its own optimal pool. The main layout is the proposal with the best expected lat
 of the distribution is split exactly across it; further proposals are kept as spare layouts (up to
 MAX_LAYOUTS in all) when letting each batch size run on its best layout cuts the expected latency by
 more than MIN_LAYOUT_GAIN. The dispatcher then picks, per batch, the layout predicted fastest.
+
+Splitting must earn its keep: a plan with several instances is served only when it is predicted at
+least ``min_split_gain`` faster than the best one-instance pool. Profiles measured on a shared machine
+are good to a few percent, and a split has costs the profile does not see (a gather per batch, more
+processes); on a near tie, one instance is the safer bet.
 """
 
 from __future__ import annotations
@@ -19,13 +24,40 @@ from policies.solver import Solution, Solver, split_batch
 CANDIDATE_BATCHES = 8  # how many of the most likely batch sizes propose a pool
 MAX_LAYOUTS = 3  # the main layout and up to two spares: each spare is another set of forked workers
 MIN_LAYOUT_GAIN = 0.02  # a spare layout must cut the expected latency by at least 2%
+MIN_SPLIT_GAIN = 0.05  # several instances must beat one by at least 5% (as adaptation's --adapt-min-gain)
 
 
 class PackratPolicy(Policy):
     name = "packrat"
     needs_profile = True
 
+    def __init__(self, min_split_gain: float = MIN_SPLIT_GAIN) -> None:
+        if not 0.0 <= min_split_gain < 1.0:
+            raise PolicyError(f"min_split_gain must be in [0, 1), e.g. 0.05 for 5%; got {min_split_gain!r}")
+        self.min_split_gain = min_split_gain
+
     def plan(self, profile: Profile | None, topology: Topology, distribution: BatchDistribution) -> Plan:
+        plan = self._optimum(profile, topology, distribution)
+        assert profile is not None  # _optimum raised otherwise
+        if all(len(layout) == 1 for layout in plan.layouts) or plan.predicted_latency_ms is None:
+            return plan
+        one = _best_one_instance(profile, topology.usable_cores, distribution)
+        if one is None:
+            return plan
+        threads, latency = one
+        gain = 1.0 - plan.predicted_latency_ms / latency
+        if gain >= self.min_split_gain:
+            return plan
+        reason = (
+            f"one {threads}-thread instance: the best split ({_shape(plan)}) is predicted only {gain:.1%} "
+            f"faster, under the {self.min_split_gain:.0%} a split must gain"
+        )
+        batch = distribution.max_batch
+        return Plan(
+            instances=(InstancePlan(threads, batch),), policy=self.name, reason=reason, predicted_latency_ms=latency
+        )
+
+    def _optimum(self, profile: Profile | None, topology: Topology, distribution: BatchDistribution) -> Plan:
         if profile is None:
             raise PolicyError("the packrat policy needs a latency profile; pass --profile or let serve profile")
         cores = topology.usable_cores
@@ -66,6 +98,24 @@ class PackratPolicy(Policy):
             + ")"
         )
         return _plan_from(pools[main], expected, reason, [pools[p] for p in layouts[1:]])
+
+
+def _best_one_instance(
+    profile: Profile, cores: int, distribution: BatchDistribution
+) -> tuple[int, float] | None:
+    """(threads, expected latency) of the best pool of one instance, or None if none carries every batch."""
+    best: tuple[int, float] | None = None
+    for threads in profile.threads():
+        if threads > cores:
+            continue
+        expected = _expected([(threads,)], {(threads,): _latencies(profile, [threads], distribution)}, distribution)
+        if expected != float("inf") and (best is None or expected < best[1]):
+            best = (threads, expected)
+    return best
+
+
+def _shape(plan: Plan) -> str:
+    return " + ".join(str(i.threads) for i in plan.instances) + " threads"
 
 
 def _latencies(profile: Profile, pool: list[int], distribution: BatchDistribution) -> dict[int, float | None]:

@@ -44,6 +44,15 @@ def available_policies() -> dict[str, type[Policy]]:
     return {**_builtin(), **_load_plugins()[0]}
 
 
+def policy_options(name: str, plan: str | None, min_split_gain: float) -> dict[str, Any]:
+    """The options a built-in policy takes from the command line (third-party ones take none)."""
+    if name == "fixed":
+        return {"plan": plan}
+    if name == "packrat":
+        return {"min_split_gain": min_split_gain}
+    return {}
+
+
 def get_policy(name: str, **options: Any) -> Policy:
     plugins, broken = _load_plugins()
     policies = {**_builtin(), **plugins}

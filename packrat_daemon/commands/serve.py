@@ -33,6 +33,12 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queue", type=positive_int, default=1024, help="inputs that may wait (default 1024)")
     parser.add_argument("--batches", type=int_list, help="batch sizes to plan for (default: --max-batch)")
     parser.add_argument(
+        "--min-split-gain",
+        type=float,
+        default=0.05,
+        help="packrat policy: serve several instances only if predicted this much faster than one (default 0.05)",
+    )
+    parser.add_argument(
         "--allocator", default="system", choices=["system", "jemalloc", "tcmalloc"], help="malloc to preload"
     )
     parser.add_argument(
@@ -64,7 +70,8 @@ def config_from(args: argparse.Namespace):  # noqa: ANN201
         model=args.model, input=args.input, endpoint=args.endpoint, policy=args.policy, plan=args.plan,
         profile=args.profile, save_profile=args.save_profile, max_batch=args.max_batch,
         max_delay_ms=args.max_delay_ms, max_queue=args.max_queue, allocator=args.allocator,
-        runtime=args.runtime, run_dir=args.run_dir, batches=args.batches or [], adapt=args.adapt,
+        runtime=args.runtime, run_dir=args.run_dir, batches=args.batches or [],
+        min_split_gain=args.min_split_gain, adapt=args.adapt,
         adapt_interval_s=args.adapt_interval_s, adapt_min_batches=args.adapt_min_batches,
         adapt_cooldown_s=args.adapt_cooldown_s, adapt_min_gain=args.adapt_min_gain,
         metrics_port=args.metrics_port, metrics_address=args.metrics_address,

@@ -23,18 +23,29 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch", type=int_list, required=True, help="batch size(s), e.g. 8 or 1,8,64")
     parser.add_argument("--policy", default="packrat", help="policy name (default: packrat)")
     parser.add_argument("--plan", help="plan for --policy fixed, e.g. 2*1x8")
+    parser.add_argument(
+        "--min-split-gain",
+        type=float,
+        default=0.05,
+        help="packrat policy: keep one instance unless a split is predicted this much faster "
+        "(default 0.05, as serve; 0 prints the exact optimum)",
+    )
     parser.add_argument("--runtime", help="which runtime's rows to use when the profile holds several")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(run=run)
 
 
 def solve_plans(
-    profile: Profile, topology: Topology, batches: list[int], policy_name: str, plan: str | None = None
+    profile: Profile,
+    topology: Topology,
+    batches: list[int],
+    policy_name: str,
+    plan: str | None = None,
+    min_split_gain: float = 0.05,
 ) -> list[dict[str, Any]]:
-    from policies.registry import get_policy
+    from policies.registry import get_policy, policy_options
 
-    options = {"plan": plan} if policy_name == "fixed" else {}
-    policy = get_policy(policy_name, **options)
+    policy = get_policy(policy_name, **policy_options(policy_name, plan, min_split_gain))
     plans = []
     for batch in batches:
         result = policy.plan(profile, topology, BatchDistribution.single(batch))
@@ -55,7 +66,7 @@ def solve_plans(
 def run(args: argparse.Namespace) -> int:
     profile = Profile.read_csv(args.profile, runtime=args.runtime)
     topology = Topology.synthetic(args.cores) if args.cores else Topology.detect()
-    plans = solve_plans(profile, topology, args.batch, args.policy, args.plan)
+    plans = solve_plans(profile, topology, args.batch, args.policy, args.plan, args.min_split_gain)
     if args.json:
         print(json.dumps({"cores": topology.usable_cores, "plans": plans}))
         return 0

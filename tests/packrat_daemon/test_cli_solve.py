@@ -217,3 +217,14 @@ def test_solve_process_answers_batch_1024_on_64_cores(tmp_path: Path) -> None:
     assert plan["batch"] == 1024
     assert plan["latency_ms"] == pytest.approx(160.0)
     assert plan["instances"] == [{"threads": 1, "batch": 16}] * 64
+
+
+def test_min_split_gain_keeps_one_instance_on_a_near_tie(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # Two cores at batch 16: two 1-thread instances of 8 are 3% faster than one 2-thread instance.
+    profile = tmp_path / "tie.csv"
+    profile.write_text("threads,batch,latency_ms\n1,8,970\n1,16,1940\n2,8,500\n2,16,1000\n")
+    common = ["--profile", str(profile), "--cores", "2", "--batch", "16", "--json"]
+    _, out, _ = run_cli(capsys, *common)
+    assert json.loads(out)["plans"][0]["instances"] == [{"threads": 2, "batch": 16}]
+    _, out, _ = run_cli(capsys, *common, "--min-split-gain", "0")
+    assert json.loads(out)["plans"][0]["instances"] == [{"threads": 1, "batch": 8}, {"threads": 1, "batch": 8}]

@@ -244,3 +244,46 @@ def test_packrat_keeps_one_layout_when_it_serves_every_batch_best() -> None:
     profile = Profile.from_latencies({(1, 1): 50.0, (1, 8): 300.0, (2, 1): 60.0, (2, 16): 1300.0})
     plan = get_policy("packrat").plan(profile, Topology.synthetic(2), BatchDistribution.from_counts({1: 1, 16: 1}))
     assert plan.alternatives == ()
+
+
+# -- the split margin ----------------------------------------------------------------------------
+def near_tie(split_ms: float, single_ms: float = 1000.0) -> Profile:
+    """Two cores, batch 16: two 1-thread instances of 8 (split_ms) against one 2-thread instance."""
+    return Profile.from_latencies({(1, 8): split_ms, (1, 16): 2 * split_ms, (2, 8): single_ms / 2, (2, 16): single_ms})
+
+
+def test_packrat_keeps_one_instance_when_a_split_gains_less_than_the_margin() -> None:
+    plan = PackratPolicy().plan(near_tie(970.0), Topology.synthetic(2), BatchDistribution.single(16))
+    assert [(i.threads, i.batch) for i in plan.layouts[0]] == [(2, 16)] and not plan.alternatives
+    assert plan.predicted_latency_ms == pytest.approx(1000.0)
+    assert "3.0% faster" in plan.reason and "5%" in plan.reason
+
+
+def test_packrat_splits_when_the_gain_clears_the_margin() -> None:
+    plan = PackratPolicy().plan(near_tie(900.0), Topology.synthetic(2), BatchDistribution.single(16))
+    assert sorted((i.threads, i.batch) for i in plan.instances) == [(1, 8), (1, 8)]
+    assert plan.predicted_latency_ms == pytest.approx(900.0)
+
+
+def test_a_zero_margin_gives_the_exact_optimum() -> None:
+    plan = PackratPolicy(min_split_gain=0.0).plan(near_tie(970.0), Topology.synthetic(2), BatchDistribution.single(16))
+    assert plan.thread_counts == [1, 1]
+
+
+def test_the_margin_applies_to_a_distribution_and_its_spare_layouts() -> None:
+    profile = Profile.from_latencies(
+        {(1, 1): 100.0, (1, 8): 600.0, (2, 1): 60.0, (2, 16): 1300.0, (2, 8): 700.0, (1, 16): 1250.0}
+    )
+    distribution = BatchDistribution.from_counts({1: 1.0, 16: 1.0})
+    # With spares the expected latency is 330 ms. The best single instance is, on this profile, a 1-thread
+    # one: (100 + 1250) / 2 = 675 ms (a 2-thread one: 680 ms). A split gains 1 - 330/675 = 51%.
+    assert len(PackratPolicy(min_split_gain=0.5).plan(profile, Topology.synthetic(2), distribution).layouts) == 2
+    plan = PackratPolicy(min_split_gain=0.6).plan(profile, Topology.synthetic(2), distribution)
+    assert plan.thread_counts == [1] and not plan.alternatives
+    assert plan.predicted_latency_ms == pytest.approx(675.0)
+
+
+@pytest.mark.parametrize("gain", [-0.1, 1.0, 2.0])
+def test_an_impossible_margin_is_refused(gain: float) -> None:
+    with pytest.raises(PolicyError, match="min_split_gain"):
+        get_policy("packrat", min_split_gain=gain)
