@@ -100,9 +100,7 @@ class PackratPolicy(Policy):
         return _plan_from(pools[main], expected, reason, [pools[p] for p in layouts[1:]])
 
 
-def _best_one_instance(
-    profile: Profile, cores: int, distribution: BatchDistribution
-) -> tuple[int, float] | None:
+def _best_one_instance(profile: Profile, cores: int, distribution: BatchDistribution) -> tuple[int, float] | None:
     """(threads, expected latency) of the best pool of one instance, or None if none carries every batch."""
     best: tuple[int, float] | None = None
     for threads in profile.threads():
