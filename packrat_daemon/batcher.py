@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -33,6 +34,9 @@ class Batcher:
         self.max_queued_inputs = max_queued_inputs
         self.queue: deque[Request] = deque()
         self.queued_inputs = 0
+        # No queued request's deadline is earlier (it may be stale-early after take(): the next expire
+        # then walks the queue once for nothing and corrects it). Saves that walk on every loop.
+        self._earliest_deadline = math.inf
 
     def offer(self, request: Request) -> bool:
         """Queue a request; False when the queue is full (the caller answers OVERLOADED)."""
@@ -40,6 +44,8 @@ class Batcher:
             return False
         self.queue.append(request)
         self.queued_inputs += request.samples
+        if request.deadline is not None and request.deadline < self._earliest_deadline:
+            self._earliest_deadline = request.deadline
         return True
 
     def due(self, now: float) -> bool:
@@ -64,15 +70,17 @@ class Batcher:
 
     def expire(self, now: float) -> list[Request]:
         """Remove requests whose client deadline passed before they could start."""
-        if not any(r.deadline is not None and r.deadline < now for r in self.queue):
+        if now <= self._earliest_deadline:
             return []
         expired = [r for r in self.queue if r.deadline is not None and r.deadline < now]
         self.queue = deque(r for r in self.queue if r.deadline is None or r.deadline >= now)
         self.queued_inputs -= sum(r.samples for r in expired)
+        self._earliest_deadline = min((r.deadline for r in self.queue if r.deadline is not None), default=math.inf)
         return expired
 
     def drain(self) -> list[Request]:
         drained = list(self.queue)
         self.queue.clear()
         self.queued_inputs = 0
+        self._earliest_deadline = math.inf
         return drained

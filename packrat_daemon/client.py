@@ -154,8 +154,10 @@ class _EndpointRing:
         self._next = 0
 
     def pick(self) -> int:
-        now = time.monotonic()
         count = len(self._skip_until)
+        if count == 1:
+            return 0  # one endpoint: nothing to balance or skip
+        now = time.monotonic()
         for step in range(count):
             index = (self._next + step) % count
             if self._skip_until[index] <= now:
@@ -228,6 +230,7 @@ class Client:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._closed = False
+        self._receive_timeout_ms = [-1] * len(self._sockets)  # RCVTIMEO as last set, per socket
 
     def infer(self, array: np.ndarray, *, timeout: float | None = None, dtype: str | None = None) -> np.ndarray:
         """Run the model on ``array`` (first axis = samples); returns one output row per sample.
@@ -256,7 +259,7 @@ class Client:
             socket = self._sockets[index]
             try:
                 self._send(socket, frames, deadline)
-                reply = self._receive(socket, request_id, deadline)
+                reply = self._receive(index, request_id, deadline)
             except ClientTimeout:
                 self._ring.timed_out(index)
                 raise
@@ -274,15 +277,18 @@ class Client:
                 if remaining <= 0 or not socket.poll(_timeout_ms(remaining), zmq.POLLOUT):
                     raise ClientTimeout(self._timeout_message(socket)) from None
 
-    def _receive(
-        self, socket: zmq.Socket, request_id: int, deadline: float
-    ) -> tuple[dict[str, Any], np.ndarray | None]:
+    def _receive(self, index: int, request_id: int, deadline: float) -> tuple[dict[str, Any], np.ndarray | None]:
+        socket = self._sockets[index]
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise ClientTimeout(self._timeout_message(socket))
-            # A receive that blocks up to the deadline, not poll-then-receive: one wake-up per reply.
-            socket.setsockopt(zmq.RCVTIMEO, max(1, _timeout_ms(remaining)))
+            # A receive that blocks up to the deadline, not poll-then-receive: one wake-up per reply. The
+            # timeout is set only when it changes (calls with the same timeout round to the same ms).
+            wait_ms = max(1, _timeout_ms(remaining))
+            if wait_ms != self._receive_timeout_ms[index]:
+                socket.setsockopt(zmq.RCVTIMEO, wait_ms)
+                self._receive_timeout_ms[index] = wait_ms
             try:
                 frames = recv_frames(socket)
             except zmq.Again:

@@ -101,6 +101,7 @@ class Daemon:
         self.metrics = Metrics(config.model)
         self._saved_profiles: list[Profile] = []
         self._pool_changed = True
+        self._serving: list[Any] = []  # the reconciler's serving workers, refreshed in _tick
         self._next_reconcile = 0.0
         self._next_tune = 0.0
         self._next_template_check = 0.0
@@ -278,10 +279,13 @@ class Daemon:
                 self._on_lost(worker)
             self._reap_silent_workers(now)
             self.reconciler.step()
+            # Every change to the pool passes through this block (events set _pool_changed), so the list
+            # of serving workers is refreshed here rather than rebuilt for every batch.
+            self._serving = self.reconciler.serving()
             self.metrics.queued.set(self.batcher.queued_inputs)
-            self.metrics.workers.set(len(self.pool.ready()))
+            self.metrics.workers.set(len(self._serving))
         if not self.dispatcher.busy and self.batcher.due(now):
-            workers = self.reconciler.serving()
+            workers = self._serving
             if workers:
                 batch = self.batcher.take()
                 self.dispatcher.dispatch(batch, workers)
@@ -392,8 +396,17 @@ class Daemon:
             "instances": done.instances,
         }
         output = done.output
-        frames = protocol.encode_result(request.request_id, numpy_name(output.dtype), output.shape, output, timing)
-        self._send_frontend(request.identity, request.delimiter, frames)
+        header, payload = protocol.encode_result(
+            request.request_id, numpy_name(output.dtype), output.shape, output, timing
+        )
+        frames = [request.identity, header, payload] if request.delimiter is None else [
+            request.identity, request.delimiter, header, payload
+        ]  # fmt: skip
+        assert self.frontend is not None
+        try:
+            send_frames(self.frontend, frames, copy=output.nbytes < ZERO_COPY_MIN_BYTES)
+        except zmq.ZMQError as exc:
+            log.debug("could not answer a client: %s", exc)
         self.metrics.answered_ok(total_ms)
 
     # -- backend -----------------------------------------------------------------------------

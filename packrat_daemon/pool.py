@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import itertools
 import os
 import signal
@@ -48,8 +49,8 @@ class WorkerHandle:
         """The (threads, cores) this worker has or is switching to."""
         return (self.pending[0], self.pending[1]) if self.pending else (self.threads, self.cores)
 
-    @property
-    def identity(self) -> bytes:
+    @functools.cached_property
+    def identity(self) -> bytes:  # the id never changes; this is read once per job sent
         return messages.worker_identity(self.id)
 
 

@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import zmq
@@ -82,8 +82,10 @@ class ProtocolError(PackratError):
         self.delimiter: bytes | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class InferRequest:
+class InferRequest(NamedTuple):
+    """One parsed infer request (a tuple: one is built per request, and a frozen dataclass's fields
+    cost a setattr each)."""
+
     request_id: RequestId
     dtype: str
     shape: tuple[int, ...]
@@ -141,10 +143,10 @@ def _reject_constant(name: str) -> Any:
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
-def _load_header(buf: Buffer) -> dict[str, Any]:
+def _load_header(buf: Buffer | zmq.Frame) -> dict[str, Any]:
     """Decode a header frame into a dict, or raise ``ValueError`` saying why it is not one."""
     try:
-        text = bytes(buf).decode("utf-8")
+        text = (buf.bytes if type(buf) is zmq.Frame else bytes(buf)).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"header is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
     try:
@@ -295,6 +297,9 @@ def _parse_infer(header: dict[str, Any], request_id: RequestId, buffers: list[Bu
 
 
 def _parse_shape(shape: Any, request_id: RequestId) -> tuple[int, ...]:
+    # The common case in one pass: a short list of positive ints (bool is an int subclass, not an int type).
+    if type(shape) is list and 0 < len(shape) <= MAX_NDIM and set(map(type, shape)) == _INT_ONLY and min(shape) > 0:
+        return tuple(shape)
     if not isinstance(shape, list) or not shape:
         raise _bad(f"'shape' must be a non-empty array of integers, got {_json_type(shape)}", request_id)
     if len(shape) > MAX_NDIM:
@@ -309,6 +314,9 @@ def _parse_shape(shape: Any, request_id: RequestId) -> tuple[int, ...]:
     return tuple(shape)
 
 
+_INT_ONLY = {int}
+
+
 def _parse_timeout(timeout_ms: Any, request_id: RequestId) -> float | None:
     if timeout_ms is None:
         return None
@@ -319,6 +327,8 @@ def _parse_timeout(timeout_ms: Any, request_id: RequestId) -> float | None:
 
 def check_against_model(req: InferRequest, input_dtype: str, sample_shape: tuple[int, ...], max_samples: int) -> None:
     """Raise BAD_REQUEST unless ``req`` fits the model's input; a -1 in ``sample_shape`` matches any size."""
+    if req.dtype == input_dtype and req.shape[1:] == sample_shape and req.shape[0] <= max_samples:
+        return  # the common case, checked with three comparisons
     if req.dtype != input_dtype:
         raise _bad(f"dtype is {req.dtype}, but the model takes {input_dtype}; cast the input", req.request_id)
     got = req.shape[1:]
@@ -353,7 +363,7 @@ def encode_result(
         "id": request_id,
         "ok": True,
         "dtype": dtype,
-        "shape": [int(size) for size in shape],
+        "shape": list(map(int, shape)),
         "timing": timing,
     }
     return [_dump(header), payload]
@@ -443,6 +453,20 @@ def encode_infer_request(
     needed for bfloat16, whose raw bits numpy holds as uint16. Raises ValueError for an array the
     protocol cannot carry (0-d, an empty dimension, an unsupported dtype).
     """
+    if (
+        dtype is None
+        and type(array) is np.ndarray
+        and type(request_id) is int
+        and array.ndim
+        and array.flags.c_contiguous
+        and array.size
+        and _MIN_INT_ID <= request_id <= _MAX_INT_ID
+    ):
+        # The common case (a native little-endian C-contiguous array, an integer id): the header from a
+        # cached template, the payload a view of the array.
+        template = _HEADER_TEMPLATES.get((array.dtype, array.shape[1:], timeout_ms))
+        if template is not None:
+            return [template % (request_id, array.shape[0]), memoryview(array.reshape(-1).view(np.uint8))]
     _validate_id(request_id)
     array = np.asarray(array)
     if array.ndim == 0 or array.ndim > MAX_NDIM or 0 in array.shape:
@@ -460,8 +484,26 @@ def encode_infer_request(
     }
     if timeout_ms is not None:
         header["timeout_ms"] = timeout_ms
+    encoded = _dump(header)
+    if type(request_id) is int and wire is array and array.flags.c_contiguous and dtype is None:
+        _remember_template(array, header)
     # A flat uint8 view gives a 1-D byte buffer whatever the dtype (bool, float16) or strides of size-1 axes.
-    return [_dump(header), memoryview(wire.reshape(-1).view(np.uint8))]
+    return [encoded, memoryview(wire.reshape(-1).view(np.uint8))]
+
+
+# (numpy dtype, sample shape, timeout_ms) -> the request header as bytes % (id, samples). Bounded: a
+# client sending ever-new shapes or timeouts only fills it once.
+_HEADER_TEMPLATES: dict[tuple[np.dtype, tuple[int, ...], float | None], bytes] = {}
+_MAX_TEMPLATES = 256
+
+
+def _remember_template(array: np.ndarray, header: dict[str, Any]) -> None:
+    if len(_HEADER_TEMPLATES) >= _MAX_TEMPLATES:
+        return
+    # Encode with placeholder values, then turn those into %d slots (after escaping any literal %).
+    marked = _dump({**header, "id": 1_234_567_890_123, "shape": [987_654_321_987, *header["shape"][1:]]})
+    template = marked.replace(b"%", b"%%").replace(b"1234567890123", b"%d", 1).replace(b"987654321987", b"%d", 1)
+    _HEADER_TEMPLATES[(array.dtype, array.shape[1:], header.get("timeout_ms"))] = template
 
 
 def encode_info_request(request_id: RequestId) -> list[bytes]:
@@ -481,13 +523,12 @@ def decode_reply(frames: Sequence[Frame]) -> tuple[dict[str, Any], np.ndarray | 
     ``code`` and ``message``. A reply that breaks the protocol raises :class:`ProtocolError` (INTERNAL),
     carrying the reply's id when it could be read. The array is a view of the received frame.
     """
-    buffers = [_as_buffer(frame) for frame in frames]
-    if buffers and len(buffers[0]) == 0:
-        buffers = buffers[1:]  # the delimiter a REQ-style client gets back
-    if not buffers or len(buffers) > 2:
-        raise _malformed(f"{len(buffers)} frames; expected [header] or [header, payload]")
+    if frames and len(frames[0]) == 0:
+        frames = frames[1:]  # the delimiter a REQ-style client gets back
+    if not frames or len(frames) > 2:
+        raise _malformed(f"{len(frames)} frames; expected [header] or [header, payload]")
     try:
-        header = _load_header(buffers[0])
+        header = _load_header(frames[0] if type(frames[0]) is zmq.Frame else _as_buffer(frames[0]))
     except ValueError as exc:
         raise _malformed(str(exc)) from None
     request_id = header.get("id")
@@ -497,13 +538,13 @@ def decode_reply(frames: Sequence[Frame]) -> tuple[dict[str, Any], np.ndarray | 
     if not isinstance(ok, bool) or not _is_int(header.get("v")):
         raise _malformed("header needs an integer 'v' and a boolean 'ok'", request_id)
     if not ok:
-        _check_error_header(header, request_id, len(buffers))
+        _check_error_header(header, request_id, len(frames))
         return header, None
     if "dtype" not in header:
-        if len(buffers) != 1:
+        if len(frames) != 1:
             raise _malformed("a reply without 'dtype' must not carry a payload frame", request_id)
         return header, None
-    return header, _decode_result(header, request_id, buffers)
+    return header, _decode_result(header, request_id, frames)
 
 
 def _check_error_header(header: dict[str, Any], request_id: RequestId | None, n_frames: int) -> None:
@@ -518,15 +559,19 @@ def _check_error_header(header: dict[str, Any], request_id: RequestId | None, n_
         raise _malformed("an error reply must not carry a payload frame", request_id)
 
 
-def _decode_result(header: dict[str, Any], request_id: RequestId | None, buffers: list[Buffer]) -> np.ndarray:
+def _decode_result(header: dict[str, Any], request_id: RequestId | None, frames: Sequence[Frame]) -> np.ndarray:
     dtype, shape = header.get("dtype"), header.get("shape")
     if dtype not in DTYPES:
         raise _malformed(f"unknown 'dtype' {dtype!r}", request_id)
-    if not isinstance(shape, list) or len(shape) > MAX_NDIM or not all(_is_int(size) and size >= 0 for size in shape):
+    if not (
+        type(shape) is list
+        and len(shape) <= MAX_NDIM
+        and (not shape or (set(map(type, shape)) == _INT_ONLY and min(shape) >= 0))
+    ):
         raise _malformed(f"'shape' {shape!r} is not an array of non-negative integers", request_id)
-    if len(buffers) != 2:
+    if len(frames) != 2:
         raise _malformed("a result reply needs a payload frame", request_id)
-    payload = buffers[1]
+    payload = _as_buffer(frames[1])
     expected = math.prod(shape) * _ITEMSIZE[dtype]
     if len(payload) != expected:
         raise _malformed(f"payload is {len(payload)} bytes, but {dtype} of shape {shape} needs {expected}", request_id)

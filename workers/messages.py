@@ -99,3 +99,14 @@ def numpy_name(dtype: np.dtype) -> str:
     if name is None:
         name = _NUMPY_NAMES[dtype] = dtype.name
     return name
+
+
+_NUMPY_DTYPES: dict[str, np.dtype] = {}
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """``np.dtype(name)``, remembered: numpy parses the name on every call, and a header names it per job."""
+    dtype = _NUMPY_DTYPES.get(name)
+    if dtype is None:
+        dtype = _NUMPY_DTYPES[name] = np.dtype(name)
+    return dtype

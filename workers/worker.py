@@ -73,7 +73,7 @@ def run_worker(runtime: Runtime, input_spec: InputSpec, config: WorkerConfig) ->
                 kind, header, payload = messages.decode(frames)
                 if kind == messages.RUN:
                     reply = _run_job(runtime, header, payload, threads)
-                    send_frames(socket, reply, copy=_nbytes(reply) < ZERO_COPY_MIN_BYTES)
+                    send_frames(socket, reply, copy=len(reply) == 1 or reply[1].nbytes < ZERO_COPY_MIN_BYTES)
                     last_sent = time.monotonic()  # a reply is a sign of life too
                 elif kind == messages.CONFIGURE:
                     switch = Rethreading(runtime, int(header["threads"]), tuple(header["cores"]))
@@ -139,7 +139,7 @@ def _run_job(runtime: Runtime, header: dict, payload: list, threads: int) -> lis
     job = header["job"]
     try:
         data = payload[0].buffer if len(payload) == 1 else b"".join(bytes(frame.buffer) for frame in payload)
-        batch = np.frombuffer(data, dtype=header["dtype"]).reshape(header["shape"])
+        batch = np.frombuffer(data, dtype=messages.numpy_dtype(header["dtype"])).reshape(header["shape"])
         output, compute_ms = runtime.timed_run(batch)
         output = np.ascontiguousarray(output)
     except Exception as exc:  # the daemon re-routes or answers INTERNAL; the worker stays up
@@ -153,10 +153,6 @@ def _run_job(runtime: Runtime, header: dict, payload: list, threads: int) -> lis
         "batch": int(batch.shape[0]),
     }
     return messages.encode(messages.RESULT, reply, [memoryview(output).cast("B")])
-
-
-def _nbytes(frames: list) -> int:
-    return sum(memoryview(frame).nbytes for frame in frames)
 
 
 def _status(worker_id: int, threads: int, cores: tuple[int, ...]) -> dict:

@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     predicted = plan.get("predicted_latency_ms")
     if predicted is not None:
         print(f"  predicted from the profile: {predicted:.1f} ms")
+    print(f"  why: {plan['reason']}")
     print(f"median latency  packrat: {packrat_ms:8.1f} ms")
     print(f"median latency  single : {single_ms:8.1f} ms   (one instance, all cores: PyTorch's default)")
     print(f"speed-up of packrat over single: {single_ms / packrat_ms:.2f}×")
