@@ -85,8 +85,25 @@ class Splitter:
         self.layouts = [list(layout) for layout in layouts]
         self.oversubscribed = oversubscribed
         self._cache: dict[tuple[tuple[int, ...], int], tuple[float, list[int]]] = {}
+        # choose()'s answers for the last `workers` sequence, by batch size. The daemon passes a new list
+        # whenever its pool changes (and never edits one in place), so the list's identity is the key.
+        self._chosen_for: Sequence[WorkerHandle] | None = None
+        self._chosen: dict[int, list[tuple[WorkerHandle, int]]] = {}
 
     def choose(self, workers: Sequence[WorkerHandle], batch: int) -> list[tuple[WorkerHandle, int]]:
+        """The workers that take a batch of `batch` inputs, with their rows. `workers` must be a new
+        sequence whenever the pool changes: answers are remembered per sequence object."""
+        if workers is self._chosen_for:
+            known = self._chosen.get(batch)
+            if known is not None:
+                return known
+        else:
+            self._chosen_for, self._chosen = workers, {}
+        chosen = self._choose(workers, batch)
+        self._chosen[batch] = chosen
+        return chosen
+
+    def _choose(self, workers: Sequence[WorkerHandle], batch: int) -> list[tuple[WorkerHandle, int]]:
         candidates = [members for layout in self.layouts if (members := _match(layout, workers))]
         if not candidates:
             # Mid-reconfiguration no layout may be complete: use ready workers whose cores do not overlap.

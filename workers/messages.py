@@ -73,15 +73,19 @@ class _Packer:
     def pack(self, header: dict[str, Any]) -> bytes:
         dtype, shape = header["dtype"].encode(), header["shape"]
         head = self.head.pack(*[header[name] for name in self.numbers], len(dtype), len(shape))
-        return head + dtype + struct.pack(f"<{len(shape)}q", *shape)
+        return head + dtype + _SHAPES[len(shape)].pack(*shape)
 
     def unpack(self, data: bytes, offset: int) -> dict[str, Any]:
         *numbers, name_len, ndim = self.head.unpack_from(data, offset)
         offset += self.head.size
         header = dict(zip(self.numbers, numbers, strict=True))
         header["dtype"] = data[offset : offset + name_len].decode()
-        header["shape"] = list(struct.unpack_from(f"<{ndim}q", data, offset + name_len))
+        header["shape"] = list(_SHAPES[ndim].unpack_from(data, offset + name_len))
         return header
+
+
+# One compiled Struct per rank: a format string built per message costs a lookup in struct's cache.
+_SHAPES = [struct.Struct(f"<{ndim}q") for ndim in range(256)]
 
 
 _PACKERS = {
