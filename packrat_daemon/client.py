@@ -219,7 +219,7 @@ class Client:
         backoff: float = DEFAULT_BACKOFF_S,
     ) -> None:
         self.endpoints = _endpoint_list(endpoints)
-        self.timeout = _check_timeout(timeout)
+        self.timeout = timeout
         context = context if context is not None else zmq.Context.instance()
         self._sockets: list[zmq.Socket] = []
         for endpoint in self.endpoints:
@@ -232,16 +232,30 @@ class Client:
         self._closed = False
         self._receive_timeout_ms = [-1] * len(self._sockets)  # RCVTIMEO as last set, per socket
 
+    @property
+    def timeout(self) -> float:
+        """Seconds each call waits by default (also sent to the server as the request's ``timeout_ms``)."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self._timeout = _check_timeout(seconds)
+        self._timeout_ms = self._timeout * 1000  # what every request header carries, computed once
+
     def infer(self, array: np.ndarray, *, timeout: float | None = None, dtype: str | None = None) -> np.ndarray:
         """Run the model on ``array`` (first axis = samples); returns one output row per sample.
 
         ``dtype`` is only needed for bfloat16: pass the raw bits as uint16 with ``dtype="bfloat16"``.
         """
-        timeout = self.timeout if timeout is None else _check_timeout(timeout)
+        if timeout is None:
+            timeout, timeout_ms = self.timeout, self._timeout_ms
+        else:
+            timeout = _check_timeout(timeout)
+            timeout_ms = timeout * 1000
         request_id = next(self._ids)
-        frames = encode_infer_request(request_id, array, timeout_ms=timeout * 1000, dtype=dtype)
+        frames = encode_infer_request(request_id, array, timeout_ms=timeout_ms, dtype=dtype)
         header, result = self._request(frames, request_id, timeout)
-        return _infer_result(header, result, np.shape(array)[0])
+        return _infer_result(header, result, array.shape[0] if type(array) is np.ndarray else np.shape(array)[0])
 
     def info(self, *, timeout: float | None = None) -> dict[str, Any]:
         """The server's description: versions, model, input dtype/shape, max_batch, plan."""
@@ -258,7 +272,10 @@ class Client:
             index = self._ring.pick()
             socket = self._sockets[index]
             try:
-                self._send(socket, frames, deadline)
+                try:
+                    send_frames(socket, frames, NOBLOCK, copy=False)
+                except zmq.Again:
+                    self._send(socket, frames, deadline)  # the queue is full: wait for room
                 reply = self._receive(index, request_id, deadline)
             except ClientTimeout:
                 self._ring.timed_out(index)

@@ -561,10 +561,10 @@ def decode_reply(frames: Sequence[Frame]) -> tuple[dict[str, Any], np.ndarray | 
     except ValueError as exc:
         raise _malformed(str(exc)) from None
     request_id = header.get("id")
-    if not isinstance(request_id, str | int | None) or isinstance(request_id, bool):
+    if type(request_id) not in _REPLY_ID_TYPES:  # JSON gives exact types: bool is not int here
         raise _malformed(f"'id' is {_json_type(request_id)}")
     ok = header.get("ok")
-    if not isinstance(ok, bool) or not _is_int(header.get("v")):
+    if type(ok) is not bool or type(header.get("v")) is not int:
         raise _malformed("header needs an integer 'v' and a boolean 'ok'", request_id)
     if not ok:
         _check_error_header(header, request_id, len(frames))
@@ -574,6 +574,9 @@ def decode_reply(frames: Sequence[Frame]) -> tuple[dict[str, Any], np.ndarray | 
             raise _malformed("a reply without 'dtype' must not carry a payload frame", request_id)
         return header, None
     return header, _decode_result(header, request_id, frames)
+
+
+_REPLY_ID_TYPES = {str, int, type(None)}
 
 
 def _check_error_header(header: dict[str, Any], request_id: RequestId | None, n_frames: int) -> None:
