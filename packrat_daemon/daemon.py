@@ -139,7 +139,9 @@ class Daemon:
         self.pool = Pool(self.backend, warmup=(1,))
         self.reconciler = Reconciler(self.pool, self.topology)
         self.reconciler.set_plan(self.plan)
-        self.splitter = Splitter(self.profile, self.plan.split, self.reconciler.layouts, self.plan.oversubscribed)
+        self.splitter = Splitter(
+            self.profile, self.plan.split, self.reconciler.layouts, self.plan.oversubscribed, config.min_split_gain
+        )
         self.dispatcher = Dispatcher(self._send_backend, self.splitter, config.job_timeout_s)
         self.batcher = Batcher(config.max_batch, config.max_delay_ms / 1000.0, config.max_queue)
         self.estimator = BatchSizeEstimator()
@@ -312,6 +314,7 @@ class Daemon:
     # -- frontend ----------------------------------------------------------------------------
     def _read_frontend(self) -> None:
         assert self.frontend is not None and self.info is not None
+        limit = self._max_message_bytes()  # max_batch changes only on reload, between wakes
         for reads in range(MAX_READS_PER_WAKE):
             # The poll reported the first message; after it, EVENTS is far cheaper than a receive that
             # raises zmq.Again once the queue is empty.
@@ -323,7 +326,7 @@ class Daemon:
                 return
             identity = frames[0].bytes
             try:
-                delimiter, request = protocol.parse_request(frames[1:], max_message_bytes=self._max_message_bytes())
+                delimiter, request = protocol.parse_request(frames[1:], max_message_bytes=limit)
             except protocol.ProtocolError as exc:
                 self.metrics.count(exc.code)
                 reply = protocol.encode_error(exc.request_id, exc.code, exc.message)
@@ -497,7 +500,9 @@ class Daemon:
         self.plan = plan
         self.reconciler.set_plan(plan)
         profile = self.tuner.profile if self.tuner is not None else self.profile
-        self.dispatcher.splitter = Splitter(profile, plan.split, self.reconciler.layouts, plan.oversubscribed)
+        self.dispatcher.splitter = Splitter(
+            profile, plan.split, self.reconciler.layouts, plan.oversubscribed, self.config.min_split_gain
+        )
         self._pool_changed = True
 
     def _reload(self) -> None:

@@ -70,7 +70,9 @@ class Splitter:
     """Which live workers take a batch, and how many rows each: exact, cached, per batch size.
 
     A plan may keep several layouts of the same cores warm (say one 2-thread worker and two 1-thread
-    workers); each batch goes to the complete layout whose exact split predicts the lowest latency.
+    workers); each batch goes to the complete layout whose exact split predicts the lowest latency,
+    except that a batch stays on one worker unless splitting it is predicted at least
+    `min_split_gain` faster (the packrat policy's margin, applied per batch).
     """
 
     def __init__(
@@ -79,11 +81,13 @@ class Splitter:
         mode: str,
         layouts: Sequence[Sequence[tuple[int, tuple[int, ...]]]] = (),
         oversubscribed: bool = False,
+        min_split_gain: float = 0.0,
     ) -> None:
         self.profile = profile
         self.mode = mode
         self.layouts = [list(layout) for layout in layouts]
         self.oversubscribed = oversubscribed
+        self.min_split_gain = min_split_gain
         self._cache: dict[tuple[tuple[int, ...], int], tuple[float, list[int]]] = {}
         # choose()'s answers for the last `workers` sequence, by batch size. The daemon passes a new list
         # whenever its pool changes (and never edits one in place), so the list's identity is the key.
@@ -108,9 +112,19 @@ class Splitter:
         if not candidates:
             # Mid-reconfiguration no layout may be complete: use ready workers whose cores do not overlap.
             candidates = [list(workers) if self.oversubscribed else _disjoint(workers)]
-        best = min(candidates, key=lambda ws: (self._split(tuple(w.threads for w in ws), batch)[0], len(ws)))
-        sizes = self._split(tuple(w.threads for w in best), batch)[1]
-        return [(worker, rows) for worker, rows in zip(best, sizes, strict=True) if rows]
+        # (predicted latency, workers that get rows, workers, rows each) per candidate layout.
+        scored = []
+        for members in candidates:
+            latency, sizes = self._split(tuple(w.threads for w in members), batch)
+            scored.append((latency, sum(1 for rows in sizes if rows), members, sizes))
+        best = min(scored, key=lambda s: (s[0], s[1]))
+        alone = [s for s in scored if s[1] == 1]
+        if best[1] > 1 and alone:
+            one = min(alone, key=lambda s: s[0])
+            if best[0] > one[0] * (1.0 - self.min_split_gain):
+                best = one
+        _, _, members, sizes = best
+        return [(worker, rows) for worker, rows in zip(members, sizes, strict=True) if rows]
 
     def split(self, threads: Sequence[int], batch: int) -> list[int]:
         return self._split(tuple(threads), batch)[1]

@@ -368,3 +368,59 @@ def test_protocol_and_client_do_not_import_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# -- the fast path for well-formed infer requests must agree with the full parser ----------------
+FAST_PATH_HEADERS = [
+    ({"v": 1, "id": 7, "op": "infer", "dtype": "float32", "shape": [2, 3]}, True),
+    ({"v": 1, "id": "req-1", "op": "infer", "dtype": "float32", "shape": [2, 3], "timeout_ms": 250}, True),
+    ({"v": 1, "id": 7, "op": "infer", "dtype": "float32", "shape": [2, 3], "timeout_ms": 0.5, "x": [1]}, True),
+    ({"v": 1, "id": True, "op": "infer", "dtype": "float32", "shape": [2, 3]}, False),
+    ({"v": 1, "id": 2**63, "op": "infer", "dtype": "float32", "shape": [2, 3]}, False),
+    ({"v": 1, "id": "x" * 200, "op": "infer", "dtype": "float32", "shape": [2, 3]}, False),
+    ({"v": True, "id": 7, "op": "infer", "dtype": "float32", "shape": [2, 3]}, False),
+    ({"v": 2, "id": 7, "op": "infer", "dtype": "float32", "shape": [2, 3]}, False),
+    ({"v": 1, "id": 7, "op": "info", "dtype": "float32", "shape": [2, 3]}, False),
+    ({"v": 1, "id": 7, "op": "infer", "dtype": ["float32"], "shape": [2, 3]}, False),
+    ({"v": 1, "id": 7, "op": "infer", "dtype": "complex64", "shape": [2, 3]}, False),
+    ({"v": 1, "id": 7, "op": "infer", "dtype": "float32", "shape": [2, True, 3]}, False),
+    ({"v": 1, "id": 7, "op": "infer", "dtype": "float32", "shape": [6, 0]}, False),
+    ({"v": 1, "id": 7, "op": "infer", "dtype": "float32", "shape": [3, 3]}, False),
+    ({"v": 1, "id": 7, "op": "infer", "dtype": "float32", "shape": [2, 3], "timeout_ms": True}, False),
+    ({"v": 1, "id": 7, "op": "infer", "dtype": "float32", "shape": [2, 3], "timeout_ms": -1}, False),
+    ({"v": 1, "id": "é", "op": "infer", "dtype": "float32", "shape": [2, 3]}, False),
+    ({"id": 7, "op": "infer", "dtype": "float32", "shape": [2, 3]}, False),
+]
+
+
+@pytest.mark.parametrize(("header", "fast"), FAST_PATH_HEADERS)
+def test_the_fast_path_takes_only_what_the_full_parser_accepts_and_agrees_with_it(header: dict, fast: bool) -> None:
+    from packrat_daemon import protocol
+
+    raw = json.dumps(header, ensure_ascii=False).encode()
+    payload = np.arange(6, dtype=np.float32).tobytes()
+    quick = protocol._well_formed_infer(raw, zmq.Frame(payload), 10**6)
+    assert (quick is not None) == fast
+    try:
+        _, full = parse_request([raw, payload], max_message_bytes=10**6)  # bytes frames: the full parser
+    except ProtocolError:
+        full = None
+    if quick is not None:
+        assert full is not None
+        assert quick[:3] == full[:3] and quick.timeout_ms == full.timeout_ms
+        assert bytes(quick.payload) == bytes(full.payload)
+    if full is not None:  # as the daemon receives them: ZeroMQ frames, through whichever path
+        _, received = parse_request([zmq.Frame(raw), zmq.Frame(payload)], max_message_bytes=10**6)
+        assert received[:3] == full[:3] and received.timeout_ms == full.timeout_ms
+
+
+def test_the_fast_path_respects_the_message_size_limit() -> None:
+    from packrat_daemon import protocol
+
+    raw = json.dumps({"v": 1, "id": 7, "op": "infer", "dtype": "float32", "shape": [2, 3]}).encode()
+    payload = zmq.Frame(np.zeros(6, dtype=np.float32).tobytes())
+    assert protocol._well_formed_infer(raw, payload, len(raw) + 24) is not None
+    assert protocol._well_formed_infer(raw, payload, len(raw) + 23) is None
+    with pytest.raises(ProtocolError) as caught:
+        parse_request([zmq.Frame(raw), payload], max_message_bytes=len(raw) + 23)
+    assert caught.value.code == ErrorCode.TOO_LARGE
