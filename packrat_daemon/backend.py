@@ -143,7 +143,7 @@ class Backend:
         try:
             frames = [identity, *messages.encode(kind, header, payload)]
             # Zero-copy only pays for big payloads: pyzmq builds a tracked Frame per part otherwise.
-            large = sum(memoryview(frame).nbytes for frame in payload) >= ZERO_COPY_MIN_BYTES
+            large = sum([memoryview(frame).nbytes for frame in payload]) >= ZERO_COPY_MIN_BYTES
             send_frames(self.socket, frames, copy=not large)
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:

@@ -142,7 +142,7 @@ class Daemon:
         self.splitter = Splitter(
             self.profile, self.plan.split, self.reconciler.layouts, self.plan.oversubscribed, config.min_split_gain
         )
-        self.dispatcher = Dispatcher(self._send_backend, self.splitter, config.job_timeout_s)
+        self.dispatcher = Dispatcher(self.backend.send, self.splitter, config.job_timeout_s)
         self.batcher = Batcher(config.max_batch, config.max_delay_ms / 1000.0, config.max_queue)
         self.estimator = BatchSizeEstimator()
         self.production = ProductionProfile()
@@ -356,6 +356,8 @@ class Daemon:
             if not self.batcher.offer(queued):
                 message = f"the queue is full ({self.batcher.queued_inputs} inputs waiting); retry later"
                 self._reply_error(queued, protocol.ErrorCode.OVERLOADED, message)
+            elif self.batcher.queued_inputs >= self.batcher.max_batch and not self.dispatcher.busy:
+                return  # a full batch can start now; the loop reads the rest right after dispatching it
 
     def _info(self) -> dict[str, Any]:
         assert self.info is not None and self.plan is not None
@@ -413,10 +415,6 @@ class Daemon:
         self.metrics.answered_ok(total_ms)
 
     # -- backend -----------------------------------------------------------------------------
-    def _send_backend(self, identity: bytes, kind: bytes, header: dict[str, Any], payload: list[Any]) -> bool:
-        assert self.backend is not None
-        return self.backend.send(identity, kind, header, payload)
-
     def _pump_backend(self, timeout_ms: int, waiting: bool = False) -> None:
         """Handle what the workers and template sent; `waiting`: a poll has just reported a message."""
         assert self.backend is not None

@@ -267,6 +267,11 @@ class Dispatcher:
 
 def _row_frames(batch: InFlightBatch, offset: int, rows: int) -> list[memoryview]:
     """Frames covering rows [offset, offset+rows) of the batch, as views of the request buffers."""
+    requests = batch.requests
+    if len(requests) == 1 and offset == 0 and rows == requests[0].samples:
+        whole = requests[0].payload
+        if type(whole) is memoryview and whole.format == "B" and whole.ndim == 1:
+            return [whole]  # the one request, whole: its buffer as received
     row_bytes = batch.dtype.itemsize * math.prod(batch.sample_shape)
     frames = []
     start = 0

@@ -67,10 +67,12 @@ class Pool:
         self.backend = backend
         self.warmup = warmup
         self.workers: dict[int, WorkerHandle] = {}
+        self._by_identity_bytes: dict[bytes, WorkerHandle] = {}  # every message from a worker is looked up
 
     def spawn(self, threads: int, cores: tuple[int, ...], generation: int) -> WorkerHandle:
         worker = WorkerHandle(next(_worker_ids), threads, cores, generation)
         self.workers[worker.id] = worker
+        self._by_identity_bytes[worker.identity] = worker
         header = {"worker": worker.id, "threads": threads, "cores": list(cores), "warmup": list(self.warmup)}
         if not self.backend.send(messages.TEMPLATE_IDENTITY, messages.SPAWN, header):
             worker.state = WorkerState.DEAD
@@ -140,6 +142,7 @@ class Pool:
             was = worker.state
             worker.state = WorkerState.DEAD
             del self.workers[worker.id]
+            self._by_identity_bytes.pop(worker.identity, None)
             if was is not WorkerState.STOPPING:
                 return PoolEvent("lost", worker, header, [])
         return None
@@ -159,7 +162,4 @@ class Pool:
         return template is not None and template.poll() is None
 
     def _by_identity(self, identity: bytes) -> WorkerHandle | None:
-        try:
-            return self.workers.get(int(identity[1:]))
-        except ValueError:
-            return None
+        return self._by_identity_bytes.get(identity)
