@@ -394,16 +394,11 @@ class Daemon:
     def _reply_result(self, done: Completed) -> None:
         request = done.request
         total_ms = (time.monotonic() - request.arrived) * 1000.0
-        timing = {
-            "queue_ms": round(done.queue_ms, 3),
-            "compute_ms": round(done.compute_ms, 3),
-            "total_ms": round(total_ms, 3),
-            "instances": done.instances,
-        }
         output = done.output
-        header, payload = protocol.encode_result(
-            request.request_id, numpy_name(output.dtype), output.shape, output, timing
-        )
+        header, payload = protocol.encode_timed_result(
+            request.request_id, numpy_name(output.dtype), output.shape, output,
+            done.queue_ms, done.compute_ms, total_ms, done.instances,
+        )  # fmt: skip
         frames = [request.identity, header, payload] if request.delimiter is None else [
             request.identity, request.delimiter, header, payload
         ]  # fmt: skip

@@ -418,13 +418,6 @@ def encode_result(
     timing: Mapping[str, float],
 ) -> list[bytes | memoryview | np.ndarray]:
     """The reply to an infer request: ``[header, payload]``; the payload is passed through uncopied."""
-    if type(request_id) is int and dtype in DTYPES:
-        # Sent for every request: formatted directly, byte for byte what the JSON encoder would write.
-        fields = ",".join([_timing_field(name, value) for name, value in timing.items()])
-        if "\0" not in fields:
-            dims = ",".join(map(str, map(int, shape)))
-            text = f'{{"v":{PROTOCOL_VERSION},"id":{request_id},"ok":true,"dtype":"{dtype}","shape":[{dims}],'
-            return [f'{text}"timing":{{{fields}}}}}'.encode(), payload]
     header = {
         "v": PROTOCOL_VERSION,
         "id": request_id,
@@ -436,12 +429,33 @@ def encode_result(
     return [_dump(header), payload]
 
 
-def _timing_field(name: str, value: float) -> str:
-    # Plain numbers only (repr of a finite float is its JSON); anything else gets a NUL, which sends the
-    # whole header to the JSON encoder instead.
-    kind = type(value)
-    plain = (kind is float and math.isfinite(value)) or kind is int
-    return f'"{name}":{value!r}' if plain and name.isidentifier() and name.isascii() else "\0"
+def encode_timed_result(
+    request_id: RequestId,
+    dtype: str,
+    shape: Sequence[int],
+    payload: Buffer | np.ndarray,
+    queue_ms: float,
+    compute_ms: float,
+    total_ms: float,
+    instances: int,
+) -> list[bytes | memoryview | np.ndarray]:
+    """:func:`encode_result` with the daemon's own timing fields, formatted in one step (once per reply).
+
+    Milliseconds are written with three decimals; a value that is not a finite number goes through
+    :func:`encode_result`, which refuses it.
+    """
+    if type(request_id) is int and dtype in DTYPES and math.isfinite(queue_ms + compute_ms + total_ms):
+        dims = ",".join(map(str, map(int, shape)))
+        text = _TIMED_RESULT % (request_id, dtype, dims, queue_ms, compute_ms, total_ms, instances)
+        return [text.encode(), payload]
+    timing = {"queue_ms": round(queue_ms, 3), "compute_ms": round(compute_ms, 3), "total_ms": round(total_ms, 3)}
+    return encode_result(request_id, dtype, shape, payload, {**timing, "instances": instances})
+
+
+_TIMED_RESULT = (
+    f'{{"v":{PROTOCOL_VERSION},"id":%d,"ok":true,"dtype":"%s","shape":[%s],'
+    '"timing":{"queue_ms":%.3f,"compute_ms":%.3f,"total_ms":%.3f,"instances":%d}}'
+)
 
 
 def encode_info(request_id: RequestId, info: Mapping[str, Any]) -> list[bytes]:

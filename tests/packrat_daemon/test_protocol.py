@@ -424,3 +424,22 @@ def test_the_fast_path_respects_the_message_size_limit() -> None:
     with pytest.raises(ProtocolError) as caught:
         parse_request([zmq.Frame(raw), payload], max_message_bytes=len(raw) + 23)
     assert caught.value.code == ErrorCode.TOO_LARGE
+
+
+@pytest.mark.parametrize("request_id", [7, 'req-"7"'])
+def test_a_timed_result_reads_back_with_its_timing(request_id: int | str) -> None:
+    from packrat_daemon.protocol import encode_timed_result
+
+    rows = np.arange(6, dtype=np.float32).reshape(2, 3)
+    frames = encode_timed_result(request_id, "float32", rows.shape, rows, 0.01234, 12.5, 13.0, 2)
+    header, array = decode_reply([frames[0], rows.tobytes()])
+    assert header["id"] == request_id and header["ok"] is True
+    assert header["timing"] == {"queue_ms": 0.012, "compute_ms": 12.5, "total_ms": 13.0, "instances": 2}
+    np.testing.assert_array_equal(array, rows)
+
+
+def test_a_timed_result_refuses_a_time_that_is_not_a_number() -> None:
+    from packrat_daemon.protocol import encode_timed_result
+
+    with pytest.raises(ValueError, match="JSON"):
+        encode_timed_result(7, "float32", (1,), b"\0" * 4, float("nan"), 1.0, 1.0, 1)
