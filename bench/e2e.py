@@ -217,7 +217,13 @@ def resnet(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         "median_ms": medians,
         "ratios": ratios,
         "plans": {
-            name: {"instances": p["instances"], "predicted_ms": p["predicted_latency_ms"]} for name, p in plans.items()
+            name: {
+                "instances": p["instances"],
+                "spare_layouts": p["alternatives"],
+                "predicted_ms": p["predicted_latency_ms"],
+                "reason": p["reason"],
+            }
+            for name, p in plans.items()
         },
         "memory": memory,
     }

@@ -147,6 +147,19 @@ class Daemon(DaemonProcess):
         self.client.infer(self.inputs[batch])
         return (time.perf_counter() - start) * 1000.0
 
+    def instances_used(self, batch: int) -> int:
+        """How many workers shared a batch of this size (from the reply's timing, which Client.infer drops)."""
+        import zmq
+
+        from packrat_daemon.protocol import decode_reply, encode_infer_request
+
+        self.measure(batch)  # makes the input
+        with zmq.Context() as context, context.socket(zmq.DEALER) as socket:
+            socket.connect(self.endpoint)
+            socket.send_multipart(encode_infer_request(1, self.inputs[batch]))
+            header, _ = decode_reply(socket.recv_multipart())
+        return int(header["timing"]["instances"])
+
     def describe(self, info: dict[str, Any]) -> dict[str, Any]:
         """The runtime it chose (from its log: `info` does not say) and its plan."""
         chosen = re.search(
@@ -157,6 +170,7 @@ class Daemon(DaemonProcess):
             "runtime": info.get("runtime") or (chosen.group(1) if chosen else None),
             "predicted_by_runtime": chosen.group(2) if chosen else None,
             "instances": plan.get("instances"),
+            "spare_layouts": plan.get("alternatives"),
             "predicted_ms": plan.get("predicted_latency_ms"),
         }
 
@@ -279,6 +293,8 @@ def bench_model(spec: str, args: argparse.Namespace, cores: list[int], folder: P
     targets.update(runners)
     try:
         samples, rounds = interleave(targets, args.batches, args.rounds, args.budget_s, errors)
+        if daemon is not None and plan is not None and "daemon_auto" in targets:
+            plan["workers_per_batch"] = {b: daemon.instances_used(b) for b in args.batches}
     finally:
         for runner in runners.values():
             runner.close()
