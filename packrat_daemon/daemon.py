@@ -23,6 +23,7 @@ import zmq
 from packrat_daemon import protocol
 from packrat_daemon.backend import ZERO_COPY_MIN_BYTES, Backend, ModelInfo
 from packrat_daemon.batcher import Batcher, Request
+from packrat_daemon.confirm import PlanTiming, SideBySide
 from packrat_daemon.dispatcher import Completed, Dispatcher, Splitter
 from packrat_daemon.distribution import BatchDistribution
 from packrat_daemon.errors import ConfigError, PackratError
@@ -34,6 +35,7 @@ from packrat_daemon.profile import Profile, write_profiles
 from packrat_daemon.profiler import CellProfiler, default_grid
 from packrat_daemon.progress import Progress
 from packrat_daemon.reconciler import Reconciler
+from packrat_daemon.split_check import SplitDecision, measured_profile, split_decisions
 from packrat_daemon.topology import Topology
 from packrat_daemon.tuner import Tuner, TunerSettings
 from packrat_daemon.zmqio import NOBLOCK, readable, recv_frames, send_frames
@@ -69,6 +71,7 @@ class ServeConfig:
     startup_timeout_s: float = 600.0
     batches: list[int] = field(default_factory=list)  # batch sizes to plan for (default: max_batch)
     min_split_gain: float = 0.05  # packrat policy: several instances must beat one by this much
+    split_check_rounds: int = 5  # packrat policy, profile measured at start: check each split this many rounds
     # Online adaptation (packrat policy only): re-plan when the live batch sizes move.
     adapt: bool = True
     adapt_interval_s: float = 5.0
@@ -134,6 +137,8 @@ class Daemon:
         if len(candidates) > 1:
             scores = ", ".join(f"{c[1].runtime} {_predicted(c[3], c[2]):.1f} ms" for c in candidates)
             log.info("runtime auto: chose %s (predicted: %s)", self.info.runtime, scores)
+        if policy.name == "packrat" and not config.profile and config.split_check_rounds > 0:
+            self._check_splits(policy)
         self.sample_bytes = _sample_bytes(self.info)
         log.info("plan %s — %s", self.plan.describe(), self.plan.reason)
         self.pool = Pool(self.backend, warmup=(1,))
@@ -210,6 +215,43 @@ class Daemon:
             write_profiles(config.save_profile, self._saved_profiles)
             log.info("profile saved to %s", config.save_profile)
         return profile
+
+    def _check_splits(self, policy: Any) -> None:
+        """Run each batch size the plan would split both ways side by side; plan again on what was measured."""
+        assert self.backend is not None and self.info is not None and self.profile is not None
+        assert self.plan is not None
+        config = self.config
+        distribution = _distribution_for(config)
+        cores = self.topology.usable_cores
+        decisions = split_decisions(self.profile, self.plan, distribution, cores, config.min_split_gain)
+        if not decisions:
+            return
+        bench = SideBySide(self.backend, self.topology, self.info)
+        progress = Progress(len(decisions), "checking splits side by side")
+
+        def measured(decision: SplitDecision, split: PlanTiming, alone: PlanTiming) -> None:
+            log.info(
+                "split check at %s: split %.1f ms, one instance %.1f ms (medians of %d interleaved rounds)",
+                decision.describe(), split.latency_ms, alone.latency_ms, split.rounds,
+            )  # fmt: skip
+            progress.advance(
+                f"batch {decision.batch}: split {split.latency_ms:.1f} ms, alone {alone.latency_ms:.1f} ms"
+            )
+            if self.events:  # SIGTERM or Ctrl-C during start-up: stop between checks
+                raise KeyboardInterrupt
+
+        try:
+            profile = measured_profile(self.profile, decisions, bench.compare, config.split_check_rounds, measured)
+        finally:
+            bench.close()
+            progress.close()
+        plan = policy.plan(profile, self.topology, distribution)
+        if plan.layouts != self.plan.layouts:
+            log.info("split check changed the plan: %s → %s", self.plan.describe(), plan.describe())
+        self.profile, self.plan = profile, plan
+        if config.save_profile:
+            self._saved_profiles = [p for p in self._saved_profiles if p.runtime != profile.runtime] + [profile]
+            write_profiles(config.save_profile, self._saved_profiles)
 
     def _wait_converged(self) -> None:
         deadline = time.monotonic() + self.config.startup_timeout_s
@@ -375,13 +417,12 @@ class Daemon:
             ],
         }
 
-    def _send_frontend(self, identity: bytes, delimiter: bytes | None, frames: list[Any]) -> None:
+    def _send_frontend(self, identity: bytes, delimiter: bytes | None, frames: list[Any], large: bool = False) -> None:
+        """Answer a client; `large`: the last frame is a result tensor big enough for zero-copy to pay."""
         assert self.frontend is not None
-        head = [identity] if delimiter is None else [identity, delimiter]
         try:
-            # Only a result's tensor (the last frame) can be large enough for zero-copy to pay.
-            large = len(frames) > 1 and memoryview(frames[-1]).nbytes >= ZERO_COPY_MIN_BYTES
-            send_frames(self.frontend, head + list(frames), copy=not large)
+            send_frames(self.frontend, [identity, *frames] if delimiter is None else [identity, delimiter, *frames],
+                        copy=not large)  # fmt: skip
         except zmq.ZMQError as exc:
             log.debug("could not answer a client: %s", exc)
 
@@ -399,14 +440,8 @@ class Daemon:
             request.request_id, numpy_name(output.dtype), output.shape, output,
             done.queue_ms, done.compute_ms, total_ms, done.instances,
         )  # fmt: skip
-        frames = [request.identity, header, payload] if request.delimiter is None else [
-            request.identity, request.delimiter, header, payload
-        ]  # fmt: skip
-        assert self.frontend is not None
-        try:
-            send_frames(self.frontend, frames, copy=output.nbytes < ZERO_COPY_MIN_BYTES)
-        except zmq.ZMQError as exc:
-            log.debug("could not answer a client: %s", exc)
+        large = output.nbytes >= ZERO_COPY_MIN_BYTES
+        self._send_frontend(request.identity, request.delimiter, [header, payload], large)
         self.metrics.answered_ok(total_ms)
 
     # -- backend -----------------------------------------------------------------------------

@@ -112,18 +112,10 @@ class Splitter:
         if not candidates:
             # Mid-reconfiguration no layout may be complete: use ready workers whose cores do not overlap.
             candidates = [list(workers) if self.oversubscribed else _disjoint(workers)]
-        # (predicted latency, workers that get rows, workers, rows each) per candidate layout.
-        scored = []
-        for members in candidates:
-            latency, sizes = self._split(tuple(w.threads for w in members), batch)
-            scored.append((latency, sum(1 for rows in sizes if rows), members, sizes))
-        best = min(scored, key=lambda s: (s[0], s[1]))
-        alone = [s for s in scored if s[1] == 1]
-        if best[1] > 1 and alone:
-            one = min(alone, key=lambda s: s[0])
-            if best[0] > one[0] * (1.0 - self.min_split_gain):
-                best = one
-        _, _, members, sizes = best
+        splits = [self._split(tuple(w.threads for w in members), batch) for members in candidates]
+        scored = [(latency, sum(1 for rows in sizes if rows)) for latency, sizes in splits]
+        chosen = pick_layout(scored, self.min_split_gain)
+        members, sizes = candidates[chosen], splits[chosen][1]
         return [(worker, rows) for worker, rows in zip(members, sizes, strict=True) if rows]
 
     def split(self, threads: Sequence[int], batch: int) -> list[int]:
@@ -143,6 +135,21 @@ class Splitter:
                 pass  # the profile does not cover this pool or batch: fall back to proportional
         weights = threads if self.mode == "exact" else [1] * len(threads)
         return float("inf"), _proportional(weights, batch)
+
+
+def pick_layout(scored: Sequence[tuple[float, int]], min_split_gain: float) -> int:
+    """Index of the layout to run a batch on, from (predicted latency, workers used) per layout.
+
+    The fastest, except that a batch stays on one worker unless a split is predicted at least
+    `min_split_gain` faster than the best single worker.
+    """
+    best = min(range(len(scored)), key=lambda k: scored[k])
+    alone = [k for k, (_, used) in enumerate(scored) if used == 1]
+    if scored[best][1] > 1 and alone:
+        one = min(alone, key=lambda k: scored[k][0])
+        if scored[best][0] > scored[one][0] * (1.0 - min_split_gain):
+            return one
+    return best
 
 
 def _match(layout: Sequence[tuple[int, tuple[int, ...]]], workers: Sequence[WorkerHandle]) -> list[WorkerHandle]:

@@ -39,6 +39,13 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         help="packrat policy: serve several instances only if predicted this much faster than one (default 0.05)",
     )
     parser.add_argument(
+        "--split-check-rounds",
+        type=int,
+        default=5,
+        help="packrat policy, profile measured at start: run each split the plan makes against one instance "
+        "this many interleaved rounds and plan on what was measured (default 5; 0: off)",
+    )
+    parser.add_argument(
         "--allocator", default="system", choices=["system", "jemalloc", "tcmalloc"], help="malloc to preload"
     )
     parser.add_argument(
@@ -71,7 +78,7 @@ def config_from(args: argparse.Namespace):  # noqa: ANN201
         profile=args.profile, save_profile=args.save_profile, max_batch=args.max_batch,
         max_delay_ms=args.max_delay_ms, max_queue=args.max_queue, allocator=args.allocator,
         runtime=args.runtime, run_dir=args.run_dir, batches=args.batches or [],
-        min_split_gain=args.min_split_gain, adapt=args.adapt,
+        min_split_gain=args.min_split_gain, split_check_rounds=args.split_check_rounds, adapt=args.adapt,
         adapt_interval_s=args.adapt_interval_s, adapt_min_batches=args.adapt_min_batches,
         adapt_cooldown_s=args.adapt_cooldown_s, adapt_min_gain=args.adapt_min_gain,
         metrics_port=args.metrics_port, metrics_address=args.metrics_address,

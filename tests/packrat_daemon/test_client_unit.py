@@ -167,7 +167,11 @@ def test_infer_sends_its_timeout_to_the_server(context: zmq.Context, serve: Serv
     with Client(server.endpoint, context=context, timeout=5) as client:
         client.infer(np.ones((1, 3), np.float32))
         client.infer(np.ones((1, 3), np.float32), timeout=0.25)
-    assert [req.timeout_ms for req in server.received] == [5000.0, 250.0]
+        client.timeout = 2  # a changed default applies to the next call (headers come from a cache)
+        client.infer(np.ones((1, 3), np.float32))
+        with pytest.raises(ValueError, match="positive"):
+            client.timeout = 0
+    assert [req.timeout_ms for req in server.received] == [5000.0, 250.0, 2000.0]
 
 
 def test_info(context: zmq.Context, serve: Serve, tmp_path: Path) -> None:

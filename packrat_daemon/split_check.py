@@ -1,0 +1,94 @@
+"""Checking a plan's splits by measurement before serving them.
+
+A start-up profile measures each cell a few times. On a shared machine a cell can be off by 5% or more,
+so a near tie between one instance and a split can fall either way: a 2×1 plan chosen on a predicted
+6% gain at batch 2 measured 2.4% slower than `single` (bench/e2e.py on two cores). So before the
+daemon serves, every batch size its plan would split runs both ways side by side, split and one
+instance, their rounds interleaved so that a noisy neighbour slows both alike. The measured cells
+replace the profiled ones and the policy plans again on them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from packrat_daemon.confirm import Instances, PlanTiming
+from packrat_daemon.dispatcher import pick_layout
+from packrat_daemon.distribution import BatchDistribution
+from packrat_daemon.errors import InfeasibleError
+from packrat_daemon.profile import Cell, Profile
+from policies.base import Plan
+from policies.solver import split_batch
+
+Compare = Callable[[Mapping[str, Instances], int], Mapping[str, PlanTiming]]
+
+
+@dataclass(frozen=True)
+class SplitDecision:
+    """At `batch`, the plan splits across `split` ((threads, rows) per worker) instead of `alone`."""
+
+    batch: int
+    split: tuple[tuple[int, int], ...]
+    alone: tuple[int, int]  # (threads, batch): the best single instance the profile knows
+
+    def describe(self) -> str:
+        parts = " + ".join(f"{t}t×{b}" for t, b in self.split)
+        return f"batch {self.batch}: {parts} against {self.alone[0]}t×{self.alone[1]}"
+
+
+def split_decisions(
+    profile: Profile, plan: Plan, distribution: BatchDistribution, cores: int, min_split_gain: float
+) -> list[SplitDecision]:
+    """The batch sizes of `distribution` that `plan` would split, each with its one-instance rival."""
+    layouts = [[i.threads for i in layout] for layout in plan.layouts]
+    decisions = []
+    for batch in distribution.batches:
+        options = []
+        for threads in layouts:
+            try:
+                latency, sizes = split_batch(profile, threads, batch)
+            except InfeasibleError:
+                continue
+            used = [(t, rows) for t, rows in zip(threads, sizes, strict=True) if rows]
+            options.append((latency, used))
+        if not options:
+            continue
+        chosen = options[pick_layout([(latency, len(used)) for latency, used in options], min_split_gain)][1]
+        alone = _best_alone(profile, cores, batch)
+        if len(chosen) > 1 and alone is not None:
+            decisions.append(SplitDecision(batch, tuple(chosen), alone))
+    return decisions
+
+
+def measured_profile(
+    profile: Profile, decisions: Sequence[SplitDecision], compare: Compare, rounds: int,
+    on_measured: Callable[[SplitDecision, PlanTiming, PlanTiming], None] | None = None,
+) -> Profile:  # fmt: skip
+    """`profile` with every decision's cells replaced by a side-by-side measurement of both options.
+
+    `compare` times named plans in one interleaved run (confirm.SideBySide.compare). A cell that two
+    instances of a split share keeps the slower of the two: the plan waits for its slowest instance.
+    """
+    cells: dict[tuple[int, int], Cell] = dict(profile.items())
+    for decision in decisions:
+        timings = compare({"split": decision.split, "alone": (decision.alone,)}, rounds)
+        split, alone = timings["split"], timings["alone"]
+        measured: dict[tuple[int, int], float] = {}
+        for key, latency in zip(decision.split, split.per_instance_ms, strict=True):
+            measured[key] = max(latency, measured.get(key, 0.0))
+        measured[decision.alone] = alone.latency_ms
+        for key, latency in measured.items():
+            cells[key] = Cell(latency, split.rounds)
+        if on_measured is not None:
+            on_measured(decision, split, alone)
+    return Profile(cells, model=profile.model, runtime=profile.runtime)
+
+
+def _best_alone(profile: Profile, cores: int, batch: int) -> tuple[int, int] | None:
+    best: tuple[float, int] | None = None
+    for threads in profile.threads():
+        latency = profile.lhat(threads, batch) if threads <= cores else None
+        if latency is not None and (best is None or latency < best[0]):
+            best = (latency, threads)
+    return None if best is None else (best[1], batch)
