@@ -4,6 +4,7 @@ one check run on real workers."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 from packrat_daemon.confirm import Instances, PlanTiming, SideBySide, model_session
 from packrat_daemon.distribution import BatchDistribution
@@ -16,6 +17,7 @@ from policies.packrat import PackratPolicy
 # instance (1000 ms) by 20%.
 SPLIT_WINS = Profile.from_latencies({(1, 8): 800.0, (1, 16): 1600.0, (2, 8): 500.0, (2, 16): 1000.0})
 ONLY_16 = BatchDistribution.single(16)
+ONLY_4 = BatchDistribution.single(4)
 
 
 def timing(instances: Instances, per_instance: list[float], rounds: int = 5) -> PlanTiming:
@@ -86,12 +88,13 @@ def test_every_split_batch_size_of_a_distribution_is_checked() -> None:
 
 
 def test_a_check_on_real_workers_replaces_the_cells_with_measurements() -> None:
-    profile = Profile.from_latencies({(1, 2): 1.0, (1, 4): 2.0, (2, 2): 10.0, (2, 4): 20.0})  # a split "wins" 10×
+    # A made-up profile on which a split "wins" 20×: 1-thread instances of 2 against a 2-thread one of 4.
+    profile = Profile.from_latencies({(1, 2): 1.0, (1, 4): 30.0, (2, 2): 10.0, (2, 4): 20.0})
     distribution = BatchDistribution.single(4)
     topology = Topology.synthetic(2)
     plan = PackratPolicy().plan(profile, topology, distribution)
     decisions = split_decisions(profile, plan, distribution, cores=2, min_split_gain=0.05)
-    assert [d.split for d in decisions] == [((1, 2), (1, 2))]
+    assert [(d.split, d.alone) for d in decisions] == [(((1, 2), (1, 2)), (2, 4))]
     with model_session("builtin:tiny-mlp") as (backend, info):
         bench = SideBySide(backend, topology, info)
         try:
@@ -102,4 +105,30 @@ def test_a_check_on_real_workers_replaces_the_cells_with_measurements() -> None:
     for key in [(1, 2), (2, 4)]:
         assert cells[key].samples == 2 and cells[key].latency_ms != profile.lhat(*key)
         assert 0 < cells[key].latency_ms < 1000
-    assert cells[(1, 4)].latency_ms == 2.0  # not part of the check
+    assert cells[(1, 4)].latency_ms == 30.0  # not part of the check
+
+
+def test_the_daemon_plans_again_on_what_its_check_measured(tmp_path: Path) -> None:
+    from packrat_daemon.daemon import Daemon, ServeConfig
+
+    # A made-up 20× win for the split: the check replaces those cells with real tiny-mlp timings (a
+    # fraction of a millisecond each), plans again on them, and saves the checked profile.
+    profile = Profile.from_latencies({(1, 2): 1.0, (1, 4): 30.0, (2, 2): 10.0, (2, 4): 20.0})
+    saved = tmp_path / "profile.csv"
+    config = ServeConfig(model="builtin:tiny-mlp", max_batch=4, split_check_rounds=3, save_profile=str(saved))
+    daemon = Daemon(config, topology=Topology.synthetic(2))
+    try:
+        with model_session("builtin:tiny-mlp") as (backend, info):
+            daemon.backend, daemon.info, daemon.profile = backend, info, profile
+            daemon.plan = PackratPolicy().plan(profile, daemon.topology, ONLY_4)
+            assert daemon.plan.thread_counts == [1, 1]
+            daemon._check_splits(PackratPolicy())
+            daemon.backend = None  # model_session closes it
+    finally:
+        daemon.close()
+    checked = Profile.read_csv(saved)
+    cells = dict(checked.items())
+    assert cells[(2, 4)].samples == 3 and cells[(2, 4)].latency_ms < 5.0
+    assert cells[(1, 2)].samples == 3 and cells[(1, 2)].latency_ms != 1.0
+    assert daemon.profile is not None and dict(daemon.profile.items()) == cells
+    assert daemon.plan == PackratPolicy().plan(checked, daemon.topology, ONLY_4)
