@@ -71,7 +71,7 @@ class ServeConfig:
     startup_timeout_s: float = 600.0
     batches: list[int] = field(default_factory=list)  # batch sizes to plan for (default: max_batch)
     min_split_gain: float = 0.05  # packrat policy: several instances must beat one by this much
-    split_check_rounds: int = 5  # packrat policy, profile measured at start: check each split this many rounds
+    split_check_rounds: int = 5  # packrat policy: at start, check each split against one instance this many rounds
     # Online adaptation (packrat policy only): re-plan when the live batch sizes move.
     adapt: bool = True
     adapt_interval_s: float = 5.0
@@ -137,7 +137,7 @@ class Daemon:
         if len(candidates) > 1:
             scores = ", ".join(f"{c[1].runtime} {_predicted(c[3], c[2]):.1f} ms" for c in candidates)
             log.info("runtime auto: chose %s (predicted: %s)", self.info.runtime, scores)
-        if policy.name == "packrat" and not config.profile and config.split_check_rounds > 0:
+        if policy.name == "packrat" and config.split_check_rounds > 0 and self.profile is not None:
             self._check_splits(policy)
         self.sample_bytes = _sample_bytes(self.info)
         log.info("plan %s — %s", self.plan.describe(), self.plan.reason)

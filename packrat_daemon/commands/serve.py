@@ -42,8 +42,8 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         "--split-check-rounds",
         type=int,
         default=5,
-        help="packrat policy, profile measured at start: run each split the plan makes against one instance "
-        "this many interleaved rounds and plan on what was measured (default 5; 0: off)",
+        help="packrat policy: at start, run each split the plan makes against one instance this many "
+        "interleaved rounds and plan on what was measured (default 5; 0: off)",
     )
     parser.add_argument(
         "--allocator", default="system", choices=["system", "jemalloc", "tcmalloc"], help="malloc to preload"

@@ -258,7 +258,8 @@ def test_spare_layout_serves_the_batch_sizes_it_is_fastest_for(tmp_path: Path) -
     profile = tmp_path / "profile.csv"
     profile.write_text("threads,batch,latency_ms\n1,1,1.0\n1,2,1.2\n2,1,0.6\n2,4,2.6\n1,4,2.5\n")
     args = ["--model", "builtin:tiny-mlp", "--policy", "packrat", "--profile", str(profile), "--max-batch", "4"]
-    with running_daemon(tmp_path, *args, "--batches", "1,4") as (endpoint, _):
+    # The made-up profile is the test: no start-up check may replace its cells with real timings.
+    with running_daemon(tmp_path, *args, "--batches", "1,4", "--split-check-rounds", "0") as (endpoint, _):
         context = zmq.Context.instance()
         with context.socket(zmq.DEALER) as socket, Client(endpoint, timeout=30) as client:
             workers = client.info()["workers"]
@@ -320,6 +321,7 @@ def test_daemon_adapts_to_the_live_batch_sizes_without_losing_a_request(tmp_path
     profile.write_text("threads,batch,latency_ms,samples\n" + "".join(f"{t},{b},{ms},100000\n" for t, b, ms in rows))
     args = ["--model", "builtin:tiny-mlp", "--policy", "packrat", "--profile", str(profile), "--max-batch", "4"]
     adapt = ["--batches", "1", "--adapt-interval-s", "0.2", "--adapt-min-batches", "20", "--adapt-cooldown-s", "1"]
+    adapt += ["--split-check-rounds", "0"]  # the made-up profile is the test: keep its cells
     serving = running_daemon(tmp_path, *args, *adapt, "--max-delay-ms", "0")
     with serving as (endpoint, _), Client(endpoint, timeout=30) as client:
         assert [w["threads"] for w in client.info()["workers"]] == [2]
