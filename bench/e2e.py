@@ -9,6 +9,7 @@ so drift on a shared, noisy machine hits every configuration alike. Prints one J
       ceiling     two pinned processes, 1 thread and B/2 inputs each, no daemon (the side-by-side ideal)
       single / torchserve / packrat   the daemon's round trip through the client library; `packrat` is
                   planned for the B measured, `packrat_mixed` plans one pool for all the B at once
+      single_again    a second `single` daemon: two identical daemons differ by this run's noise floor
     and the ratios the targets are stated in;
   - tiny: the daemon's batch-1 round trip against a bare two-hop pyzmq relay
     (client → relay → worker → relay → client, no batching) on the same tiny model, through the
@@ -43,6 +44,7 @@ from harness import serve_batches  # noqa: E402
 from packrat_daemon.protocol import encode_infer_request  # noqa: E402
 
 MODEL = "builtin:resnet50"
+SETTLE_S = 0.02
 
 
 # -- in-process runners (spawned: each loads its own model, as an independent server would) --------
@@ -107,6 +109,8 @@ def resnet(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     mixed.wait()
     daemons = {
         "single": Daemon("single", folder, [*common, "--policy", "single"]),
+        # The same configuration twice: how far two identical daemons differ is this run's noise floor.
+        "single_again": Daemon("single_again", folder, [*common, "--policy", "single"]),
         "torchserve": Daemon("torchserve", folder, [*common, "--policy", "torchserve"]),
         "packrat_mixed": mixed,
     }
@@ -158,6 +162,7 @@ def resnet(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         for batch in args.batches:
             rng.shuffle(names)
             for name in names:
+                time.sleep(SETTLE_S)  # the previous configuration's spinning pool threads park first
                 samples[name][batch].append(measure(name, batch) * 1000.0)
         print(f"round {round_index + 1}/{args.rounds} done", file=sys.stderr)
 
@@ -173,6 +178,7 @@ def resnet(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
             "single_daemon_overhead_over_direct": medians["single"][b] / medians["direct"][b] - 1.0,
             "torchserve_over_single": medians["torchserve"][b] / medians["single"][b],
             "packrat_mixed_speedup_over_single": medians["single"][b] / medians["packrat_mixed"][b],
+            "noise_single_again_over_single": medians["single_again"][b] / medians["single"][b],
         }
         for allocator in args.allocators:
             ratios[b][f"packrat_{allocator}_over_packrat_system"] = (

@@ -42,6 +42,9 @@ sys.path.insert(0, str(REPO))
 from harness import DaemonProcess, serve_batches  # noqa: E402  (bench/ is on sys.path when this script runs)
 
 RUNTIMES = ("torch", "onnxruntime", "openvino")
+# A pause before each configuration's turn: the previous one's pool threads (ONNX Runtime and libgomp
+# spin for a while after a run) must not eat into the next one's first call.
+SETTLE_S = 0.02
 
 
 # -- in-process runners ----------------------------------------------------------------------------
@@ -210,6 +213,7 @@ def interleave(
             names = list(live)
             rng.shuffle(names)
             for name in names:
+                time.sleep(SETTLE_S)
                 for _ in range(calls_per_round(batch)):
                     if name not in live or (elapsed := measure(name, batch)) is None:
                         break
