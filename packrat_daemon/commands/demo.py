@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             print("packrat demo: starting the `single` baseline ...", file=sys.stderr)
             single, single_endpoint = _start(folder, "single", [*common, "--policy", "single"])
             processes.append(single)
-            _wait(single, single_endpoint)
+            single_info = _wait(single, single_endpoint)
             spec = info["input"]
             rng = np.random.default_rng(0)
             shape = (args.batch, *spec["shape"])
@@ -107,4 +107,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"median latency  packrat: {packrat_ms:8.1f} ms")
     print(f"median latency  single : {single_ms:8.1f} ms   (one instance, all cores: PyTorch's default)")
     print(f"speed-up of packrat over single: {single_ms / packrat_ms:.2f}×")
+    if _layout(plan) == _layout(single_info["plan"]):
+        print(
+            "  packrat serves the same layout as single here (splitting is not predicted to pay on this "
+            "machine), so the difference above is noise between two processes"
+        )
     return 0
+
+
+def _layout(plan: dict) -> list[int]:
+    return sorted(instance["threads"] for instance in plan["instances"])
