@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from packrat_daemon.cli import build_parser
-from packrat_daemon.commands.serve import _serve_parser, apply_config_file
+from packrat_daemon.commands.serve import _serve_parser, apply_config_file, config_from
 from packrat_daemon.errors import ConfigError
 
 
@@ -47,3 +47,7 @@ def test_example_config_in_the_repository_is_valid() -> None:
     example = Path(__file__).resolve().parents[2] / "systemd" / "example.toml"
     args = parse("--config", str(example))
     assert args.model == "builtin:resnet50" and args.policy == "packrat"
+    config = config_from(args)
+    assert (config.min_split_gain, config.split_check_rounds) == (0.05, 5)
+    tuned = config_from(parse("--config", str(example), "--min-split-gain", "0.1", "--split-check-rounds", "0"))
+    assert (tuned.min_split_gain, tuned.split_check_rounds) == (0.1, 0)  # flags win over the file
