@@ -1,8 +1,8 @@
 """Checking a plan's splits by measurement before serving them.
 
 A start-up profile measures each cell a few times. On a shared machine a cell can be off by 5% or more,
-so a near tie between one instance and a split can fall either way: a 2×1 plan chosen on a predicted
-6% gain at batch 2 measured 2.4% slower than `single` (bench/e2e.py on two cores). So before the
+so a near tie between one instance and a split can fall either way: a 2×1 plan predicted more than 5%
+faster at batch 2 measured 2.4% slower than `single` (bench/e2e.py on two cores). So before the
 daemon serves, every batch size its plan would split runs both ways side by side, split and one
 instance, their rounds interleaved so that a noisy neighbour slows both alike. The measured cells
 replace the profiled ones and the policy plans again on them.
