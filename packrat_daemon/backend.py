@@ -22,10 +22,8 @@ import numpy as np
 import zmq
 
 from packrat_daemon.errors import ConfigError, PackratError
-from packrat_daemon.zmqio import NOBLOCK, readable, recv_frames, send_frames
+from packrat_daemon.zmqio import NOBLOCK, ZERO_COPY_MIN_BYTES, readable, recv_frames, send_frames
 from workers import messages
-
-ZERO_COPY_MIN_BYTES = 64 * 1024
 
 GLIBC_MALLOC_TUNING = {
     "MALLOC_MMAP_THRESHOLD_": str(32 << 20),  # glibc's largest: blocks under 32 MiB come from the heap

@@ -272,10 +272,7 @@ class Client:
             index = self._ring.pick()
             socket = self._sockets[index]
             try:
-                try:
-                    send_frames(socket, frames, NOBLOCK, copy=False)
-                except zmq.Again:
-                    self._send(socket, frames, deadline)  # the queue is full: wait for room
+                self._send(socket, frames, deadline)
                 reply = self._receive(index, request_id, deadline)
             except ClientTimeout:
                 self._ring.timed_out(index)

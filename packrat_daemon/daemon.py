@@ -21,7 +21,7 @@ from typing import Any
 import zmq
 
 from packrat_daemon import protocol
-from packrat_daemon.backend import ZERO_COPY_MIN_BYTES, Backend, ModelInfo
+from packrat_daemon.backend import Backend, ModelInfo
 from packrat_daemon.batcher import Batcher, Request
 from packrat_daemon.confirm import PlanTiming, SideBySide
 from packrat_daemon.dispatcher import Completed, Dispatcher, Splitter
@@ -38,7 +38,7 @@ from packrat_daemon.reconciler import Reconciler
 from packrat_daemon.split_check import SplitDecision, measured_profile, split_decisions
 from packrat_daemon.topology import Topology
 from packrat_daemon.tuner import Tuner, TunerSettings
-from packrat_daemon.zmqio import NOBLOCK, readable, recv_frames, send_frames
+from packrat_daemon.zmqio import NOBLOCK, ZERO_COPY_MIN_BYTES, readable, recv_frames, send_frames
 from policies.base import Plan
 from policies.registry import get_policy, policy_options
 from workers.messages import numpy_name
@@ -144,10 +144,7 @@ class Daemon:
         self.pool = Pool(self.backend, warmup=(1,))
         self.reconciler = Reconciler(self.pool, self.topology)
         self.reconciler.set_plan(self.plan)
-        self.splitter = Splitter(
-            self.profile, self.plan.split, self.reconciler.layouts, self.plan.oversubscribed, config.min_split_gain
-        )
-        self.dispatcher = Dispatcher(self.backend.send, self.splitter, config.job_timeout_s)
+        self.dispatcher = Dispatcher(self.backend.send, self._splitter(self.profile, self.plan), config.job_timeout_s)
         self.batcher = Batcher(config.max_batch, config.max_delay_ms / 1000.0, config.max_queue)
         self.estimator = BatchSizeEstimator()
         self.production = ProductionProfile()
@@ -210,11 +207,16 @@ class Daemon:
             profiler.close()
             progress.close()
         profile = Profile(measured, model=config.model, runtime=info.runtime)
-        if config.save_profile:
-            self._saved_profiles.append(profile)
-            write_profiles(config.save_profile, self._saved_profiles)
-            log.info("profile saved to %s", config.save_profile)
+        self._save_profile(profile)
         return profile
+
+    def _save_profile(self, profile: Profile) -> None:
+        """With --save-profile, write `profile` in place of its runtime's rows (one file, every runtime)."""
+        if not self.config.save_profile:
+            return
+        self._saved_profiles = [p for p in self._saved_profiles if p.runtime != profile.runtime] + [profile]
+        write_profiles(self.config.save_profile, self._saved_profiles)
+        log.info("profile saved to %s", self.config.save_profile)
 
     def _check_splits(self, policy: Any) -> None:
         """Run each batch size the plan would split both ways side by side; plan again on what was measured."""
@@ -249,9 +251,7 @@ class Daemon:
         if plan.layouts != self.plan.layouts:
             log.info("split check changed the plan: %s → %s", self.plan.describe(), plan.describe())
         self.profile, self.plan = profile, plan
-        if config.save_profile:
-            self._saved_profiles = [p for p in self._saved_profiles if p.runtime != profile.runtime] + [profile]
-            write_profiles(config.save_profile, self._saved_profiles)
+        self._save_profile(profile)
 
     def _wait_converged(self) -> None:
         deadline = time.monotonic() + self.config.startup_timeout_s
@@ -528,10 +528,12 @@ class Daemon:
         self.plan = plan
         self.reconciler.set_plan(plan)
         profile = self.tuner.profile if self.tuner is not None else self.profile
-        self.dispatcher.splitter = Splitter(
-            profile, plan.split, self.reconciler.layouts, plan.oversubscribed, self.config.min_split_gain
-        )
+        self.dispatcher.splitter = self._splitter(profile, plan)
         self._pool_changed = True
+
+    def _splitter(self, profile: Profile | None, plan: Plan) -> Splitter:
+        """How each batch is divided under `plan`: its layouts as the reconciler keeps them warm."""
+        return Splitter(profile, plan.split, self.reconciler.layouts, plan.oversubscribed, self.config.min_split_gain)
 
     def _reload(self) -> None:
         """SIGHUP: re-read the configuration and profile, re-plan, and let the reconciler converge.

@@ -213,7 +213,7 @@ class Dispatcher:
         job.output = np.frombuffer(frame.buffer, dtype=numpy_dtype(header["dtype"])).reshape(header["shape"])
         job.compute_ms = float(header["compute_ms"])
         self.batch.unanswered -= 1
-        return self._finish() if self.batch.unanswered == 0 else []
+        return self._finish() if self.batch.done() else []
 
     def reassign(self, lost: WorkerHandle, workers: list[WorkerHandle]) -> bool:
         """Re-send the lost worker's slices; False when no worker is left to take them."""

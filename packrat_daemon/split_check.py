@@ -19,6 +19,7 @@ from packrat_daemon.distribution import BatchDistribution
 from packrat_daemon.errors import InfeasibleError
 from packrat_daemon.profile import Cell, Profile
 from policies.base import Plan
+from policies.packrat import best_one_instance
 from policies.solver import split_batch
 
 Compare = Callable[[Mapping[str, Instances], int], Mapping[str, PlanTiming]]
@@ -55,9 +56,9 @@ def split_decisions(
         if not options:
             continue
         chosen = options[pick_layout([(latency, len(used)) for latency, used in options], min_split_gain)][1]
-        alone = _best_alone(profile, cores, batch)
+        alone = best_one_instance(profile, cores, BatchDistribution.single(batch))
         if len(chosen) > 1 and alone is not None:
-            decisions.append(SplitDecision(batch, tuple(chosen), alone))
+            decisions.append(SplitDecision(batch, tuple(chosen), (alone[0], batch)))
     return decisions
 
 
@@ -83,12 +84,3 @@ def measured_profile(
         if on_measured is not None:
             on_measured(decision, split, alone)
     return Profile(cells, model=profile.model, runtime=profile.runtime)
-
-
-def _best_alone(profile: Profile, cores: int, batch: int) -> tuple[int, int] | None:
-    best: tuple[float, int] | None = None
-    for threads in profile.threads():
-        latency = profile.lhat(threads, batch) if threads <= cores else None
-        if latency is not None and (best is None or latency < best[0]):
-            best = (latency, threads)
-    return None if best is None else (best[1], batch)

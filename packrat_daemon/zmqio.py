@@ -16,6 +16,10 @@ from typing import Any
 import zmq
 from zmq.backend import Socket as _CompiledSocket
 
+# Zero-copy sends cost more than a memcpy for small messages (pyzmq builds a tracked Frame per part):
+# only tensors at least this big go out uncopied.
+ZERO_COPY_MIN_BYTES = 64 * 1024
+
 SNDMORE = int(zmq.SNDMORE)
 NOBLOCK = int(zmq.NOBLOCK)
 POLLIN = int(zmq.POLLIN)

@@ -41,7 +41,7 @@ class PackratPolicy(Policy):
         assert profile is not None  # _optimum raised otherwise
         if all(len(layout) == 1 for layout in plan.layouts) or plan.predicted_latency_ms is None:
             return plan
-        one = _best_one_instance(profile, topology.usable_cores, distribution)
+        one = best_one_instance(profile, topology.usable_cores, distribution)
         if one is None:
             return plan
         threads, latency = one
@@ -100,7 +100,7 @@ class PackratPolicy(Policy):
         return _plan_from(pools[main], expected, reason, [pools[p] for p in layouts[1:]])
 
 
-def _best_one_instance(profile: Profile, cores: int, distribution: BatchDistribution) -> tuple[int, float] | None:
+def best_one_instance(profile: Profile, cores: int, distribution: BatchDistribution) -> tuple[int, float] | None:
     """(threads, expected latency) of the best pool of one instance, or None if none carries every batch."""
     best: tuple[int, float] | None = None
     for threads in profile.threads():

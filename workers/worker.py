@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-from packrat_daemon.zmqio import recv_frames, send_frames
+from packrat_daemon.zmqio import ZERO_COPY_MIN_BYTES, recv_frames, send_frames
 from workers import messages
 from workers.models import InputSpec
 from workers.pinning import die_with_parent, pin_process
@@ -24,8 +24,6 @@ from workers.runtime import Runtime, sample_input
 
 HEARTBEAT_SECONDS = 1.0
 PREPARE_POLL_MS = 20  # how often the main loop checks whether a background re-threading is ready
-# Zero-copy sends cost more than a memcpy for small messages (pyzmq builds a tracked Frame per part).
-ZERO_COPY_MIN_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
