@@ -25,8 +25,14 @@ from packrat_daemon.errors import ConfigError, PackratError
 from packrat_daemon.zmqio import NOBLOCK, ZERO_COPY_MIN_BYTES, readable, recv_frames, send_frames
 from workers import messages
 
+# glibc hands big blocks out with mmap and returns freed heap memory to the OS, so every inference
+# page-faults its activation buffers in again, a different number of pages in each process. Measured
+# here with ResNet-50 at 2 threads (bench/malloc.py): B=4 ran 230-250 ms untuned and 197-210 ms with
+# a 32 MiB mmap threshold; but B=16's 51 MB activations are over glibc's largest threshold, so they still
+# faulted 37 000-150 000 pages per call, and three identical processes ran 776-973 ms. With no mmap at all
+# they fault none and run 737-741 ms, for about 15% more resident memory (975 against 839 MB peak).
 GLIBC_MALLOC_TUNING = {
-    "MALLOC_MMAP_THRESHOLD_": str(32 << 20),  # glibc's largest: blocks under 32 MiB come from the heap
+    "MALLOC_MMAP_MAX_": "0",  # every block comes from the heap, whatever its size
     "MALLOC_TRIM_THRESHOLD_": str(16 << 30),  # and freed heap memory is kept for the next batch
 }
 
@@ -95,9 +101,7 @@ class Backend:
         if library:
             env["LD_PRELOAD"] = ":".join(filter(None, [library, env.get("LD_PRELOAD", "")]))
         else:
-            # glibc returns big freed blocks to the OS (munmap, heap trim), so every inference page-faults
-            # its activation buffers in again: measured here, ResNet-50 at batch 4 ran 230-250 ms
-            # untuned and 197-210 ms with these (bench/e2e.py). The user's own settings win.
+            # See GLIBC_MALLOC_TUNING. The user's own settings win.
             for variable, value in GLIBC_MALLOC_TUNING.items():
                 env.setdefault(variable, value)
         # The workers pin themselves; an inherited OMP binding would fight Packrat's pinning.

@@ -9,7 +9,7 @@ import pytest
 import zmq
 from conftest import running_daemon
 
-from packrat_daemon.backend import Backend, TemplateError, allocator_library
+from packrat_daemon.backend import GLIBC_MALLOC_TUNING, Backend, TemplateError, allocator_library
 from packrat_daemon.client import Client
 from packrat_daemon.errors import ConfigError
 
@@ -47,3 +47,20 @@ def test_allocator_is_preloaded_into_every_worker(tmp_path: Path, allocator: str
         for pid in pids:
             maps = Path(f"/proc/{pid}/maps").read_text()
             assert os.path.basename(library) in maps
+
+
+def test_workers_run_with_the_glibc_tuning_and_the_users_own_setting_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "12345")
+    monkeypatch.delenv("MALLOC_MMAP_MAX_", raising=False)
+    args = ["--model", "builtin:tiny-mlp", "--policy", "single", "--max-batch", "2"]
+    with running_daemon(tmp_path, *args) as (endpoint, _), Client(endpoint, timeout=30) as client:
+        pids = [w["pid"] for w in client.info()["workers"]]
+        assert pids
+        for pid in pids:
+            environment = dict(
+                entry.split("=", 1) for entry in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in entry
+            )
+            assert environment["MALLOC_MMAP_MAX_"] == GLIBC_MALLOC_TUNING["MALLOC_MMAP_MAX_"]
+            assert environment["MALLOC_TRIM_THRESHOLD_"] == "12345"
