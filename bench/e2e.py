@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from harness import DaemonProcess as Daemon  # noqa: E402  (bench/ is on sys.path when this script runs)
-from harness import serve_batches  # noqa: E402
+from harness import serve_batches, use_packrat_malloc_tuning  # noqa: E402
 
 from packrat_daemon.protocol import encode_infer_request  # noqa: E402
 
@@ -345,12 +345,7 @@ def main() -> None:
     args = parser.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
     args.allocators = [a for a in args.allocators.split(",") if a]
-    # The daemon's workers run with Packrat's glibc malloc tuning; give the direct and ceiling runners
-    # the same, so every ratio measures the daemon and the plan, not the allocator settings.
-    from packrat_daemon.backend import GLIBC_MALLOC_TUNING
-
-    for variable, value in GLIBC_MALLOC_TUNING.items():
-        os.environ.setdefault(variable, value)
+    use_packrat_malloc_tuning()  # the direct and ceiling runners get the workers' malloc settings
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="packrat-bench-") as folder:
         if not args.skip_tiny:

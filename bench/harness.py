@@ -17,6 +17,19 @@ if str(REPO) not in sys.path:
 from packrat_daemon.client import Client, ClientTimeout  # noqa: E402
 
 
+def use_packrat_malloc_tuning() -> None:
+    """Give every process spawned from now on the glibc malloc settings the daemon gives its workers.
+
+    In-process runners compared against the daemon must run with the same allocator settings, so that a
+    ratio measures the daemon and its plan, not the malloc. glibc reads them when a process starts;
+    settings the user exported win, as in the daemon.
+    """
+    from packrat_daemon.backend import GLIBC_MALLOC_TUNING
+
+    for variable, value in GLIBC_MALLOC_TUNING.items():
+        os.environ.setdefault(variable, value)
+
+
 def serve_batches(conn: Any, make_input: Callable[[int], Any], run: Callable[[Any], Any]) -> None:
     """The loop of a spawned in-process runner: say ready, then run each batch size asked for until None.
 

@@ -31,7 +31,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from harness import DaemonProcess, serve_batches  # noqa: E402  (bench/ is on sys.path when this script runs)
+from harness import DaemonProcess, serve_batches, use_packrat_malloc_tuning  # noqa: E402  (bench/ is on sys.path)
 
 SETTLE_S = 0.02
 
@@ -63,6 +63,7 @@ def main() -> None:
     from workers.runtime import sample_input
 
     cores = sorted(os.sched_getaffinity(0))[: args.threads]
+    use_packrat_malloc_tuning()  # the in-process runner gets the worker's malloc settings
     context = mp.get_context("spawn")
     conn, child = context.Pipe()
     runner = context.Process(target=_runner, args=(child, args.runtime, args.model, args.threads, cores), daemon=True)

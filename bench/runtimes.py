@@ -39,7 +39,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from harness import DaemonProcess, serve_batches  # noqa: E402  (bench/ is on sys.path when this script runs)
+from harness import DaemonProcess, serve_batches, use_packrat_malloc_tuning  # noqa: E402  (bench/ is on sys.path)
 
 RUNTIMES = ("torch", "onnxruntime", "openvino")
 # A pause before each configuration's turn: the previous one's pool threads (ONNX Runtime and libgomp
@@ -356,6 +356,7 @@ def main() -> int:
     if len(cores) < 2:
         print("this bench needs at least 2 cores", file=sys.stderr)
         return 1
+    use_packrat_malloc_tuning()  # in-process runners get the daemon's workers' malloc settings
     started = time.monotonic()
     if args.ort_spinning:
         report: dict[str, Any] = {"ort_spinning": ort_spinning(args, cores)}
