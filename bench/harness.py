@@ -79,3 +79,9 @@ class DaemonProcess:
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
+
+    def split_check_log(self) -> list[str]:
+        """What the start-up split check measured and changed, from the daemon's log (kept in the JSON,
+        because the log goes with the benchmark's temporary folder)."""
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return [line.split(": ", 1)[-1] for line in lines if "packrat.daemon: split check" in line]

@@ -175,6 +175,7 @@ class Daemon(DaemonProcess):
             "instances": plan.get("instances"),
             "spare_layouts": plan.get("alternatives"),
             "predicted_ms": plan.get("predicted_latency_ms"),
+            "split_check": self.split_check_log(),
         }
 
 
