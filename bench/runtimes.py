@@ -8,8 +8,10 @@ and the Packrat daemon with --runtime auto, on ResNet-50 and BERT-base.
 Every configuration runs in its own spawned process (each loads its own model, as a separate server
 would), pinned: 1 thread on the first core, 2 threads on the first two. Calls are interleaved round by
 round in a shuffled order, so drift on a shared machine hits every configuration alike; medians are
-printed with ratios. In-process times are the runtime's compute time; the daemon's are client round
-trips (transport and batching included, ≈1 ms). Prints one JSON object:
+printed with ratios. The 1-thread runners take part in the first 2 rounds only: no target is judged
+against them, so the budget goes to the daemon and the configurations it is compared with. In-process
+times are the runtime's compute time; the daemon's are client round trips (transport and batching
+included, 1-4 ms: bench/overhead.py). Prints one JSON object:
   - per model, per batch size B: median ms of torch/onnxruntime/openvino at 1 and 2 threads,
     ov_throughput (OpenVINO's THROUGHPUT hint, NUM_STREAMS=2: B split in two asynchronous infer requests,
     OpenVINO pinning as it ships), and daemon_auto;
@@ -186,11 +188,20 @@ def calls_per_round(batch: int) -> int:
 
 
 def interleave(
-    targets: dict[str, Any], batches: list[int], rounds: int, budget_s: float, errors: dict[str, str], seed: int = 0
+    targets: dict[str, Any],
+    batches: list[int],
+    rounds: int,
+    budget_s: float,
+    errors: dict[str, str],
+    seed: int = 0,
+    side: frozenset[str] = frozenset(),
+    side_rounds: int = 2,
 ) -> tuple[dict[str, dict[int, list[float]]], int]:
     """Warm every target at every batch, then shuffled rounds until `rounds` or the budget (at least 2).
 
-    A target that fails is dropped (its error reported); the others go on.
+    Targets in `side` (those no target is judged against) take part in the first `side_rounds` rounds
+    only, so that the budget buys more rounds of the ones that are. A target that fails is dropped (its
+    error reported); the others go on.
     """
     samples: dict[str, dict[int, list[float]]] = {name: {b: [] for b in batches} for name in targets}
     live = dict(targets)
@@ -210,6 +221,9 @@ def interleave(
     start = time.monotonic()
     done = 0
     while done < rounds and (done < 2 or time.monotonic() - start < budget_s):
+        if done == side_rounds:
+            for name in side & live.keys():
+                del live[name]
         for batch in batches:
             names = list(live)
             rng.shuffle(names)
@@ -297,7 +311,10 @@ def bench_model(spec: str, args: argparse.Namespace, cores: list[int], folder: P
     runners = start_runners(spec, in_process_configs(spec, cores), errors)
     targets.update(runners)
     try:
-        samples, rounds = interleave(targets, args.batches, args.rounds, args.budget_s, errors)
+        # The 1-thread runners only show each runtime's scaling; the targets compare the daemon with the
+        # 2-thread runners and OpenVINO's 2 streams, so those get the rounds the budget allows.
+        side = frozenset(name for name in runners if name.endswith("_1t"))
+        samples, rounds = interleave(targets, args.batches, args.rounds, args.budget_s, errors, side=side)
         if daemon is not None and plan is not None and "daemon_auto" in targets:
             plan["workers_per_batch"] = {b: daemon.instances_used(b) for b in args.batches}
     finally:
@@ -308,6 +325,7 @@ def bench_model(spec: str, args: argparse.Namespace, cores: list[int], folder: P
     spec_medians = medians(samples)
     return {
         "rounds": rounds,
+        "samples": {name: {b: len(v) for b, v in per.items()} for name, per in samples.items()},
         "median_ms": spec_medians,
         "ratios": ratios(spec_medians, args.batches),
         "daemon": plan,
