@@ -214,7 +214,7 @@ def resnet(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         runner.close()
     named = {**daemons, **{f"packrat@{b}": d for b, d in per_batch.items()}}
     plans = {name: d.client.info()["plan"] for name, d in named.items()}
-    split_checks = {name: d.split_check_log() for name, d in named.items()}
+    plan_logs = {name: d.plan_log() for name, d in named.items()}
     for daemon in [*daemons.values(), *per_batch.values()]:
         daemon.close()
     return {
@@ -229,7 +229,7 @@ def resnet(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
                 "spare_layouts": p["alternatives"],
                 "predicted_ms": p["predicted_latency_ms"],
                 "reason": p["reason"],
-                "split_check": split_checks[name],
+                "log": plan_logs[name],
             }
             for name, p in plans.items()
         },

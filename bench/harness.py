@@ -43,6 +43,9 @@ def serve_batches(conn: Any, make_input: Callable[[int], Any], run: Callable[[An
         conn.send(run(inputs[batch]))
 
 
+PLAN_LOG_MARKERS = ("packrat.daemon: split check", "packrat.daemon: adapting", "packrat.daemon: plan ")
+
+
 class DaemonProcess:
     """`packrat serve ARGS` on a private ipc endpoint in `folder`, its log in `folder/NAME.log`."""
 
@@ -80,8 +83,9 @@ class DaemonProcess:
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
 
-    def split_check_log(self) -> list[str]:
-        """What the start-up split check measured and changed, from the daemon's log (kept in the JSON,
-        because the log goes with the benchmark's temporary folder)."""
+    def plan_log(self) -> list[str]:
+        """How the daemon came to the plan it serves, from its log: the start-up split check and every
+        online adaptation. Benchmarks keep it in their JSON, because the log goes with their temporary
+        folder, and a daemon that adapted mid-run was measured on more than one plan."""
         lines = self.log_path.read_text(errors="replace").splitlines()
-        return [line.split(": ", 1)[-1] for line in lines if "packrat.daemon: split check" in line]
+        return [line.split(": ", 1)[-1] for line in lines if any(marker in line for marker in PLAN_LOG_MARKERS)]

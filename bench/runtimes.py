@@ -177,7 +177,7 @@ class Daemon(DaemonProcess):
             "instances": plan.get("instances"),
             "spare_layouts": plan.get("alternatives"),
             "predicted_ms": plan.get("predicted_latency_ms"),
-            "split_check": self.split_check_log(),
+            "log": self.plan_log(),
         }
 
 
@@ -317,6 +317,10 @@ def bench_model(spec: str, args: argparse.Namespace, cores: list[int], folder: P
         samples, rounds = interleave(targets, args.batches, args.rounds, args.budget_s, errors, side=side)
         if daemon is not None and plan is not None and "daemon_auto" in targets:
             plan["workers_per_batch"] = {b: daemon.instances_used(b) for b in args.batches}
+            # The daemon adapts online: its plan at the end, and how it got there, may differ from the start's.
+            final = daemon.client.info()["plan"]
+            plan["final_plan"] = {"instances": final["instances"], "spare_layouts": final["alternatives"]}
+            plan["log"] = daemon.plan_log()
     finally:
         for runner in runners.values():
             runner.close()
