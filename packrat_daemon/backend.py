@@ -29,8 +29,9 @@ from workers import messages
 # page-faults its activation buffers in again, a different number of pages in each process. Measured
 # here with ResNet-50 at 2 threads (bench/malloc.py): B=4 ran 230-250 ms untuned and 197-210 ms with
 # a 32 MiB mmap threshold; but B=16's 51 MB activations are over glibc's largest threshold, so they still
-# faulted 37 000-150 000 pages per call, and three identical processes ran 776-973 ms. With no mmap at all
-# they fault none and run 737-741 ms, for about 15% more resident memory (975 against 839 MB peak).
+# faulted 25 000-150 000 pages per call, and identical processes ran 749-973 ms. With no mmap at all they
+# fault none and run 730-741 ms. The cost is memory held between batches: the peak RSS was the same in
+# bench/malloc.py (768 MB), but a process that ran only B=16 kept 975 MB resident against 741 MB.
 GLIBC_MALLOC_TUNING = {
     "MALLOC_MMAP_MAX_": "0",  # every block comes from the heap, whatever its size
     "MALLOC_TRIM_THRESHOLD_": str(16 << 30),  # and freed heap memory is kept for the next batch
