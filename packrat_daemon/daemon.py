@@ -35,11 +35,13 @@ from packrat_daemon.profile import Profile, write_profiles
 from packrat_daemon.profiler import CellProfiler, default_grid
 from packrat_daemon.progress import Progress
 from packrat_daemon.reconciler import Reconciler
+from packrat_daemon.runtime_choice import RuntimeOption, choose_runtime
 from packrat_daemon.split_check import SplitDecision, measured_profile, split_decisions
 from packrat_daemon.topology import Topology
 from packrat_daemon.tuner import Tuner, TunerSettings
 from packrat_daemon.zmqio import NOBLOCK, ZERO_COPY_MIN_BYTES, readable, recv_frames, send_frames
 from policies.base import Plan
+from policies.packrat import plan_batch_latencies
 from policies.registry import get_policy, policy_options
 from workers.messages import numpy_name
 
@@ -128,15 +130,15 @@ class Daemon:
             for candidate in candidates:
                 candidate[0].close()
             raise
-        # --runtime auto: serve with the runtime whose plan predicts the lowest latency.
-        best = min(candidates, key=lambda c: _predicted(c[3], c[2]))
+        # --runtime auto: serve with the runtime whose plan predicts the lowest latency (runtime_choice).
+        choice = choose_runtime([_runtime_option(c[1].runtime, c[3], c[2], config) for c in candidates])
+        best = next(c for c in candidates if c[1].runtime == choice.runtime)
         for candidate in candidates:
             if candidate is not best:
                 candidate[0].close()
         self.backend, self.info, self.profile, self.plan = best
         if len(candidates) > 1:
-            scores = ", ".join(f"{c[1].runtime} {_predicted(c[3], c[2]):.1f} ms" for c in candidates)
-            log.info("runtime auto: chose %s (predicted: %s)", self.info.runtime, scores)
+            log.info("runtime auto: chose %s (%s)", self.info.runtime, choice.reason)
         if policy.name == "packrat" and config.split_check_rounds > 0 and self.profile is not None:
             self._check_splits(policy)
         self.sample_bytes = _sample_bytes(self.info)
@@ -625,6 +627,13 @@ def _predicted(plan: Plan, profile: Profile | None) -> float:
         if None not in lhats:
             return max(x for x in lhats if x is not None)
     return float("inf")
+
+
+def _runtime_option(runtime: str, plan: Plan, profile: Profile | None, config: ServeConfig) -> RuntimeOption:
+    batch_ms: dict[int, float | None] = {}
+    if profile is not None and not plan.oversubscribed and plan.split == "exact":
+        batch_ms = dict(plan_batch_latencies(profile, plan, _distribution_for(config)))
+    return RuntimeOption(runtime, _predicted(plan, profile), batch_ms)
 
 
 def _policy_for(config: ServeConfig):  # noqa: ANN202

@@ -147,6 +147,18 @@ def _plan_from(solution: Solution, predicted: float, reason: str, spares: list[S
 
 def plan_expected_latency(profile: Profile, plan: Plan, distribution: BatchDistribution) -> float:
     """Expected latency of a plan's layouts under `distribution` (inf when a batch size cannot be served)."""
-    layouts = [tuple(i.threads for i in layout) for layout in plan.layouts]
-    table = {pool: _latencies(profile, list(pool), distribution) for pool in set(layouts)}
-    return _expected(layouts, table, distribution)
+    latencies = plan_batch_latencies(profile, plan, distribution)
+    return sum(weight * _or_inf(latencies[batch]) for batch, weight in distribution.weights)
+
+
+def plan_batch_latencies(profile: Profile, plan: Plan, distribution: BatchDistribution) -> dict[int, float | None]:
+    """Predicted latency of each batch size of `distribution` on the fastest of the plan's layouts that
+    carries it (None: none does)."""
+    layouts = {tuple(i.threads for i in layout) for layout in plan.layouts}
+    table = {pool: _latencies(profile, list(pool), distribution) for pool in layouts}
+    return {batch: min((row[batch] for row in table.values() if row[batch] is not None), default=None)
+            for batch, _ in distribution.weights}  # fmt: skip
+
+
+def _or_inf(latency: float | None) -> float:
+    return float("inf") if latency is None else latency
