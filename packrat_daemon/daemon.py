@@ -518,8 +518,10 @@ class Daemon:
             return
         sizes = ", ".join(f"{b}: {w:.0%}" for b, w in distribution.weights)
         log.info(
-            "adapting to the live batch sizes (%s): predicted %.1f → %.1f ms; plan %s",
-            sizes, decision.current_ms, decision.proposed_ms, decision.plan.describe(),
+            "adapting to the live batch sizes (%s): predicted %.1f → %.1f ms (offline cells ×%.2f for "
+            "production's conditions); plan %s",
+            sizes, decision.current_ms, decision.proposed_ms, self.production.conditions_factor(self.profile, now),
+            decision.plan.describe(),
         )  # fmt: skip
         self._switch(decision.plan, "adapt")
         self.estimator.reset_count()
