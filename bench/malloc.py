@@ -1,6 +1,7 @@
 """glibc malloc as Packrat tunes it for its workers, against glibc's defaults, side by side.
 
     .venv/bin/python bench/malloc.py [--batches 4,16] [--rounds 10] [--idle 0.5] [--copies 2]
+    .venv/bin/python bench/malloc.py --rounds 0 --copies 1 --creep 250   # does memory creep?
 
 Spawned processes run built-in ResNet-50 with 2 threads under three settings: glibc's defaults; a
 32 MiB mmap threshold with trimming off (what Packrat used before); and Packrat's tuning
@@ -8,7 +9,9 @@ Spawned processes run built-in ResNet-50 with 2 threads under three settings: gl
 because page-fault counts and latency differ between processes. Calls go round all processes in turn
 with an idle pause before each, as sparse traffic does. Prints JSON: per process the median latency,
 the page faults of its last call and its peak resident memory; per setting the median over its
-processes, and each setting's ratio to glibc's defaults.
+processes, and each setting's ratio to glibc's defaults. With --creep N, each process then runs N
+calls at random batch sizes from 1 to 16 (the same sequence in each) and reports its resident memory
+every 25 calls: a heap that never returns memory must still not grow without bound.
 """
 
 from __future__ import annotations
@@ -51,11 +54,39 @@ def _runner(conn: Any, batches: list[int]) -> None:
             model.module(x)
         conn.send("ready")
         while (batch := conn.recv()) is not None:
+            if isinstance(batch, tuple):  # ("creep", calls)
+                conn.send(_creep(model, batch[1]))
+                continue
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             start = time.perf_counter()
             model.module(inputs[batch])
             elapsed = time.perf_counter() - start
             conn.send((elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults))
+
+
+def _creep(model: Any, calls: int) -> list[float]:
+    """Resident MB every 25 calls over `calls` random batch sizes (fixed seed: the same in every process)."""
+    import random
+
+    import torch
+
+    from workers.runtime import sample_input
+
+    rng = random.Random(0)
+    resident = []
+    for call in range(1, calls + 1):
+        batch = rng.randint(1, 16)
+        model.module(torch.from_numpy(sample_input(model.input, batch)).contiguous(memory_format=torch.channels_last))
+        if call % 25 == 0:
+            resident.append(_rss_mb())
+    return resident
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def start(batches: list[int], setting: dict[str, str]) -> tuple[Any, int]:
@@ -88,6 +119,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--idle", type=float, default=0.5)
     parser.add_argument("--copies", type=int, default=2)
+    parser.add_argument("--creep", type=int, default=0, help="then N calls at random batch sizes, RSS every 25")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     copies = range(args.copies)
@@ -105,23 +137,32 @@ def main() -> None:
                 elapsed, faulted = conn.recv()
                 times[name][batch].append(elapsed * 1000.0)
                 faults[name][batch] = faulted
-    processes = {
-        name: {"median_ms": {b: statistics.median(times[name][b]) for b in batches}, "faults_last_call": faults[name],
-               "peak_rss_mb": peak_rss_mb(pid)}
-        for name, (_, pid) in runners.items()
-    }  # fmt: skip
+    processes: dict[str, dict[str, Any]] = {}
+    for name, (_, pid) in runners.items():
+        processes[name] = {"peak_rss_mb": peak_rss_mb(pid)}
+    report: dict[str, Any] = {"model": "builtin:resnet50", "threads": 2, "idle_s": args.idle, "rounds": args.rounds,
+                              "settings": SETTINGS, "processes": processes}  # fmt: skip
+    if args.rounds:
+        for name in runners:
+            processes[name]["median_ms"] = {b: statistics.median(times[name][b]) for b in batches}
+            processes[name]["faults_last_call"] = faults[name]
+        settings = {
+            setting: {b: statistics.median(p["median_ms"][b] for n, p in processes.items()
+                                           if n.split("#")[0] == setting) for b in batches}
+            for setting in SETTINGS
+        }  # fmt: skip
+        default = settings["glibc_default"]
+        report["median_ms"] = settings
+        report["over_glibc_default"] = {s: {b: settings[s][b] / default[b] for b in batches} for s in SETTINGS}
+    if args.creep:
+        print(f"creep: {args.creep} calls at random batch sizes in each process ...", file=sys.stderr, flush=True)
+        report["creep_calls"] = args.creep
+        for name, (conn, _) in runners.items():
+            conn.send(("creep", args.creep))
+            processes[name]["rss_mb_every_25_calls"] = conn.recv()
     for conn, _ in runners.values():
         conn.send(None)
-    settings = {
-        setting: {b: statistics.median(p["median_ms"][b] for n, p in processes.items() if n.split("#")[0] == setting)
-                  for b in batches}
-        for setting in SETTINGS
-    }  # fmt: skip
-    default = settings["glibc_default"]
-    ratios = {setting: {b: settings[setting][b] / default[b] for b in batches} for setting in SETTINGS}
-    print(json.dumps({"model": "builtin:resnet50", "threads": 2, "idle_s": args.idle, "rounds": args.rounds,
-                      "settings": SETTINGS, "processes": processes, "median_ms": settings,
-                      "over_glibc_default": ratios}, indent=2))  # fmt: skip
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -30,8 +30,8 @@ from workers import messages
 # here with ResNet-50 at 2 threads (bench/malloc.py): B=4 ran 230-250 ms untuned and 197-210 ms with
 # a 32 MiB mmap threshold; but B=16's 51 MB activations are over glibc's largest threshold, so they still
 # faulted 25 000-150 000 pages per call, and identical processes ran 749-973 ms. With no mmap at all they
-# fault none and run 730-741 ms. The cost is memory held between batches: the peak RSS was the same in
-# bench/malloc.py (768 MB), but a process that ran only B=16 kept 975 MB resident against 741 MB.
+# fault none and run 730-741 ms. The cost is memory held between batches: at random batch sizes 1-16 a
+# process plateaued at 1.6 GB resident against 1.1 GB with the threshold (bench/malloc.py --creep).
 GLIBC_MALLOC_TUNING = {
     "MALLOC_MMAP_MAX_": "0",  # every block comes from the heap, whatever its size
     "MALLOC_TRIM_THRESHOLD_": str(16 << 30),  # and freed heap memory is kept for the next batch
