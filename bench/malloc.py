@@ -3,9 +3,10 @@
     .venv/bin/python bench/malloc.py [--batches 4,16] [--rounds 10] [--idle 0.5] [--copies 2]
     .venv/bin/python bench/malloc.py --rounds 0 --copies 1 --creep 250   # does memory creep?
 
-Spawned processes run built-in ResNet-50 with 2 threads under three settings: glibc's defaults; a
-32 MiB mmap threshold with trimming off (what Packrat used before); and Packrat's tuning
-(packrat_daemon.backend.GLIBC_MALLOC_TUNING). Each setting runs in --copies identical processes,
+Spawned processes run built-in ResNet-50 with 2 threads under each setting: glibc's defaults; a
+32 MiB mmap threshold with trimming off (what Packrat used before); Packrat's tuning
+(packrat_daemon.backend.GLIBC_MALLOC_TUNING); and jemalloc and tcmalloc preloaded, where installed
+(`packrat serve --allocator`). Each setting runs in --copies identical processes,
 because page-fault counts and latency differ between processes. Calls go round all processes in turn
 with an idle pause before each, as sparse traffic does. Prints JSON: per process the median latency,
 the page faults of its last call and its peak resident memory; per setting the median over its
@@ -17,6 +18,7 @@ every 25 calls: a heap that never returns memory must still not grow without bou
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -29,13 +31,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from packrat_daemon.backend import GLIBC_MALLOC_TUNING  # noqa: E402
+from packrat_daemon.backend import ALLOCATORS, GLIBC_MALLOC_TUNING, allocator_library  # noqa: E402
+from packrat_daemon.errors import ConfigError  # noqa: E402
 
 SETTINGS: dict[str, dict[str, str]] = {
     "glibc_default": {},
     "threshold_32mib": {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(16 << 30)},
     "packrat": dict(GLIBC_MALLOC_TUNING),
 }
+for _name in ALLOCATORS:  # `packrat serve --allocator NAME`, where installed
+    with contextlib.suppress(ConfigError):
+        SETTINGS[_name] = {"LD_PRELOAD": str(allocator_library(_name))}
 MALLOC_VARIABLES = sorted({name for setting in SETTINGS.values() for name in setting})
 
 
@@ -120,7 +126,15 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=0.5)
     parser.add_argument("--copies", type=int, default=2)
     parser.add_argument("--creep", type=int, default=0, help="then N calls at random batch sizes, RSS every 25")
+    parser.add_argument("--settings", default=",".join(SETTINGS), help=f"a subset of {','.join(SETTINGS)}")
     args = parser.parse_args()
+    chosen = [name for name in args.settings.split(",") if name]
+    unknown = [name for name in chosen if name not in SETTINGS]
+    if unknown:
+        parser.error(f"unknown setting(s) {', '.join(unknown)}; choose from {', '.join(SETTINGS)}")
+    for name in list(SETTINGS):
+        if name not in chosen:
+            del SETTINGS[name]
     batches = [int(b) for b in args.batches.split(",")]
     copies = range(args.copies)
     runners = {f"{name}#{copy}": start(batches, setting) for name, setting in SETTINGS.items() for copy in copies}
@@ -151,9 +165,10 @@ def main() -> None:
                                            if n.split("#")[0] == setting) for b in batches}
             for setting in SETTINGS
         }  # fmt: skip
-        default = settings["glibc_default"]
         report["median_ms"] = settings
-        report["over_glibc_default"] = {s: {b: settings[s][b] / default[b] for b in batches} for s in SETTINGS}
+        if "glibc_default" in settings:
+            default = settings["glibc_default"]
+            report["over_glibc_default"] = {s: {b: settings[s][b] / default[b] for b in batches} for s in SETTINGS}
     if args.creep:
         print(f"creep: {args.creep} calls at random batch sizes in each process ...", file=sys.stderr, flush=True)
         report["creep_calls"] = args.creep
