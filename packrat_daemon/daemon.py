@@ -41,7 +41,7 @@ from packrat_daemon.topology import Topology
 from packrat_daemon.tuner import Tuner, TunerSettings
 from packrat_daemon.zmqio import NOBLOCK, ZERO_COPY_MIN_BYTES, readable, recv_frames, send_frames
 from policies.base import Plan
-from policies.packrat import plan_batch_latencies
+from policies.packrat import MIN_SPLIT_GAIN, plan_batch_latencies
 from policies.registry import get_policy, policy_options
 from workers.messages import numpy_name
 
@@ -72,7 +72,7 @@ class ServeConfig:
     drain_timeout_s: float = 30.0
     startup_timeout_s: float = 600.0
     batches: list[int] = field(default_factory=list)  # batch sizes to plan for (default: max_batch)
-    min_split_gain: float = 0.05  # packrat policy: several instances must beat one by this much
+    min_split_gain: float = MIN_SPLIT_GAIN  # packrat policy: several instances must beat one by this much
     split_check_rounds: int = 5  # packrat policy: at start, check each split against one instance this many rounds
     # Online adaptation (packrat policy only): re-plan when the live batch sizes move.
     adapt: bool = True

@@ -267,9 +267,7 @@ def _well_formed_infer(raw: bytes, payload_frame: Frame, max_message_bytes: int)
             return None
     elif type(request_id) is not str or len(request_id) > MAX_ID_CHARS:
         return None
-    if not (type(shape) is list and 0 < len(shape) <= MAX_NDIM and set(map(type, shape)) == _INT_ONLY):
-        return None
-    if min(shape) < 1:
+    if not _plain_shape(shape):
         return None
     if timeout_ms is not None and not (type(timeout_ms) in (int, float) and 0 < timeout_ms < math.inf):
         return None
@@ -357,8 +355,7 @@ def _parse_infer(header: dict[str, Any], request_id: RequestId, buffers: list[Bu
 
 
 def _parse_shape(shape: Any, request_id: RequestId) -> tuple[int, ...]:
-    # The common case in one pass: a short list of positive ints (bool is an int subclass, not an int type).
-    if type(shape) is list and 0 < len(shape) <= MAX_NDIM and set(map(type, shape)) == _INT_ONLY and min(shape) > 0:
+    if _plain_shape(shape):
         return tuple(shape)
     if not isinstance(shape, list) or not shape:
         raise _bad(f"'shape' must be a non-empty array of integers, got {_json_type(shape)}", request_id)
@@ -375,6 +372,11 @@ def _parse_shape(shape: Any, request_id: RequestId) -> tuple[int, ...]:
 
 
 _INT_ONLY = {int}
+
+
+def _plain_shape(shape: Any) -> bool:
+    """The common case in one pass: a short list of positive ints (bool is an int subclass, not an int type)."""
+    return type(shape) is list and 0 < len(shape) <= MAX_NDIM and set(map(type, shape)) == _INT_ONLY and min(shape) > 0
 
 
 def _parse_timeout(timeout_ms: Any, request_id: RequestId) -> float | None:

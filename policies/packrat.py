@@ -14,6 +14,8 @@ processes); on a near tie, one instance is the safer bet.
 
 from __future__ import annotations
 
+import math
+
 from packrat_daemon.distribution import BatchDistribution
 from packrat_daemon.errors import InfeasibleError, PolicyError
 from packrat_daemon.profile import Profile
@@ -128,11 +130,16 @@ def _latencies(profile: Profile, pool: list[int], distribution: BatchDistributio
 
 def _expected(layouts: list[tuple[int, ...]], table: dict, distribution: BatchDistribution) -> float:
     """Expected latency when each batch runs on the fastest of `layouts` that can carry it."""
-    total = 0.0
-    for batch, weight in distribution.weights:
-        options = [table[pool][batch] for pool in layouts if table[pool][batch] is not None]
-        total += weight * (min(options) if options else float("inf"))
-    return total
+    fastest = _fastest(layouts, table, distribution)
+    return sum(
+        weight * (math.inf if fastest[batch] is None else fastest[batch]) for batch, weight in distribution.weights
+    )
+
+
+def _fastest(layouts: list[tuple[int, ...]], table: dict, distribution: BatchDistribution) -> dict[int, float | None]:
+    """Per batch size, its latency on the fastest of `layouts` that can carry it (None: none can)."""
+    return {batch: min((table[pool][batch] for pool in layouts if table[pool][batch] is not None), default=None)
+            for batch, _ in distribution.weights}  # fmt: skip
 
 
 def _plan_from(solution: Solution, predicted: float, reason: str, spares: list[Solution]) -> Plan:
@@ -147,18 +154,15 @@ def _plan_from(solution: Solution, predicted: float, reason: str, spares: list[S
 
 def plan_expected_latency(profile: Profile, plan: Plan, distribution: BatchDistribution) -> float:
     """Expected latency of a plan's layouts under `distribution` (inf when a batch size cannot be served)."""
-    latencies = plan_batch_latencies(profile, plan, distribution)
-    return sum(weight * _or_inf(latencies[batch]) for batch, weight in distribution.weights)
+    return _expected(*_plan_table(profile, plan, distribution), distribution)
 
 
 def plan_batch_latencies(profile: Profile, plan: Plan, distribution: BatchDistribution) -> dict[int, float | None]:
     """Predicted latency of each batch size of `distribution` on the fastest of the plan's layouts that
     carries it (None: none does)."""
-    layouts = {tuple(i.threads for i in layout) for layout in plan.layouts}
-    table = {pool: _latencies(profile, list(pool), distribution) for pool in layouts}
-    return {batch: min((row[batch] for row in table.values() if row[batch] is not None), default=None)
-            for batch, _ in distribution.weights}  # fmt: skip
+    return _fastest(*_plan_table(profile, plan, distribution), distribution)
 
 
-def _or_inf(latency: float | None) -> float:
-    return float("inf") if latency is None else latency
+def _plan_table(profile: Profile, plan: Plan, distribution: BatchDistribution) -> tuple[list[tuple[int, ...]], dict]:
+    layouts = list({tuple(i.threads for i in layout) for layout in plan.layouts})
+    return layouts, {pool: _latencies(profile, list(pool), distribution) for pool in layouts}
