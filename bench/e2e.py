@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 from harness import DaemonProcess as Daemon  # noqa: E402  (bench/ is on sys.path when this script runs)
 from harness import serve_batches, use_packrat_malloc_tuning  # noqa: E402
 
-from packrat_daemon.protocol import encode_infer_request  # noqa: E402
+from packrat_daemon.wire.protocol import encode_infer_request  # noqa: E402
 
 MODEL = "builtin:resnet50"
 SETTLE_S = 0.02
@@ -327,7 +327,7 @@ def tiny(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         "batch": 1,
         "calls_each": len(relay_times),
         "bare_relay_p50_ms": relay_ms,
-        "daemon_p50_ms": daemon_ms,  # through packrat_daemon.client.Client
+        "daemon_p50_ms": daemon_ms,  # through packrat_daemon.wire.client.Client
         "daemon_over_relay": daemon_ms / relay_ms,
         "daemon_bare_socket_p50_ms": raw_ms,  # the client side as bare as the relay's
         "daemon_bare_socket_over_relay": raw_ms / relay_ms,

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from packrat_daemon.client import Client, ClientTimeout  # noqa: E402
+from packrat_daemon.wire.client import Client, ClientTimeout  # noqa: E402
 
 
 def use_packrat_malloc_tuning() -> None:

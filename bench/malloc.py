@@ -32,7 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from packrat_daemon.backend import ALLOCATORS, GLIBC_MALLOC_TUNING, allocator_library  # noqa: E402
-from packrat_daemon.errors import ConfigError  # noqa: E402
+from packrat_daemon.wire.errors import ConfigError  # noqa: E402
 
 SETTINGS: dict[str, dict[str, str]] = {
     "glibc_default": {},

@@ -58,7 +58,7 @@ def main() -> None:
     import numpy as np
     import zmq
 
-    from packrat_daemon.protocol import decode_reply, encode_infer_request
+    from packrat_daemon.wire.protocol import decode_reply, encode_infer_request
     from workers.models import InputSpec
     from workers.runtime import sample_input
 

@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from packrat_daemon.adaptive import AdaptiveResult, Budget, adaptive_profile  # noqa: E402
 from packrat_daemon.commands.options import int_list  # noqa: E402
 from packrat_daemon.commands.profile_adaptive import MODEL_NOISE  # noqa: E402
-from packrat_daemon.confirm import SideBySide, model_session  # noqa: E402
-from packrat_daemon.profile import Cell, Profile  # noqa: E402
-from packrat_daemon.profiler import CellProfiler  # noqa: E402
-from packrat_daemon.topology import Topology  # noqa: E402
+from packrat_daemon.measure.confirm import SideBySide, model_session  # noqa: E402
+from packrat_daemon.measure.profiler import CellProfiler  # noqa: E402
+from policies.planning.profile import Cell, Profile  # noqa: E402
+from policies.planning.topology import Topology  # noqa: E402
 from policies.solver import Solution, Solver  # noqa: E402
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from packrat_daemon.profile import Profile  # noqa: E402
+from policies.planning.profile import Profile  # noqa: E402
 from policies.solver import Solver  # noqa: E402
 
 

@@ -41,8 +41,8 @@ import numpy as np
 from scipy.optimize import nnls
 from sklearn.base import BaseEstimator, RegressorMixin
 
-from packrat_daemon.errors import ProfileError
-from packrat_daemon.profile import Profile
+from packrat_daemon.wire.errors import ProfileError
+from policies.planning.profile import Profile
 from policies.solver import Solution, Solver
 
 CellKey = tuple[int, int]

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import zmq
 
-from packrat_daemon.errors import ConfigError, PackratError
-from packrat_daemon.zmqio import NOBLOCK, ZERO_COPY_MIN_BYTES, readable, recv_frames, send_frames
+from packrat_daemon.wire.errors import ConfigError, PackratError
+from packrat_daemon.wire.zmqio import NOBLOCK, ZERO_COPY_MIN_BYTES, readable, recv_frames, send_frames
 from workers import messages
 
 # glibc hands big blocks out with mmap and returns freed heap memory to the OS, so every inference

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from packrat_daemon import __version__
-from packrat_daemon.errors import PackratError
+from packrat_daemon.wire.errors import PackratError
 
 COMMANDS = ("solve", "profile", "serve", "demo")
 

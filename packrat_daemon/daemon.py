@@ -20,28 +20,28 @@ from typing import Any
 
 import zmq
 
-from packrat_daemon import protocol
+from packrat_daemon.adapt.estimator import BatchSizeEstimator
+from packrat_daemon.adapt.production import ProductionProfile
+from packrat_daemon.adapt.tuner import Tuner, TunerSettings
 from packrat_daemon.backend import Backend, ModelInfo
 from packrat_daemon.batcher import Batcher, Request
-from packrat_daemon.confirm import PlanTiming, SideBySide
 from packrat_daemon.dispatcher import Completed, Dispatcher, Splitter
-from packrat_daemon.distribution import BatchDistribution
-from packrat_daemon.errors import ConfigError, PackratError
-from packrat_daemon.estimator import BatchSizeEstimator
+from packrat_daemon.measure.confirm import PlanTiming, SideBySide
+from packrat_daemon.measure.profiler import CellProfiler, default_grid
+from packrat_daemon.measure.split_check import SplitDecision, measured_profile, split_decisions
 from packrat_daemon.metrics import Metrics
 from packrat_daemon.pool import Pool, PoolEvent
-from packrat_daemon.production import ProductionProfile
-from packrat_daemon.profile import Profile, write_profiles
-from packrat_daemon.profiler import CellProfiler, default_grid
 from packrat_daemon.progress import Progress
 from packrat_daemon.reconciler import Reconciler
 from packrat_daemon.runtime_choice import RuntimeOption, choose_runtime
-from packrat_daemon.split_check import SplitDecision, measured_profile, split_decisions
-from packrat_daemon.topology import Topology
-from packrat_daemon.tuner import Tuner, TunerSettings
-from packrat_daemon.zmqio import NOBLOCK, ZERO_COPY_MIN_BYTES, readable, recv_frames, send_frames
+from packrat_daemon.wire import protocol
+from packrat_daemon.wire.errors import ConfigError, PackratError
+from packrat_daemon.wire.zmqio import NOBLOCK, ZERO_COPY_MIN_BYTES, readable, recv_frames, send_frames
 from policies.base import Plan
 from policies.packrat import MIN_SPLIT_GAIN, plan_batch_latencies
+from policies.planning.distribution import BatchDistribution
+from policies.planning.profile import Profile, write_profiles
+from policies.planning.topology import Topology
 from policies.registry import get_policy, policy_options
 from workers.messages import numpy_name
 

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from packrat_daemon.batcher import Request
-from packrat_daemon.errors import InfeasibleError
 from packrat_daemon.pool import WorkerHandle
-from packrat_daemon.profile import Profile
-from packrat_daemon.protocol import DTYPES
+from packrat_daemon.wire.errors import InfeasibleError
+from packrat_daemon.wire.protocol import DTYPES
+from policies.planning.profile import Profile
 from policies.solver import split_batch
 from workers import messages
 from workers.messages import numpy_dtype, numpy_name

@@ -17,8 +17,8 @@ import logging
 from collections import Counter
 
 from packrat_daemon.pool import Pool, WorkerHandle, WorkerState
-from packrat_daemon.topology import CoreAllocator, Topology
 from policies.base import Plan
+from policies.planning.topology import CoreAllocator, Topology
 
 log = logging.getLogger("packrat.reconciler")
 

@@ -11,9 +11,9 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from packrat_daemon.distribution import BatchDistribution
-from packrat_daemon.profile import Profile
-from packrat_daemon.topology import Topology
+from policies.planning.distribution import BatchDistribution
+from policies.planning.profile import Profile
+from policies.planning.topology import Topology
 
 
 @dataclass(frozen=True)

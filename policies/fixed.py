@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import re
 
-from packrat_daemon.distribution import BatchDistribution
-from packrat_daemon.errors import PolicyError
-from packrat_daemon.profile import Profile
-from packrat_daemon.topology import Topology
+from packrat_daemon.wire.errors import PolicyError
 from policies.base import InstancePlan, Plan, Policy
+from policies.planning.distribution import BatchDistribution
+from policies.planning.profile import Profile
+from policies.planning.topology import Topology
 
 _ITEM = re.compile(r"^\s*(?:(\d+)\s*\*\s*)?(\d+)\s*x\s*(\d+)\s*$")
 

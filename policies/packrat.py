@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import math
 
-from packrat_daemon.distribution import BatchDistribution
-from packrat_daemon.errors import InfeasibleError, PolicyError
-from packrat_daemon.profile import Profile
-from packrat_daemon.topology import Topology
+from packrat_daemon.wire.errors import InfeasibleError, PolicyError
 from policies.base import InstancePlan, Plan, Policy
+from policies.planning.distribution import BatchDistribution
+from policies.planning.profile import Profile
+from policies.planning.topology import Topology
 from policies.solver import Solution, Solver, split_batch
 
 CANDIDATE_BATCHES = 8  # how many of the most likely batch sizes propose a pool

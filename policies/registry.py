@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 from typing import Any
 
-from packrat_daemon.errors import PolicyError
+from packrat_daemon.wire.errors import PolicyError
 from policies.base import Policy
 
 ENTRY_POINT_GROUP = "packrat.policies"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from packrat_daemon.distribution import BatchDistribution
-from packrat_daemon.profile import Profile
-from packrat_daemon.topology import Topology
 from policies.base import InstancePlan, Plan, Policy
+from policies.planning.distribution import BatchDistribution
+from policies.planning.profile import Profile
+from policies.planning.topology import Topology
 
 
 class SinglePolicy(Policy):

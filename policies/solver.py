@@ -21,8 +21,8 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from packrat_daemon.errors import InfeasibleError, ProfileError
-from packrat_daemon.profile import Profile
+from packrat_daemon.wire.errors import InfeasibleError, ProfileError
+from policies.planning.profile import Profile
 
 Interval = tuple[int, int]  # inclusive [low, high] range of batch sizes
 

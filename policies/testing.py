@@ -25,11 +25,11 @@ from typing import Any, ClassVar
 
 import pytest
 
-from packrat_daemon.distribution import BatchDistribution
-from packrat_daemon.errors import PolicyError
-from packrat_daemon.profile import Profile
-from packrat_daemon.topology import Topology
+from packrat_daemon.wire.errors import PolicyError
 from policies.base import InstancePlan, Plan, Policy
+from policies.planning.distribution import BatchDistribution
+from policies.planning.profile import Profile
+from policies.planning.topology import Topology
 from policies.registry import available_policies
 
 _JSON_SCALARS = (str, int, float, bool, type(None))

@@ -26,7 +26,7 @@ def daemon_env() -> dict[str, str]:
 @contextmanager
 def running_daemon(tmp_path: Path, *args: str, timeout: float = 180.0) -> Iterator[tuple[str, subprocess.Popen]]:
     """A real daemon with real workers; yields (endpoint, process) once it answers `info`."""
-    from packrat_daemon.client import Client, ClientTimeout
+    from packrat_daemon.wire.client import Client, ClientTimeout
 
     endpoint = f"ipc://{tmp_path}/front.ipc"
     command = [sys.executable, "-m", "packrat_daemon", "serve", "--endpoint", endpoint, *args]

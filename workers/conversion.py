@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from packrat_daemon.errors import ModelSpecError
+from packrat_daemon.wire.errors import ModelSpecError
 from workers.models import InputSpec
 
 # Bump when the converter changes what it writes, so old cache entries are no longer used.

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from packrat_daemon.errors import PackratError
+from packrat_daemon.wire.errors import PackratError
 from workers.conversion import ARTIFACTS
 from workers.models import LoadedModel, load_model
 from workers.runtime import sample_input

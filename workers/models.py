@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from packrat_daemon.errors import ModelSpecError
+from packrat_daemon.wire.errors import ModelSpecError
 
 SEED = 20231130
 

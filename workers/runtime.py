@@ -150,7 +150,7 @@ class SessionRuntime(Runtime):
 
     def use_file(self, path: Path, input_spec: InputSpec) -> None:
         """Serve an already converted file (what `load` does after the cache lookup)."""
-        from packrat_daemon.errors import ConfigError
+        from packrat_daemon.wire.errors import ConfigError
 
         if input_spec.dtype == "bfloat16":
             raise ConfigError(f"runtime {self.name} cannot take bfloat16 inputs (numpy has none); use --runtime torch")
@@ -316,7 +316,7 @@ def available_runtimes() -> list[str]:
 
 
 def make_runtime(name: str) -> Runtime:
-    from packrat_daemon.errors import ConfigError
+    from packrat_daemon.wire.errors import ConfigError
 
     runtime = RUNTIMES.get(name)
     if runtime is None:

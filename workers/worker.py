@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-from packrat_daemon.zmqio import ZERO_COPY_MIN_BYTES, recv_frames, send_frames
+from packrat_daemon.wire.zmqio import ZERO_COPY_MIN_BYTES, recv_frames, send_frames
 from workers import messages
 from workers.models import InputSpec
 from workers.pinning import die_with_parent, pin_process

@@ -38,7 +38,7 @@ def _start(folder: Path, name: str, args: list[str]) -> tuple[subprocess.Popen, 
 
 
 def _wait(process: subprocess.Popen, endpoint: str, timeout: float = 900.0):  # noqa: ANN202
-    from packrat_daemon.client import Client, ClientTimeout
+    from packrat_daemon.wire.client import Client, ClientTimeout
 
     deadline = time.monotonic() + timeout
     with Client(endpoint, timeout=2.0) as client:
@@ -55,7 +55,7 @@ def _wait(process: subprocess.Popen, endpoint: str, timeout: float = 900.0):  # 
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from packrat_daemon.client import Client
+    from packrat_daemon.wire.client import Client
 
     processes: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="packrat-demo-") as tmp:

@@ -53,8 +53,8 @@ def run_grid(args: argparse.Namespace) -> int:
     import zmq
 
     from packrat_daemon.daemon import available_runtimes
-    from packrat_daemon.profile import Profile, write_profiles
-    from packrat_daemon.topology import Topology
+    from policies.planning.profile import Profile, write_profiles
+    from policies.planning.topology import Topology
 
     topology = Topology.detect()
     threads = args.threads or list(range(1, topology.usable_cores + 1))
@@ -90,9 +90,9 @@ def run_grid(args: argparse.Namespace) -> int:
 def _measure_runtime(context, topology, args: argparse.Namespace, runtime: str, cells: list[tuple[int, int]]):  # noqa: ANN001, ANN202
     """(cells measured, interrupted): Ctrl-C keeps what was measured so far."""
     from packrat_daemon.backend import Backend
-    from packrat_daemon.errors import PackratError
-    from packrat_daemon.profiler import CellProfiler
+    from packrat_daemon.measure.profiler import CellProfiler
     from packrat_daemon.progress import Progress
+    from packrat_daemon.wire.errors import PackratError
 
     backend = Backend(context)
     measured = {}

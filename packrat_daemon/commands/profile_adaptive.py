@@ -27,9 +27,9 @@ import numpy as np
 
 from packrat_daemon.adaptive import AdaptiveResult, Budget, StepReport, adaptive_profile
 from packrat_daemon.commands.solve import solve_plans
-from packrat_daemon.errors import ProfileError
-from packrat_daemon.profile import Cell, Profile
-from packrat_daemon.topology import Topology
+from packrat_daemon.wire.errors import ProfileError
+from policies.planning.profile import Cell, Profile
+from policies.planning.topology import Topology
 
 # One real cell is the median of a few timed runs on a shared machine: assume this much jitter, so
 # a near-tie between measured plans is measured again rather than decided by one lucky run.
@@ -91,8 +91,8 @@ def _table_latency(full: Profile, instances: Sequence[Mapping[str, int]]) -> flo
 
 # -- a real model --------------------------------------------------------------------------------
 def _run_model(args: argparse.Namespace, budget: Budget) -> int:
-    from packrat_daemon.confirm import SideBySide, model_session
-    from packrat_daemon.profiler import default_grid
+    from packrat_daemon.measure.confirm import SideBySide, model_session
+    from packrat_daemon.measure.profiler import default_grid
 
     topology = Topology.detect()
     cores = args.cores or topology.usable_cores

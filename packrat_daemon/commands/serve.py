@@ -96,7 +96,7 @@ def apply_config_file(args: argparse.Namespace, defaults: dict[str, object]) -> 
     """Fill options the command line left at their defaults from the TOML file given by --config."""
     import tomllib
 
-    from packrat_daemon.errors import ConfigError
+    from packrat_daemon.wire.errors import ConfigError
 
     try:
         with open(args.config, "rb") as handle:

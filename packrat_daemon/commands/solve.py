@@ -7,9 +7,9 @@ import json
 from typing import Any
 
 from packrat_daemon.commands.options import int_list, positive_int
-from packrat_daemon.distribution import BatchDistribution
-from packrat_daemon.profile import Profile
-from packrat_daemon.topology import Topology
+from policies.planning.distribution import BatchDistribution
+from policies.planning.profile import Profile
+from policies.planning.topology import Topology
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

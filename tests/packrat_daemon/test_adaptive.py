@@ -26,9 +26,9 @@ from packrat_daemon.adaptive import (
 )
 from packrat_daemon.cli import main
 from packrat_daemon.commands.profile_adaptive import write_profile
-from packrat_daemon.confirm import table_confirmation
-from packrat_daemon.errors import ProfileError
-from packrat_daemon.profile import Profile
+from packrat_daemon.measure.confirm import table_confirmation
+from packrat_daemon.wire.errors import ProfileError
+from policies.planning.profile import Profile
 from policies.solver import Solver
 
 THREADS = list(range(1, 17))
@@ -341,7 +341,7 @@ def test_cli_replay_prints_measured_cells_and_solve_style_plans(tmp_path, capsys
 
 def test_cli_replay_is_the_library_search_plus_packrat_solve(tmp_path, capsys):
     from packrat_daemon.commands.solve import solve_plans
-    from packrat_daemon.topology import Topology
+    from policies.planning.topology import Topology
 
     table = full_table(smt_knee, seed=20)
     path = write_table(tmp_path / "full.csv", table)
@@ -378,7 +378,7 @@ def test_cli_replay_errors_are_clear(tmp_path, capsys):
 def test_written_profile_round_trips_and_marks_estimates(tmp_path):
     table = full_table(amdahl, seed=21)
     result = run(table, [8, 64], 16, seed=21)
-    from packrat_daemon.profile import Cell
+    from policies.planning.profile import Cell
 
     cells = {cell: Cell(value, 3, value * 1.05) for cell, value in result.measured.items()}
     path = tmp_path / "adaptive.csv"

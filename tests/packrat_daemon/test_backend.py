@@ -10,8 +10,8 @@ import zmq
 from conftest import running_daemon
 
 from packrat_daemon.backend import GLIBC_MALLOC_TUNING, Backend, TemplateError, allocator_library
-from packrat_daemon.client import Client
-from packrat_daemon.errors import ConfigError
+from packrat_daemon.wire.client import Client
+from packrat_daemon.wire.errors import ConfigError
 
 
 def test_unknown_allocator_is_a_clear_error() -> None:

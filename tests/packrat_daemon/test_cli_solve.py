@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from packrat_daemon.cli import main
-from packrat_daemon.profile import Profile
-from packrat_daemon.topology import Topology
+from policies.planning.profile import Profile
+from policies.planning.topology import Topology
 from policies.solver import solve
 
 REPO = Path(__file__).resolve().parents[2]

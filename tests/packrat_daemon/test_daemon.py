@@ -17,9 +17,9 @@ import torch
 import zmq
 from conftest import running_daemon
 
-from packrat_daemon import protocol
-from packrat_daemon.client import AsyncClient, BadRequest, Client, Overloaded, TooLarge, UnsupportedVersion
-from packrat_daemon.profile import Profile
+from packrat_daemon.wire import protocol
+from packrat_daemon.wire.client import AsyncClient, BadRequest, Client, Overloaded, TooLarge, UnsupportedVersion
+from policies.planning.profile import Profile
 from workers.models import load_model
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs for two pinned workers")
@@ -307,7 +307,7 @@ def test_runtime_auto_measures_each_installed_runtime_and_serves_one(tmp_path: P
     log = (tmp_path / "daemon.log").read_text()
     assert f"runtime auto: chose {chosen}" in log
     from packrat_daemon.daemon import available_runtimes
-    from packrat_daemon.profile import Profile
+    from policies.planning.profile import Profile
 
     assert set(Profile.read_all(saved)) == set(available_runtimes())  # one profile per runtime, one file
 

@@ -7,7 +7,7 @@ import numpy as np
 from packrat_daemon.batcher import Request
 from packrat_daemon.dispatcher import Dispatcher, Splitter
 from packrat_daemon.pool import WorkerHandle, WorkerState
-from packrat_daemon.profile import Profile
+from policies.planning.profile import Profile
 from workers import messages
 
 

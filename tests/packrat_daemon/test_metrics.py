@@ -11,7 +11,7 @@ import pytest
 from conftest import running_daemon
 from prometheus_client.parser import text_string_to_metric_families
 
-from packrat_daemon.client import BadRequest, Client
+from packrat_daemon.wire.client import BadRequest, Client
 
 
 def free_port() -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from conftest import daemon_env
 
-from packrat_daemon.profile import Profile
+from policies.planning.profile import Profile
 
 # Run the CLI with SIGINT at its default, as in a terminal (a background job would inherit "ignore").
 LAUNCH = (

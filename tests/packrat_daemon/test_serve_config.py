@@ -8,7 +8,7 @@ import pytest
 
 from packrat_daemon.cli import build_parser
 from packrat_daemon.commands.serve import _serve_parser, apply_config_file, config_from
-from packrat_daemon.errors import ConfigError
+from packrat_daemon.wire.errors import ConfigError
 
 
 def parse(*argv: str):  # noqa: ANN201

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from packrat_daemon.distribution import BatchDistribution
-from packrat_daemon.errors import InfeasibleError, PolicyError
-from packrat_daemon.profile import Profile
-from packrat_daemon.topology import Topology
+from packrat_daemon.wire.errors import InfeasibleError, PolicyError
 from policies.base import Policy
 from policies.fixed import FixedPolicy
 from policies.packrat import PackratPolicy
+from policies.planning.distribution import BatchDistribution
+from policies.planning.profile import Profile
+from policies.planning.topology import Topology
 from policies.registry import ENTRY_POINT_GROUP, available_policies, get_policy
 from policies.single import SinglePolicy
 from policies.solver import solve, split_batch

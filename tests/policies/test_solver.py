@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from packrat_daemon.errors import InfeasibleError
-from packrat_daemon.profile import Profile
+from packrat_daemon.wire.errors import InfeasibleError
+from policies.planning.profile import Profile
 from policies.solver import Solver, solve, split_batch
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from packrat_daemon.errors import ModelSpecError
+from packrat_daemon.wire.errors import ModelSpecError
 from workers.models import BUILTINS, InputSpec, load_model
 
 

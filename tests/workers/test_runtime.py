@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from packrat_daemon.errors import ConfigError
+from packrat_daemon.wire.errors import ConfigError
 from workers.models import InputSpec
 from workers.runtime import TorchRuntime, make_runtime, sample_input
 

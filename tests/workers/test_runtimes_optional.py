@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from packrat_daemon.errors import ConfigError
+from packrat_daemon.wire.errors import ConfigError
 from workers import conversion
 from workers.models import InputSpec, load_model
 from workers.runtime import RUNTIMES, SessionRuntime, available_runtimes, make_runtime, sample_input

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from packrat_daemon.production import ProductionProfile
-from packrat_daemon.profile import Cell, Profile
+from packrat_daemon.adapt.production import ProductionProfile
+from policies.planning.profile import Cell, Profile
 
 
 def test_a_cell_counts_only_with_enough_recent_evidence() -> None:

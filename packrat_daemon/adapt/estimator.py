@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from packrat_daemon.distribution import BatchDistribution
+from policies.planning.distribution import BatchDistribution
 
 
 class BatchSizeEstimator:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from packrat_daemon.distribution import BatchDistribution
-from packrat_daemon.profile import Profile
-from packrat_daemon.topology import Topology
-from packrat_daemon.tuner import Tuner, TunerSettings
+from packrat_daemon.adapt.tuner import Tuner, TunerSettings
 from policies.packrat import PackratPolicy
+from policies.planning.distribution import BatchDistribution
+from policies.planning.profile import Profile
+from policies.planning.topology import Topology
 
 # One 2-thread instance wins for a single input; two 1-thread instances win for four.
 PROFILE = Profile.from_latencies({(1, 1): 1.0, (1, 2): 1.2, (1, 4): 2.5, (2, 1): 0.6, (2, 4): 2.6})

@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from packrat_daemon.confirm import Instances, PlanTiming
 from packrat_daemon.dispatcher import pick_layout
-from packrat_daemon.distribution import BatchDistribution
-from packrat_daemon.errors import InfeasibleError
-from packrat_daemon.profile import Cell, Profile
+from packrat_daemon.measure.confirm import Instances, PlanTiming
+from packrat_daemon.wire.errors import InfeasibleError
 from policies.base import Plan
 from policies.packrat import best_one_instance
+from policies.planning.distribution import BatchDistribution
+from policies.planning.profile import Cell, Profile
 from policies.solver import split_batch
 
 Compare = Callable[[Mapping[str, Instances], int], Mapping[str, PlanTiming]]

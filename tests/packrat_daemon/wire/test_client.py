@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import zmq
 
-from packrat_daemon.client import (
+from packrat_daemon.wire.client import (
     AsyncClient,
     BadRequest,
     Client,
@@ -27,7 +27,7 @@ from packrat_daemon.client import (
     TooLarge,
     UnsupportedVersion,
 )
-from packrat_daemon.protocol import (
+from packrat_daemon.wire.protocol import (
     ErrorCode,
     InferRequest,
     InfoRequest,

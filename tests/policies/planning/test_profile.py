@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from packrat_daemon.errors import ProfileError
-from packrat_daemon.profile import Cell, Profile
+from packrat_daemon.wire.errors import ProfileError
+from policies.planning.profile import Cell, Profile
 
 
 def parse(text: str) -> Profile:
@@ -248,7 +248,7 @@ def test_quote_in_a_comment_does_not_swallow_rows() -> None:
 
 
 def test_runtime_column_keeps_each_runtime_apart(tmp_path) -> None:  # noqa: ANN001
-    from packrat_daemon.profile import write_profiles
+    from policies.planning.profile import write_profiles
 
     torch_rows = Profile.from_latencies({(1, 1): 10.0, (2, 1): 7.0}, runtime="torch")
     ort_rows = Profile.from_latencies({(1, 1): 6.0}, runtime="onnxruntime")

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from packrat_daemon.errors import ProfileError
+from packrat_daemon.wire.errors import ProfileError
 
 REQUIRED_COLUMNS = ("threads", "batch", "latency_ms")
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zmq
 
-from packrat_daemon.protocol import (
+from packrat_daemon.wire.protocol import (
     DTYPES,
     MAX_HEADER_BYTES,
     PROTOCOL_VERSION,
@@ -364,7 +364,7 @@ def test_malformed_replies_raise(frames: list[bytes]) -> None:
 
 def test_protocol_and_client_do_not_import_torch() -> None:
     code = (
-        "import sys, packrat_daemon.protocol, packrat_daemon.client; "
+        "import sys, packrat_daemon.wire.protocol, packrat_daemon.wire.client; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
@@ -395,7 +395,7 @@ FAST_PATH_HEADERS = [
 
 @pytest.mark.parametrize(("header", "fast"), FAST_PATH_HEADERS)
 def test_the_fast_path_takes_only_what_the_full_parser_accepts_and_agrees_with_it(header: dict, fast: bool) -> None:
-    from packrat_daemon import protocol
+    from packrat_daemon.wire import protocol
 
     raw = json.dumps(header, ensure_ascii=False).encode()
     payload = np.arange(6, dtype=np.float32).tobytes()
@@ -415,7 +415,7 @@ def test_the_fast_path_takes_only_what_the_full_parser_accepts_and_agrees_with_i
 
 
 def test_the_fast_path_respects_the_message_size_limit() -> None:
-    from packrat_daemon import protocol
+    from packrat_daemon.wire import protocol
 
     raw = json.dumps({"v": 1, "id": 7, "op": "infer", "dtype": "float32", "shape": [2, 3]}).encode()
     payload = zmq.Frame(np.zeros(6, dtype=np.float32).tobytes())
@@ -428,7 +428,7 @@ def test_the_fast_path_respects_the_message_size_limit() -> None:
 
 @pytest.mark.parametrize("request_id", [7, 'req-"7"'])
 def test_a_timed_result_reads_back_with_its_timing(request_id: int | str) -> None:
-    from packrat_daemon.protocol import encode_timed_result
+    from packrat_daemon.wire.protocol import encode_timed_result
 
     rows = np.arange(6, dtype=np.float32).reshape(2, 3)
     frames = encode_timed_result(request_id, "float32", rows.shape, rows, 0.01234, 12.5, 13.0, 2)
@@ -439,7 +439,7 @@ def test_a_timed_result_reads_back_with_its_timing(request_id: int | str) -> Non
 
 
 def test_a_timed_result_refuses_a_time_that_is_not_a_number() -> None:
-    from packrat_daemon.protocol import encode_timed_result
+    from packrat_daemon.wire.protocol import encode_timed_result
 
     with pytest.raises(ValueError, match="JSON"):
         encode_timed_result(7, "float32", (1,), b"\0" * 4, float("nan"), 1.0, 1.0, 1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from packrat_daemon.estimator import BatchSizeEstimator
+from packrat_daemon.adapt.estimator import BatchSizeEstimator
 
 
 def test_nothing_observed_means_no_distribution() -> None:

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from packrat_daemon.confirm import Instances, PlanTiming, SideBySide, model_session
-from packrat_daemon.distribution import BatchDistribution
-from packrat_daemon.profile import Profile
-from packrat_daemon.split_check import SplitDecision, measured_profile, split_decisions
-from packrat_daemon.topology import Topology
+from packrat_daemon.measure.confirm import Instances, PlanTiming, SideBySide, model_session
+from packrat_daemon.measure.split_check import SplitDecision, measured_profile, split_decisions
 from policies.packrat import PackratPolicy
+from policies.planning.distribution import BatchDistribution
+from policies.planning.profile import Profile
+from policies.planning.topology import Topology
 
 # Two cores at batch 16: the profile says two 1-thread instances of 8 (800 ms) beat one 2-thread
 # instance (1000 ms) by 20%.

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from packrat_daemon.backend import Backend, ModelInfo, sample_inputs
-from packrat_daemon.errors import PackratError
+from packrat_daemon.measure.profiler import MAX_REPEATS, NOISY_SPREAD
 from packrat_daemon.pool import Pool, WorkerHandle, WorkerState
-from packrat_daemon.profile import Cell
-from packrat_daemon.profiler import MAX_REPEATS, NOISY_SPREAD
-from packrat_daemon.topology import CoreAllocator, Topology
+from packrat_daemon.wire.errors import PackratError
+from policies.planning.profile import Cell
+from policies.planning.topology import CoreAllocator, Topology
 from workers import messages
 
 READY_TIMEOUT_S = 300.0

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import zmq
 
-from packrat_daemon.errors import PackratError
+from packrat_daemon.wire.errors import PackratError
 
 PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS: tuple[int, ...] = (1,)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from packrat_daemon.errors import ConfigError
+from packrat_daemon.wire.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from packrat_daemon.errors import TopologyError
+from packrat_daemon.wire.errors import TopologyError
 
 # Core keys must be unique across packages; core_id is only unique inside one package.
 _CORE_KEY_STRIDE = 10000

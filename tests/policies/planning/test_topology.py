@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packrat_daemon.errors import TopologyError
-from packrat_daemon.topology import CoreAllocator, Cpu, Topology, parse_cpulist
+from packrat_daemon.wire.errors import TopologyError
+from policies.planning.topology import CoreAllocator, Cpu, Topology, parse_cpulist
 
 ALL_16 = range(16)
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import zmq
 
-from packrat_daemon.zmqio import NOBLOCK, readable, recv_frames, send_frames
+from packrat_daemon.wire.zmqio import NOBLOCK, readable, recv_frames, send_frames
 
 
 @pytest.fixture

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from packrat_daemon.distribution import BatchDistribution
-from packrat_daemon.profile import Profile
-from packrat_daemon.topology import Topology
 from policies.base import Plan, Policy
 from policies.packrat import plan_expected_latency
+from policies.planning.distribution import BatchDistribution
+from policies.planning.profile import Profile
+from policies.planning.topology import Topology
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from packrat_daemon.profile import Cell, Profile
+from policies.planning.profile import Cell, Profile
 
 CLIP_FACTOR = 2.0
 

@@ -1,0 +1,1 @@
+"""Measuring on real workers: full profiles, side-by-side plan confirmations and split checks."""
