@@ -15,7 +15,6 @@ import socket as pysocket
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
@@ -25,6 +24,7 @@ from packrat_daemon.adapt.production import ProductionProfile
 from packrat_daemon.adapt.tuner import Tuner, TunerSettings
 from packrat_daemon.backend import Backend, ModelInfo
 from packrat_daemon.batcher import Batcher, Request
+from packrat_daemon.config import ServeConfig
 from packrat_daemon.dispatcher import Completed, Dispatcher, Splitter
 from packrat_daemon.measure.confirm import PlanTiming, SideBySide
 from packrat_daemon.measure.profiler import CellProfiler, default_grid
@@ -38,7 +38,7 @@ from packrat_daemon.wire import protocol
 from packrat_daemon.wire.errors import ConfigError, PackratError
 from packrat_daemon.wire.zmqio import NOBLOCK, ZERO_COPY_MIN_BYTES, readable, recv_frames, send_frames
 from policies.base import Plan
-from policies.packrat import MIN_SPLIT_GAIN, plan_batch_latencies
+from policies.packrat import plan_batch_latencies
 from policies.planning.distribution import BatchDistribution
 from policies.planning.profile import Profile, write_profiles
 from policies.planning.topology import Topology
@@ -51,37 +51,6 @@ MAX_READS_PER_WAKE = 256
 HARD_MESSAGE_SLACK_BYTES = 64 << 20
 RECONCILE_INTERVAL_S = 0.1
 HEARTBEAT_TIMEOUT_S = 10.0  # bound how long one socket can starve the others
-
-
-@dataclass
-class ServeConfig:
-    model: str = "builtin:resnet50"
-    input: str | None = None
-    endpoint: str = "tcp://127.0.0.1:5555"
-    policy: str = "packrat"
-    plan: str | None = None
-    profile: str | None = None
-    save_profile: str | None = None
-    max_batch: int = 16
-    max_delay_ms: float = 1.0
-    max_queue: int = 1024  # inputs waiting, across requests
-    allocator: str = "system"
-    runtime: str = "torch"
-    run_dir: str | None = None
-    job_timeout_s: float = 120.0
-    drain_timeout_s: float = 30.0
-    startup_timeout_s: float = 600.0
-    batches: list[int] = field(default_factory=list)  # batch sizes to plan for (default: max_batch)
-    min_split_gain: float = MIN_SPLIT_GAIN  # packrat policy: several instances must beat one by this much
-    split_check_rounds: int = 5  # packrat policy: at start, check each split against one instance this many rounds
-    # Online adaptation (packrat policy only): re-plan when the live batch sizes move.
-    adapt: bool = True
-    adapt_interval_s: float = 5.0
-    adapt_min_batches: int = 50
-    adapt_cooldown_s: float = 30.0
-    adapt_min_gain: float = 0.05
-    metrics_port: int = 0  # 0: no metrics endpoint
-    metrics_address: str = "127.0.0.1"
 
 
 class Daemon:

@@ -71,7 +71,7 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from(args: argparse.Namespace):  # noqa: ANN201
-    from packrat_daemon.daemon import ServeConfig
+    from packrat_daemon.config import ServeConfig
 
     return ServeConfig(
         model=args.model, input=args.input, endpoint=args.endpoint, policy=args.policy, plan=args.plan,

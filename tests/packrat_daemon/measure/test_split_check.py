@@ -109,7 +109,8 @@ def test_a_check_on_real_workers_replaces_the_cells_with_measurements() -> None:
 
 
 def test_the_daemon_plans_again_on_what_its_check_measured(tmp_path: Path) -> None:
-    from packrat_daemon.daemon import Daemon, ServeConfig
+    from packrat_daemon.config import ServeConfig
+    from packrat_daemon.daemon import Daemon
 
     # A made-up 20× win for the split: the check replaces those cells with real tiny-mlp timings (a
     # fraction of a millisecond each), plans again on them, and saves the checked profile.
