@@ -1,7 +1,8 @@
 """The daemon's view of its worker processes (circus's "watcher"/"process" nouns).
 
 The pool only records state and sends the verbs; deciding *what* the pool should be is the
-reconciler's job, and only the reconciler calls `spawn` and `retire`.
+reconciler's job, and only the reconciler calls `spawn` and `retire`. It tells a worker that failed
+before it was ready (a boot failure, counted until a worker is ready again) from one lost after.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import contextlib
 import enum
 import functools
 import itertools
+import logging
 import os
 import signal
 import time
@@ -18,6 +20,8 @@ from typing import Any
 
 from packrat_daemon.backend import Backend, TemplateError
 from workers import messages
+
+log = logging.getLogger("packrat.pool")
 
 # Worker ids are unique for the life of the daemon process, whichever pool (serving or profiling)
 # asked for the worker: identities on the shared backend socket must never be reused.
@@ -39,7 +43,6 @@ class WorkerHandle:
     generation: int
     state: WorkerState = WorkerState.STARTING
     pid: int | None = None
-    started_at: float = field(default_factory=time.monotonic)
     last_seen: float = field(default_factory=time.monotonic)
     # (threads, cores, generation) it was told to switch to in place; it serves as before until done.
     pending: tuple[int, tuple[int, ...], int] | None = None
@@ -56,7 +59,7 @@ class WorkerHandle:
 
 @dataclass(slots=True)  # not frozen: one is built per result, and frozen fields cost a setattr each
 class PoolEvent:
-    kind: str  # "ready", "lost", "result", "failed", "template-lost"
+    kind: str  # "ready", "reconfigured", "result", "failed", "lost" (after ready), "boot-failed" (before)
     worker: WorkerHandle | None
     header: dict[str, Any]
     payload: list[Any]
@@ -68,6 +71,9 @@ class Pool:
         self.warmup = warmup
         self.workers: dict[int, WorkerHandle] = {}
         self._by_identity_bytes: dict[bytes, WorkerHandle] = {}  # every message from a worker is looked up
+        self.boot_failures = 0  # workers in a row that exited before they were ready; a ready one resets it
+        self.boot_error = ""  # what the last of them reported
+        self.boot_failed_at = 0.0  # time.monotonic() of the last
 
     def spawn(self, threads: int, cores: tuple[int, ...], generation: int) -> WorkerHandle:
         worker = WorkerHandle(next(_worker_ids), threads, cores, generation)
@@ -112,7 +118,7 @@ class Pool:
         """Update state from one backend message; return what the daemon must react to."""
         if identity == messages.TEMPLATE_IDENTITY:
             return self._from_template(kind, header)
-        worker = self._by_identity(identity)
+        worker = self._by_identity_bytes.get(identity)
         if worker is None:
             return None
         worker.last_seen = time.monotonic()
@@ -120,6 +126,7 @@ class Pool:
             worker.pid = header.get("pid", worker.pid)
             if worker.state is WorkerState.STARTING:
                 worker.state = WorkerState.READY
+                self.boot_failures = 0
                 return PoolEvent("ready", worker, header, payload)
             if worker.state is WorkerState.STOPPING:
                 self.backend.send(worker.identity, messages.STOP, {})
@@ -143,9 +150,27 @@ class Pool:
             worker.state = WorkerState.DEAD
             del self.workers[worker.id]
             self._by_identity_bytes.pop(worker.identity, None)
+            if was is WorkerState.STARTING:
+                return self._boot_failed(worker, header)
             if was is not WorkerState.STOPPING:
                 return PoolEvent("lost", worker, header, [])
         return None
+
+    def _boot_failed(self, worker: WorkerHandle, header: dict[str, Any]) -> PoolEvent:
+        # Any exit before ready counts, not only WORKER_BOOT_ERROR: a worker killed while warming up
+        # (out of memory) would otherwise be re-forked in a loop too. The code says whether it explained.
+        status = header.get("status")
+        self.boot_failures += 1
+        self.boot_failed_at = time.monotonic()
+        if status == messages.WORKER_BOOT_ERROR and header.get("error"):
+            self.boot_error = str(header["error"])
+        elif isinstance(status, int) and status < 0:
+            self.boot_error = f"the worker was killed by signal {-status} before it was ready"
+        else:
+            self.boot_error = f"the worker exited with status {status} before it was ready"
+        log.warning("worker %d (%d thread(s)) failed to start, %d in a row: %s",
+                    worker.id, worker.threads, self.boot_failures, self.boot_error)  # fmt: skip
+        return PoolEvent("boot-failed", worker, header, [])
 
     def pump(self, timeout_ms: int) -> PoolEvent | None:
         """Wait up to `timeout_ms` for one backend message and apply it (for synchronous users:
@@ -160,6 +185,3 @@ class Pool:
     def template_alive(self) -> bool:
         template = self.backend.template
         return template is not None and template.poll() is None
-
-    def _by_identity(self, identity: bytes) -> WorkerHandle | None:
-        return self._by_identity_bytes.get(identity)

@@ -8,21 +8,39 @@ describe the target, converge to it). Each plan is a new generation of slots (th
   3. slots still empty get freshly forked workers;
   4. workers the plan has no slot for are retired only once every slot is served.
 Every ready worker takes batches meanwhile, so no request ever finds the pool empty. Workers that
-die are replaced within the current generation.
+die after they were ready are replaced at once, within the current generation.
+
+Workers that die before they were ready (boot failures) are re-forked one at a time after a growing
+pause, and after MAX_BOOT_FAILURES in a row the reconciler raises WorkerBootError with the last one's
+reason (after circus's max_retry and gunicorn's WORKER_BOOT_ERROR): a model that cannot start stops
+the daemon with that message instead of being re-forked in a loop.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 
 from packrat_daemon.pool import Pool, WorkerHandle, WorkerState
+from packrat_daemon.wire.errors import WorkerBootError
 from policies.base import Plan
 from policies.planning.topology import CoreAllocator, Topology
 
 log = logging.getLogger("packrat.reconciler")
 
 Slot = tuple[int, tuple[int, ...]]  # (threads, cores)
+
+MAX_BOOT_FAILURES = 5  # workers in a row that fail before they are ready; then the daemon stops
+BOOT_BACKOFF_FIRST_S = 0.25  # the pause after the first boot failure, doubled after each further one
+BOOT_BACKOFF_MAX_S = 8.0
+
+
+def boot_backoff_s(failures: int) -> float:
+    """How long to wait after the last of `failures` boot failures in a row before forking again."""
+    if failures <= 0:
+        return 0.0
+    return min(BOOT_BACKOFF_MAX_S, BOOT_BACKOFF_FIRST_S * 2 ** (failures - 1))
 
 
 class Reconciler:
@@ -53,11 +71,13 @@ class Reconciler:
         self._adopt_live_workers()
 
     def step(self) -> None:
-        """Fork what is missing; once every slot is served, retire what the plan has no slot for."""
+        """Fork what is missing; once every slot is served, retire what the plan has no slot for.
+
+        Raises WorkerBootError once MAX_BOOT_FAILURES workers in a row have failed before they were ready.
+        """
         if self.plan is None:
             return
-        for threads, cores in self._missing():
-            self.pool.spawn(threads, cores, self.generation)
+        self._fork(self._missing())
         if self._complete():
             if self._complete_logged != self.generation:
                 self._complete_logged = self.generation
@@ -74,6 +94,32 @@ class Reconciler:
         return self.plan is not None and self._complete() and len(self.pool.live()) == len(self._slots)
 
     # -- internals --------------------------------------------------------------------------
+    def _fork(self, missing: list[Slot]) -> None:
+        pool = self.pool
+        if pool.boot_failures == 0:
+            # No boot failure outstanding: every missing slot at once (at start, and for a worker lost
+            # while serving, whose clients are waiting).
+            for threads, cores in missing:
+                pool.spawn(threads, cores, self.generation)
+            return
+        if pool.boot_failures >= MAX_BOOT_FAILURES:
+            raise WorkerBootError(
+                f"{pool.boot_failures} workers in a row failed before they were ready, so the daemon stops "
+                f"instead of forking more; the last one said: {pool.boot_error}. Fix what it reports (the model, "
+                "its --input, or the cores and memory it may use) and start the daemon again."
+            )
+        # After a boot failure, every fork (a replacement of a lost worker too) waits its turn: one worker
+        # at a time, each after a longer pause, until one is ready.
+        if not missing or any(w.state is WorkerState.STARTING for w in pool.live()):
+            return
+        pause = boot_backoff_s(pool.boot_failures)
+        if time.monotonic() < pool.boot_failed_at + pause:
+            return
+        threads, cores = missing[0]
+        log.info("forking a %d-thread worker again after a %.2f s pause (%d boot failure(s) in a row)",
+                 threads, pause, pool.boot_failures)  # fmt: skip
+        pool.spawn(threads, cores, self.generation)
+
     def _adopt_live_workers(self) -> None:
         free = Counter(self._slots)
         leftovers: list[WorkerHandle] = []

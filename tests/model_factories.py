@@ -26,3 +26,26 @@ class SlowMLP(nn.Module):
 
 def slow_mlp() -> nn.Module:
     return SlowMLP()
+
+
+class RefusesSingleInputs(nn.Module):
+    """A tiny MLP that raises on a batch of one input.
+
+    The template loads it without running it, and the daemon's workers warm up on one input, so every
+    worker fails at boot: a model that cannot start. A worker warmed up on two inputs starts.
+    """
+
+    packrat_input = "float32:16"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1:
+            raise ValueError("this model refuses a batch of one input")
+        return self.body(x)
+
+
+def refuses_single_inputs() -> nn.Module:
+    return RefusesSingleInputs()

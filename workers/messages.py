@@ -25,13 +25,18 @@ STOP = b"stop"  # {}
 # template/worker → daemon
 READY = b"ready"  # template: {"pid", "input", "model", "runtime"}; worker: {"worker", "pid", "threads", "cores"}
 SPAWNED = b"spawned"  # {"worker", "pid"}
-EXITED = b"exited"  # {"worker", "pid", "status"}
+EXITED = b"exited"  # {"worker", "pid", "status"} and, after a boot failure, "error": the worker's own account
 RESULT = b"result"  # {"job", "dtype", "shape", "compute_ms"} + output payload
 FAILED = b"failed"  # {"job", "message"}
 CONFIGURED = b"configured"  # {"worker", "threads", "cores"}
 HEARTBEAT = b"heartbeat"  # {"worker"}
 
 TEMPLATE_IDENTITY = b"template"
+
+# A worker that fails before it is ready (pinning, threads, warm-up) exits with this status, after
+# gunicorn's WORKER_BOOT_ERROR: the daemon then backs off before forking again, where a crash after
+# ready is replaced at once, since a model that cannot start would otherwise be re-forked in a loop.
+WORKER_BOOT_ERROR = 3
 
 
 def worker_identity(worker_id: int) -> bytes:

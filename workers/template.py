@@ -14,12 +14,20 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import zmq
 
+from packrat_daemon.wire.errors import WorkerBootError
 from workers import messages
 from workers.pinning import die_with_parent
-from workers.runtime import make_runtime
+from workers.runtime import Runtime, make_runtime
+from workers.spec import InputSpec
+from workers.worker import WorkerConfig, run_worker
+
+# One write of at most PIPE_BUF bytes is atomic and never blocks on an empty pipe.
+BOOT_REPORT_MAX_BYTES = 4096
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             {"pid": os.getpid(), "input": input_spec.to_json(), "model": args.model, "runtime": runtime.name},
         )
     )
-    children: dict[int, int] = {}  # pid → worker id
+    children: dict[int, _Child] = {}  # by pid
     stopping = False
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
@@ -62,9 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if socket.poll(200):
                 kind, header, _ = messages.decode(socket.recv_multipart())
                 if kind == messages.SPAWN:
-                    pid = _fork_worker(runtime, input_spec, header, args)
-                    children[pid] = header["worker"]
-                    socket.send_multipart(messages.encode(messages.SPAWNED, {"worker": header["worker"], "pid": pid}))
+                    pid, child = _fork_worker(runtime, input_spec, header, args.backend, children)
+                    children[pid] = child
+                    socket.send_multipart(messages.encode(messages.SPAWNED, {"worker": child.worker, "pid": pid}))
                 elif kind == messages.STOP:
                     stopping = True
             _reap(children, socket)
@@ -77,25 +85,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _fork_worker(runtime, input_spec, header: dict, args: argparse.Namespace) -> int:  # noqa: ANN001
+@dataclass(frozen=True)
+class _Child:
+    worker: int
+    boot_report: int  # read end of a pipe on which the child writes why it failed to boot, if it does
+
+
+def _fork_worker(
+    runtime: Runtime, input_spec: InputSpec, header: dict[str, Any], backend: str, siblings: dict[int, _Child]
+) -> tuple[int, _Child]:
+    # A pipe, not the backend socket: the template's EXITED report then carries the reason in the same
+    # message as the exit status, where a message from the worker itself could arrive after it.
+    report_read, report_write = os.pipe()
     pid = os.fork()
     if pid:
-        return pid
+        os.close(report_write)
+        os.set_blocking(report_read, False)
+        return pid, _Child(int(header["worker"]), report_read)
     # Child: never return into the template's loop, never touch the template's ZeroMQ context.
+    os.close(report_read)
+    for sibling in siblings.values():
+        os.close(sibling.boot_report)
     code = 1
     try:
-        from workers.worker import WorkerConfig, run_worker
-
         config = WorkerConfig(
             worker_id=int(header["worker"]),
             threads=int(header["threads"]),
             cores=tuple(header["cores"]),
-            backend=args.backend,
+            backend=backend,
             template_pid=os.getppid(),
             warmup=tuple(header.get("warmup", (1,))),
         )
         code = run_worker(runtime, input_spec, config)
-    except BaseException as exc:  # noqa: BLE001 - a child must always end in os._exit
+    except WorkerBootError as exc:
+        code = messages.WORKER_BOOT_ERROR
+        print(f"packrat worker {header.get('worker')} failed to start: {exc}", file=sys.stderr)
+        with contextlib.suppress(OSError):
+            os.write(report_write, str(exc).encode(errors="replace")[:BOOT_REPORT_MAX_BYTES])
+    except BaseException as exc:  # a child must always end in os._exit
         print(f"packrat worker {header.get('worker')}: {type(exc).__name__}: {exc}", file=sys.stderr)
     finally:
         sys.stdout.flush()
@@ -103,7 +130,7 @@ def _fork_worker(runtime, input_spec, header: dict, args: argparse.Namespace) ->
         os._exit(code)
 
 
-def _reap(children: dict[int, int], socket: zmq.Socket) -> None:
+def _reap(children: dict[int, _Child], socket: zmq.Socket) -> None:
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -111,13 +138,28 @@ def _reap(children: dict[int, int], socket: zmq.Socket) -> None:
             return
         if pid == 0:
             return
-        worker = children.pop(pid, None)
-        code = os.waitstatus_to_exitcode(status)
-        socket.send_multipart(messages.encode(messages.EXITED, {"worker": worker, "pid": pid, "status": code}))
+        child = children.pop(pid, None)
+        report = {"worker": child.worker if child else None, "pid": pid, "status": os.waitstatus_to_exitcode(status)}
+        if child is not None:
+            error = _read_boot_report(child.boot_report)
+            if error:
+                report["error"] = error
+        socket.send_multipart(messages.encode(messages.EXITED, report))
 
 
-def _stop_children(children: dict[int, int]) -> None:
-    for pid in children:
+def _read_boot_report(fd: int) -> str:
+    """What the exited child wrote on its boot-report pipe (nothing unless it failed to boot); closes it."""
+    try:
+        return os.read(fd, BOOT_REPORT_MAX_BYTES).decode(errors="replace")
+    except BlockingIOError:
+        return ""  # a grandchild still holds the write end, and nothing was written
+    finally:
+        os.close(fd)
+
+
+def _stop_children(children: dict[int, _Child]) -> None:
+    for pid, child in children.items():
+        os.close(child.boot_report)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 5

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
+from packrat_daemon.wire.errors import WorkerBootError
 from packrat_daemon.wire.zmqio import ZERO_COPY_MIN_BYTES, recv_frames, send_frames
 from workers import messages
-from workers.models import InputSpec
 from workers.pinning import die_with_parent, pin_process
-from workers.runtime import Runtime, sample_input
+from workers.runtime import Runtime
+from workers.spec import InputSpec, sample_input
 
 HEARTBEAT_SECONDS = 1.0
 PREPARE_POLL_MS = 20  # how often the main loop checks whether a background re-threading is ready
@@ -37,6 +38,24 @@ class WorkerConfig:
 
 
 def run_worker(runtime: Runtime, input_spec: InputSpec, config: WorkerConfig) -> int:
+    """Boot, then serve until told to stop; the exit status.
+
+    Raises WorkerBootError for anything that fails before the worker said it was ready, so the
+    template can exit it with messages.WORKER_BOOT_ERROR and report why (gunicorn's `booted` flag).
+    """
+    try:
+        context, socket = _boot(runtime, input_spec, config)
+    except Exception as exc:
+        raise WorkerBootError(f"{type(exc).__name__}: {exc}") from exc
+    try:
+        return _serve(runtime, socket, config)
+    finally:
+        socket.close(linger=0)
+        context.term()
+
+
+def _boot(runtime: Runtime, input_spec: InputSpec, config: WorkerConfig) -> tuple[zmq.Context, zmq.Socket]:
+    """Pin, set the threads, warm up, connect and say READY."""
     die_with_parent()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the daemon, which stops us in order
@@ -51,48 +70,49 @@ def run_worker(runtime: Runtime, input_spec: InputSpec, config: WorkerConfig) ->
     socket.setsockopt(zmq.IDENTITY, messages.worker_identity(config.worker_id))
     socket.setsockopt(zmq.LINGER, 0)
     socket.connect(config.backend)
+    socket.send_multipart(messages.encode(messages.READY, _status(config.worker_id, config.threads, config.cores)))
+    return context, socket
+
+
+def _serve(runtime: Runtime, socket: zmq.Socket, config: WorkerConfig) -> int:
+    """Answer jobs and re-threading requests, heartbeat when idle; return when stopped or orphaned."""
     threads, cores = config.threads, config.cores
-    socket.send_multipart(messages.encode(messages.READY, _status(config.worker_id, threads, cores)))
     last_sent = time.monotonic()
     switch: Rethreading | None = None
     wait_ms = 0
-    try:
-        while True:
-            # A blocking receive with a timeout, not poll-then-receive: one wake per job, not two.
-            want_ms = PREPARE_POLL_MS if switch else int(HEARTBEAT_SECONDS * 1000)
-            if want_ms != wait_ms:
-                wait_ms = want_ms
-                socket.setsockopt(zmq.RCVTIMEO, wait_ms)
-            try:
-                frames = recv_frames(socket)
-            except zmq.Again:
-                frames = None
-            if frames is not None:
-                kind, header, payload = messages.decode(frames)
-                if kind == messages.RUN:
-                    reply = _run_job(runtime, header, payload, threads)
-                    send_frames(socket, reply, copy=len(reply) == 1 or reply[1].nbytes < ZERO_COPY_MIN_BYTES)
-                    last_sent = time.monotonic()  # a reply is a sign of life too
-                elif kind == messages.CONFIGURE:
-                    switch = Rethreading(runtime, int(header["threads"]), tuple(header["cores"]))
-                elif kind == messages.STOP:
-                    return 0
-            if switch is not None and switch.ready():
-                # Between jobs: swap in what was prepared, then move every thread to the new cores.
-                threads, cores = switch.commit()
-                switch = None
-                socket.send_multipart(messages.encode(messages.CONFIGURED, _status(config.worker_id, threads, cores)))
-                last_sent = time.monotonic()
-            if frames is not None:
-                continue  # busy: the heartbeat and orphan checks wait for a quiet moment
-            if time.monotonic() - last_sent >= HEARTBEAT_SECONDS:
-                socket.send_multipart(messages.encode(messages.HEARTBEAT, {"worker": config.worker_id}))
-                last_sent = time.monotonic()
-            if os.getppid() != config.template_pid:
-                return 0  # orphaned: the template (and so the daemon) is gone
-    finally:
-        socket.close(linger=0)
-        context.term()
+    while True:
+        # A blocking receive with a timeout, not poll-then-receive: one wake per job, not two.
+        want_ms = PREPARE_POLL_MS if switch else int(HEARTBEAT_SECONDS * 1000)
+        if want_ms != wait_ms:
+            wait_ms = want_ms
+            socket.setsockopt(zmq.RCVTIMEO, wait_ms)
+        try:
+            frames = recv_frames(socket)
+        except zmq.Again:
+            frames = None
+        if frames is not None:
+            kind, header, payload = messages.decode(frames)
+            if kind == messages.RUN:
+                reply = _run_job(runtime, header, payload, threads)
+                send_frames(socket, reply, copy=len(reply) == 1 or reply[1].nbytes < ZERO_COPY_MIN_BYTES)
+                last_sent = time.monotonic()  # a reply is a sign of life too
+            elif kind == messages.CONFIGURE:
+                switch = Rethreading(runtime, int(header["threads"]), tuple(header["cores"]))
+            elif kind == messages.STOP:
+                return 0
+        if switch is not None and switch.ready():
+            # Between jobs: swap in what was prepared, then move every thread to the new cores.
+            threads, cores = switch.commit()
+            switch = None
+            socket.send_multipart(messages.encode(messages.CONFIGURED, _status(config.worker_id, threads, cores)))
+            last_sent = time.monotonic()
+        if frames is not None:
+            continue  # busy: the heartbeat and orphan checks wait for a quiet moment
+        if time.monotonic() - last_sent >= HEARTBEAT_SECONDS:
+            socket.send_multipart(messages.encode(messages.HEARTBEAT, {"worker": config.worker_id}))
+            last_sent = time.monotonic()
+        if os.getppid() != config.template_pid:
+            return 0  # orphaned: the template (and so the daemon) is gone
 
 
 class Rethreading:
@@ -118,7 +138,7 @@ class Rethreading:
         try:
             os.sched_setaffinity(0, self.cores)  # this thread only: the session's threads inherit it
             self._commit = runtime.prepare_threads(self.threads)
-        except BaseException as exc:  # noqa: BLE001 - reported by commit() in the main thread
+        except BaseException as exc:  # reported by commit() in the main thread
             self._error = exc
 
     def ready(self) -> bool:

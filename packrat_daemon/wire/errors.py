@@ -33,3 +33,11 @@ class PolicyError(PackratError):
 
 class ConfigError(PackratError):
     """A command-line option or configuration value is invalid."""
+
+
+class WorkerBootError(PackratError):
+    """A worker failed before it was ready (pinning, threads, warm-up).
+
+    A worker raises it for its template to report; the daemon raises it once several have failed in a
+    row, and stops rather than re-fork a model that cannot start.
+    """

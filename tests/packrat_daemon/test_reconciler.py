@@ -1,0 +1,123 @@
+"""The reconciler's fork schedule: at once after a worker lost while serving, backing off after boot
+failures, and giving up with the worker's reason after MAX_BOOT_FAILURES in a row."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from test_pool import RecordingBackend, exited, ready
+
+from packrat_daemon import pool as pool_module
+from packrat_daemon import reconciler as reconciler_module
+from packrat_daemon.pool import Pool, WorkerHandle, WorkerState
+from packrat_daemon.reconciler import (
+    BOOT_BACKOFF_FIRST_S,
+    BOOT_BACKOFF_MAX_S,
+    MAX_BOOT_FAILURES,
+    Reconciler,
+    boot_backoff_s,
+)
+from packrat_daemon.wire.errors import WorkerBootError
+from policies.base import InstancePlan, Plan
+from policies.planning.topology import Topology
+from workers import messages
+
+
+class Clock:
+    """time.monotonic for the pool and the reconciler, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    clock = Clock()
+    fake_time = SimpleNamespace(monotonic=clock.monotonic)
+    monkeypatch.setattr(pool_module, "time", fake_time)
+    monkeypatch.setattr(reconciler_module, "time", fake_time)
+    return clock
+
+
+def two_slot_reconciler() -> tuple[Reconciler, RecordingBackend]:
+    backend = RecordingBackend()
+    reconciler = Reconciler(Pool(backend), Topology.synthetic(2))
+    reconciler.set_plan(Plan((InstancePlan(1, 1), InstancePlan(1, 1)), "fixed", "two one-thread instances"))
+    return reconciler, backend
+
+
+def spawned(backend: RecordingBackend) -> int:
+    return sum(kind == messages.SPAWN for _, kind, _ in backend.sent)
+
+
+def starting(reconciler: Reconciler) -> list[WorkerHandle]:
+    return [w for w in reconciler.pool.live() if w.state is WorkerState.STARTING]
+
+
+def fail_at_boot(reconciler: Reconciler, worker: WorkerHandle) -> None:
+    exited(reconciler.pool, worker, messages.WORKER_BOOT_ERROR, "ValueError: this model refuses a batch of one")
+
+
+def test_back_off_doubles_from_the_first_pause_up_to_the_cap() -> None:
+    pauses = [boot_backoff_s(failures) for failures in range(10)]
+    assert pauses[:3] == [0.0, BOOT_BACKOFF_FIRST_S, 2 * BOOT_BACKOFF_FIRST_S]
+    assert all(b == min(2 * a, BOOT_BACKOFF_MAX_S) for a, b in zip(pauses[1:], pauses[2:], strict=False))
+    assert pauses[-1] == BOOT_BACKOFF_MAX_S
+
+
+def test_after_boot_failures_one_worker_is_forked_at_a_time_after_a_growing_pause(clock: Clock) -> None:
+    reconciler, backend = two_slot_reconciler()
+    reconciler.step()
+    assert spawned(backend) == 2  # at start, every slot at once
+    for worker in starting(reconciler):
+        fail_at_boot(reconciler, worker)
+
+    clock.now += boot_backoff_s(2) - 0.01
+    reconciler.step()
+    assert spawned(backend) == 2  # still pausing
+    clock.now += 0.01
+    reconciler.step()
+    reconciler.step()
+    assert spawned(backend) == 3  # one probe, and no other fork while it starts
+
+    fail_at_boot(reconciler, starting(reconciler)[0])
+    clock.now += boot_backoff_s(3) - 0.01
+    reconciler.step()
+    assert spawned(backend) == 3
+    clock.now += 0.01
+    reconciler.step()
+    assert spawned(backend) == 4
+
+    ready(reconciler.pool, starting(reconciler)[0])  # the model starts after all: back to forking at once
+    reconciler.step()
+    assert spawned(backend) == 5
+    ready(reconciler.pool, starting(reconciler)[0])
+    assert reconciler.converged()
+
+
+def test_gives_up_after_max_boot_failures_in_a_row_with_the_workers_reason(clock: Clock) -> None:
+    reconciler, backend = two_slot_reconciler()
+    with pytest.raises(WorkerBootError, match="the last one said: ValueError: this model refuses a batch of one"):
+        for _ in range(100):
+            reconciler.step()
+            for worker in starting(reconciler):
+                fail_at_boot(reconciler, worker)
+            clock.now += BOOT_BACKOFF_MAX_S
+    assert spawned(backend) == MAX_BOOT_FAILURES
+
+
+def test_worker_lost_after_ready_is_replaced_in_the_same_step(clock: Clock) -> None:
+    reconciler, backend = two_slot_reconciler()
+    reconciler.step()
+    workers = starting(reconciler)
+    for worker in workers:
+        ready(reconciler.pool, worker)
+    assert reconciler.converged()
+    event = exited(reconciler.pool, workers[0], -9)
+    assert event is not None and event.kind == "lost"
+    reconciler.step()  # the clock has not moved: no pause
+    assert spawned(backend) == 3
