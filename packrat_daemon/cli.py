@@ -32,8 +32,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    # Kept so a command can tell flags the user typed from defaults (a config file fills only those).
-    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return int(args.run(args) or 0)
     except PackratError as exc:

@@ -1,38 +1,336 @@
-"""The daemon's configuration: every `serve` option, with its default."""
+"""The daemon's configuration: every `serve` setting declared once, in `SETTINGS`.
+
+Each `Setting` carries its name (the TOML key; the flag is the name with dashes), its `Kind` (type and
+allowed values), its default, its help and a docs section. From that one table come the `serve` options
+(`packrat_daemon.commands.options.add_settings`), the checks on TOML values (`read_toml`), the
+`ServeConfig` the daemon receives (`load_config`, also on SIGHUP) and `docs/configuration.md`
+(`python -m packrat_daemon.config > docs/configuration.md`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copy
+import json
+import math
+import sys
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, make_dataclass
+from typing import Any
 
+from packrat_daemon.wire.errors import ConfigError
 from policies.packrat import MIN_SPLIT_GAIN
 
+# The tuner re-plans only for a predicted gain this large: hysteresis, so that noise in the live
+# batch sizes does not make the pool flap between two plans of nearly the same latency.
+MIN_ADAPT_GAIN = 0.05
 
-@dataclass
-class ServeConfig:
-    model: str = "builtin:resnet50"
-    input: str | None = None
-    endpoint: str = "tcp://127.0.0.1:5555"
-    policy: str = "packrat"
-    plan: str | None = None
-    profile: str | None = None
-    save_profile: str | None = None
-    max_batch: int = 16
-    max_delay_ms: float = 1.0
-    max_queue: int = 1024  # inputs waiting, across requests
-    allocator: str = "system"
-    runtime: str = "torch"
-    run_dir: str | None = None
-    job_timeout_s: float = 120.0
-    drain_timeout_s: float = 30.0
-    startup_timeout_s: float = 600.0
-    batches: list[int] = field(default_factory=list)  # batch sizes to plan for (default: max_batch)
-    min_split_gain: float = MIN_SPLIT_GAIN  # packrat policy: several instances must beat one by this much
-    split_check_rounds: int = 5  # packrat policy: at start, check each split against one instance this many rounds
-    # Online adaptation (packrat policy only): re-plan when the live batch sizes move.
-    adapt: bool = True
-    adapt_interval_s: float = 5.0
-    adapt_min_batches: int = 50
-    adapt_cooldown_s: float = 30.0
-    adapt_min_gain: float = 0.05
-    metrics_port: int = 0  # 0: no metrics endpoint
-    metrics_address: str = "127.0.0.1"
+
+@dataclass(frozen=True)
+class Kind:
+    """What a setting accepts: its type, how a flag's text and a TOML value become one, and its range."""
+
+    words: str  # what is allowed, in words: error messages and the docs quote it
+    type: Any  # the annotation of the ServeConfig attribute
+    from_text: Callable[[str], Any]  # a flag's text → value; ValueError when malformed
+    from_toml: Callable[[object], Any]  # a TOML value → value; ValueError when of another type
+    allowed: Callable[[Any], bool] = lambda value: True
+    choices: tuple[str, ...] | None = None
+
+    def parse_text(self, text: str) -> Any:
+        """The value of a flag's text; ValueError naming the text and what is allowed."""
+        value = self._value(self.from_text, text)
+        if value is None:
+            raise ValueError(f"expected {self.words}, got {text!r}")
+        return value
+
+    def parse_toml(self, key: str, value: object, source: str) -> Any:
+        """The value of `key = value` in the TOML file `source`; ConfigError naming all three."""
+        checked = self._value(self.from_toml, value)
+        if checked is None:
+            raise ConfigError(f"{source}: {key} = {toml_text(value)} is not allowed; expected {self.words}")
+        return checked
+
+    def _value(self, convert: Callable[[Any], Any], raw: object) -> Any:
+        """convert(raw) if that works and is allowed, else None (no setting takes None as a value)."""
+        try:
+            value = convert(raw)
+        except (ValueError, KeyError):
+            return None
+        return value if self.allowed(value) else None
+
+
+def _exactly(cls: type) -> Callable[[object], Any]:
+    """A TOML value of exactly this type (TOML's true is not the integer 1; an integer is a float)."""
+
+    def convert(value: object) -> Any:
+        if isinstance(value, bool) is not (cls is bool):
+            raise ValueError(value)
+        if cls is float and isinstance(value, int):
+            return float(value)
+        if not isinstance(value, cls):
+            raise ValueError(value)
+        return value
+
+    return convert
+
+
+def _integer(words: str, allowed: Callable[[int], bool]) -> Kind:
+    return Kind(words, int, int, _exactly(int), allowed)
+
+
+def _number(words: str, allowed: Callable[[float], bool]) -> Kind:
+    return Kind(words, float, float, _exactly(float), lambda value: math.isfinite(value) and allowed(value))
+
+
+def _text(words: str, optional: bool) -> Kind:
+    return Kind(words, str | None if optional else str, str, _exactly(str))
+
+
+def _choice(*options: str) -> Kind:
+    return Kind(f"one of {', '.join(options)}", str, str, _exactly(str), lambda v: v in options, options)
+
+
+def _sizes_from_text(text: str) -> list[int]:
+    """'1,2,4' or '1-4' or '1,2,8-16' → sorted unique ints."""
+    values: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if "-" in part:
+            low, high = (int(x) for x in part.split("-", 1))
+            values.update(range(low, high + 1))
+        elif part:
+            values.add(int(part))
+    return sorted(values)
+
+
+def _sizes_from_toml(value: object) -> list[int]:
+    if isinstance(value, str):
+        return _sizes_from_text(value)
+    if not isinstance(value, list):
+        raise ValueError(value)
+    return sorted({_exactly(int)(item) for item in value})
+
+
+POSITIVE_INT = _integer("a positive integer", lambda value: value >= 1)
+COUNT = _integer("an integer, 0 or more", lambda value: value >= 0)
+PORT = _integer("a port number from 0 to 65535", lambda value: 0 <= value <= 65535)
+SECONDS = _number("a number of seconds above 0", lambda value: value > 0)
+WAIT = _number("a number, 0 or more", lambda value: value >= 0)
+FRACTION = _number("a fraction from 0 up to (not including) 1, e.g. 0.05 for 5%", lambda value: 0 <= value < 1)
+TEXT = _text("a string", optional=False)
+OPTIONAL_TEXT = _text("a string", optional=True)
+SWITCH = Kind("true or false", bool, lambda text: {"true": True, "false": False}[text], _exactly(bool))
+SIZES = Kind(
+    'positive integers: "1,4,8", "1-8" or a list [1, 4, 8]',
+    list[int],
+    _sizes_from_text,
+    _sizes_from_toml,
+    lambda values: bool(values) and min(values) >= 1,
+)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One `serve` setting. The help of a true/false setting says what `true` does."""
+
+    name: str  # TOML key and ServeConfig attribute; the flag is --name-with-dashes (--no-name for a true switch)
+    kind: Kind
+    default: Any
+    help: str
+    section: str
+    unset: str = ""  # what an absent setting whose default is empty means, for help and docs
+
+    @property
+    def flag(self) -> str:
+        dashed = self.name.replace("_", "-")
+        return f"--no-{dashed}" if self.kind is SWITCH and self.default else f"--{dashed}"
+
+    def default_text(self) -> str:
+        if self.unset:
+            return self.unset
+        if self.kind is SWITCH:
+            return "on" if self.default else "off"
+        return toml_text(self.default)
+
+    def describe(self) -> str:
+        """The help with its default, as `--help` shows it."""
+        return f"{self.help} (default: {self.default_text()})"
+
+
+MODEL, SERVING, PLANNING, ADAPTATION, TIMEOUTS, OBSERVING = (
+    "Model",
+    "Serving",
+    "Planning",
+    "Adaptation (packrat policy)",
+    "Timeouts",
+    "Metrics and logs",
+)
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "model", TEXT, "builtin:resnet50", "model spec: builtin:NAME, a .pt2 or .pt file, or module:function", MODEL
+    ),
+    Setting(
+        "input",
+        OPTIONAL_TEXT,
+        None,
+        "input of a model file that does not declare it, e.g. float32:3x224x224",
+        MODEL,
+        unset="declared by the model",
+    ),
+    Setting(
+        "runtime",
+        TEXT,
+        "torch",
+        "torch, onnxruntime, openvino, or auto: measure each installed one (serve then serves the fastest)",
+        MODEL,
+    ),
+    Setting("allocator", _choice("system", "jemalloc", "tcmalloc"), "system", "malloc to preload", MODEL),
+    Setting("endpoint", TEXT, "tcp://127.0.0.1:5555", "where clients connect (tcp:// or ipc://)", SERVING),
+    Setting("max_batch", POSITIVE_INT, 16, "most inputs in one batch", SERVING),
+    Setting("max_delay_ms", WAIT, 1.0, "longest wait in milliseconds to fill a batch", SERVING),
+    Setting("max_queue", POSITIVE_INT, 1024, "inputs that may wait, across requests", SERVING),
+    Setting(
+        "run_dir", OPTIONAL_TEXT, None, "folder for the internal ipc sockets", SERVING, unset="a private temp folder"
+    ),
+    Setting("policy", TEXT, "packrat", "packrat, single, torchserve, fixed, or an installed plug-in", PLANNING),
+    Setting("plan", OPTIONAL_TEXT, None, "the plan for policy fixed, e.g. 2*1x8", PLANNING, unset="none"),
+    Setting(
+        "profile", OPTIONAL_TEXT, None, "latency profile CSV", PLANNING, unset="the needed cells are measured at start"
+    ),
+    Setting(
+        "save_profile",
+        OPTIONAL_TEXT,
+        None,
+        "write the profile measured at start to this CSV",
+        PLANNING,
+        unset="not written",
+    ),
+    Setting("batches", SIZES, [], "batch sizes to plan for", PLANNING, unset="max_batch"),
+    Setting(
+        "min_split_gain",
+        FRACTION,
+        MIN_SPLIT_GAIN,
+        "packrat policy: serve several instances only if predicted this much faster than one (0: the exact optimum)",
+        PLANNING,
+    ),
+    Setting(
+        "split_check_rounds",
+        COUNT,
+        5,
+        "packrat policy: at start, run each split the plan makes against one "
+        "instance this many interleaved rounds and plan on what was measured (0: off)",
+        PLANNING,
+    ),
+    Setting("adapt", SWITCH, True, "re-plan when the live batch sizes move and that is predicted to pay", ADAPTATION),
+    Setting("adapt_interval_s", SECONDS, 5.0, "how often the live batch sizes are looked at", ADAPTATION),
+    Setting("adapt_min_batches", POSITIVE_INT, 50, "batches seen since the last plan before re-planning", ADAPTATION),
+    Setting("adapt_cooldown_s", WAIT, 30.0, "least time in seconds between two re-plans", ADAPTATION),
+    Setting("adapt_min_gain", FRACTION, MIN_ADAPT_GAIN, "predicted gain needed to re-plan", ADAPTATION),
+    Setting(
+        "job_timeout_s",
+        SECONDS,
+        120.0,
+        "a worker that has not answered its part of a batch for this long is replaced and the part sent to another",
+        TIMEOUTS,
+    ),
+    Setting(
+        "drain_timeout_s",
+        SECONDS,
+        30.0,
+        "on stop, the longest wait for queued requests to finish (keep it under systemd's TimeoutStopSec)",
+        TIMEOUTS,
+    ),
+    Setting(
+        "startup_timeout_s",
+        SECONDS,
+        600.0,
+        "the longest wait for the model to load, and again for the workers "
+        "to become ready (keep it under systemd's TimeoutStartSec)",
+        TIMEOUTS,
+    ),
+    Setting("metrics_port", PORT, 0, "serve Prometheus metrics on this port (0: off)", OBSERVING),
+    Setting("metrics_address", TEXT, "127.0.0.1", "address of the metrics endpoint", OBSERVING),
+    Setting(
+        "log_level",
+        _choice("debug", "info", "warning", "error"),
+        "info",
+        "show log lines of this level and above",
+        OBSERVING,
+    ),
+)
+BY_NAME: dict[str, Setting] = {setting.name: setting for setting in SETTINGS}
+
+
+def _field(setting: Setting) -> tuple[str, Any, Any]:
+    default = setting.default
+    made = field(default_factory=lambda: list(default)) if isinstance(default, list) else field(default=default)
+    return setting.name, setting.kind.type, made
+
+
+# The daemon's configuration: one attribute per setting, with the table's default (tests build it
+# directly, e.g. ServeConfig(model="builtin:tiny-mlp", max_batch=4)).
+ServeConfig = make_dataclass("ServeConfig", [_field(s) for s in SETTINGS], namespace={"__module__": __name__})
+
+
+def toml_text(value: object) -> str:
+    """`value` as it is written in TOML, for messages and the docs."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_text(item) for item in value) + "]"
+    return repr(value)
+
+
+def read_toml(path: str) -> dict[str, Any]:
+    """The settings in the TOML file at `path`, each checked against the table."""
+    try:
+        with open(path, "rb") as handle:
+            values = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    checked = {}
+    for key, value in values.items():
+        setting = BY_NAME.get(key)
+        if setting is None:
+            known = ", ".join(sorted(BY_NAME))
+            raise ConfigError(f"{path}: unknown option {key!r}; known options: {known}")
+        checked[key] = setting.kind.parse_toml(key, value, path)
+    return checked
+
+
+def load_config(flags: Mapping[str, Any], path: str | None) -> ServeConfig:
+    """The ServeConfig of the defaults, then the TOML file at `path`, then the flags typed (they win)."""
+    values = read_toml(path) if path else {}
+    values.update(copy.deepcopy(dict(flags)))  # each reload gets its own lists
+    return ServeConfig(**values)
+
+
+def markdown() -> str:
+    """docs/configuration.md, from the table."""
+    lines = [
+        "<!-- Generated from packrat_daemon/config.py: `python -m packrat_daemon.config > docs/configuration.md`."
+        " Do not edit; a test checks that it matches. -->",
+        "# Configuring `packrat serve`",
+        "",
+        "Every setting can be given as a flag or as a key of the TOML file named by `--config`",
+        "(the key is the flag's name with underscores for dashes, as in `systemd/example.toml`).",
+        "A flag given on the command line wins over the file. On SIGHUP the daemon re-reads the file",
+        "and re-plans; `model`, `input`, `endpoint`, `runtime`, `allocator` and `run_dir` take a restart,",
+        "and `max_batch` can only shrink.",
+    ]
+    for section in dict.fromkeys(setting.section for setting in SETTINGS):
+        lines += ["", f"## {section}", "", "| key | flag | allowed | default | meaning |", "|" + " --- |" * 5]
+        for s in (s for s in SETTINGS if s.section == section):
+            cells = (f"`{s.name}`", f"`{s.flag}`", s.kind.words, s.default_text(), s.help)
+            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown())

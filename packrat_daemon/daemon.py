@@ -465,10 +465,7 @@ class Daemon:
     def _make_tuner(self, policy: Any, config: ServeConfig) -> Tuner | None:
         if not (config.adapt and policy.name == "packrat" and self.profile is not None):
             return None
-        settings = TunerSettings(
-            config.adapt_interval_s, config.adapt_min_batches, config.adapt_min_gain, config.adapt_cooldown_s
-        )
-        return Tuner(policy, self.profile, self.topology, settings)
+        return Tuner(policy, self.profile, self.topology, TunerSettings.of(config))
 
     def _adapt(self, now: float) -> None:
         """Re-plan for the batch sizes clients actually send, if that is predicted to pay."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from packrat_daemon.config import ServeConfig
 from policies.base import Plan, Policy
 from policies.packrat import plan_expected_latency
 from policies.planning.distribution import BatchDistribution
@@ -18,10 +19,15 @@ from policies.planning.topology import Topology
 
 @dataclass(frozen=True)
 class TunerSettings:
-    interval_s: float = 5.0  # how often the live distribution is looked at
-    min_batches: int = 50  # batches observed since the last plan before a switch is considered
-    min_gain: float = 0.05  # predicted expected-latency gain needed to switch
-    cooldown_s: float = 30.0  # least time between two switches
+    """The tuner's view of the adapt_* settings; their defaults and help live in packrat_daemon.config."""
+
+    min_batches: int  # batches observed since the last plan before a switch is considered
+    min_gain: float  # predicted expected-latency gain needed to switch
+    cooldown_s: float  # least time between two switches
+
+    @classmethod
+    def of(cls, config: ServeConfig) -> TunerSettings:
+        return cls(config.adapt_min_batches, config.adapt_min_gain, config.adapt_cooldown_s)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from packrat_daemon.commands.options import positive_int
+from packrat_daemon.commands.options import add_settings, positive_int
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -25,7 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="serve a built-in model with packrat and with one instance, and compare their latency",
         description="Start the daemon on a built-in model, send a burst of requests, compare with `single`.",
     )
-    parser.add_argument("--model", default="builtin:resnet50", help="model spec (default: builtin:resnet50)")
+    add_settings(parser, ["model"])  # as `serve` takes it
     parser.add_argument("--batch", type=positive_int, default=8, help="samples per request (default 8)")
     parser.add_argument("--requests", type=positive_int, default=8, help="requests per policy (default 8)")
     parser.set_defaults(run=run)

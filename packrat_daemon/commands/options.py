@@ -1,33 +1,57 @@
-"""Option parsers shared by several commands."""
+"""The command-line side of the settings table (packrat_daemon.config), and option types for every command."""
 
 from __future__ import annotations
 
 import argparse
+import copy
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from packrat_daemon.config import BY_NAME, POSITIVE_INT, SETTINGS, SIZES, SWITCH, Kind
 
 
-def int_list(text: str) -> list[int]:
-    """'1,2,4' or '1-4' or '1,2,8-16' → sorted unique positive ints."""
-    values: set[int] = set()
-    try:
-        for part in text.split(","):
-            part = part.strip()
-            if "-" in part:
-                low, high = (int(x) for x in part.split("-", 1))
-                values.update(range(low, high + 1))
-            elif part:
-                values.add(int(part))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers like 1,2,4 or 1-8, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
-    return sorted(values)
+def argument_type(kind: Kind) -> Callable[[str], Any]:
+    """An argparse `type` that checks a flag's text against `kind` and says what is allowed."""
+
+    def parse(text: str) -> Any:
+        try:
+            return kind.parse_text(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+int_list = argument_type(SIZES)  # '1,2,4' or '1-4' or '1,2,8-16' → sorted unique positive ints
+positive_int = argument_type(POSITIVE_INT)
+
+
+def add_settings(
+    parser: argparse.ArgumentParser, names: Iterable[str] | None = None, *, typed_only: bool = False
+) -> None:
+    """Add the flags of the named settings (default: every one) to `parser`, as the table declares them.
+
+    typed_only: a setting whose flag was not typed stays out of the parsed namespace, so that a config
+    file can fill it and the flags typed still win (see `typed_settings`).
+    """
+    for setting in SETTINGS if names is None else [BY_NAME[name] for name in names]:
+        default = argparse.SUPPRESS if typed_only else copy.copy(setting.default)
+        help_text = setting.describe().replace("%", "%%")  # argparse %-formats help
+        if setting.kind is SWITCH:
+            action = "store_false" if setting.default else "store_true"
+            switch_help = f"turn this off: {help_text}" if setting.default else help_text
+            parser.add_argument(setting.flag, dest=setting.name, action=action, default=default, help=switch_help)
+        else:
+            parser.add_argument(
+                setting.flag,
+                dest=setting.name,
+                type=argument_type(setting.kind),
+                choices=setting.kind.choices,
+                default=default,
+                help=help_text,
+            )
+
+
+def typed_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings whose flags were typed, from a namespace parsed with add_settings(typed_only=True)."""
+    return {name: value for name, value in vars(args).items() if name in BY_NAME}

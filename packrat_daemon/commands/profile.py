@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from packrat_daemon.commands.options import int_list, positive_int
+from packrat_daemon.commands.options import add_settings, int_list, positive_int
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -14,8 +14,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="measure a latency profile (threads × batch) of a model on this machine",
         description="Measure each (threads, batch) cell in a pinned worker and write a profile CSV.",
     )
-    parser.add_argument("--model", default="builtin:resnet50", help="model spec (default: builtin:resnet50)")
-    parser.add_argument("--input", help="input of a model file that does not declare it, e.g. float32:16")
+    add_settings(parser, ["model", "input", "runtime", "allocator"])  # as `serve` takes them
     parser.add_argument("--threads", type=int_list, help="thread counts (default: 1..usable cores)")
     parser.add_argument("--batches", type=int_list, default=[1, 2, 4, 8, 16], help="batch sizes (default 1,2,4,8,16)")
     parser.add_argument("--out", default="profile.csv", help="output CSV (default: profile.csv)")
@@ -25,10 +24,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--isolated",
         action="store_true",
         help="measure each cell on one worker alone (default: side by side on every core, interference included)",
-    )
-    parser.add_argument("--allocator", default="system", choices=["system", "jemalloc", "tcmalloc"])
-    parser.add_argument(
-        "--runtime", default="torch", help="torch, onnxruntime, openvino, or auto: every installed one (default: torch)"
     )
     # Adaptive (Bayesian) profiling and replay: see docs/profiling.md.
     parser.add_argument("--adaptive", action="store_true", help="measure only the cells that matter (Bayesian)")

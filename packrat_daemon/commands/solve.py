@@ -6,7 +6,8 @@ import argparse
 import json
 from typing import Any
 
-from packrat_daemon.commands.options import int_list, positive_int
+from packrat_daemon.commands.options import add_settings, int_list, positive_int
+from policies.packrat import MIN_SPLIT_GAIN
 from policies.planning.distribution import BatchDistribution
 from policies.planning.profile import Profile
 from policies.planning.topology import Topology
@@ -21,15 +22,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--profile", required=True, help="profile CSV (header threads,batch,latency_ms)")
     parser.add_argument("--cores", type=positive_int, help="usable cores (default: detected on this machine)")
     parser.add_argument("--batch", type=int_list, required=True, help="batch size(s), e.g. 8 or 1,8,64")
-    parser.add_argument("--policy", default="packrat", help="policy name (default: packrat)")
-    parser.add_argument("--plan", help="plan for --policy fixed, e.g. 2*1x8")
-    parser.add_argument(
-        "--min-split-gain",
-        type=float,
-        default=0.05,
-        help="packrat policy: keep one instance unless a split is predicted this much faster "
-        "(default 0.05, as serve; 0 prints the exact optimum)",
-    )
+    add_settings(parser, ["policy", "plan", "min_split_gain"])  # as `serve` takes them
     parser.add_argument("--runtime", help="which runtime's rows to use when the profile holds several")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(run=run)
@@ -41,7 +34,7 @@ def solve_plans(
     batches: list[int],
     policy_name: str,
     plan: str | None = None,
-    min_split_gain: float = 0.05,
+    min_split_gain: float = MIN_SPLIT_GAIN,
 ) -> list[dict[str, Any]]:
     from policies.registry import get_policy, policy_options
 

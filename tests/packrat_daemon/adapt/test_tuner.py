@@ -15,7 +15,7 @@ ONES, FOURS = BatchDistribution.single(1), BatchDistribution.single(4)
 
 
 def tuner(**settings: float) -> Tuner:
-    values = {"interval_s": 1.0, "min_batches": 10, "min_gain": 0.05, "cooldown_s": 30.0, **settings}
+    values = {"min_batches": 10, "min_gain": 0.05, "cooldown_s": 30.0, **settings}
     return Tuner(PackratPolicy(), PROFILE, TOPOLOGY, TunerSettings(**values))
 
 

@@ -1,0 +1,195 @@
+"""The settings table: `serve` flags, TOML checks, the ServeConfig built from both, and the docs made from it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from packrat_daemon.cli import build_parser
+from packrat_daemon.commands.serve import config_loader
+from packrat_daemon.config import MIN_ADAPT_GAIN, SETTINGS, SWITCH, ServeConfig, markdown
+from packrat_daemon.wire.errors import ConfigError
+from policies.packrat import MIN_SPLIT_GAIN
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A value other than the default for every setting, as TOML would hold it.
+SAMPLE: dict[str, Any] = {
+    "model": "builtin:tiny-mlp",
+    "input": "float32:16",
+    "runtime": "onnxruntime",
+    "allocator": "jemalloc",
+    "endpoint": "ipc:///tmp/packrat-test.ipc",
+    "max_batch": 8,
+    "max_delay_ms": 2.5,
+    "max_queue": 64,
+    "run_dir": "/tmp/packrat-run",
+    "policy": "fixed",
+    "plan": "2*1x8",
+    "profile": "profile.csv",
+    "save_profile": "saved.csv",
+    "batches": [1, 4],
+    "min_split_gain": 0.1,
+    "split_check_rounds": 0,
+    "adapt": False,
+    "adapt_interval_s": 2.0,
+    "adapt_min_batches": 7,
+    "adapt_cooldown_s": 0.0,
+    "adapt_min_gain": 0.2,
+    "job_timeout_s": 9.0,
+    "drain_timeout_s": 4.0,
+    "startup_timeout_s": 60.0,
+    "metrics_port": 9464,
+    "metrics_address": "0.0.0.0",
+    "log_level": "debug",
+}
+
+
+def config(*argv: str) -> ServeConfig:
+    return config_loader(build_parser().parse_args(["serve", *argv]))()
+
+
+def toml_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "serve.toml"
+    path.write_text(text)
+    return path
+
+
+def as_toml(values: dict[str, Any]) -> str:
+    def literal(value: Any) -> str:
+        if isinstance(value, bool):
+            return str(value).lower()
+        return f'"{value}"' if isinstance(value, str) else str(value)
+
+    return "".join(f"{key} = {literal(value)}\n" for key, value in values.items())
+
+
+def as_flags(values: dict[str, Any]) -> list[str]:
+    by_name = {setting.name: setting for setting in SETTINGS}
+    argv: list[str] = []
+    for key, value in values.items():
+        setting = by_name[key]
+        if setting.kind is SWITCH:
+            argv += [setting.flag] if value != setting.default else []
+        else:
+            argv += [setting.flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
+    return argv
+
+
+def test_the_sample_sets_every_setting_to_something_else() -> None:
+    assert list(SAMPLE) == [setting.name for setting in SETTINGS]
+    defaults = ServeConfig()
+    assert all(getattr(defaults, name) != value for name, value in SAMPLE.items())
+
+
+def test_flags_and_toml_give_the_same_config(tmp_path: Path) -> None:
+    from_flags = config(*as_flags(SAMPLE))
+    from_file = config("--config", str(toml_file(tmp_path, as_toml(SAMPLE))))
+    assert from_flags == from_file == ServeConfig(**SAMPLE)
+
+
+def test_config_fills_settings_and_flags_win(tmp_path: Path) -> None:
+    path = toml_file(tmp_path, 'model = "builtin:tiny-mlp"\nmax_batch = 4\nbatches = "1,4"\npolicy = "single"\n')
+    loaded = config("--config", str(path), "--policy", "packrat", "--max-delay-ms", "0")
+    assert (loaded.model, loaded.max_batch, loaded.batches) == ("builtin:tiny-mlp", 4, [1, 4])
+    assert (loaded.policy, loaded.max_delay_ms) == ("packrat", 0.0)
+    assert loaded.max_queue == ServeConfig().max_queue  # neither in the file nor typed: the default
+
+
+def test_the_three_timeouts_reach_the_config(tmp_path: Path) -> None:
+    typed = config("--job-timeout-s", "7", "--drain-timeout-s", "3.5", "--startup-timeout-s", "90")
+    assert (typed.job_timeout_s, typed.drain_timeout_s, typed.startup_timeout_s) == (7.0, 3.5, 90.0)
+    path = toml_file(tmp_path, "job_timeout_s = 8\ndrain_timeout_s = 2.5\nstartup_timeout_s = 45.0\n")
+    filed = config("--config", str(path))
+    assert (filed.job_timeout_s, filed.drain_timeout_s, filed.startup_timeout_s) == (8.0, 2.5, 45.0)
+
+
+@pytest.mark.parametrize(
+    ("line", "allowed"),
+    [
+        ("max_batch = -3", "a positive integer"),
+        ("max_batch = 2.5", "a positive integer"),
+        ("max_batch = true", "a positive integer"),
+        ('max_delay_ms = "soon"', "a number, 0 or more"),
+        ("max_delay_ms = nan", "a number, 0 or more"),
+        ("job_timeout_s = 0", "a number of seconds above 0"),
+        ("min_split_gain = 1.5", "a fraction"),
+        ("split_check_rounds = -1", "an integer, 0 or more"),
+        ("metrics_port = 70000", "a port number"),
+        ('batches = "1,x"', "positive integers"),
+        ("batches = [0, 4]", "positive integers"),
+        ('batches = ["4"]', "positive integers"),
+        ('allocator = "mimalloc"', "one of system, jemalloc, tcmalloc"),
+        ('log_level = "loud"', "one of debug, info, warning, error"),
+        ('adapt = "yes"', "true or false"),
+        ("model = 3", "a string"),
+        ("profile = []", "a string"),
+    ],
+)
+def test_a_bad_value_names_key_value_and_what_is_allowed(tmp_path: Path, line: str, allowed: str) -> None:
+    path = toml_file(tmp_path, line + "\n")
+    with pytest.raises(ConfigError) as raised:
+        config("--config", str(path))
+    message = str(raised.value)
+    assert str(path) in message and line in message and "expected " + allowed in message
+
+
+@pytest.mark.parametrize(("flag", "text"), [("--max-batch", "-3"), ("--min-split-gain", "2"), ("--batches", "0")])
+def test_a_bad_flag_is_refused_by_the_same_rule(capsys: pytest.CaptureFixture[str], flag: str, text: str) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", flag, text])
+    assert f"argument {flag}: expected " in capsys.readouterr().err
+
+
+def test_unknown_key_names_the_known_ones(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown option 'max_batchez'.*max_batch"):
+        config("--config", str(toml_file(tmp_path, "max_batchez = 4\n")))
+
+
+def test_invalid_toml_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        config("--config", str(toml_file(tmp_path, "model = \n")))
+    with pytest.raises(ConfigError, match="does not exist"):
+        config("--config", str(tmp_path / "none.toml"))
+
+
+def test_reload_rereads_the_file_through_the_same_checks(tmp_path: Path) -> None:
+    path = toml_file(tmp_path, "max_batch = 8\n")
+    load = config_loader(build_parser().parse_args(["serve", "--config", str(path), "--max-delay-ms", "3"]))
+    assert (load().max_batch, load().max_delay_ms) == (8, 3.0)
+    path.write_text("max_batch = -3\n")
+    with pytest.raises(ConfigError, match="max_batch = -3"):
+        load()
+    path.write_text("max_batch = 4\nmax_delay_ms = 9\n")
+    assert (load().max_batch, load().max_delay_ms) == (4, 3.0)  # the typed flag still wins
+
+
+def test_example_config_in_the_repository_is_valid() -> None:
+    example = str(REPO / "systemd" / "example.toml")
+    loaded = config("--config", example)
+    assert (loaded.model, loaded.policy, loaded.batches) == ("builtin:resnet50", "packrat", [1, 4, 8, 16])
+    assert (loaded.min_split_gain, loaded.split_check_rounds) == (0.05, 5)
+    assert (loaded.startup_timeout_s, loaded.drain_timeout_s, loaded.metrics_port) == (600.0, 30.0, 9464)
+    tuned = config("--config", example, "--min-split-gain", "0.1", "--split-check-rounds", "0")
+    assert (tuned.min_split_gain, tuned.split_check_rounds) == (0.1, 0)  # flags win over the file
+
+
+def test_help_lists_every_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    shown = capsys.readouterr().out
+    assert [setting.flag for setting in SETTINGS if setting.flag not in shown] == []
+
+
+def test_docs_match_the_table() -> None:
+    written = (REPO / "docs" / "configuration.md").read_text()
+    assert written == markdown(), "regenerate: python -m packrat_daemon.config > docs/configuration.md"
+    assert all(f"`{setting.name}`" in written for setting in SETTINGS)
+
+
+def test_gain_defaults_have_one_home_each() -> None:
+    assert ServeConfig().min_split_gain == MIN_SPLIT_GAIN and ServeConfig().adapt_min_gain == MIN_ADAPT_GAIN
+    solve = build_parser().parse_args(["solve", "--profile", "p.csv", "--batch", "8"])
+    assert solve.min_split_gain == MIN_SPLIT_GAIN
