@@ -18,10 +18,9 @@ import numpy as np
 
 from packrat_daemon.batcher import Request
 from packrat_daemon.pool import WorkerHandle
-from packrat_daemon.wire.errors import InfeasibleError
-from packrat_daemon.wire.protocol import DTYPES
+from packrat_daemon.wire.codec import DTYPES
+from policies.planning.layouts import Split, fastest, split_on
 from policies.planning.profile import Profile
-from policies.solver import split_batch
 from workers import messages
 from workers.messages import numpy_dtype, numpy_name
 
@@ -70,9 +69,8 @@ class Splitter:
     """Which live workers take a batch, and how many rows each: exact, cached, per batch size.
 
     A plan may keep several layouts of the same cores warm (say one 2-thread worker and two 1-thread
-    workers); each batch goes to the complete layout whose exact split predicts the lowest latency,
-    except that a batch stays on one worker unless splitting it is predicted at least
-    `min_split_gain` faster (the packrat policy's margin, applied per batch).
+    workers); each batch goes to the complete layout that policies.planning.layouts.fastest picks,
+    with the packrat policy's `min_split_gain` applied per batch.
     """
 
     def __init__(
@@ -88,7 +86,7 @@ class Splitter:
         self.layouts = [list(layout) for layout in layouts]
         self.oversubscribed = oversubscribed
         self.min_split_gain = min_split_gain
-        self._cache: dict[tuple[tuple[int, ...], int], tuple[float, list[int]]] = {}
+        self._cache: dict[tuple[tuple[int, ...], int], Split] = {}
         # choose()'s answers for the last `workers` sequence, by batch size. The daemon passes a new list
         # whenever its pool changes (and never edits one in place), so the list's identity is the key.
         self._chosen_for: Sequence[WorkerHandle] | None = None
@@ -113,43 +111,24 @@ class Splitter:
             # Mid-reconfiguration no layout may be complete: use ready workers whose cores do not overlap.
             candidates = [list(workers) if self.oversubscribed else _disjoint(workers)]
         splits = [self._split(tuple(w.threads for w in members), batch) for members in candidates]
-        scored = [(latency, sum(1 for rows in sizes if rows)) for latency, sizes in splits]
-        chosen = pick_layout(scored, self.min_split_gain)
-        members, sizes = candidates[chosen], splits[chosen][1]
+        chosen = fastest(splits, self.min_split_gain)
+        members, sizes = candidates[chosen], splits[chosen].rows
         return [(worker, rows) for worker, rows in zip(members, sizes, strict=True) if rows]
 
-    def split(self, threads: Sequence[int], batch: int) -> list[int]:
-        return self._split(tuple(threads), batch)[1]
-
-    def _split(self, threads: tuple[int, ...], batch: int) -> tuple[float, list[int]]:
+    def _split(self, threads: tuple[int, ...], batch: int) -> Split:
         key = (threads, batch)
         if key not in self._cache:
             self._cache[key] = self._compute(list(threads), batch)
         return self._cache[key]
 
-    def _compute(self, threads: list[int], batch: int) -> tuple[float, list[int]]:
+    def _compute(self, threads: list[int], batch: int) -> Split:
         if self.mode == "exact" and self.profile is not None:
-            try:
-                return split_batch(self.profile, threads, batch)
-            except InfeasibleError:
-                pass  # the profile does not cover this pool or batch: fall back to proportional
+            split = split_on(self.profile, threads, batch)
+            if split is not None:
+                return split
+            # The profile does not cover this pool or batch: fall back to proportional.
         weights = threads if self.mode == "exact" else [1] * len(threads)
-        return float("inf"), _proportional(weights, batch)
-
-
-def pick_layout(scored: Sequence[tuple[float, int]], min_split_gain: float) -> int:
-    """Index of the layout to run a batch on, from (predicted latency, workers used) per layout.
-
-    The fastest, except that a batch stays on one worker unless a split is predicted at least
-    `min_split_gain` faster than the best single worker.
-    """
-    best = min(range(len(scored)), key=lambda k: scored[k])
-    alone = [k for k, (_, used) in enumerate(scored) if used == 1]
-    if scored[best][1] > 1 and alone:
-        one = min(alone, key=lambda k: scored[k][0])
-        if scored[best][0] > scored[one][0] * (1.0 - min_split_gain):
-            return one
-    return best
+        return Split(float("inf"), _proportional(weights, batch))
 
 
 def _match(layout: Sequence[tuple[int, tuple[int, ...]]], workers: Sequence[WorkerHandle]) -> list[WorkerHandle]:

@@ -1,6 +1,6 @@
 """The exact ⟨instances, threads, batch⟩ solver and the exact per-batch split.
 
-The question (DESIGN.md): choose instances (t_k, b_k) with Σ t_k ≤ T, Σ b_k = B, b_k ≥ 1, minimising
+The question: choose instances (t_k, b_k) with Σ t_k ≤ T, Σ b_k = B, b_k ≥ 1, minimising
 max_k L̂(t_k, b_k), where L̂(t, b) is the latency of the smallest profiled batch b' ≥ b for t.
 
 Method: for a latency bound λ an instance with t threads may take any batch in
@@ -13,12 +13,16 @@ threads.
 
 The per-batch split answers the same question for a fixed pool of live instances, each usable once
 (and allowed to stay idle). Nothing here imports torch or numpy: `packrat solve` must start fast.
+
+This module is over 400 lines because it is one algorithm: the solver and the split share the rows,
+the two algebras, the binary search and the backtracking step, and a change to one must be read
+against the others.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from packrat_daemon.wire.errors import InfeasibleError, ProfileError
@@ -34,10 +38,6 @@ class Solution:
     batch: int
     latency_ms: float
     instances: tuple[tuple[int, int], ...]  # (threads, batch) pairs, largest first
-
-    @property
-    def threads_used(self) -> int:
-        return sum(t for t, _ in self.instances)
 
 
 class _Row:
@@ -67,6 +67,10 @@ class _Row:
         is_prefix = k == len(self.latencies) or self.suffix_min[k] > bound
         return cap, is_prefix
 
+    def lhat(self, batch: int) -> float:
+        """L̂(t, batch): the latency of the smallest profiled batch that holds `batch` inputs."""
+        return self.latencies[bisect.bisect_left(self.batches, batch)]
+
     def intervals(self, bound: float, limit: int) -> list[Interval]:
         """S_bound(t) ∩ [1, limit] as merged inclusive intervals."""
         result: list[Interval] = []
@@ -92,11 +96,14 @@ _NONE = -1  # cap algebra: state unreachable
 
 
 class _CapAlgebra:
+    empty = 0
+    none = _NONE
+
     def __init__(self, caps: dict[int, int]) -> None:
         self.caps = caps
 
-    empty = 0
-    none = _NONE
+    def usable(self, threads: int) -> bool:
+        return self.caps[threads] > 0
 
     def extend(self, value: int, threads: int) -> int:
         return _NONE if value == _NONE else value + self.caps[threads]
@@ -109,14 +116,30 @@ class _CapAlgebra:
     def serves(value: int, instances: int, batch: int) -> bool:
         return value != _NONE and instances <= batch <= value
 
+    def step(self, previous: int, threads: int, need: int, remaining: int) -> int | None:
+        """The input total still needed from `remaining` instances if one `threads` instance joins
+        `previous`, or None when that cannot reach `need`."""
+        if previous == _NONE:
+            return None
+        # This instance takes 1..cap inputs; the others need at least one each and their caps must
+        # carry the rest. Sizes are balanced afterwards, so only feasibility is tracked here.
+        rest = max(need - self.caps[threads], remaining)
+        return rest if remaining <= need - 1 and rest <= previous else None
+
+    def sizes(self, chosen: Sequence[int], batch: int) -> list[int]:
+        return _balanced([self.caps[t] for t in chosen], batch)
+
 
 class _BitsetAlgebra:
+    empty = 1  # only the total 0 is reachable with no instance
+    none = 0
+
     def __init__(self, allowed: dict[int, list[Interval]], batch: int) -> None:
         self.allowed = allowed
         self.mask = (1 << (batch + 1)) - 1
 
-    empty = 1  # only the total 0 is reachable with no instance
-    none = 0
+    def usable(self, threads: int) -> bool:
+        return bool(self.allowed[threads])
 
     def extend(self, value: int, threads: int) -> int:
         if not value:
@@ -133,6 +156,46 @@ class _BitsetAlgebra:
     @staticmethod
     def serves(value: int, instances: int, batch: int) -> bool:
         return bool((value >> batch) & 1)
+
+    def step(self, previous: int, threads: int, need: int, remaining: int) -> int | None:
+        """As _CapAlgebra.step, over the exact reachable totals."""
+        for low, high in self.allowed[threads]:
+            for size in range(min(high, need), low - 1, -1):
+                if (previous >> (need - size)) & 1:
+                    return need - size
+        return None
+
+    def sizes(self, chosen: Sequence[int], batch: int) -> list[int]:
+        """Input counts for the chosen instances: each in its allowed set, summing to batch."""
+        # Reachable totals of the first k chosen instances, then walk back to pick each size.
+        prefixes = [self.empty]
+        for t in chosen:
+            prefixes.append(self.extend(prefixes[-1], t))
+        sizes: list[int] = []
+        need = batch
+        for k in range(len(chosen) - 1, -1, -1):
+            after = self.step(prefixes[k], chosen[k], need, k)
+            assert after is not None
+            sizes.append(need - after)
+            need = after
+        sizes.reverse()
+        return sizes
+
+
+Algebra = _CapAlgebra | _BitsetAlgebra
+
+
+def _algebra_for(rows: dict[int, _Row], bound: float, batch: int) -> Algebra:
+    """Sums of caps when every row is monotone up to `bound`, exact bitsets otherwise."""
+    caps: dict[int, int] = {}
+    monotone = True
+    for t, row in rows.items():
+        cap, is_prefix = row.prefix_cap(bound)
+        caps[t] = min(cap, batch)
+        monotone = monotone and is_prefix
+    if monotone:
+        return _CapAlgebra(caps)
+    return _BitsetAlgebra({t: row.intervals(bound, batch) for t, row in rows.items()}, batch)
 
 
 def _smear(bits: int, width: int) -> int:
@@ -178,51 +241,23 @@ class Solver:
                 largest_servable_batch=largest,
             )
         index = _first_feasible(self.latencies, lambda bound: self._feasible(bound, batch))
-        bound = self.latencies[index]
-        algebra = self._algebra(bound, batch)
-        threads_order = [t for t in sorted(self.rows) if _usable(algebra, t)]
-        counts = _tie_break_unbounded(algebra, self.cores, threads_order, batch)
-        return self._solution(batch, counts, algebra)
+        algebra = _algebra_for(self.rows, self.latencies[index], batch)
+        threads_order = [t for t in sorted(self.rows) if algebra.usable(t)]
+        chosen = _tie_break_unbounded(algebra, self.cores, threads_order, batch)
+        sizes = algebra.sizes(chosen, batch)
+        pairs = sorted(zip(chosen, sizes, strict=True), key=lambda p: (-p[0], -p[1]))
+        latency = max(self.rows[t].lhat(b) for t, b in pairs)
+        return Solution(batch, latency, tuple(pairs))
 
     # -- internals --------------------------------------------------------------------------
-    def _algebra(self, bound: float, batch: int) -> _CapAlgebra | _BitsetAlgebra:
-        caps: dict[int, int] = {}
-        monotone = True
-        for t, row in self.rows.items():
-            cap, is_prefix = row.prefix_cap(bound)
-            caps[t] = min(cap, batch)
-            monotone = monotone and is_prefix
-        if monotone:
-            return _CapAlgebra(caps)
-        return _BitsetAlgebra({t: row.intervals(bound, batch) for t, row in self.rows.items()}, batch)
-
     def _feasible(self, bound: float, batch: int) -> bool:
-        algebra = self._algebra(bound, batch)
-        threads = [t for t in sorted(self.rows) if _usable(algebra, t)]
+        algebra = _algebra_for(self.rows, bound, batch)
+        threads = [t for t in sorted(self.rows) if algebra.usable(t)]
         best = _best_unbounded(algebra, self.cores, threads)
         return algebra.serves(best, 1, batch)
 
-    def _solution(self, batch: int, chosen: list[int], algebra: _CapAlgebra | _BitsetAlgebra) -> Solution:
-        if isinstance(algebra, _CapAlgebra):
-            sizes = _balanced([algebra.caps[t] for t in chosen], batch)
-        else:
-            sizes = _exact_sizes(algebra, chosen, batch)
-        pairs = sorted(zip(chosen, sizes, strict=True), key=lambda p: (-p[0], -p[1]))
-        latency = max(self._lhat(t, b) for t, b in pairs)
-        return Solution(batch, latency, tuple(pairs))
 
-    def _lhat(self, threads: int, batch: int) -> float:
-        row = self.rows[threads]
-        return row.latencies[bisect.bisect_left(row.batches, batch)]
-
-
-def _usable(algebra: _CapAlgebra | _BitsetAlgebra, threads: int) -> bool:
-    if isinstance(algebra, _CapAlgebra):
-        return algebra.caps[threads] > 0
-    return bool(algebra.allowed[threads])
-
-
-def _first_feasible(values: Sequence[float], feasible) -> int:  # noqa: ANN001 - a predicate
+def _first_feasible(values: Sequence[float], feasible: Callable[[float], bool]) -> int:
     low, high = 0, len(values) - 1
     while low < high:
         middle = (low + high) // 2
@@ -233,7 +268,7 @@ def _first_feasible(values: Sequence[float], feasible) -> int:  # noqa: ANN001 -
     return low
 
 
-def _best_unbounded(algebra, cores: int, threads: Sequence[int]):  # noqa: ANN001, ANN202
+def _best_unbounded(algebra: Algebra, cores: int, threads: Sequence[int]) -> int:
     """Join over every multiset of instances with Σ threads ≤ cores (unbounded knapsack)."""
     best = [algebra.empty] * (cores + 1)
     for used in range(1, cores + 1):
@@ -246,7 +281,7 @@ def _best_unbounded(algebra, cores: int, threads: Sequence[int]):  # noqa: ANN00
     return best[cores]
 
 
-def _tie_break_unbounded(algebra, cores: int, threads: Sequence[int], batch: int) -> list[int]:  # noqa: ANN001
+def _tie_break_unbounded(algebra: Algebra, cores: int, threads: Sequence[int], batch: int) -> list[int]:
     """Thread counts of a feasible multiset with the fewest instances, then the fewest threads.
 
     layer[used] joins every multiset of exactly `count` instances using exactly `used` threads.
@@ -269,7 +304,9 @@ def _tie_break_unbounded(algebra, cores: int, threads: Sequence[int], batch: int
     raise AssertionError("a feasible bound always has a feasible multiset")
 
 
-def _backtrack_unbounded(algebra, layers, used: int, threads: Sequence[int], batch: int) -> list[int]:  # noqa: ANN001
+def _backtrack_unbounded(
+    algebra: Algebra, layers: list[list[int]], used: int, threads: Sequence[int], batch: int
+) -> list[int]:
     chosen: list[int] = []
     need = batch
     for count in range(len(layers) - 1, 0, -1):
@@ -277,7 +314,7 @@ def _backtrack_unbounded(algebra, layers, used: int, threads: Sequence[int], bat
         for t in threads:
             if t > used:
                 break
-            step = _step(algebra, previous[used - t], t, need, count - 1)
+            step = algebra.step(previous[used - t], t, need, count - 1)
             if step is not None:
                 chosen.append(t)
                 used -= t
@@ -288,44 +325,8 @@ def _backtrack_unbounded(algebra, layers, used: int, threads: Sequence[int], bat
     return chosen
 
 
-def _step(algebra, previous, threads: int, need: int, remaining: int) -> int | None:  # noqa: ANN001
-    """The input total still needed from `remaining` instances if one `threads` instance joins
-    `previous`, or None when that cannot reach `need`."""
-    if isinstance(algebra, _CapAlgebra):
-        if previous == _NONE:
-            return None
-        # This instance takes 1..cap inputs; the others need at least one each and their caps must
-        # carry the rest. Sizes are balanced afterwards, so only feasibility is tracked here.
-        rest = max(need - algebra.caps[threads], remaining)
-        return rest if remaining <= need - 1 and rest <= previous else None
-    for low, high in algebra.allowed[threads]:
-        for size in range(min(high, need), low - 1, -1):
-            if (previous >> (need - size)) & 1:
-                return need - size
-    return None
-
-
-def _exact_sizes(algebra: _BitsetAlgebra, chosen: Sequence[int], batch: int) -> list[int]:
-    """Input counts for the chosen instances (noisy rows): each in its allowed set, summing to batch."""
-    # Reachable totals of the first k chosen instances, then walk back to pick each size.
-    prefixes = [algebra.empty]
-    for t in chosen:
-        prefixes.append(algebra.extend(prefixes[-1], t))
-    sizes: list[int] = []
-    need = batch
-    for k in range(len(chosen) - 1, -1, -1):
-        t = chosen[k]
-        after = _step(algebra, prefixes[k], t, need, k)
-        assert after is not None
-        sizes.append(need - after)
-        need = after
-    sizes.reverse()
-    return sizes
-
-
 def _balanced(caps: Sequence[int], batch: int) -> list[int]:
     """Split `batch` inputs as evenly as the caps allow (each instance gets 1..cap)."""
-    sizes = [1] * len(caps)
     remaining = batch - len(caps)
     # Water-filling: raise the lowest level until the inputs run out; O(n log B) via bisection.
     low, high = 1, max(caps)
@@ -368,43 +369,24 @@ def split_batch(profile: Profile, pool_threads: Sequence[int], batch: int) -> tu
     members = [k for k, t in enumerate(pool_threads) if t in rows]
     latencies = sorted({lat for row in rows.values() for lat in row.latencies})
 
-    def algebra_for(bound: float) -> _CapAlgebra | _BitsetAlgebra:
-        caps, monotone = {}, True
-        for t, row in rows.items():
-            cap, is_prefix = row.prefix_cap(bound)
-            caps[t] = min(cap, batch)
-            monotone = monotone and is_prefix
-        if monotone:
-            return _CapAlgebra(caps)
-        return _BitsetAlgebra({t: row.intervals(bound, batch) for t, row in rows.items()}, batch)
-
     def feasible(bound: float) -> bool:
-        algebra = algebra_for(bound)
+        algebra = _algebra_for(rows, bound, batch)
         value = algebra.empty
         for k in members:
             value = algebra.join(value, algebra.extend(value, pool_threads[k]))
         return algebra.serves(value, 1, batch)
 
-    bound = latencies[_first_feasible(latencies, feasible)]
-    algebra = algebra_for(bound)
+    algebra = _algebra_for(rows, latencies[_first_feasible(latencies, feasible)], batch)
     chosen = _tie_break_bounded(algebra, [(k, pool_threads[k]) for k in members], batch)
-    threads_of = [pool_threads[k] for k in chosen]
-    if isinstance(algebra, _CapAlgebra):
-        sizes = _balanced([algebra.caps[t] for t in threads_of], batch)
-    else:
-        sizes = _exact_sizes(algebra, threads_of, batch)
+    sizes = algebra.sizes([pool_threads[k] for k in chosen], batch)
     split = [0] * len(pool_threads)
     for k, size in zip(chosen, sizes, strict=True):
         split[k] = size
-    latency = max(
-        rows[pool_threads[k]].latencies[bisect.bisect_left(rows[pool_threads[k]].batches, size)]
-        for k, size in enumerate(split)
-        if size
-    )
+    latency = max(rows[pool_threads[k]].lhat(size) for k, size in enumerate(split) if size)
     return latency, split
 
 
-def _tie_break_bounded(algebra, members: Sequence[tuple[int, int]], batch: int) -> list[int]:  # noqa: ANN001
+def _tie_break_bounded(algebra: Algebra, members: Sequence[tuple[int, int]], batch: int) -> list[int]:
     """Pool indices of a feasible subset with the fewest instances, then the fewest threads.
 
     table[i][count][used]: join over subsets of the first i members with `count` members and
@@ -430,7 +412,14 @@ def _tie_break_bounded(algebra, members: Sequence[tuple[int, int]], batch: int) 
     raise AssertionError("a feasible bound always has a feasible subset")
 
 
-def _backtrack_bounded(algebra, table, members, count: int, used: int, batch: int) -> list[int]:  # noqa: ANN001
+def _backtrack_bounded(
+    algebra: Algebra,
+    table: list[list[list[int]]],
+    members: Sequence[tuple[int, int]],
+    count: int,
+    used: int,
+    batch: int,
+) -> list[int]:
     chosen: list[int] = []
     need = batch
     for i in range(len(members), 0, -1):
@@ -439,10 +428,10 @@ def _backtrack_bounded(algebra, table, members, count: int, used: int, batch: in
         index, t = members[i - 1]
         previous = table[i - 1]
         # Prefer leaving this (later) member out, so ties keep earlier instances busy.
-        if _still_serves(algebra, previous[count][used], count, need):
+        if algebra.serves(previous[count][used], count, need):
             continue
         if used >= t:
-            step = _step(algebra, previous[count - 1][used - t], t, need, count - 1)
+            step = algebra.step(previous[count - 1][used - t], t, need, count - 1)
             if step is not None:
                 chosen.append(index)
                 count, used, need = count - 1, used - t, step
@@ -450,12 +439,6 @@ def _backtrack_bounded(algebra, table, members, count: int, used: int, batch: in
         raise AssertionError("backtracking lost the optimal path")
     chosen.reverse()
     return chosen
-
-
-def _still_serves(algebra, value, count: int, need: int) -> bool:  # noqa: ANN001
-    if isinstance(algebra, _CapAlgebra):
-        return value != _NONE and count <= need <= value
-    return need >= 0 and bool((value >> need) & 1)
 
 
 def solve(profile: Profile, cores: int, batch: int) -> Solution:

@@ -85,10 +85,13 @@ def test_no_worker_left_abandons_the_batch() -> None:
 
 
 def test_splitter_falls_back_to_threads_when_the_profile_cannot_answer() -> None:
-    assert Splitter(None, "exact").split([2, 1, 1], 8) == [4, 2, 2]
-    assert Splitter(None, "even").split([2, 2], 5) == [3, 2]
+    def rows(splitter: Splitter, pool: list[WorkerHandle], batch: int) -> list[tuple[int, int]]:
+        return [(worker.id, rows) for worker, rows in splitter.choose(pool, batch)]
+
+    assert rows(Splitter(None, "exact"), workers(2, 1, 1), 8) == [(1, 4), (2, 2), (3, 2)]
+    assert rows(Splitter(None, "even"), workers(2, 2), 5) == [(1, 3), (2, 2)]
     profile = Profile.from_latencies({(1, 1): 1.0})
-    assert Splitter(profile, "exact").split([1, 1], 5) == [3, 2]  # the profile carries only 2
+    assert rows(Splitter(profile, "exact"), workers(1, 1), 5) == [(1, 3), (2, 2)]  # the profile carries only 2
 
 
 class Payload(bytearray):
