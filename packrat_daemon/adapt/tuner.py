@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from packrat_daemon.config import ServeConfig
+from packrat_daemon.wire.errors import PolicyError
 from policies.base import Plan, Policy
-from policies.packrat import plan_expected_latency
 from policies.planning.distribution import BatchDistribution
 from policies.planning.profile import Profile
 from policies.planning.topology import Topology
@@ -49,9 +49,18 @@ class Tuner:
         if observed < self.settings.min_batches or now - self.last_switch < self.settings.cooldown_s:
             return None
         proposed = self.policy.plan(self.profile, self.topology, distribution)
-        current_ms = plan_expected_latency(self.profile, current, distribution)
-        proposed_ms = plan_expected_latency(self.profile, proposed, distribution)
+        current_ms = self._expected_latency(current, distribution)
+        proposed_ms = self._expected_latency(proposed, distribution)
         if not proposed_ms < current_ms * (1.0 - self.settings.min_gain):
             return None
         self.last_switch = now
         return Decision(proposed, current_ms, proposed_ms)
+
+    def _expected_latency(self, plan: Plan, distribution: BatchDistribution) -> float:
+        expected = self.policy.expected_latency(self.profile, plan, distribution)
+        if expected is None:
+            raise PolicyError(
+                f"policy {self.policy.name!r} adapts but cannot predict a plan's expected latency; "
+                "implement Policy.expected_latency or set adapts = False"
+            )
+        return expected

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from packrat_daemon.adapt.tuner import Tuner, TunerSettings
+from packrat_daemon.wire.errors import PolicyError
+from policies.base import Plan
 from policies.packrat import PackratPolicy
 from policies.planning.distribution import BatchDistribution
 from policies.planning.profile import Profile
@@ -19,7 +23,7 @@ def tuner(**settings: float) -> Tuner:
     return Tuner(PackratPolicy(), PROFILE, TOPOLOGY, TunerSettings(**values))
 
 
-def plan_for(distribution: BatchDistribution):  # noqa: ANN201
+def plan_for(distribution: BatchDistribution) -> Plan:
     return PackratPolicy().plan(PROFILE, TOPOLOGY, distribution)
 
 
@@ -46,3 +50,26 @@ def test_small_gains_do_not_cause_a_switch() -> None:
     # Switching from two 1-thread instances to one 2-thread instance for batch 1 gains 40%; ask for 50%.
     assert tuner(min_gain=0.5).consider(plan_for(FOURS), ONES, observed=50, now=100.0) is None
     assert tuner(min_gain=0.3).consider(plan_for(FOURS), ONES, observed=50, now=100.0) is not None
+
+
+class NoPrediction(PackratPolicy):
+    """Adapts, but cannot say how fast a plan is (the base class's answer)."""
+
+    def expected_latency(self, profile: Profile, plan: Plan, distribution: BatchDistribution) -> None:
+        return None
+
+
+def test_any_policy_that_predicts_expected_latency_can_be_tuned() -> None:
+    class Doubled(PackratPolicy):
+        def expected_latency(self, profile: Profile, plan: Plan, distribution: BatchDistribution) -> float:
+            return 2 * super().expected_latency(profile, plan, distribution)
+
+    settings = TunerSettings(min_batches=10, min_gain=0.05, cooldown_s=30.0)
+    decision = Tuner(Doubled(), PROFILE, TOPOLOGY, settings).consider(plan_for(ONES), FOURS, observed=50, now=100.0)
+    assert decision is not None and (decision.current_ms, decision.proposed_ms) == (5.2, 2.4)
+
+
+def test_a_policy_that_adapts_without_a_prediction_is_told_what_to_implement() -> None:
+    settings = TunerSettings(min_batches=10, min_gain=0.05, cooldown_s=30.0)
+    with pytest.raises(PolicyError, match="expected_latency"):
+        Tuner(NoPrediction(), PROFILE, TOPOLOGY, settings).consider(plan_for(ONES), FOURS, observed=50, now=100.0)
