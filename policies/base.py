@@ -8,8 +8,8 @@ turns a Plan into a live pool.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Self
 
 from policies.planning.distribution import BatchDistribution
 from policies.planning.profile import Profile
@@ -38,11 +38,15 @@ class Plan:
     # layout serves its size fastest (e.g. one 2-thread instance for a single input, two 1-thread
     # instances for sixteen). Workers are forked from one template, so a spare layout costs little memory.
     alternatives: tuple[tuple[InstancePlan, ...], ...] = ()
-    details: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def layouts(self) -> tuple[tuple[InstancePlan, ...], ...]:
         return (self.instances, *self.alternatives)
+
+    @property
+    def layout_threads(self) -> tuple[tuple[int, ...], ...]:
+        """Each layout as the thread counts of its instances (what policies.planning.layouts reads)."""
+        return tuple(tuple(instance.threads for instance in layout) for layout in self.layouts)
 
     @property
     def thread_counts(self) -> list[int]:
@@ -76,12 +80,37 @@ class Plan:
         }
 
 
+@dataclass(frozen=True)
+class PolicySettings:
+    """The serve options a policy may read when it is built for the daemon or `packrat solve`."""
+
+    plan: str | None  # --plan: the user's own pool, for the fixed policy
+    min_split_gain: float  # --min-split-gain: how much faster than one instance a split must be
+
+
 class Policy(abc.ABC):
-    """Base class of every policy. Subclasses set `name` and implement `plan`."""
+    """Base class of every policy. Subclasses set `name` and implement `plan`.
+
+    The daemon asks a policy what it can do instead of recognising it by name: `adapts` (re-plan online
+    when the live batch sizes move; the tuner then needs `expected_latency`) and `checks_splits` (its
+    splits rest on near ties in a noisy profile, so each is measured against one instance before serving).
+    """
 
     name: ClassVar[str] = ""
     needs_profile: ClassVar[bool] = False
+    adapts: ClassVar[bool] = False
+    checks_splits: ClassVar[bool] = False
+
+    @classmethod
+    def from_settings(cls, settings: PolicySettings) -> Self:
+        """The policy as the serve options configure it; a policy that reads none of them overrides nothing."""
+        return cls()
 
     @abc.abstractmethod
     def plan(self, profile: Profile | None, topology: Topology, distribution: BatchDistribution) -> Plan:
         """Return the pool to run for this distribution. Must not mutate its inputs."""
+
+    def expected_latency(self, profile: Profile, plan: Plan, distribution: BatchDistribution) -> float | None:
+        """Predicted mean latency of `plan` over `distribution` (inf when it cannot serve some batch size),
+        or None when this policy cannot predict it. A policy that `adapts` must answer."""
+        return None

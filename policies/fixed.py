@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from packrat_daemon.wire.errors import PolicyError
-from policies.base import InstancePlan, Plan, Policy
+from policies.base import InstancePlan, Plan, Policy, PolicySettings
 from policies.planning.distribution import BatchDistribution
 from policies.planning.profile import Profile
 from policies.planning.topology import Topology
@@ -41,6 +41,10 @@ class FixedPolicy(Policy):
             raise PolicyError("the fixed policy needs a plan, e.g. --plan 2*1x8 (two 1-thread instances)")
         self.instances = parse_plan(plan)
         self.text = plan
+
+    @classmethod
+    def from_settings(cls, settings: PolicySettings) -> FixedPolicy:
+        return cls(plan=settings.plan)
 
     def plan(self, profile: Profile | None, topology: Topology, distribution: BatchDistribution) -> Plan:
         total = sum(i.threads for i in self.instances)

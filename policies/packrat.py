@@ -4,24 +4,23 @@ For one batch size this is the solver's answer. For a distribution, each likely 
 its own optimal pool. The main layout is the proposal with the best expected latency when every batch
 of the distribution is split exactly across it; further proposals are kept as spare layouts (up to
 MAX_LAYOUTS in all) when letting each batch size run on its best layout cuts the expected latency by
-more than MIN_LAYOUT_GAIN. The dispatcher then picks, per batch, the layout predicted fastest.
+more than MIN_LAYOUT_GAIN. The dispatcher then picks, per batch, the layout predicted fastest
+(policies.planning.layouts).
 
 Splitting must earn its keep: a plan with several instances is served only when it is predicted at
-least ``min_split_gain`` faster than the best one-instance pool. Profiles measured on a shared machine
-are good to a few percent, and a split has costs the profile does not see (a gather per batch, more
-processes); on a near tie, one instance is the safer bet.
+least ``min_split_gain`` faster than the best one-instance pool, the margin the dispatcher also applies
+to each batch (policies.planning.layouts says why).
 """
 
 from __future__ import annotations
 
-import math
-
 from packrat_daemon.wire.errors import InfeasibleError, PolicyError
-from policies.base import InstancePlan, Plan, Policy
+from policies.base import InstancePlan, Plan, Policy, PolicySettings
 from policies.planning.distribution import BatchDistribution
+from policies.planning.layouts import Layout, LayoutTable, best_one_instance, split_pays
 from policies.planning.profile import Profile
 from policies.planning.topology import Topology
-from policies.solver import Solution, Solver, split_batch
+from policies.solver import Solution, Solver
 
 CANDIDATE_BATCHES = 8  # how many of the most likely batch sizes propose a pool
 MAX_LAYOUTS = 3  # the main layout and up to two spares: each spare is another set of forked workers
@@ -32,11 +31,21 @@ MIN_SPLIT_GAIN = 0.05  # several instances must beat one by at least 5% (as adap
 class PackratPolicy(Policy):
     name = "packrat"
     needs_profile = True
+    adapts = True
+    checks_splits = True
 
     def __init__(self, min_split_gain: float = MIN_SPLIT_GAIN) -> None:
         if not 0.0 <= min_split_gain < 1.0:
             raise PolicyError(f"min_split_gain must be in [0, 1), e.g. 0.05 for 5%; got {min_split_gain!r}")
         self.min_split_gain = min_split_gain
+
+    @classmethod
+    def from_settings(cls, settings: PolicySettings) -> PackratPolicy:
+        return cls(min_split_gain=settings.min_split_gain)
+
+    def expected_latency(self, profile: Profile, plan: Plan, distribution: BatchDistribution) -> float:
+        """Each batch size on the fastest of the plan's layouts that carries it; inf when none does."""
+        return LayoutTable(profile, plan.layout_threads, distribution).expected()
 
     def plan(self, profile: Profile | None, topology: Topology, distribution: BatchDistribution) -> Plan:
         plan = self._optimum(profile, topology, distribution)
@@ -47,9 +56,9 @@ class PackratPolicy(Policy):
         if one is None:
             return plan
         threads, latency = one
-        gain = 1.0 - plan.predicted_latency_ms / latency
-        if gain >= self.min_split_gain:
+        if split_pays(plan.predicted_latency_ms, latency, self.min_split_gain):
             return plan
+        gain = 1.0 - plan.predicted_latency_ms / latency
         reason = (
             f"one {threads}-thread instance: the best split ({_shape(plan)}) is predicted only {gain:.1%} "
             f"faster, under the {self.min_split_gain:.0%} a split must gain"
@@ -69,26 +78,25 @@ class PackratPolicy(Policy):
         if len(distribution.weights) == 1:
             best = solutions[0]
             return _plan_from(best, best.latency_ms, f"exact optimum for batch {best.batch} on {cores} cores", [])
-        # Latency of each distinct proposed pool at each batch size (None: that pool cannot carry it).
-        pools: dict[tuple[int, ...], Solution] = {}
+        pools: dict[Layout, Solution] = {}
         for solution in solutions:
             pools.setdefault(tuple(sorted((t for t, _ in solution.instances), reverse=True)), solution)
-        table = {pool: _latencies(profile, list(pool), distribution) for pool in pools}
-        carrying = [pool for pool, row in table.items() if None not in row.values()]
+        table = LayoutTable(profile, pools, distribution)
+        carrying = [pool for pool in pools if table.carries(pool)]
         if not carrying:
             raise InfeasibleError(
                 f"no pool on {cores} cores carries every batch size up to {distribution.max_batch}",
                 largest_servable_batch=solver.largest_servable_batch(),
             )
-        main = min(carrying, key=lambda pool: (_expected([pool], table, distribution), len(pool), sum(pool)))
+        main = min(carrying, key=lambda pool: (table.expected([pool]), len(pool), sum(pool)))
         layouts = [main]
-        expected = _expected(layouts, table, distribution)
+        expected = table.expected(layouts)
         while len(layouts) < MAX_LAYOUTS:
             spare = min((p for p in pools if p not in layouts), default=None,
-                        key=lambda p: _expected([*layouts, p], table, distribution))  # fmt: skip
+                        key=lambda p: table.expected([*layouts, p]))  # fmt: skip
             if spare is None:
                 break
-            improved = _expected([*layouts, spare], table, distribution)
+            improved = table.expected([*layouts, spare])
             if improved > expected * (1 - MIN_LAYOUT_GAIN):
                 break
             layouts.append(spare)
@@ -102,44 +110,8 @@ class PackratPolicy(Policy):
         return _plan_from(pools[main], expected, reason, [pools[p] for p in layouts[1:]])
 
 
-def best_one_instance(profile: Profile, cores: int, distribution: BatchDistribution) -> tuple[int, float] | None:
-    """(threads, expected latency) of the best pool of one instance, or None if none carries every batch."""
-    best: tuple[int, float] | None = None
-    for threads in profile.threads():
-        if threads > cores:
-            continue
-        expected = _expected([(threads,)], {(threads,): _latencies(profile, [threads], distribution)}, distribution)
-        if expected != float("inf") and (best is None or expected < best[1]):
-            best = (threads, expected)
-    return best
-
-
 def _shape(plan: Plan) -> str:
     return " + ".join(str(i.threads) for i in plan.instances) + " threads"
-
-
-def _latencies(profile: Profile, pool: list[int], distribution: BatchDistribution) -> dict[int, float | None]:
-    row: dict[int, float | None] = {}
-    for batch, _ in distribution.weights:
-        try:
-            row[batch] = split_batch(profile, pool, batch)[0]
-        except InfeasibleError:
-            row[batch] = None
-    return row
-
-
-def _expected(layouts: list[tuple[int, ...]], table: dict, distribution: BatchDistribution) -> float:
-    """Expected latency when each batch runs on the fastest of `layouts` that can carry it."""
-    fastest = _fastest(layouts, table, distribution)
-    return sum(
-        weight * (math.inf if fastest[batch] is None else fastest[batch]) for batch, weight in distribution.weights
-    )
-
-
-def _fastest(layouts: list[tuple[int, ...]], table: dict, distribution: BatchDistribution) -> dict[int, float | None]:
-    """Per batch size, its latency on the fastest of `layouts` that can carry it (None: none can)."""
-    return {batch: min((table[pool][batch] for pool in layouts if table[pool][batch] is not None), default=None)
-            for batch, _ in distribution.weights}  # fmt: skip
 
 
 def _plan_from(solution: Solution, predicted: float, reason: str, spares: list[Solution]) -> Plan:
@@ -150,19 +122,3 @@ def _plan_from(solution: Solution, predicted: float, reason: str, spares: list[S
         predicted_latency_ms=predicted,
         alternatives=tuple(tuple(InstancePlan(t, b) for t, b in spare.instances) for spare in spares),
     )
-
-
-def plan_expected_latency(profile: Profile, plan: Plan, distribution: BatchDistribution) -> float:
-    """Expected latency of a plan's layouts under `distribution` (inf when a batch size cannot be served)."""
-    return _expected(*_plan_table(profile, plan, distribution), distribution)
-
-
-def plan_batch_latencies(profile: Profile, plan: Plan, distribution: BatchDistribution) -> dict[int, float | None]:
-    """Predicted latency of each batch size of `distribution` on the fastest of the plan's layouts that
-    carries it (None: none does)."""
-    return _fastest(*_plan_table(profile, plan, distribution), distribution)
-
-
-def _plan_table(profile: Profile, plan: Plan, distribution: BatchDistribution) -> tuple[list[tuple[int, ...]], dict]:
-    layouts = list({tuple(i.threads for i in layout) for layout in plan.layouts})
-    return layouts, {pool: _latencies(profile, list(pool), distribution) for pool in layouts}

@@ -6,7 +6,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from packrat_daemon.wire.errors import PolicyError
-from policies.base import Policy
+from policies.base import Policy, PolicySettings
 
 ENTRY_POINT_GROUP = "packrat.policies"
 
@@ -44,25 +44,32 @@ def available_policies() -> dict[str, type[Policy]]:
     return {**_builtin(), **_load_plugins()[0]}
 
 
-def policy_options(name: str, plan: str | None, min_split_gain: float) -> dict[str, Any]:
-    """The options a built-in policy takes from the command line (third-party ones take none)."""
-    if name == "fixed":
-        return {"plan": plan}
-    if name == "packrat":
-        return {"min_split_gain": min_split_gain}
-    return {}
-
-
-def get_policy(name: str, **options: Any) -> Policy:
+def policy_class(name: str) -> type[Policy]:
+    """The class registered under `name`; a PolicyError names the available ones or why a plugin failed."""
     plugins, broken = _load_plugins()
     policies = {**_builtin(), **plugins}
     if name in broken and name not in policies:
         raise PolicyError(broken[name])
     try:
-        cls = policies[name]
+        return policies[name]
     except KeyError:
         raise PolicyError(f"unknown policy {name!r}; choose one of: {', '.join(sorted(policies))}") from None
+
+
+def get_policy(name: str, **options: Any) -> Policy:
     try:
-        return cls(**options)
+        return policy_class(name)(**options)
     except TypeError as exc:
         raise PolicyError(f"policy {name!r} does not take these options: {exc}") from exc
+
+
+def policy_from_settings(name: str, settings: PolicySettings) -> Policy:
+    """The policy `name` as the serve options configure it (each policy reads the options it declares)."""
+    cls = policy_class(name)
+    try:
+        return cls.from_settings(settings)
+    except TypeError as exc:  # a plugin whose constructor needs arguments but reads no serve option
+        raise PolicyError(
+            f"policy {name!r} cannot be built from the serve options ({exc}); its class should override "
+            "Policy.from_settings to say which options it reads"
+        ) from exc

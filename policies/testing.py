@@ -10,8 +10,9 @@ Use it from a test module::
             return MyPolicy()
 
 Override the `profile`, `topology`, `batch` or `mixed_distribution` fixtures to run the contract on
-other inputs, and set ``splits_batch = False`` for a policy whose instance batches do not come from
-the batch being served (the `fixed` policy's user plan).
+other inputs, the `settings` fixture for a policy that needs serve options (the `fixed` policy's plan),
+and set ``splits_batch = False`` for a policy whose instance batches do not come from the batch being
+served (the `fixed` policy's user plan).
 
 This module imports pytest, so the daemon never imports it.
 """
@@ -26,7 +27,8 @@ from typing import Any, ClassVar
 import pytest
 
 from packrat_daemon.wire.errors import PolicyError
-from policies.base import InstancePlan, Plan, Policy
+from policies.base import InstancePlan, Plan, Policy, PolicySettings
+from policies.packrat import MIN_SPLIT_GAIN
 from policies.planning.distribution import BatchDistribution
 from policies.planning.profile import Profile
 from policies.planning.topology import Topology
@@ -114,11 +116,22 @@ class PolicyContract:
     def mixed_distribution(self) -> BatchDistribution:
         return BatchDistribution.from_counts({1: 5, 3: 1, 8: 3, 16: 2})
 
+    @pytest.fixture
+    def settings(self) -> PolicySettings:
+        """Serve options under which `from_settings` builds a policy equal to the `policy` fixture."""
+        return PolicySettings(plan=None, min_split_gain=MIN_SPLIT_GAIN)
+
     # -- the contract ------------------------------------------------------------------------
     def test_returns_a_well_formed_plan(
-        self, policy: Policy, profile: Profile, topology: Topology, distribution: BatchDistribution
+        self,
+        policy: Policy,
+        profile: Profile,
+        topology: Topology,
+        distribution: BatchDistribution,
+        mixed_distribution: BatchDistribution,
     ) -> None:
-        assert_well_formed(policy.plan(profile, topology, distribution), topology)
+        for served in (distribution, mixed_distribution):
+            assert_well_formed(policy.plan(profile, topology, served), topology)
 
     def test_plan_names_the_policy(
         self, policy: Policy, profile: Profile, topology: Topology, distribution: BatchDistribution
@@ -132,11 +145,6 @@ class PolicyContract:
             pytest.skip(f"{policy.name} does not split the batch: its instance batches are its own")
         plan = policy.plan(profile, topology, BatchDistribution.single(batch))
         assert sum(instance.batch for instance in plan.instances) == batch, plan.describe()
-
-    def test_mixed_distribution_gives_a_well_formed_plan(
-        self, policy: Policy, profile: Profile, topology: Topology, mixed_distribution: BatchDistribution
-    ) -> None:
-        assert_well_formed(policy.plan(profile, topology, mixed_distribution), topology)
 
     def test_same_inputs_give_equal_plans(
         self, policy: Policy, profile: Profile, topology: Topology, distribution: BatchDistribution
@@ -179,6 +187,22 @@ class PolicyContract:
     ) -> None:
         predicted = policy.plan(profile, topology, distribution).predicted_latency_ms
         assert predicted is None or (math.isfinite(predicted) and predicted > 0)
+
+    def test_an_adapting_policy_predicts_expected_latency(
+        self, policy: Policy, profile: Profile, topology: Topology, mixed_distribution: BatchDistribution
+    ) -> None:
+        plan = policy.plan(profile, topology, mixed_distribution)
+        expected = policy.expected_latency(profile, plan, mixed_distribution)
+        assert expected is not None or not policy.adapts, f"{policy.name} adapts, so the tuner needs a prediction"
+        assert expected is None or expected > 0
+
+    def test_builds_from_the_serve_settings(
+        self, policy: Policy, settings: PolicySettings, profile: Profile, topology: Topology
+    ) -> None:
+        built = type(policy).from_settings(settings)
+        assert type(built) is type(policy)
+        distribution = BatchDistribution.single(8)
+        assert built.plan(profile, topology, distribution) == policy.plan(profile, topology, distribution)
 
     def test_missing_profile_is_refused_or_not_needed(
         self, policy: Policy, topology: Topology, distribution: BatchDistribution

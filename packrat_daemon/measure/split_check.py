@@ -13,14 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from packrat_daemon.dispatcher import pick_layout
 from packrat_daemon.measure.confirm import Instances, PlanTiming
-from packrat_daemon.wire.errors import InfeasibleError
 from policies.base import Plan
-from policies.packrat import best_one_instance
 from policies.planning.distribution import BatchDistribution
+from policies.planning.layouts import best_one_instance, fastest, split_on
 from policies.planning.profile import Cell, Profile
-from policies.solver import split_batch
 
 Compare = Callable[[Mapping[str, Instances], int], Mapping[str, PlanTiming]]
 
@@ -42,20 +39,14 @@ def split_decisions(
     profile: Profile, plan: Plan, distribution: BatchDistribution, cores: int, min_split_gain: float
 ) -> list[SplitDecision]:
     """The batch sizes of `distribution` that `plan` would split, each with its one-instance rival."""
-    layouts = [[i.threads for i in layout] for layout in plan.layouts]
     decisions = []
     for batch in distribution.batches:
-        options = []
-        for threads in layouts:
-            try:
-                latency, sizes = split_batch(profile, threads, batch)
-            except InfeasibleError:
-                continue
-            used = [(t, rows) for t, rows in zip(threads, sizes, strict=True) if rows]
-            options.append((latency, used))
+        splits = [(threads, split_on(profile, threads, batch)) for threads in plan.layout_threads]
+        options = [(threads, split) for threads, split in splits if split is not None]
         if not options:
             continue
-        chosen = options[pick_layout([(latency, len(used)) for latency, used in options], min_split_gain)][1]
+        threads, split = options[fastest([split for _, split in options], min_split_gain)]
+        chosen = [(t, rows) for t, rows in zip(threads, split.rows, strict=True) if rows]
         alone = best_one_instance(profile, cores, BatchDistribution.single(batch))
         if len(chosen) > 1 and alone is not None:
             decisions.append(SplitDecision(batch, tuple(chosen), (alone[0], batch)))

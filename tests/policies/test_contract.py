@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from packrat_daemon.wire.errors import InfeasibleError, PolicyError
-from policies.base import Policy
+from policies.base import Policy, PolicySettings
 from policies.fixed import FixedPolicy
 from policies.packrat import PackratPolicy
 from policies.planning.distribution import BatchDistribution
 from policies.planning.profile import Profile
 from policies.planning.topology import Topology
-from policies.registry import ENTRY_POINT_GROUP, available_policies, get_policy
+from policies.registry import ENTRY_POINT_GROUP, available_policies, get_policy, policy_from_settings
 from policies.single import SinglePolicy
 from policies.solver import solve, split_batch
 from policies.testing import PolicyContract, amdahl_profile, assert_well_formed
@@ -50,6 +50,10 @@ class TestFixedPolicy(PolicyContract):
     @pytest.fixture
     def policy(self) -> Policy:
         return get_policy("fixed", plan="2*1x4")
+
+    @pytest.fixture
+    def settings(self) -> PolicySettings:
+        return PolicySettings(plan="2*1x4", min_split_gain=0.3)
 
     @pytest.fixture
     def topology(self) -> Topology:
@@ -94,6 +98,29 @@ def test_option_a_policy_does_not_take_is_a_policy_error() -> None:
         get_policy("single", plan="2*1x4")
 
 
+# -- building a policy from the serve options ----------------------------------------------------
+def test_each_policy_reads_the_serve_options_it_declares() -> None:
+    settings = PolicySettings(plan="2*1x4", min_split_gain=0.3)
+    fixed = policy_from_settings("fixed", settings)
+    assert isinstance(fixed, FixedPolicy) and fixed.text == "2*1x4"
+    packrat = policy_from_settings("packrat", settings)
+    assert isinstance(packrat, PackratPolicy) and packrat.min_split_gain == 0.3
+    assert isinstance(policy_from_settings("single", settings), SinglePolicy)  # reads none, refuses none
+
+
+def test_serve_options_are_checked_by_the_policy_that_reads_them() -> None:
+    with pytest.raises(PolicyError, match="--plan"):
+        policy_from_settings("fixed", PolicySettings(plan=None, min_split_gain=0.05))
+    with pytest.raises(PolicyError, match="min_split_gain"):
+        policy_from_settings("packrat", PolicySettings(plan=None, min_split_gain=1.5))
+
+
+def test_among_the_builtins_only_packrat_adapts_and_checks_its_splits() -> None:
+    builtins = {name: cls for name, cls in available_policies().items() if name in BUILTIN_NAMES}
+    assert {name for name, cls in builtins.items() if cls.adapts} == {"packrat"}
+    assert {name for name, cls in builtins.items() if cls.checks_splits} == {"packrat"}
+
+
 # -- third-party policies through the entry point -------------------------------------------------
 PLUGIN_MODULE = "packrat_contract_test_plugin"
 
@@ -115,6 +142,16 @@ PLUGIN_SOURCE = textwrap.dedent(
 
         def plan(self, profile, topology, distribution):
             raise AssertionError("a plugin must never replace a built-in")
+
+
+    class Needy(Policy):
+        name = "needy"
+
+        def __init__(self, width):
+            self.width = width
+
+        def plan(self, profile, topology, distribution):
+            raise AssertionError("never built")
 
 
     NOT_A_POLICY = 42
@@ -148,6 +185,14 @@ def test_third_party_policy_is_found_through_its_entry_point(install_plugin: Cal
     plan = policy.plan(None, topology, BatchDistribution.single(8))
     assert_well_formed(plan, topology)
     assert plan.thread_counts == [2]
+
+
+def test_a_plugin_that_needs_arguments_but_reads_no_serve_option_says_what_to_do(
+    install_plugin: Callable[[str], None],
+) -> None:
+    install_plugin(f"needy = {PLUGIN_MODULE}:Needy\n")
+    with pytest.raises(PolicyError, match="'needy' cannot be built from the serve options.*from_settings"):
+        policy_from_settings("needy", PolicySettings(plan=None, min_split_gain=0.05))
 
 
 def test_unknown_name_error_lists_third_party_policies_too(install_plugin: Callable[[str], None]) -> None:

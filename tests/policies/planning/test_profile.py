@@ -247,7 +247,7 @@ def test_quote_in_a_comment_does_not_swallow_rows() -> None:
     assert sorted(profile) == [(1, 1), (1, 2)]
 
 
-def test_runtime_column_keeps_each_runtime_apart(tmp_path) -> None:  # noqa: ANN001
+def test_runtime_column_keeps_each_runtime_apart(tmp_path: Path) -> None:
     from policies.planning.profile import write_profiles
 
     torch_rows = Profile.from_latencies({(1, 1): 10.0, (2, 1): 7.0}, runtime="torch")
