@@ -36,9 +36,10 @@ def solve_plans(
     plan: str | None = None,
     min_split_gain: float = MIN_SPLIT_GAIN,
 ) -> list[dict[str, Any]]:
-    from policies.registry import get_policy, policy_options
+    from policies.base import PolicySettings
+    from policies.registry import policy_from_settings
 
-    policy = get_policy(policy_name, **policy_options(policy_name, plan, min_split_gain))
+    policy = policy_from_settings(policy_name, PolicySettings(plan, min_split_gain))
     plans = []
     for batch in batches:
         result = policy.plan(profile, topology, BatchDistribution.single(batch))
