@@ -52,7 +52,7 @@ def _runner(conn: Any, spec: str, threads: int, cores: list[int] | None) -> None
     import torch
 
     from workers.models import load_model
-    from workers.runtime import sample_input
+    from workers.spec import sample_input
 
     if cores is not None:
         os.sched_setaffinity(0, cores)

@@ -49,7 +49,7 @@ def _runner(conn: Any, batches: list[int]) -> None:
     import torch
 
     from workers.models import load_model
-    from workers.runtime import sample_input
+    from workers.spec import sample_input
 
     torch.set_num_threads(2)
     model = load_model("builtin:resnet50")
@@ -76,7 +76,7 @@ def _creep(model: Any, calls: int) -> list[float]:
 
     import torch
 
-    from workers.runtime import sample_input
+    from workers.spec import sample_input
 
     rng = random.Random(0)
     resident = []

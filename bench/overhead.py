@@ -37,7 +37,8 @@ SETTLE_S = 0.02
 
 
 def _runner(conn: Any, runtime_name: str, model: str, threads: int, cores: list[int]) -> None:
-    from workers.runtime import make_runtime, sample_input
+    from workers.runtime import make_runtime
+    from workers.spec import sample_input
 
     os.sched_setaffinity(0, cores)
     runtime = make_runtime(runtime_name)
@@ -59,8 +60,7 @@ def main() -> None:
     import zmq
 
     from packrat_daemon.wire.protocol import decode_reply, encode_infer_request
-    from workers.models import InputSpec
-    from workers.runtime import sample_input
+    from workers.spec import InputSpec, sample_input
 
     cores = sorted(os.sched_getaffinity(0))[: args.threads]
     use_packrat_malloc_tuning()  # the in-process runner gets the worker's malloc settings

@@ -93,7 +93,7 @@ def _open_ov_throughput(spec: str, threads: int) -> tuple[Any, Any]:
 def _runner(conn: Any, kind: str, spec: str, threads: int, cores: list[int], env: dict[str, str]) -> None:
     os.environ.update(env)
     os.sched_setaffinity(0, cores)  # before any import: pools started later inherit it
-    from workers.runtime import sample_input
+    from workers.spec import sample_input
 
     try:
         run, input_spec = _open_runtime(kind, spec, threads)
@@ -140,8 +140,7 @@ class Daemon(DaemonProcess):
         self.input_spec: Any = None
 
     def measure(self, batch: int) -> float:
-        from workers.models import InputSpec
-        from workers.runtime import sample_input
+        from workers.spec import InputSpec, sample_input
 
         if batch not in self.inputs:
             if self.input_spec is None:

@@ -30,16 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packrat_daemon.wire.errors import ModelSpecError
-from workers.models import InputSpec
+from workers.spec import RUNTIME_REQUIREMENTS, InputSpec
 
 # Bump when the converter changes what it writes, so old cache entries are no longer used.
 CACHE_FORMAT = 1
 ARTIFACTS = {"onnxruntime": "model.onnx", "openvino": "model.xml"}
-# The packages whose versions change what a conversion writes, per runtime.
-_PACKAGES = {
-    "onnxruntime": ("torch", "onnx", "onnxscript", "onnxruntime"),
-    "openvino": ("torch", "onnx", "onnxscript", "openvino"),
-}
 CONVERT_TIMEOUT_S = 1800.0
 _REPO = Path(__file__).resolve().parent.parent
 
@@ -69,7 +64,8 @@ def cache_key(spec: str, input_override: str | None, runtime: str) -> str:
         "input": input_override,
         "source": _source_fingerprint(spec),
         "runtime": runtime,
-        "versions": {name: _version(name) for name in _PACKAGES[runtime]},
+        # torch exports the model; the runtime's own packages convert and run it.
+        "versions": {name: _version(name) for name in ("torch", *RUNTIME_REQUIREMENTS[runtime].packages)},
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
@@ -109,8 +105,7 @@ def read_entry(entry: Path, runtime: str) -> Converted | None:
     path = entry / ARTIFACTS[runtime]
     if not path.is_file():
         raise ConversionError(f"cache entry {entry} has no {path.name}; delete it to convert again")
-    data = meta["input"]
-    return Converted(path, InputSpec(data["dtype"], tuple(data["shape"]), data.get("high")), meta)
+    return Converted(path, InputSpec.from_json(meta["input"]), meta)
 
 
 def run_converter(spec: str, input_override: str | None, runtime: str, out: Path) -> None:

@@ -27,7 +27,7 @@ import torch
 from packrat_daemon.wire.errors import PackratError
 from workers.conversion import ARTIFACTS
 from workers.models import LoadedModel, load_model
-from workers.runtime import sample_input
+from workers.spec import sample_input
 
 # Agreement with PyTorch, relative to the output's scale: max|out - torch| <= ATOL + RTOL * max|torch|.
 # Measured: ResNet-50 7.6e-5 on logits of magnitude ~106 (7e-7 relative), BERT-base 1.6e-6 on ~0.96.

@@ -9,7 +9,8 @@ A spec string is one of:
 
 Every model declares its input (dtype and per-sample shape). Files and functions that cannot tell
 take it from `input` ("float32:3x224x224"), or from a `packrat_input` attribute on the module.
-This module imports torch: only the template process and tests import it.
+This module imports torch: only the template process and tests import it (the torch-free
+`workers.spec` holds what the daemon needs to know about a model's input).
 """
 
 from __future__ import annotations
@@ -23,31 +24,9 @@ import torch
 from torch import nn
 
 from packrat_daemon.wire.errors import ModelSpecError
+from workers.spec import INPUT_DTYPES, InputSpec
 
 SEED = 20231130
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    dtype: str  # protocol dtype name, e.g. "float32", "int64"
-    shape: tuple[int, ...]  # per sample
-    high: int | None = None  # exclusive upper bound for integer inputs (token ids)
-
-    @classmethod
-    def parse(cls, text: str) -> InputSpec:
-        dtype, _, dims = text.partition(":")
-        try:
-            shape = tuple(int(d) for d in dims.split("x")) if dims else ()
-        except ValueError:
-            raise ModelSpecError(f"cannot read input {text!r}; write DTYPE:D1xD2..., e.g. float32:3x224x224") from None
-        if dtype not in _TORCH_DTYPES or any(d < 1 for d in shape):
-            raise ModelSpecError(
-                f"cannot read input {text!r}; dtype must be one of {', '.join(_TORCH_DTYPES)} and dims >= 1"
-            )
-        return cls(dtype, shape)
-
-    def to_json(self) -> dict[str, object]:
-        return {"dtype": self.dtype, "shape": list(self.shape), "high": self.high}
 
 
 @dataclass
@@ -58,22 +37,8 @@ class LoadedModel:
     channels_last: bool = False
 
 
-_TORCH_DTYPES = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "int16": torch.int16,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "bool": torch.bool,
-}
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    return _TORCH_DTYPES[name]
+# Every dtype an input may declare has a torch dtype of the same name.
+_DTYPE_NAMES: dict[torch.dtype, str] = {getattr(torch, name): name for name in INPUT_DTYPES}
 
 
 class _Logits(nn.Module):
@@ -203,9 +168,8 @@ def _load_exported(spec: str) -> tuple[nn.Module, InputSpec | None]:
     user_inputs = [n for n in placeholders if n.name in program.graph_signature.user_inputs]
     if user_inputs and "val" in user_inputs[0].meta:
         value = user_inputs[0].meta["val"]
-        names = {v: k for k, v in _TORCH_DTYPES.items()}
-        if value.dtype in names and all(isinstance(d, int) for d in value.shape[1:]):
-            input_spec = InputSpec(names[value.dtype], tuple(int(d) for d in value.shape[1:]))
+        if value.dtype in _DTYPE_NAMES and all(isinstance(d, int) for d in value.shape[1:]):
+            input_spec = InputSpec(_DTYPE_NAMES[value.dtype], tuple(int(d) for d in value.shape[1:]))
     return program.module(), input_spec
 
 

@@ -9,14 +9,14 @@ thread pool or run inference: the template forks workers, and libgomp, ONNX Runt
 are not fork-safe), then in each forked, pinned worker `set_threads` and `run` per batch. ONNX Runtime
 and OpenVINO fix their thread count when a session is built, so re-threading them builds a new session
 beside the serving one (`prepare_threads`, in a background thread) and swaps it in between jobs.
-Only this module, `workers.models`, `workers.conversion` and `workers.convert` know about these packages.
+Only this module, `workers.models`, `workers.conversion` and `workers.convert` import these packages;
+`workers.spec` says which ones each runtime needs.
 """
 
 from __future__ import annotations
 
 import abc
 import contextlib
-import importlib.util
 import os
 import threading
 import time
@@ -27,16 +27,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from workers.models import InputSpec, LoadedModel, load_model
+from workers.models import LoadedModel, load_model
+from workers.spec import InputSpec, check_runtime
 
 
 class Runtime(abc.ABC):
     name: str = ""
     # True: set_threads changes the live thread pool (cheap, any time). False: a new session is built per count.
     rethreads_in_place: ClassVar[bool] = True
-    # Optional packages the runtime needs (first one named in the error) and the extra that installs them.
-    requires: ClassVar[tuple[str, ...]] = ()
-    extra: ClassVar[str | None] = None
 
     @abc.abstractmethod
     def load(self, spec: str, input_override: str | None = None) -> InputSpec:
@@ -202,8 +200,6 @@ def ort_spinning() -> bool:
 
 class OnnxRuntime(SessionRuntime):
     name = "onnxruntime"
-    requires = ("onnxruntime", "onnx", "onnxscript")
-    extra = "onnx"
 
     def _build(self, threads: int) -> Any:
         # Imported here, in the worker: importing onnxruntime starts a native thread, and the template forks.
@@ -244,8 +240,6 @@ def openvino_config(threads: int) -> dict[str, Any]:
 
 class OpenVinoRuntime(SessionRuntime):
     name = "openvino"
-    requires = ("openvino", "onnx", "onnxscript")
-    extra = "openvino"
 
     def __init__(self) -> None:
         super().__init__()
@@ -298,45 +292,6 @@ def _openvino_core(usable_cpus: set[int]) -> Any:
 RUNTIMES: dict[str, type[Runtime]] = {"torch": TorchRuntime, "onnxruntime": OnnxRuntime, "openvino": OpenVinoRuntime}
 
 
-def _missing_package(runtime: type[Runtime]) -> str | None:
-    # find_spec instead of import: importing onnxruntime or openvino starts threads, and this may run in
-    # the template (or in the daemon, which has no use for them). sys.modules[name] = None counts as missing.
-    for package in runtime.requires:
-        try:
-            if importlib.util.find_spec(package) is None:
-                return package
-        except (ImportError, ValueError):
-            return package
-    return None
-
-
-def available_runtimes() -> list[str]:
-    """The runtimes whose packages are installed, torch first."""
-    return [name for name, runtime in RUNTIMES.items() if _missing_package(runtime) is None]
-
-
 def make_runtime(name: str) -> Runtime:
-    from packrat_daemon.wire.errors import ConfigError
-
-    runtime = RUNTIMES.get(name)
-    if runtime is None:
-        raise ConfigError(f"unknown runtime {name!r}; available: {', '.join(RUNTIMES)}")
-    missing = _missing_package(runtime)
-    if missing is not None:
-        raise ConfigError(f"runtime {name} needs the {missing} package: pip install -e '.[{runtime.extra}]'")
-    return runtime()
-
-
-def sample_input(spec: InputSpec, batch: int, seed: int = 0) -> np.ndarray:
-    """A random batch that matches the model's declared input (for warm-up and profiling)."""
-    rng = np.random.default_rng(seed)
-    shape = (batch, *spec.shape)
-    if spec.dtype == "bfloat16":
-        # numpy has no bfloat16: the protocol carries its raw bits as uint16 (the top half of a float32).
-        return (rng.standard_normal(shape, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
-    if spec.dtype.startswith("float"):
-        return rng.standard_normal(shape, dtype=np.float32).astype(spec.dtype)
-    if spec.dtype == "bool":
-        return rng.integers(0, 2, shape).astype(bool)
-    high = spec.high or 100
-    return rng.integers(0, high, shape).astype(spec.dtype)
+    check_runtime(name)  # an unknown name or a missing package: a ConfigError that says what to install
+    return RUNTIMES[name]()

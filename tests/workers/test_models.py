@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from packrat_daemon.wire.errors import ModelSpecError
-from workers.models import BUILTINS, InputSpec, load_model
+from workers.models import BUILTINS, load_model
+from workers.spec import InputSpec
 
 
 class TinyMLP(nn.Module):
@@ -27,33 +28,6 @@ class TinyMLP(nn.Module):
 def assert_inference_ready(module: nn.Module) -> None:
     assert not module.training
     assert all(not p.requires_grad for p in module.parameters())
-
-
-# -- InputSpec -----------------------------------------------------------------------------------
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("float32:3x224x224", InputSpec("float32", (3, 224, 224))),
-        ("int64:128", InputSpec("int64", (128,))),
-        ("uint8:1x1", InputSpec("uint8", (1, 1))),
-        ("bool", InputSpec("bool", ())),
-        ("float16:", InputSpec("float16", ())),
-    ],
-)
-def test_input_spec_parses_dtype_and_per_sample_shape(text: str, expected: InputSpec) -> None:
-    assert InputSpec.parse(text) == expected
-
-
-@pytest.mark.parametrize(
-    "text", ["float32:3xa", "float32:3x", "float32:3,4", "complex64:3", "float:3", "float32:0x3", "int64:-1", ""]
-)
-def test_bad_input_strings_show_the_syntax(text: str) -> None:
-    with pytest.raises(ModelSpecError, match=r"cannot read input .*float32"):
-        InputSpec.parse(text)
-
-
-def test_input_spec_to_json() -> None:
-    assert InputSpec("int64", (128,), high=30522).to_json() == {"dtype": "int64", "shape": [128], "high": 30522}
 
 
 # -- built-ins -----------------------------------------------------------------------------------

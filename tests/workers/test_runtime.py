@@ -1,4 +1,4 @@
-"""The runtime interface on tiny models: load, re-thread, run, timed run; and the sample inputs."""
+"""The runtime interface on tiny models: load, re-thread, run, timed run."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from packrat_daemon.wire.errors import ConfigError
-from workers.models import InputSpec
-from workers.runtime import TorchRuntime, make_runtime, sample_input
+from workers.runtime import TorchRuntime, make_runtime
+from workers.spec import InputSpec, sample_input
 
 
 @pytest.fixture(autouse=True)
@@ -97,36 +97,3 @@ def test_make_runtime_builds_the_torch_runtime() -> None:
 def test_make_runtime_unknown_lists_the_available_runtimes() -> None:
     with pytest.raises(ConfigError, match="unknown runtime 'onnx'; available: torch"):
         make_runtime("onnx")
-
-
-# -- sample inputs -------------------------------------------------------------------------------
-@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "bool"])
-def test_sample_input_has_the_declared_dtype_and_shape(dtype: str) -> None:
-    batch = sample_input(InputSpec(dtype, (3, 2)), 4)
-    assert batch.dtype == np.dtype(dtype)
-    assert batch.shape == (4, 3, 2)
-
-
-def test_sample_input_token_ids_stay_below_high() -> None:
-    batch = sample_input(InputSpec("int64", (128,), high=7), 8)
-    assert batch.min() >= 0 and batch.max() < 7
-    assert len(np.unique(batch)) == 7
-
-
-def test_sample_input_integers_default_below_100() -> None:
-    batch = sample_input(InputSpec("int32", (64,)), 8)
-    assert batch.min() >= 0 and batch.max() < 100
-
-
-def test_sample_input_is_reproducible_by_seed() -> None:
-    spec = InputSpec("float32", (16,))
-    np.testing.assert_array_equal(sample_input(spec, 2, seed=3), sample_input(spec, 2, seed=3))
-    assert not np.array_equal(sample_input(spec, 2, seed=3), sample_input(spec, 2, seed=4))
-
-
-def test_sample_input_of_scalar_samples_is_one_dimensional() -> None:
-    assert sample_input(InputSpec("float32", ()), 5).shape == (5,)
-
-
-def test_sample_input_supports_bfloat16() -> None:
-    assert sample_input(InputSpec("bfloat16", (4,)), 2).shape == (2, 4)

@@ -22,8 +22,9 @@ import torch
 
 from packrat_daemon.wire.errors import ConfigError
 from workers import conversion
-from workers.models import InputSpec, load_model
-from workers.runtime import RUNTIMES, SessionRuntime, available_runtimes, make_runtime, sample_input
+from workers.models import load_model
+from workers.runtime import SessionRuntime, make_runtime
+from workers.spec import RUNTIME_REQUIREMENTS, InputSpec, available_runtimes, sample_input
 
 RTOL, ATOL = 1e-4, 1e-5
 OPTIONAL = ["onnxruntime", "openvino"]
@@ -263,7 +264,7 @@ def test_a_missing_package_gives_an_install_hint(
 def test_available_runtimes_lists_the_installed_ones() -> None:
     import importlib.util
 
-    installed = [n for n, r in RUNTIMES.items() if all(importlib.util.find_spec(p) for p in r.requires)]
+    installed = [n for n, r in RUNTIME_REQUIREMENTS.items() if all(importlib.util.find_spec(p) for p in r.packages)]
     assert available_runtimes() == installed
     assert installed[0] == "torch"
 

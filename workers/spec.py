@@ -1,0 +1,109 @@
+"""What a model takes and what a runtime needs, known without importing torch or any runtime.
+
+The daemon imports this module (to make sample inputs for its measurements and to list the installed
+runtimes), and the daemon must stay light: numpy is the only third-party package imported here.
+The workers use the same definitions, so the daemon and a worker can never disagree on a sample
+input or on whether a runtime can start.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from packrat_daemon.wire.errors import ConfigError, ModelSpecError
+
+# The element types a model may declare (the wire protocol's dtypes; bfloat16 travels as its raw bits).
+INPUT_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    dtype: str  # protocol dtype name, e.g. "float32", "int64"
+    shape: tuple[int, ...]  # per sample
+    high: int | None = None  # exclusive upper bound for integer inputs (token ids)
+
+    @classmethod
+    def parse(cls, text: str) -> InputSpec:
+        dtype, _, dims = text.partition(":")
+        try:
+            shape = tuple(int(d) for d in dims.split("x")) if dims else ()
+        except ValueError:
+            raise ModelSpecError(f"cannot read input {text!r}; write DTYPE:D1xD2..., e.g. float32:3x224x224") from None
+        if dtype not in INPUT_DTYPES or any(d < 1 for d in shape):
+            raise ModelSpecError(
+                f"cannot read input {text!r}; dtype must be one of {', '.join(INPUT_DTYPES)} and dims >= 1"
+            )
+        return cls(dtype, shape)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> InputSpec:
+        return cls(data["dtype"], tuple(data["shape"]), data.get("high"))
+
+    def to_json(self) -> dict[str, object]:
+        return {"dtype": self.dtype, "shape": list(self.shape), "high": self.high}
+
+
+def sample_input(spec: InputSpec, batch: int, seed: int = 0) -> np.ndarray:
+    """A random batch that matches the model's declared input (for warm-up and measurements).
+
+    The values do not change a dense model's compute time; a fixed seed makes them reproducible.
+    """
+    rng = np.random.default_rng(seed)
+    shape = (batch, *spec.shape)
+    if spec.dtype == "bfloat16":
+        # numpy has no bfloat16: the protocol carries its raw bits as uint16 (the top half of a float32).
+        return (rng.standard_normal(shape, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    if spec.dtype.startswith("float"):
+        return rng.standard_normal(shape, dtype=np.float32).astype(spec.dtype)
+    if spec.dtype == "bool":
+        return rng.integers(0, 2, shape).astype(bool)
+    high = spec.high or 100
+    return rng.integers(0, high, shape).astype(spec.dtype)
+
+
+@dataclass(frozen=True)
+class RuntimeRequirements:
+    packages: tuple[str, ...]  # every package the runtime imports; the first one missing is named in the error
+    install: str  # the command that installs them
+
+
+# Torch first: it is always installed, and `available_runtimes` keeps this order.
+RUNTIME_REQUIREMENTS: dict[str, RuntimeRequirements] = {
+    "torch": RuntimeRequirements(("torch",), "pip install -e ."),
+    # The model is exported to ONNX (onnx, onnxscript) before either runtime can load it.
+    "onnxruntime": RuntimeRequirements(("onnxruntime", "onnx", "onnxscript"), "pip install -e '.[onnx]'"),
+    "openvino": RuntimeRequirements(("openvino", "onnx", "onnxscript"), "pip install -e '.[openvino]'"),
+}
+
+
+def missing_package(runtime: str) -> str | None:
+    """The first package `runtime` needs that is not installed; None when it can start."""
+    # find_spec instead of import: importing onnxruntime or openvino starts threads, and this runs in the
+    # template before it forks and in the daemon, which has no use for them. sys.modules[name] = None
+    # (how tests hide a package) counts as missing.
+    for package in RUNTIME_REQUIREMENTS[runtime].packages:
+        try:
+            if importlib.util.find_spec(package) is None:
+                return package
+        except (ImportError, ValueError):
+            return package
+    return None
+
+
+def available_runtimes() -> list[str]:
+    """The runtimes whose packages are all installed, torch first."""
+    return [name for name in RUNTIME_REQUIREMENTS if missing_package(name) is None]
+
+
+def check_runtime(name: str) -> None:
+    """Raise ConfigError, saying what to install, unless runtime `name` exists and its packages are installed."""
+    requirements = RUNTIME_REQUIREMENTS.get(name)
+    if requirements is None:
+        raise ConfigError(f"unknown runtime {name!r}; available: {', '.join(RUNTIME_REQUIREMENTS)}")
+    missing = missing_package(name)
+    if missing is not None:
+        raise ConfigError(f"runtime {name} needs the {missing} package: {requirements.install}")
