@@ -64,7 +64,11 @@ def split_on(profile: Profile, layout: Sequence[int], batch: int) -> Split | Non
 
 class LayoutTable:
     """Each layout's split of each batch size of a distribution, computed once so that sets of layouts
-    can be weighed against each other cheaply (the packrat policy weighs many)."""
+    can be weighed against each other cheaply (the packrat policy weighs many).
+
+    Its predictions give each batch its fastest split with no per-batch margin: the packrat policy
+    applies `min_split_gain` to a plan as a whole, against the best one-instance pool.
+    """
 
     def __init__(self, profile: Profile, layouts: Iterable[Sequence[int]], distribution: BatchDistribution) -> None:
         self.distribution = distribution
