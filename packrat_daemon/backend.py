@@ -2,7 +2,7 @@
 
 Workers and the template connect DEALER sockets to the ROUTER at ``ipc://RUN_DIR/backend.ipc`` and
 name themselves (``template``, ``w1``, ``w2``...). The daemon's loop polls this socket beside the
-frontend; the profiler uses the same class synchronously.
+frontend; the measuring bench (packrat_daemon.measure.bench) uses the same class synchronously.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import zmq
 
 from packrat_daemon.wire.errors import ConfigError, PackratError
 from packrat_daemon.wire.zmqio import NOBLOCK, ZERO_COPY_MIN_BYTES, readable, recv_frames, send_frames
 from workers import messages
+from workers.spec import InputSpec
 
 # glibc hands big blocks out with mmap and returns freed heap memory to the OS, so every inference
 # page-faults its activation buffers in again, a different number of pages in each process. Measured
@@ -56,8 +56,10 @@ class ModelInfo:
     high: int | None
     template_pid: int
 
-    def to_json(self) -> dict[str, Any]:
-        return {"dtype": self.dtype, "shape": list(self.shape)}
+    @property
+    def input(self) -> InputSpec:
+        """The model's declared input, as the workers know it (for sample inputs)."""
+        return InputSpec(self.dtype, self.shape, self.high)
 
 
 def allocator_library(name: str) -> str | None:
@@ -189,13 +191,3 @@ class Backend:
                 leftover.unlink(missing_ok=True)
             self.run_dir.rmdir()
 
-
-def sample_inputs(info: ModelInfo, batch: int) -> np.ndarray:
-    """Deterministic inputs of the model's declared shape (values do not change dense compute time)."""
-    rng = np.random.default_rng(batch)
-    shape = (batch, *info.shape)
-    if info.dtype.startswith("float"):
-        return rng.standard_normal(shape, dtype=np.float32).astype(info.dtype)
-    if info.dtype == "bool":
-        return rng.integers(0, 2, shape).astype(bool)
-    return rng.integers(0, info.high or 100, shape).astype(info.dtype)

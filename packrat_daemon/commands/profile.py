@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from packrat_daemon.commands.options import add_settings, int_list, positive_int
+
+if TYPE_CHECKING:
+    from policies.planning.profile import Cell
+    from policies.planning.topology import Topology
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -38,18 +43,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.adaptive or args.replay:
-        from packrat_daemon.commands.profile_adaptive import run_adaptive
+        from packrat_daemon.commands.adaptive_search import run_adaptive
 
         return run_adaptive(args)
     return run_grid(args)
 
 
 def run_grid(args: argparse.Namespace) -> int:
-    import zmq
-
-    from packrat_daemon.daemon import available_runtimes
     from policies.planning.profile import Profile, write_profiles
     from policies.planning.topology import Topology
+    from workers.spec import available_runtimes
 
     topology = Topology.detect()
     threads = args.threads or list(range(1, topology.usable_cores + 1))
@@ -61,18 +64,14 @@ def run_grid(args: argparse.Namespace) -> int:
         )
     cells = [(t, b) for t in threads for b in args.batches]
     runtimes = available_runtimes() if args.runtime == "auto" else [args.runtime]
-    context = zmq.Context()
     profiles: list[Profile] = []
     interrupted = False
-    try:
-        for runtime in runtimes:
-            measured, interrupted = _measure_runtime(context, topology, args, runtime, cells)
-            if measured:
-                profiles.append(Profile(measured, model=args.model, runtime=runtime))
-            if interrupted:
-                break
-    finally:
-        context.term()
+    for runtime in runtimes:
+        measured, interrupted = _measure_runtime(topology, args, runtime, cells)
+        if measured:
+            profiles.append(Profile(measured, model=args.model, runtime=runtime))
+        if interrupted:
+            break
     if profiles:
         write_profiles(args.out, profiles)
         counts = ", ".join(f"{len(p)} {p.runtime}" for p in profiles)
@@ -82,30 +81,30 @@ def run_grid(args: argparse.Namespace) -> int:
     return 130 if interrupted else 0
 
 
-def _measure_runtime(context, topology, args: argparse.Namespace, runtime: str, cells: list[tuple[int, int]]):  # noqa: ANN001, ANN202
+def _measure_runtime(
+    topology: Topology, args: argparse.Namespace, runtime: str, cells: list[tuple[int, int]]
+) -> tuple[dict[tuple[int, int], Cell], bool]:
     """(cells measured, interrupted): Ctrl-C keeps what was measured so far."""
-    from packrat_daemon.backend import Backend
-    from packrat_daemon.measure.profiler import CellProfiler
+    from packrat_daemon.measure.bench import Bench, model_session
     from packrat_daemon.progress import Progress
     from packrat_daemon.wire.errors import PackratError
 
-    backend = Backend(context)
-    measured = {}
+    measured: dict[tuple[int, int], Cell] = {}
     progress = Progress(len(cells), f"profiling {runtime}")
     try:
-        backend.start_template(args.model, input_override=args.input, runtime=runtime, allocator=args.allocator)
         progress.note(f"loading {args.model}")
-        info = backend.wait_template()
-        profiler = CellProfiler(
-            backend, topology, info, warmup=args.warmup, repeats=args.repeats, side_by_side=not args.isolated
-        )
-        try:
-            for t, b in cells:
-                cell = profiler.measure(t, b)
-                measured[(t, b)] = cell
-                progress.advance(f"t={t} b={b}: {cell.latency_ms:.2f} ms")
-        finally:
-            profiler.close()
+        session = model_session(args.model, input_override=args.input, runtime=runtime, allocator=args.allocator)
+        with session as (backend, info):
+            bench = Bench(
+                backend, topology, info, warmup=args.warmup, repeats=args.repeats, side_by_side=not args.isolated
+            )
+            try:
+                for t, b in cells:
+                    cell = bench.measure_cell(t, b)
+                    measured[(t, b)] = cell
+                    progress.advance(f"t={t} b={b}: {cell.latency_ms:.2f} ms")
+            finally:
+                bench.close()
     except KeyboardInterrupt:
         return measured, True
     except PackratError as exc:
@@ -114,5 +113,4 @@ def _measure_runtime(context, topology, args: argparse.Namespace, runtime: str, 
         return measured, True
     finally:
         progress.close()
-        backend.close()
     return measured, False

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from packrat_daemon.measure.confirm import Instances, PlanTiming
+from packrat_daemon.measure.bench import Instances, PlanTiming
 from policies.base import Plan
 from policies.planning.distribution import BatchDistribution
 from policies.planning.layouts import best_one_instance, fastest, split_on
@@ -59,7 +59,7 @@ def measured_profile(
 ) -> Profile:  # fmt: skip
     """`profile` with every decision's cells replaced by a side-by-side measurement of both options.
 
-    `compare` times named plans in one interleaved run (confirm.SideBySide.compare). A cell that two
+    `compare` times named plans in one interleaved run (bench.Bench.compare). A cell that two
     instances of a split share keeps the slower of the two: the plan waits for its slowest instance.
     """
     cells: dict[tuple[int, int], Cell] = dict(profile.items())

@@ -1,17 +1,19 @@
-"""The internal channel: allocator preloading, template start-up errors."""
+"""The internal channel: allocator preloading, template start-up errors, the model's input."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import zmq
 from conftest import running_daemon
 
-from packrat_daemon.backend import GLIBC_MALLOC_TUNING, Backend, TemplateError, allocator_library
+from packrat_daemon.backend import GLIBC_MALLOC_TUNING, Backend, ModelInfo, TemplateError, allocator_library
 from packrat_daemon.wire.client import Client
 from packrat_daemon.wire.errors import ConfigError
+from workers.spec import InputSpec, sample_input
 
 
 def test_unknown_allocator_is_a_clear_error() -> None:
@@ -23,6 +25,7 @@ def test_system_allocator_preloads_nothing() -> None:
     assert allocator_library("system") is None
 
 
+@pytest.mark.slow
 def test_template_that_cannot_load_the_model_says_why(tmp_path: Path) -> None:
     context = zmq.Context()
     backend = Backend(context, str(tmp_path / "run"))
@@ -35,6 +38,7 @@ def test_template_that_cannot_load_the_model_says_why(tmp_path: Path) -> None:
         context.term()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("allocator", ["jemalloc", "tcmalloc"])
 def test_allocator_is_preloaded_into_every_worker(tmp_path: Path, allocator: str) -> None:
     try:
@@ -49,6 +53,7 @@ def test_allocator_is_preloaded_into_every_worker(tmp_path: Path, allocator: str
             assert os.path.basename(library) in maps
 
 
+@pytest.mark.slow
 def test_workers_run_with_the_glibc_tuning_and_the_users_own_setting_wins(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -64,3 +69,12 @@ def test_workers_run_with_the_glibc_tuning_and_the_users_own_setting_wins(
             )
             assert environment["MALLOC_MMAP_MAX_"] == GLIBC_MALLOC_TUNING["MALLOC_MMAP_MAX_"]
             assert environment["MALLOC_TRIM_THRESHOLD_"] == "12345"
+
+
+def test_model_info_gives_the_input_spec_the_workers_sample_from() -> None:
+    # The daemon's measurements make their inputs from this spec with the workers' own function, so a
+    # bfloat16 model (no numpy dtype) gets its raw bits as uint16, as the wire carries them.
+    info = ModelInfo("builtin:x", "torch", "bfloat16", (8,), None, template_pid=1)
+    assert info.input == InputSpec("bfloat16", (8,))
+    batch = sample_input(info.input, 2, seed=2)
+    assert batch.dtype == np.uint16 and batch.shape == (2, 8)

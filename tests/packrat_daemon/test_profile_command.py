@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import daemon_env
 
 from policies.planning.profile import Profile
@@ -23,6 +24,7 @@ def profile_command(out: Path, *args: str) -> list[str]:
     return [sys.executable, "-c", LAUNCH, "packrat", "profile", "--out", str(out), *args]
 
 
+@pytest.mark.slow
 def test_profile_writes_a_valid_profile(tmp_path: Path) -> None:
     out = tmp_path / "tiny.csv"
     args = ["--model", "builtin:tiny-mlp", "--threads", "1,2", "--batches", "1,4"]
@@ -34,6 +36,7 @@ def test_profile_writes_a_valid_profile(tmp_path: Path) -> None:
     assert "eta" in result.stderr  # the progress line
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_the_cells_already_measured(tmp_path: Path) -> None:
     out, log = tmp_path / "slow.csv", tmp_path / "profile.log"
     args = ["--model", "model_factories:slow_mlp", "--threads", "1,2", "--batches", "1,2,4,8"]

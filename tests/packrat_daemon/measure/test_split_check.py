@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from packrat_daemon.measure.confirm import Instances, PlanTiming, SideBySide, model_session
+import pytest
+
+from packrat_daemon.measure.bench import Bench, Instances, PlanTiming, model_session
 from packrat_daemon.measure.split_check import SplitDecision, measured_profile, split_decisions
 from policies.packrat import PackratPolicy
 from policies.planning.distribution import BatchDistribution
@@ -87,6 +89,7 @@ def test_every_split_batch_size_of_a_distribution_is_checked() -> None:
     assert [(d.batch, d.split, d.alone) for d in decisions] == [(16, ((1, 8), (1, 8)), (1, 16))]
 
 
+@pytest.mark.slow
 def test_a_check_on_real_workers_replaces_the_cells_with_measurements() -> None:
     # A made-up profile on which a split "wins" 20×: 1-thread instances of 2 against a 2-thread one of 4.
     profile = Profile.from_latencies({(1, 2): 1.0, (1, 4): 30.0, (2, 2): 10.0, (2, 4): 20.0})
@@ -96,7 +99,7 @@ def test_a_check_on_real_workers_replaces_the_cells_with_measurements() -> None:
     decisions = split_decisions(profile, plan, distribution, cores=2, min_split_gain=0.05)
     assert [(d.split, d.alone) for d in decisions] == [(((1, 2), (1, 2)), (2, 4))]
     with model_session("builtin:tiny-mlp") as (backend, info):
-        bench = SideBySide(backend, topology, info)
+        bench = Bench(backend, topology, info)
         try:
             measured = measured_profile(profile, decisions, bench.compare, 2)
         finally:
@@ -108,28 +111,25 @@ def test_a_check_on_real_workers_replaces_the_cells_with_measurements() -> None:
     assert cells[(1, 4)].latency_ms == 30.0  # not part of the check
 
 
+@pytest.mark.slow
 def test_the_daemon_plans_again_on_what_its_check_measured(tmp_path: Path) -> None:
     from packrat_daemon.config import ServeConfig
-    from packrat_daemon.daemon import Daemon
+    from packrat_daemon.startup import ProfileFile, RuntimeCandidate, check_splits
 
     # A made-up 20× win for the split: the check replaces those cells with real tiny-mlp timings (a
     # fraction of a millisecond each), plans again on them, and saves the checked profile.
     profile = Profile.from_latencies({(1, 2): 1.0, (1, 4): 30.0, (2, 2): 10.0, (2, 4): 20.0})
     saved = tmp_path / "profile.csv"
     config = ServeConfig(model="builtin:tiny-mlp", max_batch=4, split_check_rounds=3, save_profile=str(saved))
-    daemon = Daemon(config, topology=Topology.synthetic(2))
-    try:
-        with model_session("builtin:tiny-mlp") as (backend, info):
-            daemon.backend, daemon.info, daemon.profile = backend, info, profile
-            daemon.plan = PackratPolicy().plan(profile, daemon.topology, ONLY_4)
-            assert daemon.plan.thread_counts == [1, 1]
-            daemon._check_splits(PackratPolicy())
-            daemon.backend = None  # model_session closes it
-    finally:
-        daemon.close()
+    topology = Topology.synthetic(2)
+    with model_session("builtin:tiny-mlp") as (backend, info):
+        plan = PackratPolicy().plan(profile, topology, ONLY_4)
+        assert plan.thread_counts == [1, 1]
+        served = RuntimeCandidate(backend, info, profile, plan)
+        checked_served = check_splits(served, PackratPolicy(), config, topology, ProfileFile(str(saved)), lambda: False)
     checked = Profile.read_csv(saved)
     cells = dict(checked.items())
     assert cells[(2, 4)].samples == 3 and cells[(2, 4)].latency_ms < 5.0
     assert cells[(1, 2)].samples == 3 and cells[(1, 2)].latency_ms != 1.0
-    assert daemon.profile is not None and dict(daemon.profile.items()) == cells
-    assert daemon.plan == PackratPolicy().plan(checked, daemon.topology, ONLY_4)
+    assert checked_served.profile is not None and dict(checked_served.profile.items()) == cells
+    assert checked_served.plan == PackratPolicy().plan(checked, topology, ONLY_4)

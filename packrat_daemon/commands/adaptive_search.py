@@ -19,17 +19,20 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from packrat_daemon.adaptive import AdaptiveResult, Budget, StepReport, adaptive_profile
 from packrat_daemon.commands.solve import solve_plans
+from packrat_daemon.search import AdaptiveResult, Budget, StepReport, adaptive_profile
 from packrat_daemon.wire.errors import ProfileError
 from policies.planning.profile import Cell, Profile
 from policies.planning.topology import Topology
+
+if TYPE_CHECKING:
+    from packrat_daemon.measure.bench import Bench
 
 # One real cell is the median of a few timed runs on a shared machine: assume this much jitter, so
 # a near-tie between measured plans is measured again rather than decided by one lucky run.
@@ -71,8 +74,7 @@ def _run_replay(args: argparse.Namespace, budget: Budget) -> int:
     confirmed = [
         {
             "batch": plan["batch"],
-            # The stand-in for a side-by-side run: the full table's L̂, interference factor 1.0.
-            "latency_ms": round(_table_latency(full, plan["instances"]), 6),
+            "latency_ms": round(table_confirmation(full.lhat, _pairs(plan["instances"])), 6),
             "predicted_ms": plan["latency_ms"],
         }
         for plan in plans
@@ -82,17 +84,24 @@ def _run_replay(args: argparse.Namespace, budget: Budget) -> int:
     return 0
 
 
-def _table_latency(full: Profile, instances: Sequence[Mapping[str, int]]) -> float:
-    values = [full.lhat(i["threads"], i["batch"]) for i in instances]
+def table_confirmation(
+    lhat: Callable[[int, int], float | None], instances: Sequence[tuple[int, int]], interference: float = 1.0
+) -> float:
+    """Replay's stand-in for a side-by-side run: the slowest instance's L̂ from the full table, times an
+    interference factor (1.0: the table is taken as the truth)."""
+    values = [lhat(int(t), int(b)) for t, b in instances]
     if any(v is None for v in values):
         raise ProfileError("the replayed table has no cell large enough for one of the plan's instances")
-    return max(v for v in values if v is not None)
+    return max(v for v in values if v is not None) * interference
+
+
+def _pairs(instances: Sequence[Mapping[str, int]]) -> list[tuple[int, int]]:
+    return [(i["threads"], i["batch"]) for i in instances]
 
 
 # -- a real model --------------------------------------------------------------------------------
 def _run_model(args: argparse.Namespace, budget: Budget) -> int:
-    from packrat_daemon.measure.confirm import SideBySide, model_session
-    from packrat_daemon.measure.profiler import default_grid
+    from packrat_daemon.measure.bench import Bench, default_grid, model_session
 
     topology = Topology.detect()
     cores = args.cores or topology.usable_cores
@@ -114,11 +123,14 @@ def _run_model(args: argparse.Namespace, budget: Budget) -> int:
         backend,
         info,
     ):
-        meter = SideBySide(backend, topology, info)
+        # One worker per cell, each thread count's kept alive: the search visits them in any order.
+        bench = Bench(
+            backend, topology, info, warmup=args.warmup, repeats=args.repeats, side_by_side=False, keep_workers=True
+        )
         try:
 
             def measure(t: int, b: int) -> float:
-                cell = meter.measure_cell(t, b, warmup=args.warmup, repeats=args.repeats)
+                cell = bench.measure_cell(t, b)
                 cells[(t, b)] = cells[(t, b)].merged(cell) if (t, b) in cells else cell
                 return cell.latency_ms
 
@@ -136,9 +148,9 @@ def _run_model(args: argparse.Namespace, budget: Budget) -> int:
             write_profile(result, cells, args.out, model=args.model, runtime=args.runtime)
             plans = solve_plans(result.profile, Topology.synthetic(cores), args.batches, "packrat")
             print("confirming the plans side by side", file=sys.stderr)
-            confirmed = _confirm(meter, plans, rounds=args.repeats)
+            confirmed = _confirm(bench, plans, rounds=args.repeats)
         finally:
-            meter.close()
+            bench.close()
     report = _report(result, plans, confirmed, cores)
     report["seconds"] = round(seconds, 3)
     report["out"] = str(args.out)
@@ -156,16 +168,15 @@ def _save_partial(cells: Mapping[tuple[int, int], Cell], args: argparse.Namespac
     return 130
 
 
-def _confirm(meter, plans: list[dict[str, Any]], rounds: int) -> list[dict[str, Any]]:  # noqa: ANN001
+def _confirm(bench: Bench, plans: list[dict[str, Any]], rounds: int) -> list[dict[str, Any]]:
     """Every distinct plan run side by side in one interleaved session."""
     distinct: dict[tuple[tuple[int, int], ...], str] = {}
     for plan in plans:
-        key = tuple((i["threads"], i["batch"]) for i in plan["instances"])
-        distinct.setdefault(key, f"plan{len(distinct)}")
-    timings = meter.compare({name: list(key) for key, name in distinct.items()}, rounds=rounds)
+        distinct.setdefault(tuple(_pairs(plan["instances"])), f"plan{len(distinct)}")
+    timings = bench.compare({name: list(key) for key, name in distinct.items()}, rounds=rounds)
     confirmed = []
     for plan in plans:
-        key = tuple((i["threads"], i["batch"]) for i in plan["instances"])
+        key = tuple(_pairs(plan["instances"]))
         timing = timings[distinct[key]]
         confirmed.append(
             {
