@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 from harness import DaemonProcess as Daemon  # noqa: E402  (bench/ is on sys.path when this script runs)
 from harness import serve_batches, use_packrat_malloc_tuning  # noqa: E402
 
-from packrat_daemon.wire.protocol import encode_infer_request  # noqa: E402
+from packrat_daemon.wire.client_side import encode_infer_request  # noqa: E402
 
 MODEL = "builtin:resnet50"
 SETTLE_S = 0.02

@@ -59,7 +59,7 @@ def main() -> None:
     import numpy as np
     import zmq
 
-    from packrat_daemon.wire.protocol import decode_reply, encode_infer_request
+    from packrat_daemon.wire.client_side import decode_reply, encode_infer_request
     from workers.spec import InputSpec, sample_input
 
     cores = sorted(os.sched_getaffinity(0))[: args.threads]

@@ -155,7 +155,7 @@ class Daemon(DaemonProcess):
         """How many workers shared a batch of this size (from the reply's timing, which Client.infer drops)."""
         import zmq
 
-        from packrat_daemon.wire.protocol import decode_reply, encode_infer_request
+        from packrat_daemon.wire.client_side import decode_reply, encode_infer_request
 
         self.measure(batch)  # makes the input
         with zmq.Context() as context, context.socket(zmq.DEALER) as socket:

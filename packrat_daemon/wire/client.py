@@ -22,14 +22,27 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from packrat_daemon.wire.errors import PackratError
-from packrat_daemon.wire.protocol import (
-    ErrorCode,
-    ProtocolError,
-    RequestId,
+from packrat_daemon.wire.client_side import (
     decode_reply,
     encode_infer_request,
     encode_info_request,
+    infer_result,
+    info_result,
+    server_error,
+)
+from packrat_daemon.wire.codec import ProtocolError
+from packrat_daemon.wire.endpoints import EndpointRing
+from packrat_daemon.wire.errors import (
+    BadRequest,
+    ClientClosed,
+    ClientTimeout,
+    InternalError,
+    Overloaded,
+    ServerError,
+    ServerTimeout,
+    ShuttingDown,
+    TooLarge,
+    UnsupportedVersion,
 )
 from packrat_daemon.wire.zmqio import NOBLOCK, recv_frames, send_frames
 
@@ -57,169 +70,93 @@ DEFAULT_BACKOFF_S = 1.0
 _HWM = 1000
 
 
-# ------------------------------------------------------------------------------------------- errors
-
-
-class ServerError(PackratError):
-    """The server answered with an error reply; ``code`` says which (an ErrorCode, or the raw string
-    for a code this client does not know)."""
-
-    def __init__(self, code: ErrorCode | str, message: str, request_id: RequestId | None = None) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.request_id = request_id
-
-
-class BadRequest(ServerError):
-    """The request was malformed or does not fit the model; fix it before sending it again."""
-
-
-class UnsupportedVersion(ServerError):
-    """The server does not speak this protocol version; ``versions`` lists the ones it does."""
-
-    def __init__(
-        self,
-        code: ErrorCode | str,
-        message: str,
-        request_id: RequestId | None = None,
-        versions: Sequence[int] = (),
-    ) -> None:
-        super().__init__(code, message, request_id)
-        self.versions = tuple(versions)
-
-
-class TooLarge(ServerError):
-    """The message is over the server's size limit; send fewer samples per request."""
-
-
-class Overloaded(ServerError):
-    """The server's queue is full; retry later, preferably with back-off."""
-
-
-class ServerTimeout(ServerError):
-    """The server could not start the work within the request's timeout."""
-
-
-class ShuttingDown(ServerError):
-    """The server is draining; send the request to another server or retry after it restarts."""
-
-
-class InternalError(ServerError):
-    """The server failed while serving the request."""
-
-
-_ERROR_CLASSES: dict[str, type[ServerError]] = {
-    ErrorCode.BAD_REQUEST: BadRequest,
-    ErrorCode.UNSUPPORTED_VERSION: UnsupportedVersion,
-    ErrorCode.TOO_LARGE: TooLarge,
-    ErrorCode.OVERLOADED: Overloaded,
-    ErrorCode.TIMEOUT: ServerTimeout,
-    ErrorCode.SHUTTING_DOWN: ShuttingDown,
-    ErrorCode.INTERNAL: InternalError,
-}
-
-
-class ClientTimeout(PackratError, TimeoutError):
-    """No reply came within the client's timeout; the endpoint is skipped for a short back-off."""
-
-
-class ClientClosed(PackratError):
-    """The client was closed while the request was waiting for its reply."""
-
-
-def server_error(header: dict[str, Any]) -> ServerError:
-    """The exception for an error reply header (as returned by decode_reply)."""
-    error = header["error"]
-    raw_code: str = error["code"]
-    try:
-        code: ErrorCode | str = ErrorCode(raw_code)
-    except ValueError:
-        code = raw_code  # a newer server's code: still a ServerError, with the code kept as sent
-    cls = _ERROR_CLASSES.get(code, ServerError)
-    if cls is UnsupportedVersion:
-        versions = header.get("versions")
-        return UnsupportedVersion(code, error["message"], header.get("id"), versions or ())
-    return cls(code, error["message"], header.get("id"))
-
-
-def _infer_result(header: dict[str, Any], array: np.ndarray | None, samples: int) -> np.ndarray:
-    if not header["ok"]:
-        raise server_error(header)
-    if array is None or array.ndim == 0 or array.shape[0] != samples:
-        got = "no tensor" if array is None else f"shape {list(array.shape)}"
-        raise ProtocolError(ErrorCode.INTERNAL, f"server answered {samples} samples with {got}", header.get("id"))
-    return array
-
-
-def _info_result(header: dict[str, Any]) -> dict[str, Any]:
-    if not header["ok"]:
-        raise server_error(header)
-    return {key: value for key, value in header.items() if key not in ("v", "id", "ok")}
-
-
-# ---------------------------------------------------------------------------------------- endpoints
-
-
-class _EndpointRing:
-    """Round-robin over endpoints, skipping those in back-off after a timeout while others remain."""
-
-    def __init__(self, count: int, backoff: float) -> None:
-        self._backoff = backoff
-        self._skip_until = [0.0] * count
-        self._next = 0
-
-    def pick(self) -> int:
-        count = len(self._skip_until)
-        if count == 1:
-            return 0  # one endpoint: nothing to balance or skip
-        now = time.monotonic()
-        for step in range(count):
-            index = (self._next + step) % count
-            if self._skip_until[index] <= now:
-                self._next = index + 1
-                return index
-        # Every endpoint is in back-off: the one that has waited longest is the best remaining bet.
-        index = min(range(count), key=self._skip_until.__getitem__)
-        self._next = index + 1
-        return index
-
-    def timed_out(self, index: int) -> None:
-        self._skip_until[index] = time.monotonic() + self._backoff
-
-    def answered(self, index: int) -> None:
-        self._skip_until[index] = 0.0
-
-
-def _endpoint_list(endpoints: str | Sequence[str]) -> list[str]:
-    listed = [endpoints] if isinstance(endpoints, str) else list(endpoints)
-    if not listed:
-        raise ValueError("give at least one endpoint, e.g. 'tcp://127.0.0.1:5555'")
-    return listed
-
-
 def _check_timeout(timeout: float) -> float:
     if not timeout > 0 or not math.isfinite(timeout):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     return timeout
 
 
-def _configure(socket: zmq.Socket, endpoint: str) -> None:
-    # LINGER 0: closing must not hang on requests queued for an endpoint that is down.
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.setsockopt(zmq.SNDHWM, _HWM)
-    socket.setsockopt(zmq.RCVHWM, _HWM)
-    socket.connect(endpoint)
-
-
 def _timeout_ms(seconds: float) -> int:
     return max(0, math.ceil(seconds * 1000))
+
+
+def _samples(array: Any) -> int:
+    return array.shape[0] if type(array) is np.ndarray else np.shape(array)[0]
+
+
+# -------------------------------------------------------------------------------- what both share
+
+
+class _ClientBase:
+    """Endpoints, their sockets and round robin, the default timeout and request ids: what the blocking
+    and the asyncio client share. Each adds how it sends a request and waits for its reply."""
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        timeout: float,
+        context: zmq.Context,
+        backoff: float,
+    ) -> None:
+        self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        if not self.endpoints:
+            raise ValueError("give at least one endpoint, e.g. 'tcp://127.0.0.1:5555'")
+        self.timeout = timeout
+        self._sockets: list[Any] = [self._connect(context, endpoint) for endpoint in self.endpoints]
+        self._ring = EndpointRing(len(self.endpoints), backoff)
+        self._ids = itertools.count(1)
+        self._closed = False
+
+    @staticmethod
+    def _connect(context: zmq.Context, endpoint: str) -> zmq.Socket:
+        socket = context.socket(zmq.DEALER)
+        # LINGER 0: closing must not hang on requests queued for an endpoint that is down.
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.SNDHWM, _HWM)
+        socket.setsockopt(zmq.RCVHWM, _HWM)
+        socket.connect(endpoint)
+        return socket
+
+    @property
+    def timeout(self) -> float:
+        """Seconds each call waits by default (also sent to the server as the request's ``timeout_ms``)."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self._timeout = _check_timeout(seconds)
+        self._timeout_ms = self._timeout * 1000  # what every request header carries, computed once
+
+    def _infer_request(
+        self, array: np.ndarray, timeout: float | None, dtype: str | None
+    ) -> tuple[list[Any], int, float]:
+        """``(frames, request_id, timeout)`` of one infer call."""
+        if timeout is None:
+            timeout, timeout_ms = self._timeout, self._timeout_ms
+        else:
+            timeout = _check_timeout(timeout)
+            timeout_ms = timeout * 1000
+        request_id = next(self._ids)
+        return encode_infer_request(request_id, array, timeout_ms=timeout_ms, dtype=dtype), request_id, timeout
+
+    def _info_request(self, timeout: float | None) -> tuple[list[Any], int, float]:
+        """``(frames, request_id, timeout)`` of one info call."""
+        timeout = self._timeout if timeout is None else _check_timeout(timeout)
+        request_id = next(self._ids)
+        return encode_info_request(request_id), request_id, timeout
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosed("the client is closed; create a new one")
+
+    def _no_reply(self, index: int) -> ClientTimeout:
+        return ClientTimeout(f"no reply from {self.endpoints[index]} in time; is the daemon running and reachable?")
 
 
 # ------------------------------------------------------------------------------------ blocking client
 
 
-class Client:
+class Client(_ClientBase):
     """Blocking client. Thread-safe: concurrent calls are serialised; use AsyncClient for concurrency.
 
     ``timeout`` (seconds) bounds each call and is also sent to the server as the request's
@@ -234,61 +171,30 @@ class Client:
         context: zmq.Context | None = None,
         backoff: float = DEFAULT_BACKOFF_S,
     ) -> None:
-        self.endpoints = _endpoint_list(endpoints)
-        self.timeout = timeout
-        context = context if context is not None else zmq.Context.instance()
-        self._sockets: list[zmq.Socket] = []
-        for endpoint in self.endpoints:
-            socket = context.socket(zmq.DEALER)
-            self._sockets.append(socket)
-            _configure(socket, endpoint)
-        self._ring = _EndpointRing(len(self.endpoints), backoff)
-        self._ids = itertools.count(1)
+        super().__init__(endpoints, timeout, context if context is not None else zmq.Context.instance(), backoff)
         self._lock = threading.Lock()
-        self._closed = False
         self._receive_timeout_ms = [-1] * len(self._sockets)  # RCVTIMEO as last set, per socket
-
-    @property
-    def timeout(self) -> float:
-        """Seconds each call waits by default (also sent to the server as the request's ``timeout_ms``)."""
-        return self._timeout
-
-    @timeout.setter
-    def timeout(self, seconds: float) -> None:
-        self._timeout = _check_timeout(seconds)
-        self._timeout_ms = self._timeout * 1000  # what every request header carries, computed once
 
     def infer(self, array: np.ndarray, *, timeout: float | None = None, dtype: str | None = None) -> np.ndarray:
         """Run the model on ``array`` (first axis = samples); returns one output row per sample.
 
         ``dtype`` is only needed for bfloat16: pass the raw bits as uint16 with ``dtype="bfloat16"``.
         """
-        if timeout is None:
-            timeout, timeout_ms = self.timeout, self._timeout_ms
-        else:
-            timeout = _check_timeout(timeout)
-            timeout_ms = timeout * 1000
-        request_id = next(self._ids)
-        frames = encode_infer_request(request_id, array, timeout_ms=timeout_ms, dtype=dtype)
-        header, result = self._request(frames, request_id, timeout)
-        return _infer_result(header, result, array.shape[0] if type(array) is np.ndarray else np.shape(array)[0])
+        header, result = self._request(*self._infer_request(array, timeout, dtype))
+        return infer_result(header, result, _samples(array))
 
     def info(self, *, timeout: float | None = None) -> dict[str, Any]:
         """The server's description: versions, model, input dtype/shape, max_batch, plan."""
-        timeout = self.timeout if timeout is None else _check_timeout(timeout)
-        request_id = next(self._ids)
-        header, _ = self._request(encode_info_request(request_id), request_id, timeout)
-        return _info_result(header)
+        header, _ = self._request(*self._info_request(timeout))
+        return info_result(header)
 
     def _request(self, frames: list[Any], request_id: int, timeout: float) -> tuple[dict[str, Any], np.ndarray | None]:
         deadline = time.monotonic() + timeout
         with self._lock:
-            if self._closed:
-                raise ClientClosed("the client is closed; create a new one")
+            self._check_open()
             index = self._ring.pick()
-            socket = self._sockets[index]
             try:
-                self._send(socket, frames, deadline)
+                self._send(index, frames, deadline)
                 reply = self._receive(index, request_id, deadline)
             except ClientTimeout:
                 self._ring.timed_out(index)
@@ -296,7 +202,8 @@ class Client:
             self._ring.answered(index)
             return reply
 
-    def _send(self, socket: zmq.Socket, frames: list[Any], deadline: float) -> None:
+    def _send(self, index: int, frames: list[Any], deadline: float) -> None:
+        socket = self._sockets[index]
         while True:
             try:
                 send_frames(socket, frames, NOBLOCK, copy=False)
@@ -305,14 +212,14 @@ class Client:
                 # The endpoint's queue is full (high-water mark): wait for room, within the deadline.
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not socket.poll(_timeout_ms(remaining), zmq.POLLOUT):
-                    raise ClientTimeout(self._timeout_message(socket)) from None
+                    raise self._no_reply(index) from None
 
     def _receive(self, index: int, request_id: int, deadline: float) -> tuple[dict[str, Any], np.ndarray | None]:
         socket = self._sockets[index]
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise ClientTimeout(self._timeout_message(socket))
+                raise self._no_reply(index)
             # A receive that blocks up to the deadline, not poll-then-receive: one wake-up per reply. The
             # timeout is set only when it changes (calls with the same timeout round to the same ms).
             wait_ms = max(1, _timeout_ms(remaining))
@@ -322,7 +229,7 @@ class Client:
             try:
                 frames = recv_frames(socket)
             except zmq.Again:
-                raise ClientTimeout(self._timeout_message(socket)) from None
+                raise self._no_reply(index) from None
             try:
                 header, array = decode_reply(frames)
             except ProtocolError as exc:
@@ -335,10 +242,6 @@ class Client:
                 return header, array
             # A late reply to a request that already timed out: nobody waits for it any more.
             log.debug("discarding a stale reply for request %r", header.get("id"))
-
-    def _timeout_message(self, socket: zmq.Socket) -> str:
-        endpoint = self.endpoints[self._sockets.index(socket)]
-        return f"no reply from {endpoint} in time; is the daemon running and reachable?"
 
     def close(self) -> None:
         """Close the sockets; requests still queued for unreachable endpoints are dropped."""
@@ -359,11 +262,12 @@ class Client:
 # --------------------------------------------------------------------------------------- async client
 
 
-class AsyncClient:
+class AsyncClient(_ClientBase):
     """asyncio client; many concurrent ``infer`` calls may share one instance (and one event loop).
 
     One reader task per socket routes each reply to the waiting call by its request id, so replies may
     come back in any order; replies nobody waits for (late ones after a timeout) are dropped.
+    ``context`` may be a ``zmq.asyncio.Context`` or a plain one, whose I/O threads it then shares.
     """
 
     def __init__(
@@ -371,51 +275,36 @@ class AsyncClient:
         endpoints: str | Sequence[str],
         *,
         timeout: float = 30.0,
-        context: zmq.Context | None = None,
+        context: zmq.asyncio.Context | zmq.Context | None = None,
         backoff: float = DEFAULT_BACKOFF_S,
     ) -> None:
-        self.endpoints = _endpoint_list(endpoints)
-        self.timeout = _check_timeout(timeout)
         if context is None:
             async_context: zmq.asyncio.Context = zmq.asyncio.Context.instance()
         elif isinstance(context, zmq.asyncio.Context):
             async_context = context
         else:
             async_context = zmq.asyncio.Context(shadow=context)  # share the caller's I/O threads
-        self._sockets: list[zmq.asyncio.Socket] = []
-        for endpoint in self.endpoints:
-            socket = async_context.socket(zmq.DEALER)
-            self._sockets.append(socket)
-            _configure(socket, endpoint)
-        self._ring = _EndpointRing(len(self.endpoints), backoff)
-        self._ids = itertools.count(1)
+        super().__init__(endpoints, timeout, async_context, backoff)
         self._pending: dict[int, asyncio.Future[tuple[dict[str, Any], np.ndarray | None]]] = {}
         self._readers: list[asyncio.Task[None]] = []
-        self._closed = False
 
     async def infer(self, array: np.ndarray, *, timeout: float | None = None, dtype: str | None = None) -> np.ndarray:
         """Run the model on ``array`` (first axis = samples); returns one output row per sample.
 
         ``dtype`` is only needed for bfloat16: pass the raw bits as uint16 with ``dtype="bfloat16"``.
         """
-        timeout = self.timeout if timeout is None else _check_timeout(timeout)
-        request_id = next(self._ids)
-        frames = encode_infer_request(request_id, array, timeout_ms=timeout * 1000, dtype=dtype)
-        header, result = await self._request(frames, request_id, timeout)
-        return _infer_result(header, result, np.shape(array)[0])
+        header, result = await self._request(*self._infer_request(array, timeout, dtype))
+        return infer_result(header, result, _samples(array))
 
     async def info(self, *, timeout: float | None = None) -> dict[str, Any]:
         """The server's description: versions, model, input dtype/shape, max_batch, plan."""
-        timeout = self.timeout if timeout is None else _check_timeout(timeout)
-        request_id = next(self._ids)
-        header, _ = await self._request(encode_info_request(request_id), request_id, timeout)
-        return _info_result(header)
+        header, _ = await self._request(*self._info_request(timeout))
+        return info_result(header)
 
     async def _request(
         self, frames: list[Any], request_id: int, timeout: float
     ) -> tuple[dict[str, Any], np.ndarray | None]:
-        if self._closed:
-            raise ClientClosed("the client is closed; create a new one")
+        self._check_open()
         self._start_readers()
         index = self._ring.pick()
         reply = asyncio.get_running_loop().create_future()
@@ -426,9 +315,7 @@ class AsyncClient:
                 result = await reply
         except TimeoutError:
             self._ring.timed_out(index)
-            raise ClientTimeout(
-                f"no reply from {self.endpoints[index]} in time; is the daemon running and reachable?"
-            ) from None
+            raise self._no_reply(index) from None
         finally:
             self._pending.pop(request_id, None)
         self._ring.answered(index)

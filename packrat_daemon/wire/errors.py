@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only for annotations: the codec's ProtocolError is itself a PackratError from here
+    from packrat_daemon.wire.codec import ErrorCode, RequestId
+
 
 class PackratError(Exception):
     """Base class of every error Packrat raises on purpose."""
@@ -41,3 +47,63 @@ class WorkerBootError(PackratError):
     A worker raises it for its template to report; the daemon raises it once several have failed in a
     row, and stops rather than re-fork a model that cannot start.
     """
+
+
+# -- what a client raises: the server's error replies by code, and the client's own failures -----------
+
+
+class ServerError(PackratError):
+    """The server answered with an error reply; ``code`` says which (an ErrorCode, or the raw string
+    for a code this client does not know)."""
+
+    def __init__(self, code: ErrorCode | str, message: str, request_id: RequestId | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+
+class BadRequest(ServerError):
+    """The request was malformed or does not fit the model; fix it before sending it again."""
+
+
+class UnsupportedVersion(ServerError):
+    """The server does not speak this protocol version; ``versions`` lists the ones it does."""
+
+    def __init__(
+        self,
+        code: ErrorCode | str,
+        message: str,
+        request_id: RequestId | None = None,
+        versions: Sequence[int] = (),
+    ) -> None:
+        super().__init__(code, message, request_id)
+        self.versions = tuple(versions)
+
+
+class TooLarge(ServerError):
+    """The message is over the server's size limit; send fewer samples per request."""
+
+
+class Overloaded(ServerError):
+    """The server's queue is full; retry later, preferably with back-off."""
+
+
+class ServerTimeout(ServerError):
+    """The server could not start the work within the request's timeout."""
+
+
+class ShuttingDown(ServerError):
+    """The server is draining; send the request to another server or retry after it restarts."""
+
+
+class InternalError(ServerError):
+    """The server failed while serving the request."""
+
+
+class ClientTimeout(PackratError, TimeoutError):
+    """No reply came within the client's timeout; the endpoint is skipped for a short back-off."""
+
+
+class ClientClosed(PackratError):
+    """The client was closed while the request was waiting for its reply."""

@@ -17,7 +17,7 @@ import torch
 import zmq
 from conftest import running_daemon
 
-from packrat_daemon.wire import protocol
+from packrat_daemon.wire import client_side
 from packrat_daemon.wire.client import AsyncClient, BadRequest, Client, Overloaded, TooLarge, UnsupportedVersion
 from policies.planning.profile import Profile
 from workers.models import load_model
@@ -267,8 +267,8 @@ def test_spare_layout_serves_the_batch_sizes_it_is_fastest_for(tmp_path: Path) -
             socket.connect(endpoint)
             for samples, instances in [(1, 1), (4, 2), (1, 1)]:
                 x = np.random.default_rng(samples).standard_normal((samples, 16), dtype=np.float32)
-                socket.send_multipart(protocol.encode_infer_request(samples, x))
-                head, y = protocol.decode_reply(socket.recv_multipart())
+                socket.send_multipart(client_side.encode_infer_request(samples, x))
+                head, y = client_side.decode_reply(socket.recv_multipart())
                 assert head["timing"]["instances"] == instances
                 np.testing.assert_allclose(y, direct("builtin:tiny-mlp", x), rtol=1e-5, atol=1e-6)
 
@@ -306,7 +306,7 @@ def test_runtime_auto_measures_each_installed_runtime_and_serves_one(tmp_path: P
         np.testing.assert_allclose(client.infer(x), direct("builtin:tiny-mlp", x), rtol=1e-4, atol=1e-5)
     log = (tmp_path / "daemon.log").read_text()
     assert f"runtime auto: chose {chosen}" in log
-    from packrat_daemon.daemon import available_runtimes
+    from workers.spec import available_runtimes
     from policies.planning.profile import Profile
 
     assert set(Profile.read_all(saved)) == set(available_runtimes())  # one profile per runtime, one file

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,13 +29,12 @@ from packrat_daemon.wire.client import (
     TooLarge,
     UnsupportedVersion,
 )
-from packrat_daemon.wire.protocol import (
-    ErrorCode,
+from packrat_daemon.wire.client_side import decode_reply
+from packrat_daemon.wire.codec import ErrorCode, ProtocolError
+from packrat_daemon.wire.server_side import (
     InferRequest,
     InfoRequest,
-    ProtocolError,
     check_against_model,
-    decode_reply,
     encode_error,
     encode_info,
     encode_result,
@@ -409,3 +410,12 @@ def test_bfloat16_travels_as_raw_bits(context: zmq.Context, serve: Serve) -> Non
         result = client.infer(bits, dtype="bfloat16")
     assert server.received[0].dtype == "bfloat16"  # type: ignore[union-attr]
     np.testing.assert_array_equal(result, bits)
+
+
+def test_the_wire_package_does_not_import_torch() -> None:
+    # The client has to start in milliseconds, and the workers import the wire before choosing a runtime.
+    code = (
+        "import sys, packrat_daemon.client, packrat_daemon.wire.server_side; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

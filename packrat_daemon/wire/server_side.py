@@ -1,0 +1,355 @@
+"""The server's side of the wire protocol: parse and check requests, encode replies.
+
+The daemon's frontend calls :func:`parse_request` and the ``encode_*`` reply builders for every
+request, so they stay small and allocation-light. Every well-formed infer request takes a fast path
+that decides with as few steps as it can; the full parser takes everything else and words the error.
+Both decide each header field by the same rule function below (``_id_ok``, ``_version_known``,
+``_dtype_known``, ``_plain_shape``, ``_timeout_ok``), so that they cannot drift apart: the fast path
+only asks the rule, the full parser asks it and, on a no, says why.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import zmq
+
+from packrat_daemon.wire.codec import (
+    DTYPES,
+    ITEMSIZE,
+    MAX_HEADER_BYTES,
+    MAX_NDIM,
+    MAX_TIMEOUT_MS,
+    PROTOCOL_VERSION,
+    SCAN_ONCE,
+    SUPPORTED_VERSIONS,
+    Buffer,
+    ErrorCode,
+    Frame,
+    ProtocolError,
+    RequestId,
+    as_buffer,
+    check_request_id,
+    dump_header,
+    is_int,
+    json_type,
+    load_header,
+    short_repr,
+)
+
+
+class InferRequest(NamedTuple):
+    """One parsed infer request (a tuple: one is built per request, and a frozen dataclass's fields
+    cost a setattr each)."""
+
+    request_id: RequestId
+    dtype: str
+    shape: tuple[int, ...]
+    payload: memoryview | bytes
+    timeout_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InfoRequest:
+    request_id: RequestId
+
+
+def _bad(message: str, request_id: RequestId | None = None) -> ProtocolError:
+    return ProtocolError(ErrorCode.BAD_REQUEST, message, request_id)
+
+
+# ------------------------------------------------------------------------- rules, one per field
+
+
+def _id_ok(request_id: Any) -> bool:
+    return check_request_id(request_id) is None
+
+
+def _version_known(version: Any) -> bool:
+    # The type first: True == 1 and 1.0 == 1, but neither is a version.
+    return type(version) is int and version in SUPPORTED_VERSIONS
+
+
+def _dtype_known(dtype: Any) -> bool:
+    return type(dtype) is str and dtype in ITEMSIZE
+
+
+_INT_ONLY = {int}
+
+
+def _plain_shape(shape: Any) -> bool:
+    """A list of 1 to MAX_NDIM positive ints, in one pass (bool is an int subclass, but not of type int)."""
+    return type(shape) is list and 0 < len(shape) <= MAX_NDIM and set(map(type, shape)) == _INT_ONLY and min(shape) > 0
+
+
+_NUMBER_TYPES = (int, float)
+
+
+def _timeout_ok(timeout_ms: Any) -> bool:
+    # Compared as numbers, never converted: float() of a 400-digit integer raises OverflowError.
+    return timeout_ms is None or (type(timeout_ms) in _NUMBER_TYPES and 0 < timeout_ms <= MAX_TIMEOUT_MS)
+
+
+# ------------------------------------------------------------------------------------- parsing
+
+
+def parse_request(
+    frames: Sequence[Frame], *, max_message_bytes: int
+) -> tuple[bytes | None, InferRequest | InfoRequest]:
+    """Validate one client message (the frames after the ROUTER identity) at the protocol level.
+
+    Returns ``(delimiter, request)``: ``delimiter`` is ``b""`` when the client sent the empty frame a
+    REQ socket adds (echo it before the reply header), else None. Raises :class:`ProtocolError` with the
+    code to answer and the request id once it is known. Model-level checks are
+    :func:`check_against_model`'s job.
+    """
+    if len(frames) == 2 and type(frames[0]) is zmq.Frame:
+        request = _well_formed_infer(frames[0].bytes, frames[1], max_message_bytes)
+        if request is not None:
+            return None, request
+    buffers = [as_buffer(frame) for frame in frames]
+    delimiter: bytes | None = None
+    if buffers and len(buffers[0]) == 0:
+        delimiter = b""
+        buffers = buffers[1:]
+    try:
+        return delimiter, _parse_frames(buffers, max_message_bytes)
+    except ProtocolError as exc:
+        exc.delimiter = delimiter
+        raise
+
+
+def _well_formed_infer(raw: bytes, payload_frame: Frame, max_message_bytes: int) -> InferRequest | None:
+    """The request if it is a well-formed infer request, else None: the full parser then words the error.
+
+    Every request passes here first, so it asks the field rules in as few steps as it can; it never raises.
+    """
+    if not 0 < len(raw) <= MAX_HEADER_BYTES:
+        return None
+    try:
+        header, end = SCAN_ONCE(raw.decode("utf-8"), 0)
+    except (StopIteration, ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+    if end != len(raw) or type(header) is not dict or header.get("op") != "infer":
+        return None  # (end counts characters, so a non-ASCII header also goes the long way)
+    request_id, dtype, shape, timeout_ms = (
+        header.get("id"),
+        header.get("dtype"),
+        header.get("shape"),
+        header.get("timeout_ms"),
+    )
+    if not (
+        _version_known(header.get("v"))
+        and _dtype_known(dtype)
+        and _id_ok(request_id)
+        and _plain_shape(shape)
+        and _timeout_ok(timeout_ms)
+    ):
+        return None
+    payload = as_buffer(payload_frame)
+    size = len(payload)
+    if size != math.prod(shape) * ITEMSIZE[dtype] or size + len(raw) > max_message_bytes:
+        return None
+    return InferRequest(request_id, dtype, tuple(shape), payload, None if timeout_ms is None else float(timeout_ms))
+
+
+def _parse_frames(buffers: list[Buffer], max_message_bytes: int) -> InferRequest | InfoRequest:
+    if not buffers:
+        raise _bad("empty message: expected frames [header] or [header, payload]")
+    header_buf = buffers[0]
+    if len(header_buf) > MAX_HEADER_BYTES:
+        raise ProtocolError(
+            ErrorCode.TOO_LARGE,
+            f"header is {len(header_buf)} bytes; at most {MAX_HEADER_BYTES} are allowed",
+        )
+    try:
+        header = load_header(header_buf)
+    except ValueError as exc:
+        raise _bad(str(exc)) from None
+
+    # The id comes first so that every later error can be matched to its request by the client.
+    if "id" not in header:
+        raise _bad("header has no 'id'; give every request a string or integer id")
+    request_id = header["id"]
+    problem = check_request_id(request_id)
+    if problem is not None:
+        raise _bad(problem)
+
+    total = sum(len(buf) for buf in buffers)
+    if total > max_message_bytes:
+        raise ProtocolError(
+            ErrorCode.TOO_LARGE,
+            f"message is {total} bytes; this server accepts at most {max_message_bytes}: send fewer samples",
+            request_id,
+        )
+    _check_version(header, request_id)
+    if len(buffers) > 2:
+        raise _bad(f"message has {len(buffers)} frames; expected [header] or [header, payload]", request_id)
+
+    op = header.get("op")
+    if op == "infer":
+        return _parse_infer(header, request_id, buffers)
+    if op == "info":
+        if len(buffers) != 1:
+            raise _bad("an 'info' request is the header frame alone; drop the payload frame", request_id)
+        return InfoRequest(request_id)
+    raise _bad(f"unknown 'op' {short_repr(op)}; expected 'infer' or 'info'", request_id)
+
+
+def _check_version(header: dict[str, Any], request_id: RequestId) -> None:
+    if "v" not in header:
+        raise _bad("header has no 'v'; set it to the protocol version, 1", request_id)
+    version = header["v"]
+    if _version_known(version):
+        return
+    if not is_int(version):
+        raise _bad(f"'v' must be an integer protocol version, got {json_type(version)}", request_id)
+    raise ProtocolError(
+        ErrorCode.UNSUPPORTED_VERSION,
+        f"protocol version {short_repr(version)} is not supported; this server speaks {list(SUPPORTED_VERSIONS)}",
+        request_id,
+    )
+
+
+def _parse_infer(header: dict[str, Any], request_id: RequestId, buffers: list[Buffer]) -> InferRequest:
+    if len(buffers) != 2:
+        raise _bad("an 'infer' request needs a payload frame after the header", request_id)
+    dtype = header.get("dtype")
+    if not _dtype_known(dtype):
+        raise _bad(f"unknown 'dtype' {short_repr(dtype)}; expected one of {', '.join(DTYPES)}", request_id)
+    shape = _parse_shape(header.get("shape"), request_id)
+    timeout_ms = _parse_timeout(header.get("timeout_ms"), request_id)
+
+    payload = buffers[1]
+    expected = math.prod(shape) * ITEMSIZE[dtype]
+    if len(payload) != expected:
+        raise _bad(
+            f"payload is {len(payload)} bytes, but {dtype} of shape {list(shape)} needs {expected}",
+            request_id,
+        )
+    return InferRequest(request_id, dtype, shape, payload, timeout_ms)
+
+
+def _parse_shape(shape: Any, request_id: RequestId) -> tuple[int, ...]:
+    if _plain_shape(shape):
+        return tuple(shape)
+    if not isinstance(shape, list) or not shape:
+        raise _bad(f"'shape' must be a non-empty array of integers, got {json_type(shape)}", request_id)
+    if len(shape) > MAX_NDIM:
+        raise _bad(f"'shape' has {len(shape)} dimensions; at most {MAX_NDIM} are allowed", request_id)
+    for axis, size in enumerate(shape):
+        if not is_int(size) or size < 1:
+            raise _bad(
+                f"'shape'[{axis}] is {short_repr(size)}; every dimension must be a positive integer "
+                "(the first one, the number of samples, too)",
+                request_id,
+            )
+    return tuple(shape)
+
+
+def _parse_timeout(timeout_ms: Any, request_id: RequestId) -> float | None:
+    if not _timeout_ok(timeout_ms):
+        raise _bad(
+            "'timeout_ms' must be a positive number of milliseconds no larger than "
+            f"{MAX_TIMEOUT_MS!r} (or null for none), got {json_type(timeout_ms)}",
+            request_id,
+        )
+    return None if timeout_ms is None else float(timeout_ms)
+
+
+def check_against_model(req: InferRequest, input_dtype: str, sample_shape: tuple[int, ...], max_samples: int) -> None:
+    """Raise BAD_REQUEST unless ``req`` fits the model's input; a -1 in ``sample_shape`` matches any size."""
+    if req.dtype == input_dtype and req.shape[1:] == sample_shape and req.shape[0] <= max_samples:
+        return  # the common case, checked with three comparisons
+    if req.dtype != input_dtype:
+        raise _bad(f"dtype is {req.dtype}, but the model takes {input_dtype}; cast the input", req.request_id)
+    got = req.shape[1:]
+    if len(got) != len(sample_shape) or any(
+        want != -1 and want != size for want, size in zip(sample_shape, got, strict=True)
+    ):
+        raise _bad(
+            f"each sample has shape {list(got)}, but the model takes {list(sample_shape)} "
+            f"(send shape [samples, {', '.join(map(str, sample_shape))}])",
+            req.request_id,
+        )
+    if req.shape[0] > max_samples:
+        raise _bad(
+            f"{req.shape[0]} samples in one request; this server takes at most {max_samples}: split the request",
+            req.request_id,
+        )
+
+
+# ------------------------------------------------------------------------------------- replies
+
+
+def encode_result(
+    request_id: RequestId,
+    dtype: str,
+    shape: Sequence[int],
+    payload: Buffer | np.ndarray,
+    timing: Mapping[str, float],
+) -> list[bytes | memoryview | np.ndarray]:
+    """The reply to an infer request: ``[header, payload]``; the payload is passed through uncopied."""
+    header = {
+        "v": PROTOCOL_VERSION,
+        "id": request_id,
+        "ok": True,
+        "dtype": dtype,
+        "shape": list(map(int, shape)),
+        "timing": timing,
+    }
+    return [dump_header(header), payload]
+
+
+def encode_timed_result(
+    request_id: RequestId,
+    dtype: str,
+    shape: Sequence[int],
+    payload: Buffer | np.ndarray,
+    queue_ms: float,
+    compute_ms: float,
+    total_ms: float,
+    instances: int,
+) -> list[bytes | memoryview | np.ndarray]:
+    """:func:`encode_result` with the daemon's own timing fields, formatted in one step (once per reply).
+
+    Milliseconds are written with three decimals; a value that is not a finite number goes through
+    :func:`encode_result`, which refuses it.
+    """
+    if type(request_id) is int and dtype in DTYPES and math.isfinite(queue_ms + compute_ms + total_ms):
+        dims = ",".join(map(str, map(int, shape)))
+        text = _TIMED_RESULT % (request_id, dtype, dims, queue_ms, compute_ms, total_ms, instances)
+        return [text.encode(), payload]
+    timing = {"queue_ms": round(queue_ms, 3), "compute_ms": round(compute_ms, 3), "total_ms": round(total_ms, 3)}
+    return encode_result(request_id, dtype, shape, payload, {**timing, "instances": instances})
+
+
+_TIMED_RESULT = (
+    f'{{"v":{PROTOCOL_VERSION},"id":%d,"ok":true,"dtype":"%s","shape":[%s],'
+    '"timing":{"queue_ms":%.3f,"compute_ms":%.3f,"total_ms":%.3f,"instances":%d}}'
+)
+
+
+def encode_info(request_id: RequestId, info: Mapping[str, Any]) -> list[bytes]:
+    """The reply to an info request; ``info`` holds model, input, max_batch and plan."""
+    header: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": request_id, "ok": True}
+    header["versions"] = list(SUPPORTED_VERSIONS)
+    header.update(info)
+    return [dump_header(header)]
+
+
+def encode_error(request_id: RequestId | None, code: ErrorCode, message: str) -> list[bytes]:
+    """An error reply. UNSUPPORTED_VERSION also lists the versions this server speaks."""
+    header: dict[str, Any] = {
+        "v": PROTOCOL_VERSION,
+        "id": request_id,
+        "ok": False,
+        "error": {"code": str(code), "message": message},
+    }
+    if code == ErrorCode.UNSUPPORTED_VERSION:
+        header["versions"] = list(SUPPORTED_VERSIONS)
+    return [dump_header(header)]
