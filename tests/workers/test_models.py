@@ -68,6 +68,7 @@ def test_unknown_builtin_lists_the_builtins() -> None:
         assert name in str(caught.value)
 
 
+@pytest.mark.slow
 def test_resnet50_has_the_standard_25_6m_parameters() -> None:
     # The one heavy test here: importing transformers and building ResNet-50 take a few seconds.
     loaded = load_model("builtin:resnet50")
