@@ -68,15 +68,19 @@ def sample_input(spec: InputSpec, batch: int, seed: int = 0) -> np.ndarray:
 @dataclass(frozen=True)
 class RuntimeRequirements:
     packages: tuple[str, ...]  # every package the runtime imports; the first one missing is named in the error
-    install: str  # the command that installs them
+    extra: str | None = None  # the pyproject extra that installs them (None: a core dependency)
+
+    @property
+    def install(self) -> str:
+        return f"pip install -e '.[{self.extra}]'" if self.extra else "pip install -e ."
 
 
 # Torch first: it is always installed, and `available_runtimes` keeps this order.
 RUNTIME_REQUIREMENTS: dict[str, RuntimeRequirements] = {
-    "torch": RuntimeRequirements(("torch",), "pip install -e ."),
+    "torch": RuntimeRequirements(("torch",)),
     # The model is exported to ONNX (onnx, onnxscript) before either runtime can load it.
-    "onnxruntime": RuntimeRequirements(("onnxruntime", "onnx", "onnxscript"), "pip install -e '.[onnx]'"),
-    "openvino": RuntimeRequirements(("openvino", "onnx", "onnxscript"), "pip install -e '.[openvino]'"),
+    "onnxruntime": RuntimeRequirements(("onnxruntime", "onnx", "onnxscript"), "onnx"),
+    "openvino": RuntimeRequirements(("openvino", "onnx", "onnxscript"), "openvino"),
 }
 
 

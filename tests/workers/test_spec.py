@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -102,6 +105,14 @@ def test_every_runtime_has_its_requirements_and_torch_comes_first() -> None:
 
     assert list(RUNTIME_REQUIREMENTS) == list(RUNTIMES)
     assert available_runtimes()[0] == "torch"
+
+
+def test_each_runtimes_packages_are_what_its_pyproject_extra_installs() -> None:
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    for name, needs in RUNTIME_REQUIREMENTS.items():
+        declared = pyproject["optional-dependencies"][needs.extra] if needs.extra else pyproject["dependencies"]
+        names = {re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0] for requirement in declared}
+        assert set(needs.packages) <= names, f"{name} needs {needs.packages}; {needs.install} installs {names}"
 
 
 def test_available_runtimes_are_those_with_every_package_installed() -> None:
