@@ -295,21 +295,32 @@ def test_hung_idle_worker_is_replaced(tmp_path: Path) -> None:
     assert "sent no heartbeat" in (tmp_path / "daemon.log").read_text()
 
 
-def test_runtime_auto_measures_each_installed_runtime_and_serves_one(tmp_path: Path) -> None:
+def test_runtime_auto_measures_each_installed_runtime_serves_one_and_keeps_every_runtimes_rows(tmp_path: Path) -> None:
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
+    from workers.spec import available_runtimes
+
     saved = tmp_path / "profiles.csv"
     args = ["--model", "builtin:tiny-mlp", "--runtime", "auto", "--max-batch", "4", "--save-profile", str(saved)]
-    with running_daemon(tmp_path, *args, timeout=300) as (endpoint, _), Client(endpoint, timeout=30) as client:
-        chosen = client.info()["runtime"]
-        x = np.random.default_rng(5).standard_normal((3, 16), dtype=np.float32)
-        np.testing.assert_allclose(client.infer(x), direct("builtin:tiny-mlp", x), rtol=1e-4, atol=1e-5)
+    with running_daemon(tmp_path, *args, timeout=300) as (endpoint, process):
+        with Client(endpoint, timeout=30) as client:
+            chosen = client.info()["runtime"]
+            x = np.random.default_rng(5).standard_normal((3, 16), dtype=np.float32)
+            for _ in range(30):  # enough batches for production timings worth saving at the stop
+                np.testing.assert_allclose(client.infer(x), direct("builtin:tiny-mlp", x), rtol=1e-4, atol=1e-5)
+        measured = Profile.read_all(saved)
+        assert set(measured) == set(available_runtimes())  # one profile per runtime, one file
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
     log = (tmp_path / "daemon.log").read_text()
     assert f"runtime auto: chose {chosen}" in log
-    from workers.spec import available_runtimes
-    from policies.planning.profile import Profile
-
-    assert set(Profile.read_all(saved)) == set(available_runtimes())  # one profile per runtime, one file
+    assert "profile with production timings saved" in log
+    # Saving the served runtime's production timings keeps the other runtimes' rows as they were measured.
+    learned = Profile.read_all(saved)
+    assert set(learned) == set(available_runtimes())
+    assert dict(learned[chosen].items()) != dict(measured[chosen].items())
+    for runtime in set(measured) - {chosen}:
+        assert dict(learned[runtime].items()) == dict(measured[runtime].items())
 
 
 def test_daemon_adapts_to_the_live_batch_sizes_without_losing_a_request(tmp_path: Path) -> None:

@@ -1,0 +1,83 @@
+"""Online adaptation as the daemon drives it: the live batch sizes, the production timings, and the
+tuner that turns them into a new plan when one is predicted to pay.
+
+The daemon's loop feeds `estimator` (each dispatched batch) and `production` (each computed slice)
+directly, as both sit on the request path; it asks `propose` only once `due` has passed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from packrat_daemon.adapt.estimator import BatchSizeEstimator
+from packrat_daemon.adapt.production import ProductionProfile
+from packrat_daemon.adapt.tuner import Tuner, TunerSettings
+from packrat_daemon.config import ServeConfig
+from packrat_daemon.wire.errors import PackratError
+from policies.base import Plan, Policy
+from policies.planning.profile import Profile
+from policies.planning.topology import Topology
+
+log = logging.getLogger("packrat.daemon")
+
+
+class OnlineAdaptation:
+    def __init__(self, config: ServeConfig, policy: Policy, profile: Profile | None, topology: Topology) -> None:
+        self.estimator = BatchSizeEstimator()
+        self.production = ProductionProfile()
+        self.topology = topology
+        self.tuner: Tuner | None = None
+        self.interval_s = config.adapt_interval_s
+        self.due = 0.0  # time.monotonic() of the next look at the live batch sizes
+        self.retune(config, policy, profile)
+
+    def retune(self, config: ServeConfig, policy: Policy, profile: Profile | None) -> None:
+        """A new configuration or policy (start, reload): only a policy that adapts, with a profile, gets a tuner."""
+        self.interval_s = config.adapt_interval_s
+        if config.adapt and policy.adapts and profile is not None:
+            self.tuner = Tuner(policy, profile, self.topology, TunerSettings.of(config))
+        else:
+            self.tuner = None
+
+    def planning_profile(self, offline: Profile | None) -> Profile | None:
+        """The profile plans are divided by: the tuner's (production's timings folded in) once there is one."""
+        return self.tuner.profile if self.tuner is not None else offline
+
+    def propose(self, plan: Plan, offline: Profile | None, now: float) -> Plan | None:
+        """A plan for the batch sizes clients actually send, if the tuner predicts it pays; else None."""
+        self.due = now + self.interval_s
+        if self.tuner is None:
+            return None
+        distribution = self.estimator.distribution(now)
+        if distribution is None:
+            return None
+        # Plan on what production has measured, interference included, over the offline profile.
+        self.tuner.profile = self.production.merged_into(offline, now) or self.tuner.profile
+        try:
+            decision = self.tuner.consider(plan, distribution, self.estimator.observed, now)
+        except PackratError as exc:
+            log.warning("adaptation skipped: %s", exc)
+            return None
+        if decision is None:
+            return None
+        sizes = ", ".join(f"{b}: {w:.0%}" for b, w in distribution.weights)
+        log.info(
+            "adapting to the live batch sizes (%s): predicted %.1f → %.1f ms (offline cells ×%.2f for "
+            "production's conditions); plan %s",
+            sizes, decision.current_ms, decision.proposed_ms, self.production.conditions_factor(offline, now),
+            decision.plan.describe(),
+        )  # fmt: skip
+        self.estimator.reset_count()
+        return decision.plan
+
+    def learned(self, offline: Profile | None, plan: Plan, model: str, runtime: str) -> Profile | None:
+        """`offline` with what production measured folded in, for `model` on `runtime`; None when production
+        has nothing to add, or when its workers shared cores (their timings describe the contention, not the cells).
+        """
+        if not self.production.samples or plan.oversubscribed:
+            return None
+        learned = self.production.merged_into(offline, time.monotonic())
+        if learned is None or learned is offline:
+            return None
+        return Profile(dict(learned.items()), model=model, runtime=runtime)

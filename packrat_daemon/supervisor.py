@@ -1,0 +1,132 @@
+"""The workers' side of the daemon's loop: what the workers and the template send (results, failures,
+exits), and the periodic check for workers that are overdue, hung or gone (gunicorn's arbiter calls
+these reap and murder; the reconciler then forks replacements).
+
+`pump` is on the request path (each result is answered from here), so it stays flat; `check` runs
+every RECONCILE_INTERVAL_S, or at once after the pool changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from packrat_daemon.adapt.online import OnlineAdaptation
+from packrat_daemon.dispatcher import Dispatcher
+from packrat_daemon.frontend import MAX_READS_PER_WAKE, Frontend
+from packrat_daemon.metrics import Metrics
+from packrat_daemon.pool import PoolEvent, WorkerHandle
+from packrat_daemon.reconciler import Reconciler
+from packrat_daemon.wire.codec import ErrorCode
+from packrat_daemon.wire.errors import ConfigError
+
+log = logging.getLogger("packrat.daemon")
+
+RECONCILE_INTERVAL_S = 0.1  # job timeouts are seconds long, and the loop wakes twice per request
+HEARTBEAT_TIMEOUT_S = 10.0  # an idle worker silent this long is hung
+
+
+class TemplateLost(ConfigError):
+    """The template died; without it no worker can be (re)started."""
+
+
+class Supervisor:
+    def __init__(
+        self,
+        reconciler: Reconciler,
+        dispatcher: Dispatcher,
+        frontend: Frontend,
+        metrics: Metrics,
+        adaptation: OnlineAdaptation,
+    ) -> None:
+        self.pool = reconciler.pool
+        self.backend = reconciler.pool.backend
+        self.reconciler = reconciler
+        self.dispatcher = dispatcher
+        self.frontend = frontend
+        self.metrics = metrics
+        self.production = adaptation.production  # learns from every computed slice
+        self.changed = True  # the pool changed since the last check: check on this wake
+        self.due = 0.0  # time.monotonic() of the next periodic check
+        # The reconciler's serving workers: every change to the pool passes through `check`, so the
+        # list is refreshed there rather than rebuilt for every batch.
+        self.serving: list[WorkerHandle] = []
+        self._next_template_check = 0.0
+
+    def pump(self, timeout_ms: int, waiting: bool = False) -> None:
+        """Handle what the workers and template sent; `waiting`: a poll has just reported a message."""
+        received = self.backend.recv_waiting() if waiting else self.backend.recv(timeout_ms)
+        reads = 0
+        while received is not None and reads < MAX_READS_PER_WAKE:
+            event = self.pool.handle(*received)
+            if event is not None:
+                self._on_event(event)
+                self.changed = self.changed or event.kind != "result"
+            reads += 1
+            received = self.backend.recv(0)
+        if time.monotonic() >= self._next_template_check:
+            self._next_template_check = time.monotonic() + RECONCILE_INTERVAL_S
+            if not self.pool.template_alive():
+                raise TemplateLost("the template process died; the daemon cannot start workers any more")
+
+    def wait_converged(self, timeout_s: float, interrupted: Callable[[], bool]) -> None:
+        """Start-up: step the reconciler until the plan's workers are all ready."""
+        deadline = time.monotonic() + timeout_s
+        while not self.reconciler.converged():
+            if time.monotonic() > deadline:
+                raise ConfigError(f"the workers did not become ready within {timeout_s:.0f} s")
+            if interrupted():  # SIGTERM or Ctrl-C during start-up
+                raise KeyboardInterrupt
+            self.reconciler.step()
+            self.pump(200)
+
+    def check(self, now: float) -> None:
+        """Replace overdue and hung workers, let the reconciler converge, refresh `serving`.
+
+        Raises WorkerBootError (from the reconciler) when workers keep failing before they are ready.
+        """
+        self.changed = False
+        self.due = now + RECONCILE_INTERVAL_S
+        for worker in self.dispatcher.overdue(now):
+            log.warning("worker %d (%d threads) did not answer in time; replacing it", worker.id, worker.threads)
+            self.pool.kill(worker)
+            self._on_lost(worker)
+        # An idle worker heartbeats every second. One busy with a slice cannot (it computes on its only
+        # Python thread); the job timeout above covers that case.
+        busy = {job.worker.id for job in self.dispatcher.jobs.values()}
+        for worker in self.pool.ready():
+            if worker.id not in busy and now - worker.last_seen > HEARTBEAT_TIMEOUT_S:
+                log.warning("worker %d sent no heartbeat for %.0f s; replacing it", worker.id, now - worker.last_seen)
+                self.pool.kill(worker)
+        self.reconciler.step()
+        self.serving = self.reconciler.serving()
+        self.metrics.workers.set(len(self.serving))
+
+    def _on_event(self, event: PoolEvent) -> None:
+        worker = event.worker
+        assert worker is not None
+        if event.kind == "result":
+            # Answer first, learn after: the client's reply must not wait for bookkeeping.
+            for done in self.dispatcher.on_result(worker, event.header, event.payload):
+                self.frontend.reply_result(done)
+            compute_ms = float(event.header["compute_ms"])
+            self.metrics.observe_compute(worker.threads, compute_ms)
+            self.production.observe(worker.threads, int(event.header["batch"]), compute_ms, time.monotonic())
+        elif event.kind == "failed":
+            message = event.header.get("message", "the model failed")
+            log.error("worker %d failed a batch: %s", worker.id, message)
+            for request in self.dispatcher.abandon():
+                self.frontend.reply_error(request, ErrorCode.INTERNAL, f"the model failed on this batch: {message}")
+        elif event.kind == "lost":
+            log.warning("worker %d (pid %s, %d threads) exited unexpectedly", worker.id, worker.pid, worker.threads)
+            self._on_lost(worker)
+        elif event.kind == "reconfigured":
+            log.info("worker %d now runs %d thread(s) on cores %s", worker.id, worker.threads, list(worker.cores))
+        elif event.kind == "ready":
+            log.info("worker %d ready: %d thread(s) on cores %s", worker.id, worker.threads, list(worker.cores))
+
+    def _on_lost(self, worker: WorkerHandle) -> None:
+        if self.dispatcher.busy and not self.dispatcher.reassign(worker, self.reconciler.serving()):
+            for request in self.dispatcher.abandon():
+                self.frontend.reply_error(request, ErrorCode.INTERNAL, "every worker died while serving this batch")
