@@ -3,9 +3,9 @@
 The daemon's frontend calls :func:`parse_request` and the ``encode_*`` reply builders for every
 request, so they stay small and allocation-light. Every well-formed infer request takes a fast path
 that decides with as few steps as it can; the full parser takes everything else and words the error.
-Both decide each header field by the same rule function below (``_id_ok``, ``_version_known``,
-``_dtype_known``, ``_plain_shape``, ``_timeout_ok``), so that they cannot drift apart: the fast path
-only asks the rule, the full parser asks it and, on a no, says why.
+Both decide each header field by the same rule function (the codec's ``check_request_id``, and
+``_version_known``, ``_dtype_known``, ``_plain_shape`` and ``_timeout_ok`` below), so that they cannot
+drift apart: the fast path only asks the rule, the full parser asks it and, on a no, says why.
 """
 
 from __future__ import annotations
@@ -63,10 +63,6 @@ def _bad(message: str, request_id: RequestId | None = None) -> ProtocolError:
 
 
 # ------------------------------------------------------------------------- rules, one per field
-
-
-def _id_ok(request_id: Any) -> bool:
-    return check_request_id(request_id) is None
 
 
 def _version_known(version: Any) -> bool:
@@ -145,7 +141,7 @@ def _well_formed_infer(raw: bytes, payload_frame: Frame, max_message_bytes: int)
     if not (
         _version_known(header.get("v"))
         and _dtype_known(dtype)
-        and _id_ok(request_id)
+        and check_request_id(request_id) is None
         and _plain_shape(shape)
         and _timeout_ok(timeout_ms)
     ):
