@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -365,3 +366,75 @@ def test_production_timings_are_saved_into_the_profile(tmp_path: Path) -> None:
     learned = Profile.read_csv(saved)
     assert learned.cell(1, 2).samples > 1 and learned.latency(1, 2) < 50.0 / 4
     assert "profile with production timings saved" in (tmp_path / "daemon.log").read_text()
+
+
+HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def own_handlers() -> Iterator[dict[int, object]]:
+    """Handlers of our own for the daemon's signals, as a program embedding `serve` would have."""
+    before = {signum: signal.getsignal(signum) for signum in HANDLED}
+    ours = {signum: (lambda *_: None) for signum in HANDLED}
+    for signum, handler in ours.items():
+        signal.signal(signum, handler)
+    try:
+        yield ours
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+def test_signal_queue_turns_signals_into_events_and_restores_the_handlers() -> None:
+    from packrat_daemon.daemon import SIGNALS, SignalQueue
+
+    assert set(SIGNALS) == set(HANDLED)
+    queue = SignalQueue()
+    with own_handlers() as ours:
+        with queue.installed():
+            os.kill(os.getpid(), signal.SIGHUP)
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)
+            assert list(queue.events) == ["reload", "stop", "stop"]
+            assert queue.wake_r.recv(16)  # the loop's poll would have woken
+        assert {signum: signal.getsignal(signum) for signum in HANDLED} == ours
+    assert queue.wake_r.fileno() == -1  # the wake-up pipe lives as long as the handlers
+
+
+def test_serve_restores_the_signal_handlers_when_start_up_fails(tmp_path: Path) -> None:
+    import socket
+
+    from packrat_daemon.config import ServeConfig
+    from packrat_daemon.daemon import serve
+    from packrat_daemon.wire.errors import ConfigError
+
+    with socket.socket() as taken, own_handlers() as ours:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        config = ServeConfig(model="builtin:tiny-mlp", metrics_port=taken.getsockname()[1], run_dir=str(tmp_path))
+        with pytest.raises(ConfigError, match="cannot serve metrics"):
+            serve(config)
+        assert {signum: signal.getsignal(signum) for signum in HANDLED} == ours
+
+
+def test_serve_returns_after_sigterm_with_the_signal_handlers_restored(tmp_path: Path) -> None:
+    from packrat_daemon.config import ServeConfig
+    from packrat_daemon.daemon import serve
+
+    endpoint = f"ipc://{tmp_path}/front.ipc"
+    config = ServeConfig(model="builtin:tiny-mlp", policy="fixed", plan="1x4", max_batch=4, endpoint=endpoint)
+    answered: list[np.ndarray] = []
+
+    def client_then_sigterm() -> None:
+        with contextlib.suppress(Exception), Client(endpoint, timeout=120) as client:
+            answered.append(client.infer(np.ones((2, 16), dtype=np.float32)))
+        os.kill(os.getpid(), signal.SIGTERM)  # serve() runs in this process's main thread
+
+    with own_handlers() as ours:
+        thread = threading.Thread(target=client_then_sigterm, daemon=True)
+        thread.start()
+        assert serve(config) == 0
+        thread.join(10)
+        assert {signum: signal.getsignal(signum) for signum in HANDLED} == ours
+    assert len(answered) == 1
+    np.testing.assert_allclose(answered[0], direct("builtin:tiny-mlp", np.ones((2, 16), np.float32)), rtol=1e-5)

@@ -1,0 +1,115 @@
+"""The frontend on a real ROUTER socket, with the daemon's own batcher, dispatcher and reconciler (no workers)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq
+
+from packrat_daemon.backend import Backend, ModelInfo
+from packrat_daemon.batcher import Batcher
+from packrat_daemon.config import ServeConfig
+from packrat_daemon.dispatcher import Dispatcher, Splitter
+from packrat_daemon.frontend import Frontend
+from packrat_daemon.metrics import Metrics
+from packrat_daemon.pool import Pool
+from packrat_daemon.reconciler import Reconciler
+from packrat_daemon.wire.client_side import decode_reply, encode_infer_request, encode_info_request, info_result
+from policies.base import InstancePlan, Plan
+from policies.planning.topology import Topology
+
+INFO = ModelInfo("builtin:tiny-mlp", "torch", "float32", (16,), None, 4242)
+
+
+@dataclass
+class Served:
+    frontend: Frontend
+    batcher: Batcher
+    client: zmq.Socket
+
+    def ask(self, frames: list[Any]) -> dict[str, Any]:
+        """Send one request, let the frontend read it, return the reply's header (None when unanswered)."""
+        self.client.send_multipart(frames)
+        assert self.frontend.socket.poll(5000), "the request did not arrive"
+        self.frontend.read()
+        if not self.client.poll(200):
+            return {}
+        header, _ = decode_reply(self.client.recv_multipart())
+        return header
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[Served]:
+    context = zmq.Context()
+    backend = Backend(context, str(tmp_path / "run"))
+    reconciler = Reconciler(Pool(backend), Topology.synthetic(2))
+    reconciler.set_plan(Plan((InstancePlan(2, 4),), "fixed", "a test plan"))
+    dispatcher = Dispatcher(backend.send, Splitter(None, "exact", reconciler.layouts), job_timeout_s=5.0)
+    batcher = Batcher(max_batch=4, max_delay_s=10.0, max_queued_inputs=6)
+    config = ServeConfig(model=INFO.model, endpoint=f"ipc://{tmp_path}/front.ipc")
+    frontend = Frontend(context, config, INFO, Metrics(INFO.model), batcher, dispatcher, reconciler)
+    client = context.socket(zmq.DEALER)
+    client.setsockopt(zmq.LINGER, 0)
+    try:
+        frontend.open()
+        client.connect(config.endpoint)
+        yield Served(frontend, batcher, client)
+    finally:
+        client.close()
+        frontend.close()
+        backend.close()
+        context.term()
+
+
+def rows(n: int) -> np.ndarray:
+    return np.zeros((n, 16), dtype=np.float32)
+
+
+def test_info_names_the_model_plan_and_limits(served: Served) -> None:
+    header = served.ask(encode_info_request("i1"))
+    assert header["id"] == "i1"
+    info = info_result(header)
+    assert info["model"] == INFO.model and info["runtime"] == "torch" and info["template_pid"] == 4242
+    assert info["input"] == {"dtype": "float32", "shape": [16], "high": None}
+    assert info["max_batch"] == 4 and info["plan"]["instances"] == [{"threads": 2, "batch": 4}]
+    assert info["workers"] == []
+
+
+def test_good_requests_are_queued_until_the_queue_is_full(served: Served) -> None:
+    assert served.ask(encode_infer_request(1, rows(3))) == {}  # queued: answered once computed
+    assert served.batcher.queued_inputs == 3
+    assert served.ask(encode_infer_request(2, rows(3))) == {}
+    header = served.ask(encode_infer_request(3, rows(1)))
+    assert header["error"]["code"] == "OVERLOADED" and "queue is full (6 inputs waiting)" in header["error"]["message"]
+    assert served.batcher.queued_inputs == 6
+
+
+def test_requests_that_do_not_fit_the_model_are_answered_at_once(served: Served) -> None:
+    header = served.ask(encode_infer_request(1, np.zeros((1, 8), dtype=np.float32)))
+    assert header["id"] == 1 and header["error"]["code"] == "BAD_REQUEST"
+    header = served.ask(encode_infer_request(2, rows(5)))
+    assert header["error"]["code"] == "BAD_REQUEST" and "at most 4" in header["error"]["message"]
+    header = served.ask([b"not json", rows(1).tobytes()])
+    assert header["error"]["code"] == "BAD_REQUEST"
+    assert served.batcher.queued_inputs == 0
+
+
+def test_a_draining_frontend_refuses_work_but_still_answers_info(served: Served) -> None:
+    served.frontend.accepting = False
+    header = served.ask(encode_infer_request(1, rows(1)))
+    assert header["error"]["code"] == "SHUTTING_DOWN" and served.batcher.queued_inputs == 0
+    assert served.ask(encode_info_request(2))["ok"] is True
+
+
+def test_a_reload_that_shrinks_max_batch_shrinks_the_limits(served: Served) -> None:
+    before = served.frontend.max_message_bytes()
+    served.batcher.max_batch = 2
+    assert served.frontend.max_message_bytes() == before - 2 * 16 * 4
+    header = served.ask(encode_infer_request(1, rows(3)))
+    assert header["error"]["code"] == "BAD_REQUEST" and "at most 2" in header["error"]["message"]
+    assert info_result(served.ask(encode_info_request(2)))["max_batch"] == 2

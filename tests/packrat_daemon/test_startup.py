@@ -1,0 +1,71 @@
+"""Start-up's pure parts: the --save-profile file, reading a runtime's rows, and a reload's re-planning.
+
+Preparing runtimes, measuring and the split check run on real workers in test_daemon.py and
+measure/test_split_check.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from packrat_daemon.config import ServeConfig
+from packrat_daemon.startup import ProfileFile, read_profile, replan
+from packrat_daemon.wire.errors import PackratError
+from policies.planning.profile import Profile
+from policies.planning.topology import Topology
+
+
+def profile(runtime: str, ms: float) -> Profile:
+    return Profile.from_latencies({(1, 1): ms, (2, 1): ms / 2}, model="m", runtime=runtime)
+
+
+def test_saving_one_runtime_keeps_every_other_runtimes_rows(tmp_path: Path) -> None:
+    path = tmp_path / "profiles.csv"
+    profiles = ProfileFile(str(path))
+    assert profiles.save(profile("torch", 4.0)) and profiles.save(profile("openvino", 3.0))
+    # Later in the daemon's life (the production timings at the stop): the served runtime again.
+    profiles.save(profile("torch", 2.0))
+    saved = Profile.read_all(path)
+    assert set(saved) == {"torch", "openvino"}
+    assert saved["torch"].latency(1, 1) == 2.0 and saved["openvino"].latency(1, 1) == 3.0
+
+
+def test_rows_read_from_the_profile_option_are_kept_in_later_writes_only(tmp_path: Path) -> None:
+    path = tmp_path / "profiles.csv"
+    profiles = ProfileFile(str(path))
+    profiles.know(profile("onnxruntime", 5.0))
+    assert not path.exists()
+    profiles.save(profile("torch", 4.0))
+    assert set(Profile.read_all(path)) == {"onnxruntime", "torch"}
+
+
+def test_without_save_profile_nothing_is_written() -> None:
+    assert ProfileFile(None).save(profile("torch", 4.0)) is False
+
+
+def test_an_unlabelled_profile_file_serves_the_runtime_that_reads_it(tmp_path: Path) -> None:
+    path = tmp_path / "profile.csv"
+    path.write_text("threads,batch,latency_ms\n1,1,2.0\n")
+    read = read_profile(str(path), "openvino")
+    assert read.runtime == "openvino" and read.latency(1, 1) == 2.0
+
+
+def test_reload_keeps_what_takes_a_restart_and_never_grows_max_batch(caplog: pytest.LogCaptureFixture) -> None:
+    running = ServeConfig(model="builtin:tiny-mlp", policy="fixed", plan="2*1x2", max_batch=4)
+    fresh = ServeConfig(model="builtin:other", policy="fixed", plan="2x4", max_batch=8, max_delay_ms=3.0)
+    with caplog.at_level(logging.WARNING, logger="packrat.daemon"):
+        new = replan(running, fresh, "torch", None, Topology.synthetic(2))
+    assert new.config.model == "builtin:tiny-mlp" and new.config.max_batch == 4 and new.config.max_delay_ms == 3.0
+    assert new.plan.thread_counts == [2] and new.policy.name == "fixed"
+    assert "reload: model changed; that takes a restart" in caplog.text
+    assert "max_batch can only shrink without a restart; keeping 4" in caplog.text
+
+
+def test_a_reload_that_cannot_be_planned_raises_for_the_daemon_to_keep_serving() -> None:
+    running = ServeConfig(model="builtin:tiny-mlp", policy="fixed", plan="2x4", max_batch=4)
+    fresh = ServeConfig(model="builtin:tiny-mlp", policy="fixed", plan="9x9", max_batch=4)
+    with pytest.raises(PackratError, match="needs 9 cores"):
+        replan(running, fresh, "torch", None, Topology.synthetic(2))
