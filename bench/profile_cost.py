@@ -21,11 +21,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from packrat_daemon.adaptive import AdaptiveResult, Budget, adaptive_profile  # noqa: E402
+from packrat_daemon.commands.adaptive_search import MODEL_NOISE  # noqa: E402
 from packrat_daemon.commands.options import int_list  # noqa: E402
-from packrat_daemon.commands.profile_adaptive import MODEL_NOISE  # noqa: E402
-from packrat_daemon.measure.confirm import SideBySide, model_session  # noqa: E402
-from packrat_daemon.measure.profiler import CellProfiler  # noqa: E402
+from packrat_daemon.measure.bench import Bench, model_session  # noqa: E402
+from packrat_daemon.search import AdaptiveResult, Budget, adaptive_profile  # noqa: E402
 from policies.planning.profile import Cell, Profile  # noqa: E402
 from policies.planning.topology import Topology  # noqa: E402
 from policies.solver import Solution, Solver  # noqa: E402
@@ -35,17 +34,17 @@ def log(text: str) -> None:
     print(f"[profile_cost] {text}", file=sys.stderr, flush=True)
 
 
-def measure_full(profiler: CellProfiler, grid: list[tuple[int, int]]) -> tuple[Profile, float]:
+def measure_full(profiler: Bench, grid: list[tuple[int, int]]) -> tuple[Profile, float]:
     started = time.monotonic()
     cells: dict[tuple[int, int], Cell] = {}
     for t, b in grid:  # grid order, threads outermost: one worker per thread count, as `packrat profile`
-        cells[(t, b)] = profiler.measure(t, b)
+        cells[(t, b)] = profiler.measure_cell(t, b)
         log(f"full grid {len(cells)}/{len(grid)}: t={t} b={b} {cells[(t, b)].latency_ms:.1f} ms")
     return Profile(cells), time.monotonic() - started
 
 
 def measure_adaptive(
-    meter: SideBySide, grid: list[tuple[int, int]], targets: list[int], cores: int, budget: Budget, seed: int
+    meter: Bench, grid: list[tuple[int, int]], targets: list[int], cores: int, budget: Budget, seed: int
 ) -> tuple[AdaptiveResult, float]:
     started = time.monotonic()
 
@@ -86,12 +85,12 @@ def main() -> int:
     started = time.monotonic()
     with model_session(args.model) as (backend, info):
         log(f"{args.model} loaded; {len(grid)} cells, {cores} cores")
-        profiler = CellProfiler(backend, topology, info, side_by_side=False)  # as adaptive measures
+        profiler = Bench(backend, topology, info, side_by_side=False)  # as adaptive measures
         try:
             full, full_seconds = measure_full(profiler, grid)
         finally:
             profiler.close()
-        meter = SideBySide(backend, topology, info)
+        meter = Bench(backend, topology, info, side_by_side=False, keep_workers=True)
         try:
             adaptive, adaptive_seconds = measure_adaptive(meter, grid, args.targets, cores, budget, args.seed)
             meter.close()  # the cells' idle workers: the side-by-side runs get fresh, pinned ones
