@@ -91,7 +91,7 @@ def export_onnx(model: LoadedModel, path: Path) -> str:
         batch = torch.export.Dim("batch", min=1)
         torch.onnx.export(model.module, example, str(path), dynamo=True, dynamic_shapes=({0: batch},), **names)
         return "dynamo"
-    except Exception as exc:  # noqa: BLE001 - any capture failure: try the older exporter before giving up
+    except Exception as exc:  # any capture failure: try the older exporter before giving up
         print(f"dynamo export failed ({type(exc).__name__}: {exc}); trying the TorchScript exporter", file=sys.stderr)
     for stale in path.parent.glob(path.name + "*"):
         stale.unlink()

@@ -13,8 +13,9 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -139,7 +140,7 @@ def test_prepare_threads_builds_beside_the_serving_session_and_commit_swaps(cach
     built, served = threading.Event(), threading.Event()
     real_build = runtime._build
 
-    def build_then_wait(threads: int):  # noqa: ANN202
+    def build_then_wait(threads: int) -> Any:
         session = real_build(threads)
         built.set()
         assert served.wait(10), "the main thread did not serve while the new session waited"
@@ -181,7 +182,7 @@ def test_torch_rethreads_in_place_and_its_commit_sets_the_threads() -> None:
 
 
 # -- the cache, without real conversions ----------------------------------------------------------
-def _fake_converter(calls: list[str], delay_s: float = 0.0):  # noqa: ANN202
+def _fake_converter(calls: list[str], delay_s: float = 0.0) -> Callable[[str, str | None, str, Path], None]:
     def convert(spec: str, input_override: str | None, runtime: str, out: Path) -> None:
         calls.append(spec)
         time.sleep(delay_s)
