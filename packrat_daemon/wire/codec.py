@@ -186,6 +186,8 @@ def check_request_id(request_id: Any) -> str | None:
 
     The one rule for ids, on both sides: the server's fast path and full parser, and the client's encoders.
     """
+    if type(request_id) is int and MIN_INT_ID <= request_id <= MAX_INT_ID:
+        return None  # the common case, first: it is asked once per request
     if isinstance(request_id, str):
         if len(request_id) > MAX_ID_CHARS:
             return f"'id' is {len(request_id)} characters long; at most {MAX_ID_CHARS} are allowed"
@@ -196,7 +198,7 @@ def check_request_id(request_id: Any) -> str | None:
                 # JSON's \ud800 escapes decode to lone surrogates, which no UTF-8 reply could echo.
                 return "'id' holds a lone surrogate escape (\\ud800-\\udfff), which is not Unicode text"
         return None
-    if isinstance(request_id, int) and not isinstance(request_id, bool):  # is_int, inlined: once per request
+    if is_int(request_id):  # int subclasses (an IntEnum) too, from the client's callers
         if not MIN_INT_ID <= request_id <= MAX_INT_ID:
             return "'id' integer does not fit in a signed 64-bit integer"
         return None

@@ -146,7 +146,7 @@ def _well_formed_infer(raw: bytes, payload_frame: Frame, max_message_bytes: int)
         and _timeout_ok(timeout_ms)
     ):
         return None
-    payload = as_buffer(payload_frame)
+    payload = payload_frame.buffer if type(payload_frame) is zmq.Frame else as_buffer(payload_frame)
     size = len(payload)
     if size != math.prod(shape) * ITEMSIZE[dtype] or size + len(raw) > max_message_bytes:
         return None
