@@ -1,4 +1,5 @@
-"""The real daemon with real worker processes on a private ipc endpoint: no mocks anywhere."""
+"""The real daemon with real worker processes on a private ipc endpoint: no mocks anywhere (so `slow`, except
+the signal table's in-process tests)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ def two_instance_daemon(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN2
         yield endpoint, process
 
 
+@pytest.mark.slow
 def test_results_equal_direct_model_outputs_row_for_row(two_instance_daemon) -> None:  # noqa: ANN001
     endpoint, _ = two_instance_daemon
     rng = np.random.default_rng(0)
@@ -52,6 +54,7 @@ def test_results_equal_direct_model_outputs_row_for_row(two_instance_daemon) -> 
             np.testing.assert_allclose(client.infer(x), direct("builtin:tiny-mlp", x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_concurrent_requests_batched_together_each_get_their_own_rows(two_instance_daemon) -> None:  # noqa: ANN001
     endpoint, _ = two_instance_daemon
     rng = np.random.default_rng(1)
@@ -103,6 +106,7 @@ GOOD_PAYLOAD = np.zeros((1, 16), dtype=np.float32).tobytes()
         ([b"{" + b" " * 70_000 + b"}", GOOD_PAYLOAD], "TOO_LARGE"),  # oversize header
     ],
 )
+@pytest.mark.slow
 def test_bad_input_gets_typed_error_and_next_request_works(two_instance_daemon, frames, code) -> None:  # noqa: ANN001
     endpoint, process = two_instance_daemon
     answer = raw_exchange(endpoint, frames)
@@ -114,6 +118,7 @@ def test_bad_input_gets_typed_error_and_next_request_works(two_instance_daemon, 
     assert process.poll() is None
 
 
+@pytest.mark.slow
 def test_client_raises_typed_exceptions(two_instance_daemon) -> None:  # noqa: ANN001
     endpoint, _ = two_instance_daemon
     with Client(endpoint, timeout=30) as client:
@@ -127,6 +132,7 @@ def test_client_raises_typed_exceptions(two_instance_daemon) -> None:  # noqa: A
     assert UnsupportedVersion and answer["versions"] == [1]
 
 
+@pytest.mark.slow
 def test_worker_killed_mid_batch_has_its_slice_resent(tmp_path: Path) -> None:
     args = ["--model", "model_factories:slow_mlp", "--policy", "fixed", "--plan", "2*1x2", "--max-batch", "4"]
     with running_daemon(tmp_path, *args) as (endpoint, _), Client(endpoint, timeout=60) as client:
@@ -150,6 +156,7 @@ def test_worker_killed_mid_batch_has_its_slice_resent(tmp_path: Path) -> None:
             raise AssertionError(f"the dead worker was not replaced: {client.info()['workers']}")
 
 
+@pytest.mark.slow
 def test_full_queue_answers_overloaded_and_every_request_ends(tmp_path: Path) -> None:
     args = ["--model", "model_factories:slow_mlp", "--policy", "fixed", "--plan", "1x2", "--max-batch", "2"]
     with running_daemon(tmp_path, *args, "--max-queue", "4") as (endpoint, _):
@@ -166,6 +173,7 @@ def test_full_queue_answers_overloaded_and_every_request_ends(tmp_path: Path) ->
     assert "queue is full" in str(overloaded[0])
 
 
+@pytest.mark.slow
 def test_sigterm_drains_and_stops_cleanly(tmp_path: Path) -> None:
     args = ["--model", "builtin:tiny-mlp", "--policy", "single", "--max-batch", "4"]
     with running_daemon(tmp_path, *args) as (_, process):
@@ -203,6 +211,7 @@ def wait_for_threads(endpoint: str, threads: list[int], timeout: float = 60) -> 
     raise AssertionError(f"the pool did not reach {threads} threads: {workers}")
 
 
+@pytest.mark.slow
 def test_sighup_reconfigures_under_load_in_place_without_losing_a_request(tmp_path: Path) -> None:
     config = tmp_path / "serve.toml"
     config.write_text('policy = "fixed"\nplan = "2*1x2"\nmax_batch = 4\nmodel = "builtin:tiny-mlp"\n')
@@ -220,6 +229,7 @@ def test_sighup_reconfigures_under_load_in_place_without_losing_a_request(tmp_pa
         assert sorted(after[0]["cores"]) == sorted(c for w in before for c in w["cores"])
 
 
+@pytest.mark.slow
 def test_bad_reload_keeps_serving_the_current_plan(tmp_path: Path) -> None:
     config = tmp_path / "serve.toml"
     config.write_text('policy = "fixed"\nplan = "2x4"\nmax_batch = 4\nmodel = "builtin:tiny-mlp"\n')
@@ -234,6 +244,7 @@ def test_bad_reload_keeps_serving_the_current_plan(tmp_path: Path) -> None:
     assert "reload failed, still serving the current plan" in (tmp_path / "daemon.log").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
 def test_session_runtime_reconfiguration_under_load_loses_no_request(tmp_path: Path, runtime: str) -> None:
     pytest.importorskip(runtime)
@@ -254,6 +265,7 @@ def test_session_runtime_reconfiguration_under_load_loses_no_request(tmp_path: P
         assert after[0]["pid"] in {w["pid"] for w in before}  # a new session in the same process
 
 
+@pytest.mark.slow
 def test_spare_layout_serves_the_batch_sizes_it_is_fastest_for(tmp_path: Path) -> None:
     # A profile where one 2-thread worker wins for one input and two 1-thread workers win for four.
     profile = tmp_path / "profile.csv"
@@ -274,6 +286,7 @@ def test_spare_layout_serves_the_batch_sizes_it_is_fastest_for(tmp_path: Path) -
                 np.testing.assert_allclose(y, direct("builtin:tiny-mlp", x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_hung_idle_worker_is_replaced(tmp_path: Path) -> None:
     args = ["--model", "builtin:tiny-mlp", "--policy", "fixed", "--plan", "2*1x2", "--max-batch", "4"]
     with running_daemon(tmp_path, *args) as (endpoint, _), Client(endpoint, timeout=30) as client:
@@ -296,6 +309,7 @@ def test_hung_idle_worker_is_replaced(tmp_path: Path) -> None:
     assert "sent no heartbeat" in (tmp_path / "daemon.log").read_text()
 
 
+@pytest.mark.slow
 def test_runtime_auto_measures_each_installed_runtime_serves_one_and_keeps_every_runtimes_rows(tmp_path: Path) -> None:
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
@@ -324,6 +338,7 @@ def test_runtime_auto_measures_each_installed_runtime_serves_one_and_keeps_every
         assert dict(learned[runtime].items()) == dict(measured[runtime].items())
 
 
+@pytest.mark.slow
 def test_daemon_adapts_to_the_live_batch_sizes_without_losing_a_request(tmp_path: Path) -> None:
     # Planned for single inputs (one 2-thread worker), then clients send four at a time, for which
     # this profile says two 1-thread workers are twice as fast: the daemon re-plans by itself.
@@ -350,6 +365,7 @@ def test_daemon_adapts_to_the_live_batch_sizes_without_losing_a_request(tmp_path
     assert "adapting to the live batch sizes (4: 100%)" in (tmp_path / "daemon.log").read_text()
 
 
+@pytest.mark.slow
 def test_production_timings_are_saved_into_the_profile(tmp_path: Path) -> None:
     # The offline profile is far off (milliseconds for a model that takes microseconds); after serving,
     # --save-profile writes the cells production measured, pulled towards the truth.
@@ -417,6 +433,7 @@ def test_serve_restores_the_signal_handlers_when_start_up_fails(tmp_path: Path) 
         assert {signum: signal.getsignal(signum) for signum in HANDLED} == ours
 
 
+@pytest.mark.slow
 def test_serve_returns_after_sigterm_with_the_signal_handlers_restored(tmp_path: Path) -> None:
     from packrat_daemon.config import ServeConfig
     from packrat_daemon.daemon import serve
