@@ -190,4 +190,3 @@ class Backend:
             for leftover in self.run_dir.iterdir():
                 leftover.unlink(missing_ok=True)
             self.run_dir.rmdir()
-

@@ -25,7 +25,8 @@ from collections import Counter
 from packrat_daemon.pool import Pool, WorkerHandle, WorkerState
 from packrat_daemon.wire.errors import WorkerBootError
 from policies.base import Plan
-from policies.planning.topology import CoreAllocator, Topology
+from policies.planning.cores import CoreAllocator
+from policies.planning.topology import Topology
 
 log = logging.getLogger("packrat.reconciler")
 

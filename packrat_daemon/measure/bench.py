@@ -28,8 +28,9 @@ import numpy as np
 from packrat_daemon.backend import Backend, ModelInfo
 from packrat_daemon.pool import Pool, WorkerHandle, WorkerState
 from packrat_daemon.wire.errors import PackratError
+from policies.planning.cores import CoreAllocator
 from policies.planning.profile import Cell
-from policies.planning.topology import CoreAllocator, Topology
+from policies.planning.topology import Topology
 from workers import messages
 from workers.spec import sample_input
 

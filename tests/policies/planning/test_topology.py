@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packrat_daemon.wire.errors import TopologyError
-from policies.planning.topology import CoreAllocator, Cpu, Topology, parse_cpulist
+from policies.planning.cores import CoreAllocator
+from policies.planning.topology import Cpu, Topology, parse_cpulist
 
 ALL_16 = range(16)
 
