@@ -340,9 +340,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--tiny-blocks", type=int, default=20)
-    parser.add_argument("--skip-tiny", action="store_true")
-    parser.add_argument("--skip-resnet", action="store_true")
-    parser.add_argument("--skip-memory", action="store_true")
+    for part in ("tiny", "resnet", "memory"):
+        parser.add_argument(f"--skip-{part}", action="store_true", help=f"do not run the {part} comparison")
     parser.add_argument("--allocators", default="", help="also run packrat with these mallocs, e.g. jemalloc,tcmalloc")
     args = parser.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]

@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_demo_serves_both_policies_and_prints_the_comparison() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "packrat_daemon", "demo", "--model", "builtin:tiny-mlp", "--batch", "4",
