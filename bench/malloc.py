@@ -31,8 +31,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from packrat_daemon.backend import ALLOCATORS, GLIBC_MALLOC_TUNING, allocator_library  # noqa: E402
-from packrat_daemon.wire.errors import ConfigError  # noqa: E402
+from packrat_daemon.backend import ALLOCATORS, GLIBC_MALLOC_TUNING, allocator_library
+from packrat_daemon.wire.errors import ConfigError
 
 SETTINGS: dict[str, dict[str, str]] = {
     "glibc_default": {},

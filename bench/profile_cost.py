@@ -21,13 +21,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from packrat_daemon.commands.adaptive_search import MODEL_NOISE  # noqa: E402
-from packrat_daemon.commands.options import int_list  # noqa: E402
-from packrat_daemon.measure.bench import Bench, model_session  # noqa: E402
-from packrat_daemon.search import AdaptiveResult, Budget, adaptive_profile  # noqa: E402
-from policies.planning.profile import Cell, Profile  # noqa: E402
-from policies.planning.topology import Topology  # noqa: E402
-from policies.solver import Solution, Solver  # noqa: E402
+from packrat_daemon.commands.adaptive_search import MODEL_NOISE
+from packrat_daemon.commands.options import int_list
+from packrat_daemon.measure.bench import Bench, model_session
+from packrat_daemon.search import AdaptiveResult, Budget, adaptive_profile
+from policies.planning.profile import Cell, Profile
+from policies.planning.topology import Topology
+from policies.solver import Solution, Solver
 
 
 def log(text: str) -> None:

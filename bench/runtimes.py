@@ -97,7 +97,7 @@ def _runner(conn: Any, kind: str, spec: str, threads: int, cores: list[int], env
 
     try:
         run, input_spec = _open_runtime(kind, spec, threads)
-    except Exception as exc:  # noqa: BLE001 - reported in the JSON, the other configurations go on
+    except Exception as exc:
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
     serve_batches(conn, lambda batch: sample_input(input_spec, batch), run)
@@ -208,7 +208,7 @@ def interleave(
     def measure(name: str, batch: int) -> float | None:
         try:
             return live[name].measure(batch)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             errors[name] = f"{type(exc).__name__}: {exc}"
             del live[name]
             return None
@@ -302,7 +302,7 @@ def bench_model(spec: str, args: argparse.Namespace, cores: list[int], folder: P
             info = daemon.wait(args.daemon_timeout_s)
             plan = daemon.describe(info)
             targets["daemon_auto"] = daemon
-        except Exception as exc:  # noqa: BLE001 - the lead's --runtime auto may not be there yet
+        except Exception as exc:
             errors["daemon_auto"] = f"{type(exc).__name__}: {exc}"
             daemon.close()
             daemon = None

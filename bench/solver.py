@@ -18,12 +18,14 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from policies.planning.profile import Profile  # noqa: E402
-from policies.solver import Solver  # noqa: E402
+from policies.planning.profile import Profile
+from policies.solver import Solver
 
 
 def amdahl_ms(threads: int, batch: int) -> float:
@@ -54,7 +56,7 @@ def paper_dp(profile: Profile, cores: int, batch: int) -> float:
     return dp[cores][batch]
 
 
-def timed(function, *args, repeats: int = 1):  # noqa: ANN001, ANN201
+def timed(function: Callable[..., Any], *args: Any, repeats: int = 1) -> tuple[Any, float]:
     times, result = [], None
     for _ in range(repeats):
         start = time.perf_counter()

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -57,5 +57,5 @@ def running_daemon(tmp_path: Path, *args: str, timeout: float = 180.0) -> Iterat
 
 
 @pytest.fixture
-def daemon_log(tmp_path: Path):  # noqa: ANN201
+def daemon_log(tmp_path: Path) -> Callable[[], str]:
     return lambda: (tmp_path / "daemon.log").read_text()

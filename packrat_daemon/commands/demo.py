@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from packrat_daemon.commands.options import add_settings, positive_int
 
@@ -37,7 +38,7 @@ def _start(folder: Path, name: str, args: list[str]) -> tuple[subprocess.Popen, 
     return subprocess.Popen([*command, *args]), endpoint
 
 
-def _wait(process: subprocess.Popen, endpoint: str, timeout: float = 900.0):  # noqa: ANN202
+def _wait(process: subprocess.Popen, endpoint: str, timeout: float = 900.0) -> dict[str, Any]:
     from packrat_daemon.wire.client import Client, ClientTimeout
 
     deadline = time.monotonic() + timeout

@@ -8,9 +8,10 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,7 @@ def direct(spec: str, x: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def two_instance_daemon(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+def two_instance_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen]]:
     tmp = tmp_path_factory.mktemp("daemon")
     args = ["--model", "builtin:tiny-mlp", "--policy", "fixed", "--plan", "2*1x4", "--max-batch", "8"]
     with running_daemon(tmp, *args, "--max-delay-ms", "5", "--max-queue", "64") as (endpoint, process):
@@ -42,7 +43,7 @@ def two_instance_daemon(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN2
 
 
 @pytest.mark.slow
-def test_results_equal_direct_model_outputs_row_for_row(two_instance_daemon) -> None:  # noqa: ANN001
+def test_results_equal_direct_model_outputs_row_for_row(two_instance_daemon: tuple[str, subprocess.Popen]) -> None:
     endpoint, _ = two_instance_daemon
     rng = np.random.default_rng(0)
     with Client(endpoint, timeout=30) as client:
@@ -55,7 +56,9 @@ def test_results_equal_direct_model_outputs_row_for_row(two_instance_daemon) -> 
 
 
 @pytest.mark.slow
-def test_concurrent_requests_batched_together_each_get_their_own_rows(two_instance_daemon) -> None:  # noqa: ANN001
+def test_concurrent_requests_batched_together_each_get_their_own_rows(
+    two_instance_daemon: tuple[str, subprocess.Popen],
+) -> None:
     endpoint, _ = two_instance_daemon
     rng = np.random.default_rng(1)
     inputs = [rng.standard_normal((n, 16), dtype=np.float32) for n in (1, 3, 2, 1, 4, 2, 1)]
@@ -107,7 +110,9 @@ GOOD_PAYLOAD = np.zeros((1, 16), dtype=np.float32).tobytes()
     ],
 )
 @pytest.mark.slow
-def test_bad_input_gets_typed_error_and_next_request_works(two_instance_daemon, frames, code) -> None:  # noqa: ANN001
+def test_bad_input_gets_typed_error_and_next_request_works(
+    two_instance_daemon: tuple[str, subprocess.Popen], frames: list[bytes], code: str
+) -> None:
     endpoint, process = two_instance_daemon
     answer = raw_exchange(endpoint, frames)
     assert answer["ok"] is False and answer["error"]["code"] == code, answer
@@ -119,7 +124,7 @@ def test_bad_input_gets_typed_error_and_next_request_works(two_instance_daemon, 
 
 
 @pytest.mark.slow
-def test_client_raises_typed_exceptions(two_instance_daemon) -> None:  # noqa: ANN001
+def test_client_raises_typed_exceptions(two_instance_daemon: tuple[str, subprocess.Popen]) -> None:
     endpoint, _ = two_instance_daemon
     with Client(endpoint, timeout=30) as client:
         with pytest.raises(BadRequest, match="model takes"):
@@ -182,7 +187,9 @@ def test_sigterm_drains_and_stops_cleanly(tmp_path: Path) -> None:
     assert "stopped" in (tmp_path / "daemon.log").read_text()
 
 
-def infer_while_reloading(endpoint: str, process, reload, count: int, at: int) -> list[tuple]:  # noqa: ANN001
+def infer_while_reloading(
+    endpoint: str, process: subprocess.Popen, reload: Callable[[], object], count: int, at: int
+) -> list[tuple]:
     """Send `count` requests of 1-4 samples in waves of 10; after `at` of them, reload (SIGHUP)."""
     rng = np.random.default_rng(count)
     inputs = [rng.standard_normal((1 + k % 4, 16), dtype=np.float32) for k in range(count)]

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import running_daemon
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from packrat_daemon.wire.client import BadRequest, Client
@@ -97,7 +98,7 @@ def test_tallies_export_what_prometheus_histograms_would() -> None:
     assert everything[("packrat_requests_total", (("outcome", "BAD_REQUEST"),))] == 1
 
 
-def scrape_registry(registry) -> dict[tuple[str, tuple], float]:  # noqa: ANN001
+def scrape_registry(registry: CollectorRegistry) -> dict[tuple[str, tuple], float]:
     from prometheus_client import generate_latest
 
     return {
