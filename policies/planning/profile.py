@@ -192,11 +192,6 @@ class Profile:
                 return latency
         return None
 
-    def restricted(self, max_threads: int) -> Profile:
-        """The rows an instance can use on a machine with `max_threads` usable cores."""
-        kept = {key: cell for key, cell in self._cells.items() if key[0] <= max_threads}
-        return Profile(kept, model=self.model, runtime=self.runtime)
-
     def merged(self, other: Profile) -> Profile:
         cells = dict(self._cells)
         for key, cell in other.items():

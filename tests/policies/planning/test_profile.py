@@ -217,15 +217,6 @@ def test_rows_and_max_batch() -> None:
     assert SPARSE.max_batch(3) == 0
 
 
-def test_restricted_keeps_rows_up_to_the_thread_limit() -> None:
-    profile = Profile({(1, 1): Cell(5.0), (2, 1): Cell(3.0), (4, 1): Cell(2.0, samples=3)}, model="m", runtime="torch")
-    small = profile.restricted(2)
-    assert small.threads() == [1, 2]
-    assert (small.model, small.runtime) == ("m", "torch")
-    assert profile.threads() == [1, 2, 4], "restricted() must not change the original"
-    assert profile.restricted(4) == profile
-
-
 def test_merged_combines_shared_cells_and_keeps_the_rest() -> None:
     offline = Profile({(1, 1): Cell(10.0, samples=3), (2, 1): Cell(6.0)}, model="m")
     production = Profile({(1, 1): Cell(14.0, samples=1), (4, 1): Cell(3.0)}, runtime="torch")
