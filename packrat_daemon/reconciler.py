@@ -87,6 +87,10 @@ class Reconciler:
                 if worker.generation != self.generation and worker.pending is None:
                     self.pool.retire(worker)
 
+    def replace(self, worker: WorkerHandle) -> None:
+        """A hung or overdue worker: kill it; a later step forks its replacement into the same slot."""
+        self.pool.kill(worker)
+
     def serving(self) -> list[WorkerHandle]:
         """Every ready worker takes batches; retired ones are no longer ready."""
         return sorted(self.pool.ready(), key=lambda w: w.id)

@@ -90,7 +90,7 @@ class Supervisor:
         self.due = now + RECONCILE_INTERVAL_S
         for worker in self.dispatcher.overdue(now):
             log.warning("worker %d (%d threads) did not answer in time; replacing it", worker.id, worker.threads)
-            self.pool.kill(worker)
+            self.reconciler.replace(worker)
             self._on_lost(worker)
         # An idle worker heartbeats every second. One busy with a slice cannot (it computes on its only
         # Python thread); the job timeout above covers that case.
@@ -98,7 +98,7 @@ class Supervisor:
         for worker in self.pool.ready():
             if worker.id not in busy and now - worker.last_seen > HEARTBEAT_TIMEOUT_S:
                 log.warning("worker %d sent no heartbeat for %.0f s; replacing it", worker.id, now - worker.last_seen)
-                self.pool.kill(worker)
+                self.reconciler.replace(worker)
         self.reconciler.step()
         self.serving = self.reconciler.serving()
         self.metrics.workers.set(len(self.serving))

@@ -15,7 +15,7 @@ from policies.planning.profile import Profile
 from policies.planning.topology import Topology
 from policies.solver import solve
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def amdahl_csv(path: Path, max_threads: int, batches: range | list[int], overhead_ms: float = 0.0) -> Path:
