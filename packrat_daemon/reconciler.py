@@ -44,6 +44,17 @@ def boot_backoff_s(failures: int) -> float:
     return min(BOOT_BACKOFF_MAX_S, BOOT_BACKOFF_FIRST_S * 2 ** (failures - 1))
 
 
+def plan_slots(plan: Plan, allocator: CoreAllocator) -> list[list[Slot]]:
+    """Each of the plan's layouts as slots. Each layout gets disjoint cores of its own; layouts overlap
+    one another (one runs at a time)."""
+    allocate = allocator.allocate_oversubscribed if plan.oversubscribed else allocator.allocate
+    slots = []
+    for layout in plan.layouts:
+        counts = [instance.threads for instance in layout]
+        slots.append(list(zip(counts, allocate(counts), strict=True)))
+    return slots
+
+
 class Reconciler:
     def __init__(self, pool: Pool, topology: Topology) -> None:
         self.pool = pool
@@ -57,12 +68,7 @@ class Reconciler:
     def set_plan(self, plan: Plan) -> None:
         self.plan = plan
         self.generation += 1
-        # Each layout gets disjoint cores of its own; layouts overlap one another (one runs at a time).
-        self.layouts = []
-        for layout in plan.layouts:
-            counts = [instance.threads for instance in layout]
-            allocate = self.allocator.allocate_oversubscribed if plan.oversubscribed else self.allocator.allocate
-            self.layouts.append(list(zip(counts, allocate(counts), strict=True)))
+        self.layouts = plan_slots(plan, self.allocator)
         # A worker serves every layout that has its exact (threads, cores): count each slot once.
         needed: Counter[Slot] = Counter()
         for layout in self.layouts:

@@ -1,0 +1,127 @@
+"""`packrat simulate`: the daemon's batcher, splitter, policy and online adaptation on a virtual clock,
+with emulated service times (L̂ × interference), for core counts this machine does not have. Never
+imports torch. Prints `packrat load`'s report (a simulation, and labelled so) plus the plan changes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from packrat_daemon.commands.options import add_settings, argument_type, positive_int
+from packrat_daemon.config import BY_NAME, SIZES, ServeConfig
+from packrat_daemon.wire.errors import ConfigError
+
+# The serve settings that change what the simulated daemon does; the rest (sockets, workers, logging)
+# have nothing to act on here.
+SERVE_SETTINGS = [
+    "policy", "plan", "min_split_gain", "max_batch", "max_delay_ms", "max_queue",
+    "adapt", "adapt_interval_s", "adapt_min_batches", "adapt_cooldown_s", "adapt_min_gain",
+]  # fmt: skip
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "simulate",
+        help="simulate the daemon on a virtual clock for T cores (a simulation: labelled so in its output)",
+        description=(
+            "Run the daemon's own batcher, splitter, policy and online adaptation against a virtual clock, "
+            "each batch taking the profile's L̂(threads, rows) times an interference factor. Hours of traffic "
+            "on up to 128 cores take seconds; the same seed gives the same result."
+        ),
+    )
+    parser.add_argument("--profile", required=True, help="profile CSV (header threads,batch,latency_ms)")
+    parser.add_argument("--runtime", help="which runtime's rows to use when the profile holds several")
+    parser.add_argument("--cores", type=positive_int, help="cores to simulate (default: the profile's most threads)")
+    add_settings(parser, SERVE_SETTINGS)
+    # serve's --batches (the sizes the start-up plan is made for) under another flag: here --batches is
+    # the traffic's mix, as packrat load spells it.
+    parser.add_argument(
+        "--plan-batches", dest="batches", type=argument_type(SIZES), default=[], help=BY_NAME["batches"].describe()
+    )
+    traffic = parser.add_argument_group("traffic (as packrat load sends it)")
+    sender = traffic.add_mutually_exclusive_group(required=True)
+    sender.add_argument("--rate", type=float, help="open-loop Poisson arrivals at this many requests per second")
+    sender.add_argument("--burst", metavar="ON_S:OFF_S:RATE", help="on/off Poisson arrivals, e.g. 2:8:500")
+    sender.add_argument("--trace", metavar="F.csv", help="replay arrivals from a CSV with columns t_s,samples")
+    sender.add_argument("--concurrency", type=positive_int, help="closed loop: this many clients, one request each")
+    sizes = traffic.add_mutually_exclusive_group()
+    sizes.add_argument("--batch", type=positive_int, help="samples per request (default 1)")
+    sizes.add_argument("--batches", dest="mix", metavar="B:W,…", help="weighted samples per request, e.g. 1:0.5,8:0.5")
+    traffic.add_argument("--duration", type=float, help="seconds of virtual time to send for")
+    traffic.add_argument("--requests", type=positive_int, help="requests to send")
+    traffic.add_argument("--seed", type=int, default=0, help="seed of the arrivals and sample counts (default 0)")
+    parser.add_argument(
+        "--interference",
+        default="none",
+        choices=("none",),
+        help="the slowdown of instances busy side by side (none: the profile is taken as the truth)",
+    )
+    parser.add_argument(
+        "--transport-ms", type=float, default=0.0, help="per-request client↔daemon cost to add (measured elsewhere)"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(run=run)
+
+
+def traffic_from(args: argparse.Namespace) -> Any:
+    from packrat_daemon.load.arrivals import BatchMix, Burst, Poisson, Trace
+    from packrat_daemon.simulate import Traffic
+
+    mix = BatchMix.parse(args.mix) if args.mix else BatchMix.single(args.batch or 1)
+    if args.rate is not None:
+        process: Any = Poisson(args.rate)
+    elif args.burst is not None:
+        process = Burst.parse(args.burst)
+    elif args.trace is not None:
+        process = Trace.read(args.trace)
+    else:
+        process = None
+    if args.duration is not None and not args.duration > 0:
+        raise ConfigError(f"--duration must be a positive number of seconds, got {args.duration}")
+    if args.transport_ms < 0:
+        raise ConfigError(f"--transport-ms must be zero or more, got {args.transport_ms}")
+    return Traffic(mix, process, args.concurrency, args.duration, args.requests, args.seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    from packrat_daemon.simulate import ServiceModel, Simulation
+    from policies.planning.profile import Profile
+
+    profile = Profile.read_csv(args.profile, runtime=args.runtime)
+    cores = args.cores or max(profile.threads())
+    config = ServeConfig(batches=args.batches, **{name: getattr(args, name) for name in SERVE_SETTINGS})
+    traffic = traffic_from(args)
+    started = time.monotonic()
+    simulation = Simulation(config, profile, cores, ServiceModel(profile, cores), args.transport_ms)
+    report = simulation.run(traffic).to_json()
+    report = {
+        **report,
+        "inputs": {
+            "profile": args.profile, "cores": cores, "policy": args.policy, "traffic": traffic.describe(),
+            "seed": args.seed, "interference": args.interference, "transport_ms": args.transport_ms,
+        },
+    }  # fmt: skip
+    wall = time.monotonic() - started
+    if args.json:
+        print(json.dumps(report))
+    else:
+        _print_table(report)
+    print(f"simulated {report['elapsed_s']:.1f} s of traffic in {wall:.1f} s", file=sys.stderr)
+    return 0
+
+
+def _print_table(report: dict[str, Any]) -> None:
+    inputs = report["inputs"]
+    print(f"SIMULATION (virtual clock, emulated service times): {inputs['policy']} on {inputs['cores']} cores")
+    print(f"traffic: {inputs['traffic']}, seed {inputs['seed']}; interference: {inputs['interference']}")
+    errors = ", ".join(f"{code} {n}" for code, n in report["errors"].items()) or "none"
+    print(f"sent {report['sent']}, ok {report['ok']}, errors: {errors}")
+    print(f"throughput {report['throughput_rps']:.1f} req/s; {report['batches']} batches, mean {report['mean_batch']}")
+    latency = report["latency_ms"]
+    print("latency ms: " + ", ".join(f"{name} {latency[name]:.2f}" for name in ("p50", "p90", "p99", "p999")))
+    print("plan changes:")
+    for change in report["plan_changes"]:
+        print(f"  {change['t_s']:>10.3f} s  {change['reason']:<6} {change['plan']}")

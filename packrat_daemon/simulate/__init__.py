@@ -1,0 +1,12 @@
+"""`packrat simulate`: the daemon's own batcher, splitter, policy and online adaptation run against a
+virtual clock, with emulated service times, so hours of traffic on 16–128 cores take seconds.
+
+`clock` holds the virtual clock and the event loop, `service` the emulated service times, `run` the
+simulated daemon and its report. Results are a simulation and say so in their JSON (`"simulated": true`).
+"""
+
+from packrat_daemon.simulate.clock import EventLoop, VirtualClock
+from packrat_daemon.simulate.run import Simulation, SimulationResult, Traffic
+from packrat_daemon.simulate.service import ServiceModel
+
+__all__ = ["EventLoop", "ServiceModel", "Simulation", "SimulationResult", "Traffic", "VirtualClock"]

@@ -1,0 +1,259 @@
+"""The simulated daemon: the daemon's own batcher, splitter, policy and online adaptation (estimator,
+production profile, tuner), driven by a virtual clock instead of sockets and workers.
+
+What is the daemon's code and what is modelled:
+- imported and run as the daemon runs them: `Batcher` (queueing, max_batch, max_delay, the bounded
+  queue), `Splitter` (which layout takes a batch, the exact per-batch split), the policy's start-up plan,
+  `OnlineAdaptation` (the live batch sizes, production timings, the tuner's hysteresis and cool-down), and
+  the reconciler's core allocation of each plan;
+- modelled: each slice's compute time (`service.ServiceModel`: L̂ × interference), a fixed transport cost
+  per request (`transport_ms`, 0 unless given), and plan switches, which take effect at once (the daemon's
+  reconciler keeps the old workers serving while it re-pins and forks, so only that delay is missing).
+One batch is in flight at a time, as in the daemon's loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from packrat_daemon.adapt.online import OnlineAdaptation
+from packrat_daemon.batcher import Batcher, Request
+from packrat_daemon.config import ServeConfig
+from packrat_daemon.dispatcher import Splitter
+from packrat_daemon.load.arrivals import ArrivalProcess, BatchMix
+from packrat_daemon.pool import WorkerHandle, WorkerState
+from packrat_daemon.reconciler import plan_slots
+from packrat_daemon.simulate.clock import EventLoop, VirtualClock
+from packrat_daemon.simulate.service import ServiceModel
+from packrat_daemon.startup import distribution_for, policy_for
+from packrat_daemon.wire.codec import ErrorCode
+from packrat_daemon.wire.errors import ConfigError
+from policies.base import Plan
+from policies.planning.cores import CoreAllocator
+from policies.planning.profile import Profile
+from policies.planning.topology import Topology
+
+log = logging.getLogger("packrat.simulate")
+
+MAX_EVENTS = 200_000_000  # bounds a run: about an hour of simulation time on this machine's slowest case
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What the clients send: open loop (`process`) or closed loop (`concurrency` clients, each sending its
+    next request when the last is answered); `mix` samples per request; until `duration_s` or `requests`."""
+
+    mix: BatchMix
+    process: ArrivalProcess | None = None
+    concurrency: int | None = None
+    duration_s: float | None = None
+    requests: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.process is None) == (self.concurrency is None):
+            raise ConfigError("give the traffic either an arrival process (open loop) or a concurrency (closed loop)")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ConfigError(f"the concurrency must be at least 1 client, got {self.concurrency}")
+        finite = self.process is not None and self.process.finite
+        if self.duration_s is None and self.requests is None and not finite:
+            raise ConfigError("the traffic never ends by itself: give a duration or a number of requests")
+
+    def describe(self) -> str:
+        sender = self.process.describe() if self.process is not None else f"closed loop, {self.concurrency} client(s)"
+        return f"{sender}, batch {self.mix.describe()}"
+
+
+@dataclass
+class SimulationResult:
+    sent: int
+    ok: int
+    errors: dict[str, int]
+    elapsed_s: float  # virtual seconds from the start to the last answer
+    latencies_ms: list[float] = field(repr=False)
+    batches: int
+    batch_inputs: int
+    plan_changes: list[dict[str, Any]]
+
+    def to_json(self) -> dict[str, Any]:
+        """`packrat load`'s report fields, then the simulation's own."""
+        values = np.asarray(self.latencies_ms) if self.latencies_ms else np.asarray([np.nan])
+        p50, p90, p99, p999 = (round(float(x), 4) for x in np.percentile(values, [50, 90, 99, 99.9]))
+        return {
+            "sent": self.sent,
+            "ok": self.ok,
+            "errors": dict(sorted(self.errors.items())),
+            "throughput_rps": round(self.ok / self.elapsed_s, 4) if self.elapsed_s > 0 else 0.0,
+            "latency_ms": {"p50": p50, "p90": p90, "p99": p99, "p999": p999},
+            "simulated": True,
+            "elapsed_s": round(self.elapsed_s, 6),
+            "batches": self.batches,
+            "mean_batch": round(self.batch_inputs / self.batches, 4) if self.batches else 0.0,
+            "plan_changes": self.plan_changes,
+        }
+
+
+class Simulation:
+    """One run of the simulated daemon; `config` is the serve configuration it would run with."""
+
+    def __init__(
+        self, config: ServeConfig, profile: Profile, cores: int, service: ServiceModel, transport_ms: float = 0.0
+    ) -> None:
+        self.config = config
+        self.profile = profile
+        self.topology = Topology.synthetic(cores)
+        self.service = service
+        self.transport_s = transport_ms / 1000.0
+        self.clock = VirtualClock()
+        self.loop = EventLoop(self.clock)
+        self.policy = policy_for(config)
+        self.allocator = CoreAllocator(self.topology)
+        self.batcher = Batcher(config.max_batch, config.max_delay_ms / 1000.0, config.max_queue)
+        self.adaptation = OnlineAdaptation(config, self.policy, profile, self.topology)
+        self.plan = self.policy.plan(profile, self.topology, distribution_for(config))
+        self.plan_changes: list[dict[str, Any]] = []
+        self._switch(self.plan, "start")
+        self.busy = False
+        self.sent = self.ok = self.batches = self.batch_inputs = 0
+        self.errors: Counter[str] = Counter()
+        self.latencies_ms: list[float] = []
+        self.last_answer = 0.0
+        self._senders = 0  # arrival sources still sending (1 open-loop process, or N closed-loop clients)
+        self._tick_at: float | None = None  # the batch-due wake-up already scheduled, if any
+
+    # -- the run --------------------------------------------------------------------------------
+    def run(self, traffic: Traffic, max_events: int = MAX_EVENTS) -> SimulationResult:
+        if traffic.mix.largest > self.config.max_batch:
+            raise ConfigError(
+                f"requests of {traffic.mix.largest} samples exceed max_batch {self.config.max_batch}: the daemon "
+                "would refuse every one; raise --max-batch or send smaller requests"
+            )
+        rng = random.Random(traffic.seed)
+        if traffic.process is not None:
+            self._senders = 1
+            arrivals = traffic.process.arrivals(traffic.mix, rng)
+            self._next_arrival(arrivals, traffic)
+        else:
+            assert traffic.concurrency is not None
+            self._senders = traffic.concurrency
+            for _ in range(traffic.concurrency):
+                self._client_send(traffic, rng)
+        self.loop.at(self.adaptation.due, self._adapt)
+        self.loop.run(max_events)
+        return SimulationResult(
+            self.sent, self.ok, dict(self.errors), self.last_answer, self.latencies_ms,
+            self.batches, self.batch_inputs, self.plan_changes,
+        )  # fmt: skip
+
+    def _may_send(self, traffic: Traffic, when: float) -> bool:
+        if traffic.requests is not None and self.sent >= traffic.requests:
+            return False
+        return traffic.duration_s is None or when < traffic.duration_s
+
+    def _next_arrival(self, arrivals: Iterator[tuple[float, int]], traffic: Traffic) -> None:
+        """Schedule the process's next arrival (one at a time: the process is endless and drawn lazily)."""
+        arrival = next(arrivals, None)
+        if arrival is None or not self._may_send(traffic, arrival[0]):
+            self._senders = 0
+            return
+        when, samples = arrival
+
+        def arrive() -> None:
+            self._offer(samples, None)
+            self._next_arrival(arrivals, traffic)
+
+        self.loop.at(when, arrive)
+
+    def _client_send(self, traffic: Traffic, rng: random.Random) -> None:
+        """A closed-loop client sends its next request now, or stops for good."""
+        if not self._may_send(traffic, self.clock.now):
+            self._senders -= 1
+            return
+        self._offer(traffic.mix.draw(rng), lambda: self._client_send(traffic, rng))
+
+    def _offer(self, samples: int, answered: Any) -> None:
+        """A request reaches the frontend (after half the transport cost) and is queued, or refused at once."""
+        self.sent += 1
+        now = self.clock.now
+        request = Request(b"", None, answered, "float32", (samples,), None, arrived=now + self.transport_s / 2)
+
+        def queue() -> None:
+            if not self.batcher.offer(request):
+                self.errors[ErrorCode.OVERLOADED.value] += 1
+                self._answered(request)
+                return
+            self._tick()
+
+        self.loop.at(request.arrived, queue)
+
+    # -- the daemon's tick, on the virtual clock -------------------------------------------------------
+    def _tick(self) -> None:
+        now = self.clock.now
+        if self.busy or not self.batcher.due(now):
+            due = None if self.busy else self.batcher.next_due()
+            if due is not None and (self._tick_at is None or self._tick_at <= now or due < self._tick_at):
+                # A batch due "now" by the clock but not by the batcher's subtraction (float rounding)
+                # is looked at again a nanosecond later rather than left waiting for the next event.
+                self._tick_at = due if due > now else now + 1e-9
+                self.loop.at(self._tick_at, self._tick)
+            return
+        batch = self.batcher.take()
+        rows = sum(request.samples for request in batch)
+        chosen = self.splitter.choose(self.workers, rows)
+        slices = [(worker.threads, part) for worker, part in chosen]
+        compute_ms = self.service.batch_ms(slices)
+        self.busy = True
+        self.batches += 1
+        self.batch_inputs += rows
+        self.adaptation.estimator.observe(rows, now)
+        self.loop.at(now + max(compute_ms) / 1000.0, lambda: self._finish(batch, slices, compute_ms))
+
+    def _finish(self, batch: list[Request], slices: list[tuple[int, int]], compute_ms: list[float]) -> None:
+        now = self.clock.now
+        self.busy = False
+        for request in batch:
+            self.ok += 1
+            self.latencies_ms.append((now - request.arrived) * 1000.0 + self.transport_s * 1000.0)
+            self._answered(request)
+        for (threads, rows), ms in zip(slices, compute_ms, strict=True):
+            self.adaptation.production.observe(threads, rows, ms, now)
+        self._tick()
+
+    def _answered(self, request: Request) -> None:
+        """The client has its answer (after the other half of the transport cost); a closed-loop client sends again."""
+        when = self.clock.now + self.transport_s / 2
+        self.last_answer = max(self.last_answer, when)
+        if request.request_id is not None:
+            self.loop.at(when, request.request_id)
+
+    def _adapt(self) -> None:
+        if not self._senders and not self.busy and not self.batcher.queue:
+            return  # the traffic is over: no more wake-ups, so the run ends
+        plan = self.adaptation.propose(self.plan, self.profile, self.clock.now)
+        if plan is not None:
+            self._switch(plan, "adapt")
+        self.loop.at(self.adaptation.due, self._adapt)
+
+    def _switch(self, plan: Plan, reason: str) -> None:
+        """As the daemon's switch: the new plan's layouts on cores, and the splitter for them."""
+        self.plan = plan
+        layouts = plan_slots(plan, self.allocator)
+        needed: Counter[tuple[int, tuple[int, ...]]] = Counter()
+        for layout in layouts:
+            needed |= Counter(layout)  # a worker serves every layout with its exact (threads, cores)
+        generation = len(self.plan_changes) + 1
+        self.workers = [
+            WorkerHandle(k, threads, cores, generation, WorkerState.READY) for k, (threads, cores) in
+            enumerate(sorted(needed.elements(), key=lambda slot: (-slot[0], slot[1])))
+        ]  # fmt: skip
+        profile = self.adaptation.planning_profile(self.profile)
+        self.splitter = Splitter(profile, plan.split, layouts, plan.oversubscribed, self.config.min_split_gain)
+        self.plan_changes.append({"t_s": round(self.clock.now, 6), "reason": reason, "plan": plan.describe()})
+        log.info("simulated %s at %.3f s: %s", reason, self.clock.now, plan.describe())

@@ -1,0 +1,46 @@
+"""`packrat simulate`: its JSON (packrat load's fields, labelled a simulation), its table, its refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from packrat_daemon.cli import main
+
+TABLE = "threads,batch,latency_ms\n" + "".join(
+    f"{t},{b},{4.0 + 3.0 * b * (0.08 + 0.92 / t):.4f}\n" for t in range(1, 9) for b in (1, 2, 4, 8, 16)
+)
+
+
+@pytest.fixture
+def profile(tmp_path: Path) -> str:
+    path = tmp_path / "profile.csv"
+    path.write_text(TABLE)
+    return str(path)
+
+
+def test_json_has_the_load_reports_fields_and_the_plan_changes(profile: str, capsys: pytest.CaptureFixture[str]):
+    args = ["simulate", "--profile", profile, "--cores", "8", "--rate", "100", "--batches", "1:0.5,4:0.5"]
+    assert main([*args, "--duration", "20", "--seed", "5", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report) >= {"sent", "ok", "errors", "throughput_rps", "latency_ms", "plan_changes", "simulated"}
+    assert set(report["latency_ms"]) == {"p50", "p90", "p99", "p999"}
+    assert report["simulated"] is True and report["inputs"]["cores"] == 8
+    assert report["sent"] == report["ok"] + sum(report["errors"].values())
+    assert report["plan_changes"][0]["reason"] == "start"
+    assert main([*args, "--duration", "20", "--seed", "5", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == report
+
+
+def test_the_table_says_it_is_a_simulation(profile: str, capsys: pytest.CaptureFixture[str]):
+    assert main(["simulate", "--profile", profile, "--concurrency", "2", "--batch", "4", "--requests", "40"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("SIMULATION") and "sent 40, ok 40" in out and "plan changes:" in out
+
+
+def test_requests_larger_than_max_batch_are_refused(profile: str, capsys: pytest.CaptureFixture[str]):
+    args = ["simulate", "--profile", profile, "--concurrency", "1", "--batch", "32", "--requests", "5"]
+    assert main([*args, "--max-batch", "16"]) == 2
+    assert "exceed max_batch 16" in capsys.readouterr().err

@@ -1,0 +1,92 @@
+"""The simulated daemon: the daemon's own batcher, splitter and adaptation on the virtual clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from packrat_daemon.config import ServeConfig
+from packrat_daemon.load.arrivals import BatchMix, Burst, Poisson, Trace
+from packrat_daemon.simulate import ServiceModel, Simulation, Traffic
+from packrat_daemon.wire.errors import ConfigError
+from policies.planning.distribution import BatchDistribution
+from policies.planning.profile import Profile
+from policies.planning.topology import Topology
+from policies.registry import get_policy
+
+CORES = 16
+BATCHES = [1, 2, 4, 8, 16, 32, 64]
+
+
+def amdahl_profile() -> Profile:
+    """A per-batch fixed cost plus work with a serial fraction: small batches favour few big instances."""
+    return Profile.from_latencies(
+        {(t, b): 4.0 + 3.0 * b * (0.08 + 0.92 / t) for t in range(1, CORES + 1) for b in BATCHES}
+    )
+
+
+def simulate(traffic: Traffic, **settings: object) -> dict:
+    profile = amdahl_profile()
+    config = ServeConfig(**{"max_batch": 64, **settings})
+    return Simulation(config, profile, CORES, ServiceModel(profile, CORES)).run(traffic).to_json()
+
+
+@pytest.mark.parametrize("policy", ["packrat", "single"])
+@pytest.mark.parametrize("batch", [1, 8, 64])
+def test_one_client_at_a_time_sees_the_plans_predicted_latency(policy: str, batch: int):
+    # A lone request of max_batch inputs starts at once; a smaller one waits max_delay for company first.
+    result = simulate(Traffic(BatchMix.single(batch), concurrency=1, requests=50), policy=policy, batches=[batch])
+    plan = get_policy(policy).plan(amdahl_profile(), Topology.synthetic(CORES), BatchDistribution.single(batch))
+    wait_ms = 0.0 if batch == 64 else 1.0  # max_delay_ms's default
+    assert plan.predicted_latency_ms is not None
+    assert result["latency_ms"]["p50"] == pytest.approx(plan.predicted_latency_ms + wait_ms, rel=1e-6)
+    assert result["sent"] == result["ok"] == 50 and result["errors"] == {}
+    assert result["simulated"] is True
+
+
+def test_the_same_seed_gives_the_same_result_and_another_seed_another():
+    traffic = Traffic(BatchMix.parse("1:0.5,8:0.3,32:0.2"), process=Poisson(150.0), duration_s=60.0, seed=3)
+    first, again = simulate(traffic), simulate(traffic)
+    other = simulate(Traffic(traffic.mix, process=Poisson(150.0), duration_s=60.0, seed=4))
+    assert first == again
+    assert other["latency_ms"] != first["latency_ms"]
+
+
+def test_open_loop_counts_every_request_and_an_overload_is_refused_not_lost():
+    # One 16-thread instance computes a batch of 64 in 30.4 ms on this table (about 2 100 inputs/s):
+    # 100 requests/s of 32 inputs are far over it.
+    traffic = Traffic(BatchMix.single(32), process=Poisson(100.0), duration_s=30.0, seed=1)
+    result = simulate(traffic, policy="single", max_queue=256)
+    assert result["sent"] == result["ok"] + sum(result["errors"].values())
+    assert result["errors"].get("OVERLOADED", 0) > 0
+    light = simulate(Traffic(BatchMix.single(1), process=Poisson(20.0), duration_s=30.0, seed=1), policy="single")
+    assert light["errors"] == {} and light["throughput_rps"] == pytest.approx(20.0, rel=0.15)
+
+
+def test_adaptation_replans_for_the_live_batch_sizes_and_reports_when():
+    # Planned for batch 64, sent single inputs: the tuner should move to a plan for batch 1 once it has seen
+    # adapt_min_batches batches, and not before adapt_interval_s.
+    traffic = Traffic(BatchMix.single(1), concurrency=1, duration_s=60.0)
+    adapted = simulate(traffic, batches=[64])
+    changes = adapted["plan_changes"]
+    assert changes[0]["reason"] == "start" and changes[0]["t_s"] == 0.0
+    assert [c["reason"] for c in changes[1:]] == ["adapt"]
+    assert changes[1]["t_s"] >= 5.0
+    fixed = simulate(traffic, batches=[64], adapt=False)
+    assert [c["reason"] for c in fixed["plan_changes"]] == ["start"]
+    assert adapted["latency_ms"]["p50"] < fixed["latency_ms"]["p50"]
+
+
+def test_burst_and_trace_arrivals_run_and_end():
+    burst = simulate(Traffic(BatchMix.single(4), process=Burst(1.0, 2.0, 300.0), duration_s=9.0, seed=2))
+    assert 600 < burst["sent"] < 1200 and burst["sent"] == burst["ok"]
+    trace = simulate(Traffic(BatchMix.single(1), process=Trace(((0.0, 2), (0.5, 8), (0.5, 8)))))
+    assert trace["sent"] == trace["ok"] == 3
+
+
+def test_traffic_must_say_how_it_is_sent_and_when_it_ends():
+    with pytest.raises(ConfigError, match="either an arrival process"):
+        Traffic(BatchMix.single(1), process=Poisson(1.0), concurrency=2, duration_s=1.0)
+    with pytest.raises(ConfigError, match="never ends"):
+        Traffic(BatchMix.single(1), process=Poisson(1.0))
+    with pytest.raises(ConfigError, match="exceed max_batch"):
+        simulate(Traffic(BatchMix.single(128), concurrency=1, requests=1))
