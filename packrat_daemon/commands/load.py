@@ -1,0 +1,218 @@
+"""`packrat load`: traffic against a running daemon, and its latency and throughput.
+
+    packrat load --rate 200 --batches 1:0.5,8:0.3,32:0.2 --duration 60      # open loop, Poisson
+    packrat load --concurrency 4 --batch 8 --requests 2000                  # closed loop
+    packrat load --sweep 50,100,200,400 --duration 20 --plot curve.png      # a latency–throughput curve
+
+Never imports torch. It targets the daemon's default endpoint on loopback and warns when told to send
+elsewhere, since a network then adds its own latency to every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import json
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from packrat_daemon.commands.options import positive_int
+from packrat_daemon.config import BY_NAME
+from packrat_daemon.load.arrivals import ArrivalProcess, BatchMix, Burst, Poisson, Trace
+from packrat_daemon.wire.errors import ConfigError
+
+DEFAULT_DURATION_S = 10.0
+# What the JSON carries of the daemon's `info`: enough to tell which server and plan a result belongs to.
+SERVER_KEYS = ("model", "runtime", "max_batch", "plan")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _seconds_or_zero(text: str) -> float:
+    return 0.0 if text.strip() in ("0", "0.0") else _positive_float(text)
+
+
+def _typed(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse `type` from a parser that raises ConfigError: argparse then prints its message."""
+
+    def wrapped(text: str) -> Any:
+        try:
+            return parse(text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return wrapped
+
+
+def _rates(text: str) -> list[float]:
+    return [_positive_float(item) for item in text.split(",")]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "load",
+        help="send traffic to a running daemon and report its latency and throughput",
+        description="Open-loop (Poisson, bursty, trace) or closed-loop traffic against a running daemon.",
+    )
+    endpoint = BY_NAME["endpoint"].default
+    parser.add_argument("--endpoint", default=endpoint, help=f"the daemon's endpoint (default {endpoint})")
+    traffic = parser.add_mutually_exclusive_group()
+    traffic.add_argument("--rate", type=_positive_float, help="open loop: Poisson arrivals at R requests/s")
+    traffic.add_argument(
+        "--burst", type=_typed(Burst.parse), metavar="ON_S:OFF_S:RATE", help="open loop, on/off bursts"
+    )
+    traffic.add_argument(
+        "--trace", type=_typed(Trace.read), metavar="F.csv", help="open loop: replay a t_s,samples CSV"
+    )
+    traffic.add_argument(
+        "--concurrency", type=positive_int, help="closed loop: N clients, each waits for its reply (default 1)"
+    )
+    sizes = parser.add_mutually_exclusive_group()
+    sizes.add_argument("--batch", type=positive_int, default=1, help="samples per request (default 1)")
+    sizes.add_argument(
+        "--batches", type=_typed(BatchMix.parse), metavar="B:W,…", help="weighted sizes, e.g. 1:0.5,8:0.5"
+    )
+    parser.add_argument(
+        "--duration",
+        type=_positive_float,
+        help=f"seconds of traffic (default {DEFAULT_DURATION_S:g} without --requests)",
+    )
+    parser.add_argument("--requests", type=positive_int, help="requests to send (with --duration: whichever first)")
+    parser.add_argument("--warmup", type=_seconds_or_zero, default=1.0, help="seconds of uncounted warm-up (default 1)")
+    parser.add_argument("--timeout", type=_positive_float, default=30.0, help="seconds per request (default 30)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the arrivals and sizes (default 0)")
+    parser.add_argument("--sweep", type=_rates, metavar="R1,R2,…", help="one run per rate: a latency–throughput curve")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw the sweep (needs matplotlib: .[plot])")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--quiet", action="store_true", help="no progress line on stderr")
+    parser.set_defaults(run=run)
+
+
+def is_local(endpoint: str) -> bool:
+    """Whether an endpoint is on this machine: ipc:// and inproc://, or tcp:// to a loopback address."""
+    scheme, _, rest = endpoint.partition("://")
+    if scheme in ("ipc", "inproc"):
+        return True
+    host = rest.rsplit(":", 1)[0].rpartition(";")[2].strip("[]")  # tcp://[iface;]host:port
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _process(args: argparse.Namespace) -> ArrivalProcess | None:
+    if args.rate is not None:
+        return Poisson(args.rate)
+    return args.burst or args.trace
+
+
+def _sweep_process(args: argparse.Namespace, rate: float) -> ArrivalProcess:
+    """A sweep varies the rate of a Poisson process, or the on-phase rate of bursts."""
+    if args.burst is not None:
+        return replace(args.burst, rate_rps=rate)
+    return Poisson(rate)
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.sweep and (args.trace is not None or args.concurrency is not None or args.rate is not None):
+        raise ConfigError(
+            "--sweep gives the rates itself: use it alone or with --burst, not with --rate/--trace/--concurrency"
+        )
+    if args.plot and not args.sweep:
+        raise ConfigError("--plot draws a --sweep; add --sweep R1,R2,…")
+    if args.plot:
+        from packrat_daemon.load.plot import check_plotting
+
+        check_plotting()
+
+
+async def _serve_load(args: argparse.Namespace, specs: list[Any]) -> tuple[dict[str, Any], list[Any]]:
+    from packrat_daemon.load.generator import Generator, Inputs
+    from packrat_daemon.wire.client import AsyncClient
+
+    async with AsyncClient(args.endpoint, timeout=args.timeout) as client:
+        info = await client.info(timeout=min(args.timeout, 10.0))
+        largest = max(
+            max(samples for _, samples in spec.process.rows) if isinstance(spec.process, Trace) else spec.mix.largest
+            for spec in specs
+        )
+        generator = Generator(client, Inputs(info, largest, args.seed), progress=not args.quiet)
+        if args.warmup > 0:
+            warm = await generator.warm_up(specs[0], args.warmup)
+            if warm.errors and not args.quiet:
+                print(f"packrat load: warm-up errors: {dict(warm.errors)}", file=sys.stderr)
+        tallies = []
+        for spec in specs:
+            tallies.append(await generator.run(spec))
+    return info, tallies
+
+
+def run(args: argparse.Namespace) -> int:
+    from packrat_daemon.load.generator import LoadSpec
+    from packrat_daemon.load.report import format_report, format_sweep, summarize
+
+    _check(args)
+    if not is_local(args.endpoint):
+        print(
+            f"packrat load: warning: {args.endpoint} is not on this machine; the network's latency is in every figure",
+            file=sys.stderr,
+        )
+    mix = args.batches or BatchMix.single(args.batch)
+    duration = args.duration
+    if duration is None and args.requests is None and args.trace is None:
+        duration = DEFAULT_DURATION_S
+    common = {
+        "mix": mix,
+        "duration_s": duration,
+        "requests": args.requests,
+        "timeout_s": args.timeout,
+        "seed": args.seed,
+    }
+    if args.sweep:
+        specs = [LoadSpec(process=_sweep_process(args, rate), **common) for rate in args.sweep]
+    else:
+        process = _process(args)
+        specs = [LoadSpec(process=process, concurrency=args.concurrency or 1, **common)]
+    info, tallies = asyncio.run(_serve_load(args, specs))
+    server = {key: info[key] for key in SERVER_KEYS if key in info}
+    reports = []
+    for spec, tally in zip(specs, tallies, strict=True):
+        extra: dict[str, Any] = {
+            "traffic": spec.describe(),
+            "mode": "closed" if spec.process is None else "open",
+            "endpoint": args.endpoint,
+            "duration_s": duration,
+            "requests": args.requests,
+            "seed": args.seed,
+            "warmup_s": args.warmup,
+        }
+        if spec.process is None:
+            extra["concurrency"] = spec.concurrency
+        else:
+            extra["rate_rps"] = spec.process.mean_rate_rps
+        reports.append(summarize(tally, **extra, server=server))
+    if args.plot:
+        from packrat_daemon.load.plot import plot_sweep
+
+        plot_sweep(reports, args.plot, title=f"{info.get('model', '')} at {args.endpoint}")
+    if args.json:
+        print(json.dumps({"sweep": reports} if args.sweep else reports[0], indent=2))
+    elif args.sweep:
+        print(format_sweep(reports))
+    else:
+        print(format_report(reports[0]))
+    return 0

@@ -1,0 +1,129 @@
+"""What a load run counts (`Tally`) and how it is reported: a dict for `--json` and a table for people.
+
+The JSON always holds `sent`, `ok`, `errors` (by code), `throughput_rps` and `latency_ms` with exactly
+`p50`, `p90`, `p99` and `p999`; everything else sits beside them. Latencies are of answered requests
+only, from just before the client sends to the reply; an error is counted under its code, never timed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+PERCENTILES = {"p50": 50.0, "p90": 90.0, "p99": 99.0, "p999": 99.9}
+
+# Codes for what the client, not the server, saw go wrong; the server's own codes are the protocol's.
+CLIENT_TIMEOUT = "CLIENT_TIMEOUT"
+CLIENT_CLOSED = "CLIENT_CLOSED"
+UNFINISHED = "UNFINISHED"  # still in flight when the run's time bound passed; cancelled
+
+
+@dataclass
+class Tally:
+    """One run's counts. Times are `time.perf_counter()` seconds; `started` is the run's time zero."""
+
+    started: float
+    sent: int = 0
+    ok: int = 0
+    samples_ok: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    latencies_s: list[float] = field(default_factory=list)
+    lags_s: list[float] = field(default_factory=list)  # how late each open-loop request left its schedule
+    send_window_s: float = 0.0  # from the start to the end of the sending (at least the asked duration)
+    last_done: float = 0.0
+
+    @property
+    def in_flight(self) -> int:
+        return self.sent - self.ok - sum(self.errors.values())
+
+    def answered(self, latency_s: float, samples: int, now: float) -> None:
+        self.ok += 1
+        self.samples_ok += samples
+        self.latencies_s.append(latency_s)
+        self.last_done = max(self.last_done, now)
+
+    def failed(self, code: str, now: float) -> None:
+        self.errors[code] += 1
+        self.last_done = max(self.last_done, now)
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 3)
+
+
+def summarize(tally: Tally, **extra: Any) -> dict[str, Any]:
+    """The report of one run: the fixed keys, then what the run adds (`extra`), then derived figures."""
+    window_s = max(tally.last_done - tally.started, tally.send_window_s)
+    latencies = np.asarray(tally.latencies_s, dtype=np.float64)
+    if latencies.size:
+        points = np.percentile(latencies, list(PERCENTILES.values()))
+        latency_ms: dict[str, float | None] = {
+            name: _ms(value) for name, value in zip(PERCENTILES, points.tolist(), strict=True)
+        }
+    else:
+        latency_ms = dict.fromkeys(PERCENTILES)
+    report: dict[str, Any] = {
+        "sent": tally.sent,
+        "ok": tally.ok,
+        "errors": dict(sorted(tally.errors.items())),
+        "throughput_rps": round(tally.ok / window_s, 3) if window_s > 0 else None,
+        "latency_ms": latency_ms,
+    }
+    report.update(extra)
+    report["sent_rps"] = round(tally.sent / tally.send_window_s, 3) if tally.send_window_s > 0 else None
+    report["samples_per_s"] = round(tally.samples_ok / window_s, 3) if window_s > 0 else None
+    report["window_s"] = round(window_s, 3)
+    report["latency_mean_ms"] = _ms(float(latencies.mean())) if latencies.size else None
+    report["latency_max_ms"] = _ms(float(latencies.max())) if latencies.size else None
+    if tally.lags_s:
+        report["send_lag_p99_ms"] = _ms(float(np.percentile(tally.lags_s, 99.0)))
+    return report
+
+
+def _number(value: float | None, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def _errors(errors: dict[str, int]) -> str:
+    return ", ".join(f"{code} {count}" for code, count in errors.items()) or "none"
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """One run as lines of `name  value`, then the latency percentiles as a table."""
+    latency = report["latency_ms"]
+    rows = [
+        ("traffic", str(report.get("traffic", ""))),
+        ("sent", f"{report['sent']} ({_number(report.get('sent_rps'))} req/s)"),
+        ("ok", str(report["ok"])),
+        ("errors", _errors(report["errors"])),
+        ("throughput", f"{_number(report['throughput_rps'])} req/s, {_number(report.get('samples_per_s'))} samples/s"),
+    ]
+    if "send_lag_p99_ms" in report:
+        rows.append(("send lag p99", f"{_number(report['send_lag_p99_ms'], 3)} ms"))
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{name:<{width}}  {value}" for name, value in rows]
+    header = "latency ms " + "".join(f"{name:>10}" for name in (*PERCENTILES, "mean", "max"))
+    values = [latency[name] for name in PERCENTILES] + [report.get("latency_mean_ms"), report.get("latency_max_ms")]
+    lines += ["", header, " " * 11 + "".join(f"{_number(v, 3):>10}" for v in values)]
+    return "\n".join(lines)
+
+
+def format_sweep(reports: list[dict[str, Any]]) -> str:
+    """A latency–throughput curve: one row per offered rate."""
+    header = f"{'rate':>9} {'sent':>7} {'ok':>7} {'errors':>7} {'tput/s':>9}" + "".join(
+        f"{name + ' ms':>10}" for name in PERCENTILES
+    )
+    lines = [header]
+    for report in reports:
+        latency = report["latency_ms"]
+        lines.append(
+            f"{report['rate_rps']:>9g} {report['sent']:>7} {report['ok']:>7} {sum(report['errors'].values()):>7} "
+            f"{_number(report['throughput_rps'], 1):>9}" + "".join(f"{_number(latency[n], 3):>10}" for n in PERCENTILES)
+        )
+    return "\n".join(lines)
