@@ -1,0 +1,140 @@
+"""The generator's loops against a stand-in client (no daemon): timing, bounds, and every request accounted."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from packrat_daemon.load import generator as generator_module
+from packrat_daemon.load.arrivals import BatchMix, Poisson, open_loop_schedule
+from packrat_daemon.load.generator import Generator, Inputs, LoadSpec
+from packrat_daemon.wire.errors import ClientTimeout, ConfigError, Overloaded
+
+INFO = {"input": {"dtype": "float32", "shape": [3], "high": None}, "max_batch": 32}
+
+
+class StandInClient:
+    """Answers after `service_s`; `outcome(n)` may raise for the n-th call (from 0). Records what it saw."""
+
+    def __init__(self, service_s: float = 0.0, outcome: Callable[[int], None] | None = None) -> None:
+        self.service_s = service_s
+        self.outcome = outcome
+        self.calls: list[tuple[float, int, str | None]] = []
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    async def infer(self, array: np.ndarray, *, timeout: float, dtype: str | None = None) -> np.ndarray:
+        index = len(self.calls)
+        self.calls.append((time.perf_counter(), array.shape[0], dtype))
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.service_s)
+            if self.outcome is not None:
+                self.outcome(index)
+            return np.zeros((array.shape[0], 2), np.float32)
+        finally:
+            self.in_flight -= 1
+
+
+def run(client: Any, spec: LoadSpec, info: dict[str, Any] = INFO) -> Any:
+    async def go() -> Any:
+        largest = spec.mix.largest
+        return await Generator(client, Inputs(info, largest), progress=False).run(spec)
+
+    return asyncio.run(go())
+
+
+def test_open_loop_sends_on_schedule_whatever_the_replies():
+    client = StandInClient(service_s=0.05)  # slower than the gaps: an open loop does not wait
+    spec = LoadSpec(mix=BatchMix.parse("1:0.5,4:0.5"), process=Poisson(200.0), duration_s=1.5, seed=3)
+    tally = run(client, spec)
+    schedule = open_loop_schedule(spec.process, spec.mix, duration_s=1.5, rng=random.Random(3))
+    assert tally.sent == len(schedule) == len(client.calls) == tally.ok
+    assert [samples for _, samples, _ in client.calls] == [samples for _, samples in schedule]
+    assert client.most_in_flight > 3
+    assert tally.send_window_s == pytest.approx(1.5, abs=0.1)
+    assert tally.sent / tally.send_window_s == pytest.approx(len(schedule) / 1.5, rel=0.05)
+    # Each request left near its scheduled time (generous: the machine running the tests is shared).
+    assert float(np.median(tally.lags_s)) < 0.01
+
+
+def test_every_sent_request_ends_as_ok_or_an_error_by_code():
+    def outcome(index: int) -> None:
+        if index % 5 == 4:
+            raise ClientTimeout("no reply")
+        if index % 3 == 2:
+            raise Overloaded("OVERLOADED", "queue full")
+
+    client = StandInClient(outcome=outcome)
+    tally = run(client, LoadSpec(mix=BatchMix.single(2), concurrency=2, requests=30))
+    expected_timeouts = sum(1 for i in range(30) if i % 5 == 4)
+    expected_overloaded = sum(1 for i in range(30) if i % 5 != 4 and i % 3 == 2)
+    assert tally.sent == 30
+    assert dict(tally.errors) == {"CLIENT_TIMEOUT": expected_timeouts, "OVERLOADED": expected_overloaded}
+    assert tally.ok == 30 - expected_timeouts - expected_overloaded
+    assert len(tally.latencies_s) == tally.ok  # errors are not timed
+
+
+def test_requests_still_in_flight_at_the_end_are_cancelled_and_counted(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(generator_module, "FINAL_GRACE_S", 0.05)
+
+    class Stuck(StandInClient):
+        async def infer(self, array: np.ndarray, *, timeout: float, dtype: str | None = None) -> np.ndarray:
+            await asyncio.Event().wait()  # a client that ignores its own timeout
+            raise AssertionError("unreachable")
+
+    spec = LoadSpec(mix=BatchMix.single(1), process=Poisson(100.0), requests=5, timeout_s=0.05)
+    started = time.perf_counter()
+    tally = run(Stuck(), spec)
+    assert time.perf_counter() - started < 2.0
+    assert tally.sent == 5 and tally.ok == 0 and dict(tally.errors) == {"UNFINISHED": 5}
+
+
+def test_closed_loop_keeps_n_requests_in_flight_and_stops_at_its_count():
+    client = StandInClient(service_s=0.005)
+    tally = run(client, LoadSpec(mix=BatchMix.single(4), concurrency=3, requests=31))
+    assert tally.sent == tally.ok == len(client.calls) == 31
+    assert client.most_in_flight == 3
+
+
+def test_closed_loop_stops_at_its_duration():
+    client = StandInClient(service_s=0.01)
+    started = time.perf_counter()
+    tally = run(client, LoadSpec(mix=BatchMix.single(1), concurrency=2, duration_s=0.4))
+    assert 0.4 <= time.perf_counter() - started < 1.0
+    assert tally.sent == tally.ok and 10 < tally.sent < 90
+
+
+def test_a_closed_loop_needs_a_bound():
+    with pytest.raises(ConfigError, match="duration or a number of requests"):
+        LoadSpec(mix=BatchMix.single(1))
+
+
+def test_warm_up_sends_every_size_of_the_mix():
+    client = StandInClient()
+
+    async def go() -> Any:
+        generator = Generator(client, Inputs(INFO, 32), progress=False)
+        return await generator.warm_up(LoadSpec(mix=BatchMix.parse("1:1,8:1,32:1"), requests=1), 0.05)
+
+    tally = asyncio.run(go())
+    assert {samples for _, samples, _ in client.calls} == {1, 8, 32}
+    assert tally.sent == tally.ok >= 3
+
+
+def test_inputs_match_the_model_and_refuse_requests_over_max_batch():
+    inputs = Inputs(INFO, 8)
+    assert inputs.rows(5).shape == (5, 3) and inputs.rows(5).dtype == np.float32
+    with pytest.raises(ConfigError, match="max_batch 32"):
+        Inputs(INFO, 33)
+    bf16 = {"input": {"dtype": "bfloat16", "shape": [2], "high": None}, "max_batch": 4}
+    client = StandInClient()
+    run(client, LoadSpec(mix=BatchMix.single(2), requests=1), info=bf16)
+    assert client.calls[0][2] == "bfloat16"  # raw bits as uint16, labelled for the wire

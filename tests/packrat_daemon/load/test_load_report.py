@@ -1,0 +1,62 @@
+"""The load report: the JSON's fixed keys, percentiles of answered requests only, and the tables."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from packrat_daemon.load.report import Tally, format_report, format_sweep, summarize
+
+
+def tally_of(latencies_ms: list[float], errors: dict[str, int], window_s: float) -> Tally:
+    tally = Tally(started=100.0)
+    for latency in latencies_ms:
+        tally.sent += 1
+        tally.answered(latency / 1000.0, 2, 100.0 + window_s)
+    for code, count in errors.items():
+        for _ in range(count):
+            tally.sent += 1
+            tally.failed(code, 100.0 + window_s / 2)
+    tally.send_window_s = window_s
+    return tally
+
+
+def test_the_json_has_exactly_the_fixed_keys_and_values():
+    latencies = [float(x) for x in range(1, 1001)]  # 1 … 1000 ms
+    report = summarize(tally_of(latencies, {"OVERLOADED": 3, "CLIENT_TIMEOUT": 1}, window_s=10.0), traffic="t")
+    assert list(report)[:5] == ["sent", "ok", "errors", "throughput_rps", "latency_ms"]
+    assert report["sent"] == 1004 and report["ok"] == 1000
+    assert report["errors"] == {"CLIENT_TIMEOUT": 1, "OVERLOADED": 3}
+    assert report["sent"] == report["ok"] + sum(report["errors"].values())
+    assert report["throughput_rps"] == pytest.approx(100.0)
+    assert set(report["latency_ms"]) == {"p50", "p90", "p99", "p999"}
+    for name, q in (("p50", 50), ("p90", 90), ("p99", 99), ("p999", 99.9)):
+        assert report["latency_ms"][name] == pytest.approx(float(np.percentile(latencies, q)), abs=1e-3)
+    assert report["samples_per_s"] == pytest.approx(200.0)
+    assert report["traffic"] == "t"
+    json.dumps(report, allow_nan=False)  # plain JSON, no NaN
+
+
+def test_errors_are_not_timed_and_no_answer_gives_null_latencies():
+    report = summarize(tally_of([], {"INTERNAL": 2}, window_s=1.0))
+    assert report["ok"] == 0 and report["throughput_rps"] == 0.0
+    assert report["latency_ms"] == {"p50": None, "p90": None, "p99": None, "p999": None}
+    assert "-" in format_report(report)  # the table shows a dash, not a number, for what was not measured
+
+
+def test_the_throughput_window_runs_to_the_last_reply_past_the_sending():
+    tally = tally_of([1.0] * 10, {}, window_s=2.0)
+    tally.send_window_s = 1.0  # sending took 1 s, the last reply came at 2 s
+    report = summarize(tally)
+    assert report["sent_rps"] == pytest.approx(10.0)
+    assert report["throughput_rps"] == pytest.approx(5.0)
+
+
+def test_the_tables_show_each_figure():
+    report = summarize(tally_of([2.0, 4.0], {"TIMEOUT": 1}, window_s=1.0), traffic="poisson 3/s, samples 2")
+    text = format_report(report)
+    assert "poisson 3/s" in text and "TIMEOUT 1" in text and "p999" in text
+    sweep = format_sweep([{**report, "rate_rps": 3.0}])
+    assert sweep.splitlines()[1].split()[:4] == ["3", "3", "2", "1"]
