@@ -23,10 +23,14 @@ def test_interference_scales_by_the_number_of_busy_instances():
     assert service.batch_ms([(2, 4), (2, 4)]) == pytest.approx([17.6, 17.6])
 
 
-def test_oversubscribed_instances_share_the_cores():
+def test_oversubscribed_instances_each_get_their_share_of_the_cores():
     service = ServiceModel(PROFILE, cores=4)
-    # Two 4-thread instances on 4 cores: 8 busy threads, each slice twice as long.
-    assert service.batch_ms([(4, 4), (4, 4)]) == [18.0, 18.0]
+    # Two 4-thread instances on 4 cores: each runs as a 2-thread instance would.
+    assert service.batch_ms([(4, 4), (4, 4)]) == [16.0, 16.0]
+    # Eight on 4 cores: half a core each, as a 1-thread instance twice as slow.
+    assert service.batch_ms([(4, 1)] * 8) == [20.0] * 8
+    # Not oversubscribed: each its own threads' L̂.
+    assert service.batch_ms([(2, 1), (2, 1)]) == [6.0, 6.0]
 
 
 def test_rows_past_the_profile_scale_the_largest_batch_and_a_missing_thread_count_is_refused():
