@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from packrat_daemon.wire.client_side import (
     server_error,
 )
 from packrat_daemon.wire.codec import ProtocolError
+from packrat_daemon.wire.curve import ClientKeys, KeyPair
 from packrat_daemon.wire.endpoints import EndpointRing
 from packrat_daemon.wire.errors import (
     BadRequest,
@@ -55,6 +57,7 @@ __all__ = [
     "ClientClosed",
     "ClientTimeout",
     "InternalError",
+    "KeyPair",
     "Overloaded",
     "ServerError",
     "ServerTimeout",
@@ -97,19 +100,28 @@ class _ClientBase:
         timeout: float,
         context: zmq.Context,
         backoff: float,
+        key: str | os.PathLike[str] | KeyPair | None,
+        server_key: str | os.PathLike[str] | bytes | None,
     ) -> None:
         self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not self.endpoints:
             raise ValueError("give at least one endpoint, e.g. 'tcp://127.0.0.1:5555'")
+        if (key is None) != (server_key is None):
+            raise ValueError(
+                "CURVE needs both: key (this client's .key_secret file) and server_key (the server's .key)"
+            )
         self.timeout = timeout
-        self._sockets: list[Any] = [self._connect(context, endpoint) for endpoint in self.endpoints]
+        self._keys = None if key is None or server_key is None else ClientKeys.load(key, server_key)
+        self._sockets: list[Any] = [self._connect(context, endpoint, self._keys) for endpoint in self.endpoints]
         self._ring = EndpointRing(len(self.endpoints), backoff)
         self._ids = itertools.count(1)
         self._closed = False
 
     @staticmethod
-    def _connect(context: zmq.Context, endpoint: str) -> zmq.Socket:
+    def _connect(context: zmq.Context, endpoint: str, keys: ClientKeys | None) -> zmq.Socket:
         socket = context.socket(zmq.DEALER)
+        if keys is not None:
+            keys.apply(socket)
         # LINGER 0: closing must not hang on requests queued for an endpoint that is down.
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, _HWM)
@@ -150,7 +162,11 @@ class _ClientBase:
             raise ClientClosed("the client is closed; create a new one")
 
     def _no_reply(self, index: int) -> ClientTimeout:
-        return ClientTimeout(f"no reply from {self.endpoints[index]} in time; is the daemon running and reachable?")
+        # A CURVE handshake that fails is silent by design: the client only ever sees no reply.
+        keys = "; does it know this client's key, and is server_key its key?" if self._keys else ""
+        return ClientTimeout(
+            f"no reply from {self.endpoints[index]} in time; is the daemon running and reachable{keys}?"
+        )
 
 
 # ------------------------------------------------------------------------------------ blocking client
@@ -161,6 +177,9 @@ class Client(_ClientBase):
 
     ``timeout`` (seconds) bounds each call and is also sent to the server as the request's
     ``timeout_ms``, so the server drops work whose answer nobody waits for any more.
+
+    For a daemon that serves CURVE (docs/security.md), ``key`` is this client's ``.key_secret`` file
+    (or a ``KeyPair``) and ``server_key`` the server's public ``.key`` file (or its 40 Z85 characters).
     """
 
     def __init__(
@@ -170,8 +189,11 @@ class Client(_ClientBase):
         timeout: float = 30.0,
         context: zmq.Context | None = None,
         backoff: float = DEFAULT_BACKOFF_S,
+        key: str | os.PathLike[str] | KeyPair | None = None,
+        server_key: str | os.PathLike[str] | bytes | None = None,
     ) -> None:
-        super().__init__(endpoints, timeout, context if context is not None else zmq.Context.instance(), backoff)
+        context = context if context is not None else zmq.Context.instance()
+        super().__init__(endpoints, timeout, context, backoff, key, server_key)
         self._lock = threading.Lock()
         self._receive_timeout_ms = [-1] * len(self._sockets)  # RCVTIMEO as last set, per socket
 
@@ -268,6 +290,7 @@ class AsyncClient(_ClientBase):
     One reader task per socket routes each reply to the waiting call by its request id, so replies may
     come back in any order; replies nobody waits for (late ones after a timeout) are dropped.
     ``context`` may be a ``zmq.asyncio.Context`` or a plain one, whose I/O threads it then shares.
+    ``key`` and ``server_key``: as for ``Client``.
     """
 
     def __init__(
@@ -277,6 +300,8 @@ class AsyncClient(_ClientBase):
         timeout: float = 30.0,
         context: zmq.asyncio.Context | zmq.Context | None = None,
         backoff: float = DEFAULT_BACKOFF_S,
+        key: str | os.PathLike[str] | KeyPair | None = None,
+        server_key: str | os.PathLike[str] | bytes | None = None,
     ) -> None:
         if context is None:
             async_context: zmq.asyncio.Context = zmq.asyncio.Context.instance()
@@ -284,7 +309,7 @@ class AsyncClient(_ClientBase):
             async_context = context
         else:
             async_context = zmq.asyncio.Context(shadow=context)  # share the caller's I/O threads
-        super().__init__(endpoints, timeout, async_context, backoff)
+        super().__init__(endpoints, timeout, async_context, backoff, key, server_key)
         self._pending: dict[int, asyncio.Future[tuple[dict[str, Any], np.ndarray | None]]] = {}
         self._readers: list[asyncio.Task[None]] = []
 
