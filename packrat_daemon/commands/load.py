@@ -26,6 +26,8 @@ from packrat_daemon.load.arrivals import ArrivalProcess, BatchMix, Burst, Poisso
 from packrat_daemon.wire.errors import ConfigError
 
 DEFAULT_DURATION_S = 10.0
+# The daemon's description is asked first, with its own timeout: a short --timeout is for the requests.
+INFO_TIMEOUT_S = 10.0
 # What the JSON carries of the daemon's `info`: enough to tell which server and plan a result belongs to.
 SERVER_KEYS = ("model", "runtime", "max_batch", "plan")
 
@@ -145,7 +147,7 @@ async def _serve_load(args: argparse.Namespace, specs: list[Any]) -> tuple[dict[
     from packrat_daemon.wire.client import AsyncClient
 
     async with AsyncClient(args.endpoint, timeout=args.timeout) as client:
-        info = await client.info(timeout=min(args.timeout, 10.0))
+        info = await client.info(timeout=INFO_TIMEOUT_S)
         largest = max(
             max(samples for _, samples in spec.process.rows) if isinstance(spec.process, Trace) else spec.mix.largest
             for spec in specs
