@@ -14,10 +14,11 @@ ENTRY_POINT_GROUP = "packrat.policies"
 def _builtin() -> dict[str, type[Policy]]:
     from policies.fixed import FixedPolicy
     from policies.packrat import PackratPolicy
+    from policies.paper_estimator import PaperEstimatorPolicy
     from policies.single import SinglePolicy
     from policies.torchserve import TorchServePolicy
 
-    return {cls.name: cls for cls in (PackratPolicy, SinglePolicy, TorchServePolicy, FixedPolicy)}
+    return {cls.name: cls for cls in (PackratPolicy, SinglePolicy, TorchServePolicy, FixedPolicy, PaperEstimatorPolicy)}
 
 
 def _load_plugins() -> tuple[dict[str, type[Policy]], dict[str, str]]:
