@@ -1,5 +1,8 @@
 """Which runtime `--runtime auto` serves with: a pure function of each runtime's predicted latencies.
 
+A "runtime" here is a candidate's label: with `--precision auto` each (runtime, precision) pair is one
+candidate ("openvino", "openvino/bf16"), chosen between by the same rule.
+
 The plan with the lowest expected latency wins, unless another runtime's plan is predicted within
 NEAR_TIE of it. A start-up profile is good to a few percent, so such a gap says nothing; and expected
 latency weighs the largest batches most, so a runtime can win it while being clearly slower for small

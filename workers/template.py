@@ -35,6 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", required=True)
     parser.add_argument("--input")
     parser.add_argument("--runtime", default="torch")
+    parser.add_argument("--precision", default="fp32")
     parser.add_argument("--backend", required=True, help="the daemon's internal ROUTER endpoint")
     parser.add_argument("--daemon-pid", type=int, required=True)
     args = parser.parse_args(argv)
@@ -43,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Ctrl-C reaches the whole process group; the daemon or profiler stops the template in order
     # (and keeps what it measured), so the template itself must not die of it first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    runtime = make_runtime(args.runtime)
+    runtime = make_runtime(args.runtime, args.precision)
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)
     socket.setsockopt(zmq.IDENTITY, messages.TEMPLATE_IDENTITY)
@@ -59,7 +60,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     socket.send_multipart(
         messages.encode(
             messages.READY,
-            {"pid": os.getpid(), "input": input_spec.to_json(), "model": args.model, "runtime": runtime.name},
+            {
+                "pid": os.getpid(),
+                "input": input_spec.to_json(),
+                "model": args.model,
+                "runtime": runtime.name,
+                "precision": runtime.precision,
+            },
         )
     )
     children: dict[int, _Child] = {}  # by pid

@@ -80,4 +80,4 @@ class OnlineAdaptation:
         learned = self.production.merged_into(offline, time.monotonic())
         if learned is None or learned is offline:
             return None
-        return Profile(dict(learned.items()), model=model, runtime=runtime)
+        return Profile(dict(learned.items()), model=model, runtime=runtime, precision=learned.precision)

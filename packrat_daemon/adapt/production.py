@@ -107,4 +107,4 @@ def _scaled(profile: Profile, factor: float) -> Profile:
         key: Cell(cell.latency_ms * factor, cell.samples, None if cell.p90_ms is None else cell.p90_ms * factor)
         for key, cell in profile.items()
     }
-    return Profile(cells, model=profile.model, runtime=profile.runtime)
+    return Profile(cells, model=profile.model, runtime=profile.runtime, precision=profile.precision)

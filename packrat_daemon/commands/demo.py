@@ -26,7 +26,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="serve a built-in model with packrat and with one instance, and compare their latency",
         description="Start the daemon on a built-in model, send a burst of requests, compare with `single`.",
     )
-    add_settings(parser, ["model"])  # as `serve` takes it
+    add_settings(parser, ["model", "precision", "max_rel_error"])  # as `serve` takes them; both daemons use them
     parser.add_argument("--batch", type=positive_int, default=8, help="samples per request (default 8)")
     parser.add_argument("--requests", type=positive_int, default=8, help="requests per policy (default 8)")
     parser.set_defaults(run=run)
@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="packrat-demo-") as tmp:
         folder = Path(tmp)
         common = ["--model", args.model, "--max-batch", str(args.batch), "--max-delay-ms", "0"]
+        common += ["--precision", args.precision, "--max-rel-error", str(args.max_rel_error)]
         try:
             print(f"packrat demo: serving {args.model} with the packrat policy (profiling first) ...", file=sys.stderr)
             packrat, packrat_endpoint = _start(folder, "packrat", [*common, "--policy", "packrat"])
@@ -100,6 +101,10 @@ def run(args: argparse.Namespace) -> int:
     parts = ", ".join(f"{i['threads']} thread(s) × {i['batch']} input(s)" for i in plan["instances"])
     packrat_ms, single_ms = statistics.median(times["packrat"]), statistics.median(times["single"])
     print(f"model: {args.model}, batch {args.batch}, {args.requests} requests each (interleaved)")
+    for name, served in (("packrat", info), ("single", single_info)):
+        guard = served.get("accuracy_guard")
+        measured = "" if not guard else f" (accuracy guard: max relative error {guard['max_rel_error']:.2e})"
+        print(f"{name} serves {served.get('runtime')} at {served.get('precision', 'fp32')}{measured}")
     print(f"packrat plan: {len(plan['instances'])} instance(s): {parts}")
     predicted = plan.get("predicted_latency_ms")
     if predicted is not None:

@@ -17,9 +17,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "profile",
         help="measure a latency profile (threads × batch) of a model on this machine",
-        description="Measure each (threads, batch) cell in a pinned worker and write a profile CSV.",
+        description="Measure each (threads, batch) cell in a pinned worker and write a profile CSV. "
+        "A reduced precision is measured for speed only: `serve` runs the accuracy guard before serving it.",
     )
-    add_settings(parser, ["model", "input", "runtime", "allocator"])  # as `serve` takes them
+    add_settings(parser, ["model", "input", "runtime", "precision", "allocator"])  # as `serve` takes them
     parser.add_argument("--threads", type=int_list, help="thread counts (default: 1..usable cores)")
     parser.add_argument("--batches", type=int_list, default=[1, 2, 4, 8, 16], help="batch sizes (default 1,2,4,8,16)")
     parser.add_argument("--out", default="profile.csv", help="output CSV (default: profile.csv)")
@@ -50,9 +51,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_grid(args: argparse.Namespace) -> int:
-    from policies.planning.profile import Profile, write_profiles
+    from packrat_daemon.startup import candidate_pairs
+    from policies.planning.profile import Profile, profile_key, write_profiles
     from policies.planning.topology import Topology
-    from workers.spec import available_runtimes
 
     topology = Topology.detect()
     threads = args.threads or list(range(1, topology.usable_cores + 1))
@@ -63,26 +64,25 @@ def run_grid(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     cells = [(t, b) for t in threads for b in args.batches]
-    runtimes = available_runtimes() if args.runtime == "auto" else [args.runtime]
     profiles: list[Profile] = []
     interrupted = False
-    for runtime in runtimes:
-        measured, interrupted = _measure_runtime(topology, args, runtime, cells)
+    for runtime, precision in candidate_pairs(args.runtime, args.precision):
+        measured, interrupted = _measure_runtime(topology, args, runtime, precision, cells)
         if measured:
-            profiles.append(Profile(measured, model=args.model, runtime=runtime))
+            profiles.append(Profile(measured, model=args.model, runtime=runtime, precision=precision))
         if interrupted:
             break
     if profiles:
         write_profiles(args.out, profiles)
-        counts = ", ".join(f"{len(p)} {p.runtime}" for p in profiles)
-        print(f"wrote {counts} cell(s) of {len(cells)} per runtime to {args.out}", file=sys.stderr)
+        counts = ", ".join(f"{len(p)} {profile_key(p.runtime, p.precision)}" for p in profiles)
+        print(f"wrote {counts} cell(s) of {len(cells)} per runtime and precision to {args.out}", file=sys.stderr)
     elif interrupted:
         print("interrupted before any cell was measured; nothing written", file=sys.stderr)
     return 130 if interrupted else 0
 
 
 def _measure_runtime(
-    topology: Topology, args: argparse.Namespace, runtime: str, cells: list[tuple[int, int]]
+    topology: Topology, args: argparse.Namespace, runtime: str, precision: str, cells: list[tuple[int, int]]
 ) -> tuple[dict[tuple[int, int], Cell], bool]:
     """(cells measured, interrupted): Ctrl-C keeps what was measured so far."""
     from packrat_daemon.measure.bench import Bench, model_session
@@ -90,10 +90,12 @@ def _measure_runtime(
     from packrat_daemon.wire.errors import PackratError
 
     measured: dict[tuple[int, int], Cell] = {}
-    progress = Progress(len(cells), f"profiling {runtime}")
+    progress = Progress(len(cells), f"profiling {runtime} at {precision}")
     try:
         progress.note(f"loading {args.model}")
-        session = model_session(args.model, input_override=args.input, runtime=runtime, allocator=args.allocator)
+        session = model_session(
+            args.model, input_override=args.input, runtime=runtime, allocator=args.allocator, precision=precision
+        )
         with session as (backend, info):
             bench = Bench(
                 backend, topology, info, warmup=args.warmup, repeats=args.repeats, side_by_side=not args.isolated

@@ -74,4 +74,4 @@ def measured_profile(
             cells[key] = Cell(latency, split.rounds)
         if on_measured is not None:
             on_measured(decision, split, alone)
-    return Profile(cells, model=profile.model, runtime=profile.runtime)
+    return Profile(cells, model=profile.model, runtime=profile.runtime, precision=profile.precision)

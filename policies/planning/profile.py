@@ -1,8 +1,11 @@
 """Latency profiles: L(threads, batch) for one model on one machine, with sample counts.
 
 The file format is CSV with at least the header ``threads,batch,latency_ms``; extra columns are
-allowed (``samples``, ``p90_ms``, ``runtime``, ...), so profiles measured elsewhere can be imported.
-Rows naming the same (threads, batch) cell are merged by a sample-weighted mean, never dropped.
+allowed (``samples``, ``p90_ms``, ``runtime``, ``precision``, ...), so profiles measured elsewhere can be
+imported. Rows naming the same (threads, batch) cell are merged by a sample-weighted mean, never dropped.
+One file may hold several runtimes' rows, each at one or more precisions: a profile is keyed by its
+runtime and precision (`profile_key`); rows without a precision (files written before the column
+existed) are fp32.
 """
 
 from __future__ import annotations
@@ -18,6 +21,12 @@ from pathlib import Path
 from packrat_daemon.wire.errors import ProfileError
 
 REQUIRED_COLUMNS = ("threads", "batch", "latency_ms")
+DEFAULT_PRECISION = "fp32"
+
+
+def profile_key(runtime: str, precision: str = DEFAULT_PRECISION) -> str:
+    """How `parse_all` names one runtime's rows at one precision: "openvino", "openvino/bf16"."""
+    return runtime if precision == DEFAULT_PRECISION else f"{runtime}/{precision}"
 
 
 @dataclass(frozen=True)
@@ -47,12 +56,20 @@ class Profile:
     non-decreasing in the batch), or None when b exceeds every batch profiled for t.
     """
 
-    def __init__(self, cells: Mapping[tuple[int, int], Cell], *, model: str = "", runtime: str = "") -> None:
+    def __init__(
+        self,
+        cells: Mapping[tuple[int, int], Cell],
+        *,
+        model: str = "",
+        runtime: str = "",
+        precision: str = DEFAULT_PRECISION,
+    ) -> None:
         for (threads, batch), cell in cells.items():
             _check_cell(threads, batch, cell.latency_ms, where=f"cell ({threads}, {batch})")
         self._cells: dict[tuple[int, int], Cell] = dict(sorted(cells.items()))
         self.model = model
         self.runtime = runtime
+        self.precision = precision
         rows: dict[int, list[tuple[int, float]]] = {}
         for (threads, batch), cell in self._cells.items():
             rows.setdefault(threads, []).append((batch, cell.latency_ms))
@@ -64,23 +81,28 @@ class Profile:
         return cls({key: Cell(float(value)) for key, value in table.items()}, **meta)
 
     @classmethod
-    def read_csv(cls, path: str | os.PathLike[str], runtime: str | None = None) -> Profile:
-        return cls.parse_csv(_read_text(path), source=str(path), runtime=runtime)
+    def read_csv(
+        cls, path: str | os.PathLike[str], runtime: str | None = None, precision: str = DEFAULT_PRECISION
+    ) -> Profile:
+        return cls.parse_csv(_read_text(path), source=str(path), runtime=runtime, precision=precision)
 
     @classmethod
     def read_all(cls, path: str | os.PathLike[str]) -> dict[str, Profile]:
         return cls.parse_all(_read_text(path), source=str(path))
 
     @classmethod
-    def parse_csv(cls, text: str, *, source: str = "<profile>", runtime: str | None = None) -> Profile:
-        """One runtime's profile. A file with a `runtime` column may hold several; name one then."""
+    def parse_csv(
+        cls, text: str, *, source: str = "<profile>", runtime: str | None = None, precision: str = DEFAULT_PRECISION
+    ) -> Profile:
+        """One runtime's profile at `precision`. A file with a `runtime` column may hold several; name one then."""
         profiles = cls.parse_all(text, source=source)
         if runtime is not None:
-            if runtime in profiles:
-                return profiles[runtime]
+            if profile_key(runtime, precision) in profiles:
+                return profiles[profile_key(runtime, precision)]
             if len(profiles) == 1 and "" in profiles:
                 return profiles[""]  # a profile that does not say which runtime measured it
-            raise ProfileError(f"{source}: no rows for runtime {runtime!r}; it has {', '.join(sorted(profiles))}")
+            at = "" if precision == DEFAULT_PRECISION else f" at {precision}"
+            raise ProfileError(f"{source}: no rows for runtime {runtime!r}{at}; it has {', '.join(sorted(profiles))}")
         if len(profiles) > 1:
             raise ProfileError(
                 f"{source}: holds profiles of several runtimes ({', '.join(sorted(profiles))}); "
@@ -90,9 +112,9 @@ class Profile:
 
     @classmethod
     def parse_all(cls, text: str, *, source: str = "<profile>") -> dict[str, Profile]:
-        """Every runtime's profile in the file, by runtime name ('' when the file does not say)."""
+        """Every runtime's profile in the file, by `profile_key` ('' when the file does not say the runtime)."""
         header: list[str] | None = None
-        by_runtime: dict[str, dict[tuple[int, int], Cell]] = {}
+        by_runtime: dict[tuple[str, str], dict[tuple[int, int], Cell]] = {}
         meta: dict[str, str] = {}
         # Line by line, so a stray quote in a comment cannot swallow the rows after it and every
         # error names the file's own line number.
@@ -135,7 +157,7 @@ class Profile:
             _check_cell(threads, batch, latency, where=where)
             cell = Cell(latency, samples, p90)
             row_runtime = record.get("runtime") or meta.get("runtime", "")
-            table = by_runtime.setdefault(row_runtime, {})
+            table = by_runtime.setdefault((row_runtime, record.get("precision") or DEFAULT_PRECISION), {})
             key = (threads, batch)
             table[key] = table[key].merged(cell) if key in table else cell
         if header is None:
@@ -143,7 +165,10 @@ class Profile:
         if not by_runtime:
             raise ProfileError(f"{source}: the profile has a header but no rows")
         model = meta.get("model", "")
-        return {name: cls(table, model=model, runtime=name) for name, table in by_runtime.items()}
+        return {
+            profile_key(name, precision): cls(table, model=model, runtime=name, precision=precision)
+            for (name, precision), table in by_runtime.items()
+        }
 
     # -- queries ------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -196,7 +221,9 @@ class Profile:
         cells = dict(self._cells)
         for key, cell in other.items():
             cells[key] = cells[key].merged(cell) if key in cells else cell
-        return Profile(cells, model=self.model or other.model, runtime=self.runtime or other.runtime)
+        return Profile(
+            cells, model=self.model or other.model, runtime=self.runtime or other.runtime, precision=self.precision
+        )
 
     # -- output -------------------------------------------------------------------------------
     def to_csv(self) -> str:
@@ -204,10 +231,11 @@ class Profile:
         if self.model:
             out.write(f"# model: {self.model}\n")
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(["threads", "batch", "latency_ms", "samples", "p90_ms", "runtime"])
+        writer.writerow(["threads", "batch", "latency_ms", "samples", "p90_ms", "runtime", "precision"])
         for (threads, batch), cell in self._cells.items():
             p90 = "" if cell.p90_ms is None else _number(cell.p90_ms)
-            writer.writerow([threads, batch, _number(cell.latency_ms), cell.samples, p90, self.runtime])
+            row = [threads, batch, _number(cell.latency_ms), cell.samples, p90, self.runtime, self.precision]
+            writer.writerow(row)
         return out.getvalue()
 
     def write_csv(self, path: str | os.PathLike[str]) -> None:
@@ -215,7 +243,7 @@ class Profile:
 
 
 def write_profiles(path: str | os.PathLike[str], profiles: Sequence[Profile]) -> None:
-    """One CSV holding several runtimes' rows (the `runtime` column tells them apart).
+    """One CSV holding several runtimes' rows (the `runtime` and `precision` columns tell them apart).
 
     Written atomically, so a crash or Ctrl-C never leaves a half-written profile behind.
     """

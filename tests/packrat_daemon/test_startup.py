@@ -69,3 +69,27 @@ def test_a_reload_that_cannot_be_planned_raises_for_the_daemon_to_keep_serving()
     fresh = ServeConfig(model="builtin:tiny-mlp", policy="fixed", plan="9x9", max_batch=4)
     with pytest.raises(PackratError, match="needs 9 cores"):
         replan(running, fresh, "torch", None, Topology.synthetic(2))
+
+
+def test_rows_at_another_precision_are_kept_apart_in_the_saved_file(tmp_path: Path) -> None:
+    path = tmp_path / "profiles.csv"
+    profiles = ProfileFile(str(path))
+    bf16 = Profile.from_latencies({(1, 1): 1.0}, model="m", runtime="torch")
+    profiles.save(profile("torch", 4.0))
+    profiles.save(Profile(dict(bf16.items()), model="m", runtime="torch", precision="bf16"))
+    saved = Profile.read_all(path)
+    assert saved["torch"].latency(1, 1) == 4.0 and saved["torch/bf16"].latency(1, 1) == 1.0
+    assert read_profile(str(path), "torch", "bf16").precision == "bf16"
+
+
+def test_auto_precision_adds_bf16_only_where_the_cpu_and_the_runtime_have_it() -> None:
+    from packrat_daemon.startup import candidate_pairs
+
+    with_units, without = frozenset({"avx512_bf16"}), frozenset({"avx2"})
+    assert candidate_pairs("torch", "auto", with_units) == [("torch", "fp32"), ("torch", "bf16")]
+    assert candidate_pairs("torch", "auto", without) == [("torch", "fp32")]
+    assert candidate_pairs("onnxruntime", "auto", with_units) == [("onnxruntime", "fp32")]
+    assert candidate_pairs("torch", "fp32", with_units) == [("torch", "fp32")]
+    assert candidate_pairs("torch", "bf16", without) == [("torch", "bf16")]  # pinned: the guard still decides
+    with pytest.raises(PackratError, match="cannot serve bf16"):
+        candidate_pairs("onnxruntime", "bf16", with_units)

@@ -258,3 +258,26 @@ def test_runtime_column_keeps_each_runtime_apart(tmp_path: Path) -> None:
 def test_profile_without_runtime_serves_any_runtime() -> None:
     profile = Profile.parse_csv("threads,batch,latency_ms\n1,1,5\n", runtime="openvino")
     assert profile.latency(1, 1) == 5.0
+
+
+def test_precision_column_keeps_each_precision_apart(tmp_path: Path) -> None:
+    from policies.planning.profile import profile_key, write_profiles
+
+    fp32 = Profile.from_latencies({(1, 1): 10.0}, runtime="openvino")
+    bf16 = Profile({(1, 1): Cell(3.0)}, runtime="openvino", precision="bf16")
+    path = tmp_path / "both.csv"
+    write_profiles(path, [fp32, bf16])
+    assert path.read_text().splitlines()[0].endswith(",runtime,precision")
+    both = Profile.read_all(path)
+    assert set(both) == {"openvino", "openvino/bf16"} == {profile_key("openvino"), profile_key("openvino", "bf16")}
+    read = Profile.read_csv(path, runtime="openvino", precision="bf16")
+    assert (read.precision, read.latency(1, 1)) == ("bf16", 3.0)
+    assert Profile.read_csv(path, runtime="openvino").precision == "fp32"
+    with pytest.raises(ProfileError, match="no rows for runtime 'torch' at bf16"):
+        Profile.read_csv(path, runtime="torch", precision="bf16")
+
+
+def test_a_file_written_before_the_precision_column_reads_as_fp32() -> None:
+    old = "threads,batch,latency_ms,samples,p90_ms,runtime\n1,1,5.0,3,,torch\n"
+    read = Profile.parse_csv(old, runtime="torch")
+    assert (read.runtime, read.precision, read.latency(1, 1)) == ("torch", "fp32", 5.0)

@@ -1,0 +1,163 @@
+"""The accuracy guard: a reduced precision is served only when its outputs stay close to fp32's.
+
+Before a bf16 candidate is prepared, the same runtime runs the same inputs at fp32 and at bf16 (in a
+subprocess, `workers.precision`), and the outputs are compared here:
+
+- relative error: per input, the largest absolute difference between the two outputs over the largest
+  absolute fp32 output of that input; the guard keeps the worst input's. Scaled per input rather than
+  per element, so an output near zero cannot make a harmless difference look huge.
+- top-1 agreement, for classifiers (2-D outputs, one row of scores per input): the share of inputs whose
+  highest-scoring class is the same at both precisions. A classifier must agree on every input.
+
+The inputs are the model's sample inputs (seeded, as the measurements use) and, with `--calibration
+FILE.npy`, the user's own. A candidate that fails is never served: `--precision bf16` stops with an
+error that says what was measured, and `--precision auto` leaves it out and says why in the log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packrat_daemon.wire.errors import ConfigError, PackratError
+from workers.spec import InputSpec, sample_input
+
+log = logging.getLogger("packrat.daemon")
+
+DEFAULT_MAX_REL_ERROR = 0.05
+MIN_TOP1_AGREEMENT = 1.0  # every input's top-1 class must survive the reduced precision
+SAMPLE_INPUTS = 8
+GUARD_TIMEOUT_S = 900.0
+_REPO = Path(__file__).resolve().parent.parent
+
+
+class AccuracyError(PackratError):
+    """A reduced precision failed the accuracy guard, or the guard could not measure it."""
+
+
+@dataclass(frozen=True)
+class GuardResult:
+    """What the guard measured for one (runtime, precision) and whether that precision may be served."""
+
+    runtime: str
+    precision: str
+    inputs: int  # how many inputs were compared
+    max_rel_error: float
+    top1_agreement: float | None  # None: not a classifier (outputs are not 2-D)
+    tolerance: float
+    runtime_has_units: bool | None  # the runtime's own report (None: it does not say)
+
+    @property
+    def passed(self) -> bool:
+        within = self.max_rel_error <= self.tolerance
+        agrees = self.top1_agreement is None or self.top1_agreement >= MIN_TOP1_AGREEMENT
+        return within and agrees and self.runtime_has_units is not False
+
+    def describe(self) -> str:
+        top1 = "" if self.top1_agreement is None else f", top-1 agreement {self.top1_agreement:.2f}"
+        verdict = "passed" if self.passed else "failed"
+        units = " (the runtime reports no native units for it)" if self.runtime_has_units is False else ""
+        return (
+            f"{self.runtime} {self.precision} against fp32 on {self.inputs} inputs: max relative error "
+            f"{self.max_rel_error:.2e} (tolerance {self.tolerance:g}){top1}{units}: {verdict}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "runtime": self.runtime,
+            "precision": self.precision,
+            "inputs": self.inputs,
+            "max_rel_error": self.max_rel_error,
+            "top1_agreement": self.top1_agreement,
+            "tolerance": self.tolerance,
+            "runtime_has_units": self.runtime_has_units,
+            "passed": self.passed,
+        }
+
+
+def compare(reference: np.ndarray, reduced: np.ndarray) -> tuple[float, float | None]:
+    """(max relative error, top-1 agreement or None) of `reduced` against the fp32 `reference`."""
+    if reference.shape != reduced.shape:
+        raise AccuracyError(f"the reduced precision's output has shape {reduced.shape}, fp32's {reference.shape}")
+    ref = reference.reshape(len(reference), -1).astype(np.float64)
+    low = reduced.reshape(len(reduced), -1).astype(np.float64)
+    scale = np.maximum(np.abs(ref).max(axis=1), np.finfo(np.float32).tiny)
+    per_input = np.abs(low - ref).max(axis=1) / scale
+    rel = float(per_input.max()) if np.isfinite(per_input).all() else float("inf")
+    top1 = None
+    if reference.ndim == 2 and reference.shape[1] > 1:
+        top1 = float(np.mean(reference.argmax(axis=1) == reduced.argmax(axis=1)))
+    return rel, top1
+
+
+def guard_inputs(spec: InputSpec, calibration: str | None) -> np.ndarray:
+    """The sample inputs, then the user's calibration inputs (checked against the model's input)."""
+    samples = sample_input(spec, SAMPLE_INPUTS, seed=SAMPLE_INPUTS)
+    if not calibration:
+        return samples
+    try:
+        user = np.load(calibration, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read --calibration {calibration}: {exc}; give a .npy file (numpy.save)") from None
+    if tuple(user.shape[1:]) != spec.shape or user.ndim < 1 or len(user) == 0:
+        raise ConfigError(
+            f"--calibration {calibration} holds an array of shape {list(user.shape)}; the model takes "
+            f"N x {'x'.join(map(str, spec.shape))} inputs of {spec.dtype}"
+        )
+    return np.concatenate([samples, user.astype(samples.dtype, copy=False)])
+
+
+def check(
+    model: str,
+    input_spec: InputSpec,
+    runtime: str,
+    precision: str,
+    *,
+    input_override: str | None = None,
+    calibration: str | None = None,
+    tolerance: float = DEFAULT_MAX_REL_ERROR,
+) -> GuardResult:
+    """Run the guard for `runtime` at `precision`; the result says whether it passed."""
+    inputs = guard_inputs(input_spec, calibration)
+    with tempfile.TemporaryDirectory(prefix="packrat-guard-") as folder:
+        out = Path(folder)
+        np.save(out / "inputs.npy", inputs)
+        command = [
+            sys.executable, "-m", "workers.precision", "--model", model, "--runtime", runtime,
+            "--precision", precision, "--inputs", str(out / "inputs.npy"), "--out", folder,
+        ]  # fmt: skip
+        if input_override:
+            command += ["--input", input_override]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO), env.get("PYTHONPATH", "")]))
+        try:
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=GUARD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise AccuracyError(
+                f"the accuracy guard for {runtime} {precision} took over {GUARD_TIMEOUT_S:.0f} s"
+            ) from None
+        report_path = out / "report.json"
+        report = json.loads(report_path.read_text()) if report_path.exists() else {}
+        if done.returncode != 0 or "error" in report:
+            why = report.get("error") or done.stderr.strip()[-2000:]
+            raise AccuracyError(f"the accuracy guard could not run {model} on {runtime} at {precision}: {why}")
+        reference, reduced = np.load(out / "reference.npy"), np.load(out / "reduced.npy")
+    rel, top1 = compare(reference, reduced)
+    return GuardResult(runtime, precision, len(inputs), rel, top1, tolerance, report.get("runtime_has_units"))
+
+
+def refused(result: GuardResult) -> AccuracyError:
+    """The error for a pinned reduced precision that failed the guard: what was measured, what to do."""
+    return AccuracyError(
+        f"accuracy guard: {result.describe()}; serve --precision fp32, or allow more error with "
+        f"--max-rel-error (at your own risk)"
+    )
