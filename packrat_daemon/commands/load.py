@@ -29,7 +29,9 @@ DEFAULT_DURATION_S = 10.0
 # The daemon's description is asked first, with its own timeout: a short --timeout is for the requests.
 INFO_TIMEOUT_S = 10.0
 # What the JSON carries of the daemon's `info`: enough to tell which server and plan a result belongs to.
-SERVER_KEYS = ("model", "runtime", "max_batch", "plan")
+# An emulating daemon's `emulation` is always carried, and a run against one is labelled `emulated`: its
+# latencies are a profile's, not this machine's.
+SERVER_KEYS = ("model", "runtime", "max_batch", "plan", "emulation")
 
 
 def _positive_float(text: str) -> float:
@@ -201,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
             "requests": args.requests,
             "seed": args.seed,
             "warmup_s": args.warmup,
+            "emulated": bool(info.get("emulation")),
         }
         if spec.process is None:
             extra["concurrency"] = spec.concurrency

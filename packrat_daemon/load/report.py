@@ -104,6 +104,14 @@ def format_report(report: dict[str, Any]) -> str:
         ("errors", _errors(report["errors"])),
         ("throughput", f"{_number(report['throughput_rps'])} req/s, {_number(report.get('samples_per_s'))} samples/s"),
     ]
+    server = report.get("server") or {}
+    if server.get("model"):
+        rows.insert(0, ("server", f"{server['model']} ({server.get('runtime', '?')})"))
+    if report.get("emulated"):
+        note = (server.get("emulation") or {}).get(
+            "note", "the daemon computes nothing and waits a profile's latencies"
+        )
+        rows.insert(1, ("EMULATED", note))
     if "send_lag_p99_ms" in report:
         rows.append(("send lag p99", f"{_number(report['send_lag_p99_ms'], 3)} ms"))
     width = max(len(name) for name, _ in rows)

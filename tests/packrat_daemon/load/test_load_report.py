@@ -60,3 +60,12 @@ def test_the_tables_show_each_figure():
     assert "poisson 3/s" in text and "TIMEOUT 1" in text and "p999" in text
     sweep = format_sweep([{**report, "rate_rps": 3.0}])
     assert sweep.splitlines()[1].split()[:4] == ["3", "3", "2", "1"]
+
+
+def test_a_run_against_an_emulating_daemon_says_so():
+    server = {"model": "builtin:resnet50", "runtime": "emulated", "emulation": {"note": "EMULATING 16 cores"}}
+    report = summarize(tally_of([1.0], {}, window_s=1.0), emulated=True, server=server)
+    text = format_report(report)
+    assert "EMULATED" in text and "EMULATING 16 cores" in text
+    plain = format_report(summarize(tally_of([1.0], {}, window_s=1.0), emulated=False, server={"model": "m"}))
+    assert "EMULATED" not in plain
