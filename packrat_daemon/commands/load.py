@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import json
 import math
 import sys
@@ -23,6 +22,7 @@ from typing import Any
 from packrat_daemon.commands.options import positive_int
 from packrat_daemon.config import BY_NAME
 from packrat_daemon.load.arrivals import ArrivalProcess, BatchMix, Burst, Poisson, Trace
+from packrat_daemon.wire.curve import is_local_endpoint
 from packrat_daemon.wire.errors import ConfigError
 
 DEFAULT_DURATION_S = 10.0
@@ -99,23 +99,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the arrivals and sizes (default 0)")
     parser.add_argument("--sweep", type=_rates, metavar="R1,R2,…", help="one run per rate: a latency–throughput curve")
     parser.add_argument("--plot", metavar="FILE.png", help="draw the sweep (needs matplotlib: .[plot])")
+    parser.add_argument("--key", help="a daemon serving CURVE: this client's .key_secret file (docs/security.md)")
+    parser.add_argument("--server-key", help="a daemon serving CURVE: the server's public .key file")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--quiet", action="store_true", help="no progress line on stderr")
     parser.set_defaults(run=run)
-
-
-def is_local(endpoint: str) -> bool:
-    """Whether an endpoint is on this machine: ipc:// and inproc://, or tcp:// to a loopback address."""
-    scheme, _, rest = endpoint.partition("://")
-    if scheme in ("ipc", "inproc"):
-        return True
-    host = rest.rsplit(":", 1)[0].rpartition(";")[2].strip("[]")  # tcp://[iface;]host:port
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _process(args: argparse.Namespace) -> ArrivalProcess | None:
@@ -136,6 +124,10 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError(
             "--sweep gives the rates itself: use it alone or with --burst, not with --rate/--trace/--concurrency"
         )
+    if (args.key is None) != (args.server_key is None):
+        raise ConfigError(
+            "CURVE needs both --key (this client's .key_secret file) and --server-key (the server's .key)"
+        )
     if args.plot and not args.sweep:
         raise ConfigError("--plot draws a --sweep; add --sweep R1,R2,…")
     if args.plot:
@@ -148,7 +140,7 @@ async def _serve_load(args: argparse.Namespace, specs: list[Any]) -> tuple[dict[
     from packrat_daemon.load.generator import Generator, Inputs
     from packrat_daemon.wire.client import AsyncClient
 
-    async with AsyncClient(args.endpoint, timeout=args.timeout) as client:
+    async with AsyncClient(args.endpoint, timeout=args.timeout, key=args.key, server_key=args.server_key) as client:
         info = await client.info(timeout=INFO_TIMEOUT_S)
         largest = max(
             max(samples for _, samples in spec.process.rows) if isinstance(spec.process, Trace) else spec.mix.largest
@@ -170,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     from packrat_daemon.load.report import format_report, format_sweep, summarize
 
     _check(args)
-    if not is_local(args.endpoint):
+    if not is_local_endpoint(args.endpoint):
         print(
             f"packrat load: warning: {args.endpoint} is not on this machine; the network's latency is in every figure",
             file=sys.stderr,

@@ -15,7 +15,6 @@ from conftest import running_daemon
 
 from packrat_daemon.cli import main
 from packrat_daemon.commands import load as load_command
-from packrat_daemon.commands.load import is_local
 from packrat_daemon.load.arrivals import BatchMix, Poisson, open_loop_schedule
 
 FIXED_KEYS = ["sent", "ok", "errors", "throughput_rps", "latency_ms"]
@@ -126,23 +125,6 @@ def test_requests_larger_than_max_batch_are_refused_before_sending(endpoint, cap
     assert "more than the daemon's max_batch 32" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(
-    ("endpoint", "local"),
-    [
-        ("ipc:///tmp/x.ipc", True),
-        ("tcp://127.0.0.1:5555", True),
-        ("tcp://127.8.0.1:5555", True),
-        ("tcp://localhost:5555", True),
-        ("tcp://[::1]:5555", True),
-        ("tcp://lo;127.0.0.1:5555", True),
-        ("tcp://10.0.0.5:5555", False),
-        ("tcp://example.org:5555", False),
-    ],
-)
-def test_loopback_is_recognised(endpoint: str, local: bool):
-    assert is_local(endpoint) is local
-
-
 def test_a_remote_endpoint_is_warned_about(capsys, monkeypatch: pytest.MonkeyPatch):
     # A documentation-range address: nothing answers, so the run ends with the client's timeout error.
     monkeypatch.setattr(load_command, "INFO_TIMEOUT_S", 0.2)
@@ -156,6 +138,7 @@ def test_a_remote_endpoint_is_warned_about(capsys, monkeypatch: pytest.MonkeyPat
         (["--plot", "x.png"], "--plot draws a --sweep"),
         (["--sweep", "1,2", "--rate", "3"], "--sweep gives the rates"),
         (["--sweep", "1,2", "--concurrency", "3"], "--sweep gives the rates"),
+        (["--key", "client.key_secret"], "CURVE needs both"),
     ],
 )
 def test_contradictory_options_are_refused(capsys, args: list[str], match: str):
