@@ -97,31 +97,27 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     simulation = Simulation(config, profile, cores, ServiceModel(profile, cores), args.transport_ms)
     report = simulation.run(traffic).to_json()
-    report = {
-        **report,
-        "inputs": {
-            "profile": args.profile, "cores": cores, "policy": args.policy, "traffic": traffic.describe(),
-            "seed": args.seed, "interference": args.interference, "transport_ms": args.transport_ms,
-        },
+    report["traffic"] = traffic.describe()
+    report["inputs"] = {
+        "profile": args.profile, "cores": cores, "policy": args.policy, "seed": args.seed,
+        "interference": args.interference, "transport_ms": args.transport_ms,
     }  # fmt: skip
     wall = time.monotonic() - started
     if args.json:
         print(json.dumps(report))
     else:
         _print_table(report)
-    print(f"simulated {report['elapsed_s']:.1f} s of traffic in {wall:.1f} s", file=sys.stderr)
+    print(f"simulated {report['window_s']:.1f} s of traffic in {wall:.1f} s", file=sys.stderr)
     return 0
 
 
 def _print_table(report: dict[str, Any]) -> None:
+    from packrat_daemon.load.report import format_report
+
     inputs = report["inputs"]
-    print(f"SIMULATION (virtual clock, emulated service times): {inputs['policy']} on {inputs['cores']} cores")
-    print(f"traffic: {inputs['traffic']}, seed {inputs['seed']}; interference: {inputs['interference']}")
-    errors = ", ".join(f"{code} {n}" for code, n in report["errors"].items()) or "none"
-    print(f"sent {report['sent']}, ok {report['ok']}, errors: {errors}")
-    print(f"throughput {report['throughput_rps']:.1f} req/s; {report['batches']} batches, mean {report['mean_batch']}")
-    latency = report["latency_ms"]
-    print("latency ms: " + ", ".join(f"{name} {latency[name]:.2f}" for name in ("p50", "p90", "p99", "p999")))
-    print("plan changes:")
+    print(f"SIMULATION (virtual clock, emulated service times): {inputs['policy']} on {inputs['cores']} cores, "
+          f"interference {inputs['interference']}, seed {inputs['seed']}")  # fmt: skip
+    print(format_report(report))
+    print(f"batches: {report['batches']}, mean {report['mean_batch']} inputs; plan changes:")
     for change in report["plan_changes"]:
         print(f"  {change['t_s']:>10.3f} s  {change['reason']:<6} {change['plan']}")

@@ -21,13 +21,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from packrat_daemon.adapt.online import OnlineAdaptation
 from packrat_daemon.batcher import Batcher, Request
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.dispatcher import Splitter
 from packrat_daemon.load.arrivals import ArrivalProcess, BatchMix
+from packrat_daemon.load.report import Tally, summarize
 from packrat_daemon.pool import WorkerHandle, WorkerState
 from packrat_daemon.reconciler import plan_slots
 from packrat_daemon.simulate.clock import EventLoop, VirtualClock
@@ -73,31 +72,20 @@ class Traffic:
 
 @dataclass
 class SimulationResult:
-    sent: int
-    ok: int
-    errors: dict[str, int]
-    elapsed_s: float  # virtual seconds from the start to the last answer
-    latencies_ms: list[float] = field(repr=False)
+    tally: Tally = field(repr=False)  # as packrat load counts, in virtual seconds from 0
     batches: int
     batch_inputs: int
     plan_changes: list[dict[str, Any]]
 
     def to_json(self) -> dict[str, Any]:
-        """`packrat load`'s report fields, then the simulation's own."""
-        values = np.asarray(self.latencies_ms) if self.latencies_ms else np.asarray([np.nan])
-        p50, p90, p99, p999 = (round(float(x), 4) for x in np.percentile(values, [50, 90, 99, 99.9]))
-        return {
-            "sent": self.sent,
-            "ok": self.ok,
-            "errors": dict(sorted(self.errors.items())),
-            "throughput_rps": round(self.ok / self.elapsed_s, 4) if self.elapsed_s > 0 else 0.0,
-            "latency_ms": {"p50": p50, "p90": p90, "p99": p99, "p999": p999},
-            "simulated": True,
-            "elapsed_s": round(self.elapsed_s, 6),
-            "batches": self.batches,
-            "mean_batch": round(self.batch_inputs / self.batches, 4) if self.batches else 0.0,
-            "plan_changes": self.plan_changes,
-        }
+        """`packrat load`'s report (its one home: load.report.summarize), then the simulation's own fields."""
+        return summarize(
+            self.tally,
+            simulated=True,
+            batches=self.batches,
+            mean_batch=round(self.batch_inputs / self.batches, 4) if self.batches else 0.0,
+            plan_changes=self.plan_changes,
+        )
 
 
 class Simulation:
@@ -121,10 +109,9 @@ class Simulation:
         self.plan_changes: list[dict[str, Any]] = []
         self._switch(self.plan, "start")
         self.busy = False
-        self.sent = self.ok = self.batches = self.batch_inputs = 0
-        self.errors: Counter[str] = Counter()
-        self.latencies_ms: list[float] = []
-        self.last_answer = 0.0
+        self.tally = Tally(started=0.0)
+        self.batches = self.batch_inputs = 0
+        self.last_send = 0.0
         self._senders = 0  # arrival sources still sending (1 open-loop process, or N closed-loop clients)
         self._tick_at: float | None = None  # the batch-due wake-up already scheduled, if any
 
@@ -147,13 +134,16 @@ class Simulation:
                 self._client_send(traffic, rng)
         self.loop.at(self.adaptation.due, self._adapt)
         self.loop.run(max_events)
-        return SimulationResult(
-            self.sent, self.ok, dict(self.errors), self.last_answer, self.latencies_ms,
-            self.batches, self.batch_inputs, self.plan_changes,
-        )  # fmt: skip
+        # As packrat load: an open loop's sending lasts at least the asked duration; a closed loop's, until
+        # its clients stop (after their last answer).
+        if traffic.process is not None:
+            self.tally.send_window_s = max(self.last_send, traffic.duration_s or 0.0)
+        else:
+            self.tally.send_window_s = self.tally.last_done
+        return SimulationResult(self.tally, self.batches, self.batch_inputs, self.plan_changes)
 
     def _may_send(self, traffic: Traffic, when: float) -> bool:
-        if traffic.requests is not None and self.sent >= traffic.requests:
+        if traffic.requests is not None and self.tally.sent >= traffic.requests:
             return False
         return traffic.duration_s is None or when < traffic.duration_s
 
@@ -180,14 +170,13 @@ class Simulation:
 
     def _offer(self, samples: int, answered: Any) -> None:
         """A request reaches the frontend (after half the transport cost) and is queued, or refused at once."""
-        self.sent += 1
-        now = self.clock.now
+        self.tally.sent += 1
+        now = self.last_send = self.clock.now
         request = Request(b"", None, answered, "float32", (samples,), None, arrived=now + self.transport_s / 2)
 
         def queue() -> None:
             if not self.batcher.offer(request):
-                self.errors[ErrorCode.OVERLOADED.value] += 1
-                self._answered(request)
+                self._answered(request, ErrorCode.OVERLOADED.value)
                 return
             self._tick()
 
@@ -219,17 +208,19 @@ class Simulation:
         now = self.clock.now
         self.busy = False
         for request in batch:
-            self.ok += 1
-            self.latencies_ms.append((now - request.arrived) * 1000.0 + self.transport_s * 1000.0)
             self._answered(request)
         for (threads, rows), ms in zip(slices, compute_ms, strict=True):
             self.adaptation.production.observe(threads, rows, ms, now)
         self._tick()
 
-    def _answered(self, request: Request) -> None:
-        """The client has its answer (after the other half of the transport cost); a closed-loop client sends again."""
+    def _answered(self, request: Request, error: str | None = None) -> None:
+        """The client has its answer (after the other half of the transport cost), counted as packrat load
+        counts it; a closed-loop client then sends again."""
         when = self.clock.now + self.transport_s / 2
-        self.last_answer = max(self.last_answer, when)
+        if error is None:
+            self.tally.answered(when - (request.arrived - self.transport_s / 2), request.samples, when)
+        else:
+            self.tally.failed(error, when)
         if request.request_id is not None:
             self.loop.at(when, request.request_id)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,8 @@ def test_json_has_the_load_reports_fields_and_the_plan_changes(profile: str, cap
 def test_the_table_says_it_is_a_simulation(profile: str, capsys: pytest.CaptureFixture[str]):
     assert main(["simulate", "--profile", profile, "--concurrency", "2", "--batch", "4", "--requests", "40"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("SIMULATION") and "sent 40, ok 40" in out and "plan changes:" in out
+    assert out.startswith("SIMULATION") and "plan changes:" in out
+    assert re.search(r"^sent\s+40 ", out, re.M) and re.search(r"^ok\s+40$", out, re.M)
 
 
 def test_requests_larger_than_max_batch_are_refused(profile: str, capsys: pytest.CaptureFixture[str]):
