@@ -14,12 +14,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import zmq
 
+from packrat_daemon.hardening import claim_ipc, private_dir
 from packrat_daemon.wire.errors import ConfigError, PackratError
 from packrat_daemon.wire.zmqio import NOBLOCK, ZERO_COPY_MIN_BYTES, readable, recv_frames, send_frames
 from workers import messages
@@ -55,6 +56,8 @@ class ModelInfo:
     shape: tuple[int, ...]
     high: int | None
     template_pid: int
+    precision: str = "fp32"
+    guard: dict[str, Any] | None = None  # what the accuracy guard measured (None: fp32, which needs none)
 
     @property
     def input(self) -> InputSpec:
@@ -84,9 +87,9 @@ class Backend:
     def __init__(self, context: zmq.Context, run_dir: str | None = None) -> None:
         self.context = context
         self._own_dir = run_dir is None
-        self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="packrat-"))
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.run_dir, 0o700)  # the ipc socket accepts anyone who can reach the file
+        # The ipc socket accepts anyone who can reach the file: the run dir must be this user's alone.
+        self.run_dir = private_dir(run_dir or tempfile.mkdtemp(prefix="packrat-"))
+        claim_ipc(self.run_dir / "backend.ipc")
         self.endpoint = f"ipc://{self.run_dir / 'backend.ipc'}"
         self.socket = context.socket(zmq.ROUTER)
         # Sending to a worker that has gone must fail loudly, not drop the slice silently.
@@ -97,7 +100,13 @@ class Backend:
 
     # -- the template -------------------------------------------------------------------------
     def start_template(
-        self, model: str, *, input_override: str | None = None, runtime: str = "torch", allocator: str = "system"
+        self,
+        model: str,
+        *,
+        input_override: str | None = None,
+        runtime: str = "torch",
+        allocator: str = "system",
+        precision: str = "fp32",
     ) -> None:
         env = dict(os.environ)
         library = allocator_library(allocator)
@@ -114,7 +123,7 @@ class Backend:
         env.setdefault("TRANSFORMERS_OFFLINE", "1")
         command = [
             sys.executable, "-m", "workers.template",
-            "--model", model, "--runtime", runtime,
+            "--model", model, "--runtime", runtime, "--precision", precision,
             "--backend", self.endpoint, "--daemon-pid", str(os.getpid()),
         ]  # fmt: skip
         if input_override:
@@ -138,18 +147,23 @@ class Backend:
                 spec = header["input"]
                 return ModelInfo(
                     header["model"], header["runtime"], spec["dtype"], tuple(spec["shape"]), spec.get("high"),
-                    header["pid"],
+                    header["pid"], header.get("precision", "fp32"),
                 )  # fmt: skip
         raise TemplateError(f"the template did not load the model within {timeout:.0f} s")
 
     # -- messages -----------------------------------------------------------------------------
-    def send(self, identity: bytes, kind: bytes, header: dict[str, Any], payload: list[Any] = ()) -> bool:
-        """Send to a worker or the template; False when the peer is not connected (gone)."""
+    def send(
+        self, identity: bytes, kind: bytes, header: dict[str, Any], payload: Sequence[Any] = (), nbytes: int = -1
+    ) -> bool:
+        """Send to a worker or the template; False when the peer is not connected (gone).
+
+        `nbytes`: the payload's size when the caller knows it already."""
         try:
             frames = [identity, *messages.encode(kind, header, payload)]
+            if nbytes < 0:
+                nbytes = sum([memoryview(frame).nbytes for frame in payload])
             # Zero-copy only pays for big payloads: pyzmq builds a tracked Frame per part otherwise.
-            large = sum([memoryview(frame).nbytes for frame in payload]) >= ZERO_COPY_MIN_BYTES
-            send_frames(self.socket, frames, copy=not large)
+            send_frames(self.socket, frames, copy=nbytes < ZERO_COPY_MIN_BYTES)
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
                 return False

@@ -18,8 +18,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
+from packrat_daemon.accuracy import DEFAULT_MAX_REL_ERROR
 from packrat_daemon.wire.errors import ConfigError
 from policies.packrat import MIN_SPLIT_GAIN
+from workers.spec import PRECISION_CHOICES
+
+# Measured with bench/precision.py (bench/README.md): see DEFAULT_PRECISION's note in packrat_daemon/accuracy.py.
+DEFAULT_PRECISION = "fp32"
 
 # The tuner re-plans only for a predicted gain this large: hysteresis, so that noise in the live
 # batch sizes does not make the pool flap between two plans of nearly the same latency.
@@ -183,11 +188,79 @@ SETTINGS: tuple[Setting, ...] = (
         "runtime",
         TEXT,
         "torch",
-        "torch, onnxruntime, openvino, or auto: measure each installed one (serve then serves the fastest)",
+        "torch, onnxruntime, openvino, or auto: measure each installed one (serve then serves the fastest); "
+        "emulated: workers that compute nothing and wait the --profile's latencies (docs/emulation.md)",
         MODEL,
+    ),
+    Setting(
+        "emulate_cores",
+        Kind("a positive integer", int | None, int, _exactly(int), lambda value: value >= 1),
+        None,
+        "runtime emulated: plan for this many made-up cores; the workers run unpinned",
+        MODEL,
+        unset="this machine's cores",
+    ),
+    Setting(
+        "emulate_interference",
+        OPTIONAL_TEXT,
+        None,
+        "runtime emulated: none, default, or a CSV of busy_cores,factor rows: how much slower each call "
+        "waits while that many cores are busy",
+        MODEL,
+        unset="default (fitted to Inception-v3 side by side on 16 cores)",
+    ),
+    Setting(
+        "precision",
+        _choice(*PRECISION_CHOICES),
+        DEFAULT_PRECISION,
+        "fp32, bf16 (under the accuracy guard), or auto: also measure bf16 where the CPU has bf16 units and "
+        "the guard passes, and serve the fastest",
+        MODEL,
+    ),
+    Setting(
+        "max_rel_error",
+        _number("a number above 0, e.g. 0.05", lambda value: value > 0),
+        DEFAULT_MAX_REL_ERROR,
+        "accuracy guard: the largest relative error a reduced precision may show against fp32 "
+        "(classifiers must also keep every input's top-1 class)",
+        MODEL,
+    ),
+    Setting(
+        "calibration",
+        OPTIONAL_TEXT,
+        None,
+        "accuracy guard: a .npy file of your own inputs (N x the model's input) checked besides the samples",
+        MODEL,
+        unset="sample inputs only",
     ),
     Setting("allocator", _choice("system", "jemalloc", "tcmalloc"), "system", "malloc to preload", MODEL),
     Setting("endpoint", TEXT, "tcp://127.0.0.1:5555", "where clients connect (tcp:// or ipc://)", SERVING),
+    Setting(
+        "server_key",
+        OPTIONAL_TEXT,
+        None,
+        "the daemon's CURVE key pair, the .key_secret file of `packrat keygen`: clients must then encrypt "
+        "and present a key listed in allowed_clients (docs/security.md)",
+        SERVING,
+        unset="none: plaintext",
+    ),
+    Setting(
+        "allowed_clients",
+        OPTIONAL_TEXT,
+        None,
+        "with server_key: the folder of the public .key files of the clients that may connect; "
+        "re-read when a file is added or removed",
+        SERVING,
+        unset="none",
+    ),
+    Setting(
+        "insecure_public",
+        SWITCH,
+        False,
+        "serve plaintext on an endpoint beyond loopback and ipc (refused otherwise): anyone who reaches it "
+        "may use the model",
+        SERVING,
+    ),
     Setting("max_batch", POSITIVE_INT, 16, "most inputs in one batch", SERVING),
     Setting("max_delay_ms", WAIT, 1.0, "longest wait in milliseconds to fill a batch", SERVING),
     Setting("max_queue", POSITIVE_INT, 1024, "inputs that may wait, across requests", SERVING),
@@ -232,7 +305,23 @@ SETTINGS: tuple[Setting, ...] = (
         "job_timeout_s",
         SECONDS,
         120.0,
-        "a worker that has not answered its part of a batch for this long is replaced and the part sent to another",
+        "a worker that has not answered its part of a batch for this long is replaced and the part sent to another "
+        "(the bound when the profile predicts nothing shorter)",
+        TIMEOUTS,
+    ),
+    Setting(
+        "slice_deadline_margin",
+        _number("a number, 1 or more", lambda value: value >= 1),
+        1.5,
+        "a worker is presumed hung once its part of a batch takes this many times the profile's latency "
+        "(at least slice_deadline_floor_ms, at most job_timeout_s): it is replaced and the part sent to another",
+        TIMEOUTS,
+    ),
+    Setting(
+        "slice_deadline_floor_ms",
+        WAIT,
+        200.0,
+        "the least time in milliseconds a part of a batch is given before its worker is presumed hung",
         TIMEOUTS,
     ),
     Setting(
@@ -321,7 +410,9 @@ def markdown() -> str:
         "Every setting can be given as a flag or as a key of the TOML file named by `--config`",
         "(the key is the flag's name with underscores for dashes, as in `systemd/example.toml`).",
         "A flag given on the command line wins over the file. On SIGHUP the daemon re-reads the file",
-        "and re-plans; `model`, `input`, `endpoint`, `runtime`, `allocator` and `run_dir` take a restart,",
+        "and re-plans; `model`, `input`, `endpoint`, `runtime`, `precision`, `max_rel_error`, `calibration`,",
+        "`allocator`, `run_dir`, `server_key`, `allowed_clients` and `insecure_public` take a restart",
+        "(the allowed clients' folder itself is re-read whenever a key file is added or removed),",
         "and `max_batch` can only shrink.",
     ]
     for section in dict.fromkeys(setting.section for setting in SETTINGS):

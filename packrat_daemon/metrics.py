@@ -8,6 +8,7 @@ own metrics, set a few times a second at most.
 
 from __future__ import annotations
 
+import logging
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -17,8 +18,11 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from packrat_daemon.wire.curve import is_loopback_address
 from packrat_daemon.wire.errors import ConfigError
 from policies.base import Plan
+
+log = logging.getLogger("packrat.security")
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -102,6 +106,21 @@ class Metrics:
         )
         self.plan = Info("packrat_plan", "The plan being served", registry=r)
         Info("packrat_model", "The model being served", registry=r).info({"model": model})
+        self.precision = Info(
+            "packrat_precision", "The runtime and precision served, and the guard's verdict", registry=r
+        )
+        self.guard_error = Gauge(
+            "packrat_accuracy_guard_max_rel_error",
+            "The accuracy guard's measured max relative error against fp32, by runtime and precision checked",
+            ["runtime", "precision"],
+            registry=r,
+        )
+        self.guard_top1 = Gauge(
+            "packrat_accuracy_guard_top1_agreement",
+            "The accuracy guard's measured top-1 agreement with fp32 (classifiers only)",
+            ["runtime", "precision"],
+            registry=r,
+        )
         self.server: Any = None
 
     def count(self, outcome: str) -> None:
@@ -125,6 +144,12 @@ class Metrics:
             raise ConfigError(
                 f"cannot serve metrics on {address}:{port}: {exc.strerror}; choose another --metrics-port"
             ) from None
+        if not is_loopback_address(address):  # the endpoint has no authentication of its own
+            log.warning(
+                "metrics on %s:%d can be read by anyone who reaches it (the model, the plan, request counts); "
+                "bind 127.0.0.1 and let a local Prometheus or a TLS proxy fetch them (docs/security.md)",
+                address, port,
+            )  # fmt: skip
 
     def plan_changed(self, plan: Plan, reason: str) -> None:
         self.switches.labels(reason).inc()
@@ -132,6 +157,16 @@ class Metrics:
             self.predicted.set(plan.predicted_latency_ms / 1000.0)
         layouts = ["+".join(str(i.threads) for i in layout) for layout in plan.layouts]
         self.plan.info({"policy": plan.policy, "threads": " | ".join(layouts), "split": plan.split})
+
+    def guarded(self, runtime: str, precision: str, max_rel_error: float, top1_agreement: float | None) -> None:
+        """What the accuracy guard measured for one candidate (served or not)."""
+        self.guard_error.labels(runtime, precision).set(max_rel_error)
+        if top1_agreement is not None:
+            self.guard_top1.labels(runtime, precision).set(top1_agreement)
+
+    def served(self, runtime: str, precision: str, guard: str) -> None:
+        """The runtime and precision being served; `guard`: "passed", or "not needed" for fp32."""
+        self.precision.info({"runtime": runtime, "precision": precision, "accuracy_guard": guard})
 
     def close(self) -> None:
         if self.server is not None:

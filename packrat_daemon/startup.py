@@ -1,5 +1,6 @@
-"""Start-up: the policy, a template per runtime, each runtime's profile (read or measured) and plan,
-the runtime to serve with, and the split check; also the re-planning a reload (SIGHUP) does.
+"""Start-up: the policy, a template per (runtime, precision) candidate, the accuracy guard for each reduced
+precision, each candidate's profile (read or measured) and plan, the candidate to serve with, and the split
+check; also the re-planning a reload (SIGHUP) does.
 
 Everything here runs before the main loop, or (reload) between two of its wakes. A stop signal
 during the minutes of measuring is seen through `interrupted` and ends start-up between two
@@ -16,37 +17,48 @@ from dataclasses import dataclass
 
 import zmq
 
+from packrat_daemon import accuracy, emulation
 from packrat_daemon.backend import Backend, ModelInfo
 from packrat_daemon.config import ServeConfig
+from packrat_daemon.hardening import private_dir, warn_if_root
 from packrat_daemon.measure.bench import Bench, PlanTiming, default_grid
 from packrat_daemon.measure.split_check import SplitDecision, measured_profile, split_decisions
 from packrat_daemon.metrics import Metrics
 from packrat_daemon.progress import Progress
 from packrat_daemon.runtime_choice import RuntimeOption, choose_runtime
+from packrat_daemon.wire.curve import FrontendSecurity
 from policies.base import Plan, Policy, PolicySettings
 from policies.planning.distribution import BatchDistribution
 from policies.planning.layouts import LayoutTable
-from policies.planning.profile import Profile, write_profiles
+from policies.planning.profile import Profile, profile_key, write_profiles
 from policies.planning.topology import Topology
 from policies.registry import policy_from_settings
-from workers.spec import available_runtimes
+from workers.precision import cpu_units
+from workers.spec import EMULATED, PRECISIONS, available_runtimes, check_precision, runtime_precisions
 
 log = logging.getLogger("packrat.daemon")
 
 Interrupted = Callable[[], bool]  # True once a stop signal has arrived
 
 # What a reload cannot change in a running daemon: these take a restart.
-RESTART_ONLY = ("model", "input", "endpoint", "runtime", "allocator", "run_dir")
+RESTART_ONLY = (
+    "model", "input", "endpoint", "runtime", "precision", "max_rel_error", "calibration", "allocator", "run_dir",
+    "server_key", "allowed_clients", "insecure_public", "emulate_cores", "emulate_interference",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class RuntimeCandidate:
-    """One runtime's template, ready to fork workers, with its profile and the policy's plan on it."""
+    """One (runtime, precision)'s template, ready to fork workers, with its profile and the policy's plan on it."""
 
     backend: Backend
     info: ModelInfo
     profile: Profile | None
     plan: Plan
+
+    @property
+    def key(self) -> str:
+        return profile_key(self.info.runtime, self.info.precision)
 
 
 class ProfileFile:
@@ -62,11 +74,11 @@ class ProfileFile:
 
     def know(self, profile: Profile) -> None:
         """Rows read from --profile: not written now, but kept in every later write."""
-        self.known[profile.runtime] = profile
+        self.known[profile_key(profile.runtime, profile.precision)] = profile
 
     def save(self, profile: Profile) -> bool:
-        """Write `profile` in place of its runtime's rows; False when no --save-profile was given."""
-        self.known[profile.runtime] = profile
+        """Write `profile` in place of its runtime's rows at its precision; False when no --save-profile was given."""
+        self.known[profile_key(profile.runtime, profile.precision)] = profile
         if self.path is None:
             return False
         write_profiles(self.path, list(self.known.values()))
@@ -94,21 +106,31 @@ def start_up(
     its splits. Whatever it started is closed again if it fails or is interrupted (the metrics endpoint
     is the caller's to close).
     """
+    # First, like the metrics port below: keys, a public bind and the run dir should fail before minutes of profiling.
+    FrontendSecurity.check(config.endpoint, config.server_key, config.allowed_clients, config.insecure_public)
+    if config.run_dir is not None:
+        private_dir(config.run_dir)
+    warn_if_root()
     if config.metrics_port:  # first: a port clash should fail before minutes of profiling
         metrics.serve(config.metrics_port, config.metrics_address)
         log.info("metrics on http://%s:%d/metrics", config.metrics_address, config.metrics_port)
-    topology = topology or Topology.detect()
+    emulating = emulation.check(config)  # the emulate settings only with --runtime emulated, which needs a profile
+    topology = topology or emulation.topology(config)
     log.info("machine: %s", topology.describe())
+    if emulating:
+        log.warning("%s", emulation.describe(config, topology.usable_cores)["note"])
     policy = policy_for(config)
-    runtimes = available_runtimes() if config.runtime == "auto" else [config.runtime]
-    measure = policy.needs_profile or len(runtimes) > 1
+    pairs = candidate_pairs(config.runtime, config.precision)
+    measure = policy.needs_profile or len(pairs) > 1
     profiles = ProfileFile(config.save_profile)
     candidates: list[RuntimeCandidate] = []
     try:
-        for runtime in runtimes:
-            candidates.append(
-                prepare_runtime(runtime, config, topology, context, policy, profiles, measure, interrupted)
+        for runtime, precision in pairs:
+            candidate = prepare_runtime(
+                runtime, config, topology, context, policy, profiles, measure, interrupted, precision, metrics
             )
+            if candidate is not None:
+                candidates.append(candidate)
         served = _choose(candidates, config)
     except BaseException:
         for candidate in candidates:
@@ -123,7 +145,32 @@ def start_up(
         except BaseException:
             served.backend.close()
             raise
+    guard = "not needed" if served.info.guard is None else "passed"
+    metrics.served(served.info.runtime, served.info.precision, guard)
+    log.info("serving %s at %s (accuracy guard: %s)", served.info.runtime, served.info.precision, guard)
     return Started(topology, policy, served, profiles)
+
+
+def candidate_pairs(runtime: str, precision: str, flags: frozenset[str] | None = None) -> list[tuple[str, str]]:
+    """The (runtime, precision) pairs to prepare for `--runtime` and `--precision`, fp32 first. `auto` adds a
+    reduced precision only for runtimes that have it, where the CPU flags show its units (`flags`: a test's CPU)."""
+    runtimes = available_runtimes() if runtime == "auto" else [runtime]
+    if precision != "auto":
+        pairs = [(r, precision) for r in runtimes if precision in runtime_precisions(r)]
+        if not pairs:
+            check_precision(runtimes[0], precision)  # raises, saying why and what to do
+        return pairs
+    pairs = [(r, "fp32") for r in runtimes]
+    for reduced in PRECISIONS[1:]:
+        units = cpu_units(reduced, flags)
+        able = [r for r in runtimes if reduced in runtime_precisions(r)]
+        if units and able:
+            log.info("precision auto: the CPU has %s: %s at %s too", "+".join(units), ", ".join(able), reduced)
+            pairs += [(r, reduced) for r in able]
+        else:
+            why = "the CPU flags show no units for it" if not units else "no runtime here has it"
+            log.info("precision auto: %s left out (%s)", reduced, why)
+    return pairs
 
 
 def prepare_runtime(
@@ -135,17 +182,35 @@ def prepare_runtime(
     profiles: ProfileFile,
     measure: bool,
     interrupted: Interrupted,
-) -> RuntimeCandidate:
-    """Start a template for `runtime`, get its profile (file or measured) and the policy's plan."""
-    run_dir = None if config.run_dir is None else os.path.join(config.run_dir, runtime)
+    precision: str = "fp32",
+    metrics: Metrics | None = None,
+) -> RuntimeCandidate | None:
+    """Start a template for `runtime` at `precision`, run the accuracy guard on a reduced precision, get the
+    profile (file or measured) and the policy's plan. None: `--precision auto` and the guard refused it."""
+    key = profile_key(runtime, precision)
+    run_dir = None if config.run_dir is None else os.path.join(config.run_dir, key.replace("/", "-"))
     backend = Backend(context, run_dir)
     try:
-        log.info("loading %s in the %s template process", config.model, runtime)
-        backend.start_template(config.model, input_override=config.input, runtime=runtime, allocator=config.allocator)
+        log.info("loading %s in the %s template process", config.model, key)
+        # An emulated template is handed the latencies its workers wait (a file in its run folder).
+        started = (
+            emulation.template_runtime(config, topology.usable_cores, backend.run_dir)
+            if runtime == EMULATED
+            else runtime
+        )
+        backend.start_template(
+            config.model, input_override=config.input, runtime=started, allocator=config.allocator, precision=precision
+        )
         info = backend.wait_template(config.startup_timeout_s)
         log.info("model %s: input %s %s per sample", config.model, info.dtype, list(info.shape))
+        if precision != "fp32":
+            guard = run_guard(config, info, precision, metrics)
+            if guard is None:
+                backend.close()
+                return None
+            info = dataclasses.replace(info, guard=guard.to_json())
         if config.profile:
-            profile: Profile | None = read_profile(config.profile, info.runtime)
+            profile: Profile | None = read_profile(config.profile, info.runtime, info.precision)
             log.info("profile %s: %d cells for %s", config.profile, len(profile), info.runtime)
             profiles.know(profile)
         elif measure:
@@ -161,13 +226,34 @@ def prepare_runtime(
     return RuntimeCandidate(backend, info, profile, plan)
 
 
+def run_guard(
+    config: ServeConfig, info: ModelInfo, precision: str, metrics: Metrics | None
+) -> accuracy.GuardResult | None:
+    """The accuracy guard for `info.runtime` at `precision`: the result when it passed; None when it failed
+    under `--precision auto` (logged); AccuracyError when it failed for a precision the user pinned."""
+    log.info("accuracy guard: running %s at fp32 and %s on the same inputs", info.runtime, precision)
+    guard = accuracy.check(
+        config.model, info.input, info.runtime, precision,
+        input_override=config.input, calibration=config.calibration, tolerance=config.max_rel_error,
+    )  # fmt: skip
+    if metrics is not None:
+        metrics.guarded(guard.runtime, guard.precision, guard.max_rel_error, guard.top1_agreement)
+    if guard.passed:
+        log.info("accuracy guard: %s", guard.describe())
+        return guard
+    if config.precision != "auto":
+        raise accuracy.refused(guard)
+    log.warning("accuracy guard: %s; %s is not served at %s", guard.describe(), info.runtime, precision)
+    return None
+
+
 def measure_profile(
     backend: Backend, info: ModelInfo, config: ServeConfig, topology: Topology, interrupted: Interrupted
 ) -> Profile:
     """Measure every cell of the default grid on real workers forked from `backend`'s template."""
     threads, batches = default_grid(topology.usable_cores, max(config.batches or [config.max_batch]))
     cells = [(t, b) for t in threads for b in batches]
-    progress = Progress(len(cells), f"profiling {info.runtime}")
+    progress = Progress(len(cells), f"profiling {profile_key(info.runtime, info.precision)}")
     profiler = Bench(backend, topology, info)
     measured = {}
     try:
@@ -179,7 +265,7 @@ def measure_profile(
     finally:
         profiler.close()
         progress.close()
-    return Profile(measured, model=config.model, runtime=info.runtime)
+    return Profile(measured, model=config.model, runtime=info.runtime, precision=info.precision)
 
 
 def check_splits(
@@ -246,17 +332,24 @@ def replan(
     if fresh.max_batch > running.max_batch:
         log.warning("reload: max_batch can only shrink without a restart; keeping %d", running.max_batch)
         fresh.max_batch = running.max_batch
+    if runtime == EMULATED and fresh.profile != running.profile:
+        log.warning("reload: the emulated workers wait the profile they started with; a new one takes a restart")
+        fresh.profile = running.profile
     policy = policy_for(fresh)
     if fresh.profile:
-        profile = read_profile(fresh.profile, runtime)
+        profile = read_profile(fresh.profile, runtime, profile.precision if profile is not None else "fp32")
     return Replanned(fresh, policy, profile, policy.plan(profile, topology, distribution_for(fresh)))
 
 
-def read_profile(path: str, runtime: str) -> Profile:
-    """`runtime`'s rows of the profile file; a file that does not say which runtime measured it serves
-    this one, and its rows are labelled so (a later --save-profile writes them under that runtime)."""
-    loaded = Profile.read_csv(path, runtime=runtime)
-    return loaded if loaded.runtime == runtime else Profile(dict(loaded.items()), model=loaded.model, runtime=runtime)
+def read_profile(path: str, runtime: str, precision: str = "fp32") -> Profile:
+    """`runtime`'s rows at `precision` of the profile file; a file that does not say which runtime measured it
+    serves this one, and its rows are labelled so (a later --save-profile writes them under that runtime)."""
+    if runtime == EMULATED:
+        return emulation.emulated_profile(path)  # the latencies the emulated workers wait, whoever measured them
+    loaded = Profile.read_csv(path, runtime=runtime, precision=precision)
+    if loaded.runtime == runtime and loaded.precision == precision:
+        return loaded
+    return Profile(dict(loaded.items()), model=loaded.model, runtime=runtime, precision=precision)
 
 
 def policy_for(config: ServeConfig) -> Policy:
@@ -268,11 +361,11 @@ def distribution_for(config: ServeConfig) -> BatchDistribution:
 
 
 def _choose(candidates: list[RuntimeCandidate], config: ServeConfig) -> RuntimeCandidate:
-    """--runtime auto: the runtime whose plan predicts the lowest latency (see runtime_choice)."""
+    """--runtime auto, --precision auto: the candidate whose plan predicts the lowest latency (see runtime_choice)."""
     choice = choose_runtime([_runtime_option(candidate, config) for candidate in candidates])
-    served = next(c for c in candidates if c.info.runtime == choice.runtime)
+    served = next(c for c in candidates if c.key == choice.runtime)
     if len(candidates) > 1:
-        log.info("runtime auto: chose %s (%s)", served.info.runtime, choice.reason)
+        log.info("runtime auto: chose %s (%s)", served.key, choice.reason)
     return served
 
 
@@ -281,7 +374,7 @@ def _runtime_option(candidate: RuntimeCandidate, config: ServeConfig) -> Runtime
     batch_ms: dict[int, float | None] = {}
     if profile is not None and not plan.oversubscribed and plan.split == "exact":
         batch_ms = LayoutTable(profile, plan.layout_threads, distribution_for(config)).batch_latencies()
-    return RuntimeOption(candidate.info.runtime, _predicted(plan, profile), batch_ms)
+    return RuntimeOption(candidate.key, _predicted(plan, profile), batch_ms)
 
 
 def _predicted(plan: Plan, profile: Profile | None) -> float:

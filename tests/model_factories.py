@@ -49,3 +49,53 @@ class RefusesSingleInputs(nn.Module):
 
 def refuses_single_inputs() -> nn.Module:
     return RefusesSingleInputs()
+
+
+class SlowDoubler(nn.Module):
+    """Doubles wide inputs (128 KiB a sample, exactly, in float32) after a pause: tensors big enough to
+    travel through shared memory, a result that can be checked bit for bit, and time to kill a worker."""
+
+    packrat_input = "float32:32768"
+
+    def __init__(self, delay_s: float = 0.3) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.delay_s)
+        return x * 2
+
+
+def slow_doubler() -> nn.Module:
+    return SlowDoubler()
+
+
+def doubler() -> nn.Module:
+    return SlowDoubler(delay_s=0.0)
+
+
+class LosesPrecisionInBf16(nn.Module):
+    """A classifier whose fp32 output is its first 4 inputs, computed as (x + 4096) - 4096.
+
+    In float32 the detour is exact enough; in bfloat16 (8 significant bits) x + 4096 rounds to a multiple
+    of 32, so the output is wiped out: the accuracy guard must refuse to serve it at bf16.
+    """
+
+    packrat_input = "float32:16"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(16, 16)
+        self.down = nn.Linear(16, 4)
+        with torch.no_grad():
+            self.up.weight.copy_(torch.eye(16))
+            self.up.bias.fill_(4096.0)
+            self.down.weight.copy_(torch.eye(16)[:4])
+            self.down.bias.fill_(-4096.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.up(x))
+
+
+def loses_precision_in_bf16() -> nn.Module:
+    return LosesPrecisionInBf16()

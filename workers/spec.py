@@ -20,6 +20,12 @@ from packrat_daemon.wire.errors import ConfigError, ModelSpecError
 INPUT_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
 
 
+# The numeric precisions a model can be served at; "auto" lets the daemon choose among them by measurement,
+# under the accuracy guard (packrat_daemon.accuracy).
+PRECISIONS = ("fp32", "bf16")
+PRECISION_CHOICES = (*PRECISIONS, "auto")
+
+
 @dataclass(frozen=True)
 class InputSpec:
     dtype: str  # protocol dtype name, e.g. "float32", "int64"
@@ -69,11 +75,14 @@ def sample_input(spec: InputSpec, batch: int, seed: int = 0) -> np.ndarray:
 class RuntimeRequirements:
     packages: tuple[str, ...]  # every package the runtime imports; the first one missing is named in the error
     extra: str | None = None  # the pyproject extra that installs them (None: a core dependency)
+    emulated: bool = False  # computes nothing (a measuring instrument): never a candidate of --runtime auto
 
     @property
     def install(self) -> str:
         return f"pip install -e '.[{self.extra}]'" if self.extra else "pip install -e ."
 
+
+EMULATED = "emulated"
 
 # Torch first: it is always installed, and `available_runtimes` keeps this order.
 RUNTIME_REQUIREMENTS: dict[str, RuntimeRequirements] = {
@@ -81,7 +90,32 @@ RUNTIME_REQUIREMENTS: dict[str, RuntimeRequirements] = {
     # The model is exported to ONNX (onnx, onnxscript) before either runtime can load it.
     "onnxruntime": RuntimeRequirements(("onnxruntime", "onnx", "onnxscript"), "onnx"),
     "openvino": RuntimeRequirements(("openvino", "onnx", "onnxscript"), "openvino"),
+    # Workers that wait the profile's latencies instead of computing (workers.emulated): needs nothing.
+    EMULATED: RuntimeRequirements((), emulated=True),
 }
+
+
+# The precisions each runtime can run (fp32 everywhere). ONNX Runtime's CPU provider runs a float32 model
+# in float32 on x86: its bfloat16 fast-math GEMM is for Arm only, so it has no path to the matrix units.
+RUNTIME_PRECISIONS: dict[str, tuple[str, ...]] = {"torch": ("fp32", "bf16"), "openvino": ("fp32", "bf16")}
+PRECISION_REFUSALS: dict[str, str] = {
+    "onnxruntime": "ONNX Runtime's CPU provider runs float32 models in float32 on x86 (its bfloat16 GEMM is "
+    "for Arm only), so it cannot use the matrix units; serve bf16 with --runtime torch or openvino",
+}
+
+
+def runtime_precisions(runtime: str) -> tuple[str, ...]:
+    """The precisions `runtime` can serve at (a runtime not in the table serves fp32 only)."""
+    return RUNTIME_PRECISIONS.get(runtime, ("fp32",))
+
+
+def check_precision(runtime: str, precision: str) -> None:
+    """Raise ConfigError, saying what to do, unless `runtime` can serve at `precision`."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISION_CHOICES)}")
+    if precision not in runtime_precisions(runtime):
+        why = PRECISION_REFUSALS.get(runtime, f"runtime {runtime} serves {', '.join(runtime_precisions(runtime))}")
+        raise ConfigError(f"runtime {runtime} cannot serve {precision}: {why}; or serve --precision fp32")
 
 
 def missing_package(runtime: str) -> str | None:
@@ -99,8 +133,10 @@ def missing_package(runtime: str) -> str | None:
 
 
 def available_runtimes() -> list[str]:
-    """The runtimes whose packages are all installed, torch first."""
-    return [name for name in RUNTIME_REQUIREMENTS if missing_package(name) is None]
+    """The runtimes that compute and whose packages are all installed, torch first."""
+    return [
+        name for name, needs in RUNTIME_REQUIREMENTS.items() if not needs.emulated and missing_package(name) is None
+    ]
 
 
 def check_runtime(name: str) -> None:
