@@ -141,3 +141,20 @@ def test_a_malformed_trace_says_where(tmp_path: Path, text: str, match: str):
 def test_a_missing_trace_file_is_a_config_error(tmp_path: Path):
     with pytest.raises(ConfigError, match="cannot read"):
         Trace.read(tmp_path / "absent.csv")
+
+
+@pytest.mark.parametrize("process", [Poisson(20.0), Burst(0.5, 1.5, 80.0)])
+def test_counts_over_many_seeds_centre_on_the_mean_rate(process):
+    # A schedule's count is a random draw; over seeds it must centre on rate × duration with the spread of a
+    # Poisson count (for bursts, of the on time at the on rate: whole cycles here, so the same mean).
+    duration = 10.0
+    errors = [
+        len(open_loop_schedule(process, BatchMix.single(1), duration_s=duration, rng=random.Random(seed)))
+        / (process.mean_rate_rps * duration)
+        - 1
+        for seed in range(300)
+    ]
+    expected_sd = (process.mean_rate_rps * duration) ** -0.5
+    assert abs(sum(errors) / len(errors)) < 3 * expected_sd / math.sqrt(len(errors))
+    spread = math.sqrt(sum(e * e for e in errors) / len(errors))
+    assert spread == pytest.approx(expected_sd, rel=0.25)
