@@ -1,23 +1,32 @@
-"""The daemon at 32, 64 and 128 cores, by simulation (`packrat simulate`'s engine), on analytic tables.
+"""The daemon's logic at many cores by simulation (`packrat simulate`'s engine): docs/evaluation.md's tables.
 
-    .venv/bin/python bench/simulate.py [--duration 600] [--seed 13]
+    .venv/bin/python bench/simulate.py [--tables a,b,c] [--duration 600] [--seed 13]
 
-No machine here has those cores, and no table was measured there: each analytic table is the Amdahl-style
-model of packrat_daemon/search/gp/physics.py fitted to a shipped 16-core table (bench/profiles/) and read
-at T threads. The numbers are therefore a model's, run through the daemon's own batcher, splitter, policy
-and online adaptation on a virtual clock; they say what the daemon's logic does at T cores if the model
-holds, not what a real machine would measure. Prints one JSON object; progress on stderr.
+Every number here is a simulation: the daemon's own batcher, splitter, policy and online adaptation on a
+virtual clock, each slice waiting as `packrat serve --runtime emulated`'s workers wait: its profile's
+L̂(threads, rows) times the emulated interference (packrat_daemon.emulation's `default`, fitted to
+Inception-v3 side by side on 16 cores, for (b) and (c); none for (a)). They say what the daemon's logic does
+with those latencies, not what a real machine measures. Prints one JSON object; progress on stderr.
 
-Traffic per (table, T): Poisson arrivals with a mix of request sizes, at half the rate one instance with
-all T cores could carry at max_batch (so `single` is not overloaded by construction), for `--duration`
-virtual seconds. Policies: packrat (adaptive), packrat with its start-up plan kept (--no-adapt), single,
-torchserve.
+- (a) T = 16 on the shipped tables (bench/profiles/): one client at a time, batch B = 1…64, per policy,
+  beside the solver's prediction. With no interference and no wait (max_delay 0) the simulation serves
+  exactly L̂ of the plan, so for packrat and single this checks the plumbing, not a hypothesis.
+- (b) T = 16 on the shipped tables under shifting traffic (phases of single inputs, batches of 8, and a
+  1/16 mix) and bursty traffic (on 2 s, off 8 s): adaptive packrat, its start-up plan kept (--no-adapt),
+  single, torchserve and the paper's estimator.
+- (c) T = 32, 64, 128 on analytic tables: the Amdahl-style model of packrat_daemon/search/gp/physics.py
+  fitted to each shipped 16-core table and read at T threads (no table was measured there), under Poisson
+  traffic with a mix of request sizes.
+
+Rates are set from what one instance with all T cores carries at max_batch (its capacity), so `single`
+is loaded the same way on every table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -28,24 +37,41 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from packrat_daemon.commands.solve import solve_plans  # noqa: E402
 from packrat_daemon.config import ServeConfig  # noqa: E402
-from packrat_daemon.load.arrivals import BatchMix, Poisson  # noqa: E402
+from packrat_daemon.emulation import Interference  # noqa: E402
+from packrat_daemon.load.arrivals import BatchMix, Burst, Poisson, Trace, open_loop_schedule  # noqa: E402
 from packrat_daemon.search.gp import physics  # noqa: E402
-from packrat_daemon.simulate import ServiceModel, Simulation, Traffic  # noqa: E402
+from packrat_daemon.simulate import Simulation, Traffic  # noqa: E402
 from policies.planning.profile import Profile  # noqa: E402
+from policies.planning.topology import Topology  # noqa: E402
 
 TABLES = {"inception3": "bench/profiles/inception3-cloudlab16.csv", "bert": "bench/profiles/bert-cloudlab16.csv"}
 CORES = [32, 64, 128]
 BATCHES = [1, 2, 4, 8, 16, 32, 64]
 MIX = "1:0.4,4:0.3,16:0.2,64:0.1"
 MAX_BATCH = 64
-LOAD = 0.5  # offered inputs per second over what one all-core instance carries at max_batch
+LOAD = 0.5  # (c): offered inputs per second over the all-core instance's capacity at max_batch
 POLICIES: dict[str, dict[str, Any]] = {
     "packrat": {"policy": "packrat"},
     "packrat_fixed": {"policy": "packrat", "adapt": False},
     "single": {"policy": "single"},
     "torchserve": {"policy": "torchserve"},
 }
+B_POLICIES: dict[str, dict[str, Any]] = {**POLICIES, "paper_estimator": {"policy": "paper-estimator"}}
+B_MAX_BATCH = 32
+SHIFT_PHASE_S = 60.0
+SHIFT_PHASES = [("1", 0.4), ("8", 0.4), ("1:0.5,16:0.5", 0.4)]  # (mix, load), repeated over the duration
+BURST = (2.0, 8.0)  # on, off seconds
+BURST_MIX = "1:0.5,8:0.5"
+BURST_LOAD = 1.0  # during a burst: the all-core instance's capacity
+INTERFERENCE = "default"  # (b), (c): the emulated daemon's default slow-down; (a): none, as its check asks
+
+
+def capacity_inputs_per_s(table: Profile, cores: int, max_batch: int) -> float:
+    latency = table.lhat(cores, max_batch)
+    assert latency is not None
+    return max_batch / (latency / 1000.0)
 
 
 def analytic_table(measured: Profile, cores: int) -> tuple[Profile, dict[str, float]]:
@@ -59,40 +85,124 @@ def analytic_table(measured: Profile, cores: int) -> tuple[Profile, dict[str, fl
     return table, {"median_rel_error": float(np.median(error)), "max_rel_error": float(error.max())}
 
 
-def run_case(table: Profile, cores: int, settings: dict[str, Any], rate: float, args: argparse.Namespace) -> dict:
-    config = ServeConfig(max_batch=MAX_BATCH, batches=[MAX_BATCH], **settings)
-    traffic = Traffic(BatchMix.parse(MIX), process=Poisson(rate), duration_s=args.duration, seed=args.seed)
-    return Simulation(config, table, cores, ServiceModel(table, cores)).run(traffic).to_json()
+def simulate(
+    table: Profile, cores: int, config: ServeConfig, traffic: Traffic, interference: str = INTERFERENCE
+) -> dict[str, Any]:
+    return Simulation(config, table, cores, Interference.named(interference)).run(traffic).to_json()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--duration", type=float, default=600.0, help="virtual seconds of traffic per case")
-    parser.add_argument("--seed", type=int, default=13)
-    args = parser.parse_args()
-    mix = BatchMix.parse(MIX)
-    results: dict[str, Any] = {
-        "kind": "simulation on analytic tables (physics model fitted to measured 16-core tables, read at T threads)",
-        "traffic": f"poisson, batch mix {MIX}, {LOAD:.0%} of one all-core instance's capacity at max_batch",
-        "duration_s": args.duration,
-        "seed": args.seed,
-        "max_batch": MAX_BATCH,
-        "interference": "none",
-        "cases": [],
+def summary(report: dict[str, Any]) -> dict[str, Any]:
+    """What a table row shows of one run, with the run's whole report beside it."""
+    return {
+        "p50_ms": report["latency_ms"]["p50"],
+        "p99_ms": report["latency_ms"]["p99"],
+        "throughput_rps": report["throughput_rps"],
+        "errors": report["errors"],
+        "reconfigurations": len(report["plan_changes"]) - 1,
+        "report": report,
     }
+
+
+def table_a(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows = []
+    for name, path in TABLES.items():
+        table = Profile.read_csv(ROOT / path)
+        for batch in BATCHES:
+            row: dict[str, Any] = {"table": name, "batch": batch}
+            for policy in ("packrat", "single", "torchserve"):
+                config = ServeConfig(policy=policy, max_batch=MAX_BATCH, batches=[batch], max_delay_ms=0.0)
+                traffic = Traffic(BatchMix.single(batch), concurrency=1, requests=200, seed=args.seed)
+                report = simulate(table, 16, config, traffic, interference="none")
+                predicted = solve_plans(table, Topology.synthetic(16), [batch], policy)[0]["latency_ms"]
+                row[policy] = {"p50_ms": report["latency_ms"]["p50"], "predicted_ms": predicted}
+            rows.append(row)
+        print(f"(a) {name}: done", file=sys.stderr)
+    return rows
+
+
+def shifting_trace(capacity: float, duration_s: float, seed: int) -> Trace:
+    """Poisson phases of SHIFT_PHASE_S seconds, each with its own request sizes, cycled over the duration."""
+    rng = random.Random(seed)
+    rows: list[tuple[float, int]] = []
+    start = 0.0
+    phase = 0
+    while start < duration_s:
+        text, load = SHIFT_PHASES[phase % len(SHIFT_PHASES)]
+        mix = BatchMix.parse(text)
+        process = Poisson(load * capacity / mix.mean)
+        length = min(SHIFT_PHASE_S, duration_s - start)
+        rows += [(start + t, samples) for t, samples in open_loop_schedule(process, mix, duration_s=length, rng=rng)]
+        start += length
+        phase += 1
+    return Trace(tuple(rows), source="shifting phases")
+
+
+def table_b(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows = []
+    for name, path in TABLES.items():
+        table = Profile.read_csv(ROOT / path)
+        capacity = capacity_inputs_per_s(table, 16, B_MAX_BATCH)
+        burst_mix = BatchMix.parse(BURST_MIX)
+        traffics = {
+            "shifting": Traffic(BatchMix.single(1), process=shifting_trace(capacity, args.duration, args.seed)),
+            "bursty": Traffic(
+                burst_mix,
+                process=Burst(*BURST, BURST_LOAD * capacity / burst_mix.mean),
+                duration_s=args.duration,
+                seed=args.seed,
+            ),
+        }
+        for pattern, traffic in traffics.items():
+            row: dict[str, Any] = {"table": name, "traffic": pattern, "described": traffic.describe()}
+            for label, settings in B_POLICIES.items():
+                config = ServeConfig(max_batch=B_MAX_BATCH, batches=[B_MAX_BATCH], **settings)
+                row[label] = summary(simulate(table, 16, config, traffic))
+            rows.append(row)
+            print(f"(b) {name} {pattern}: done", file=sys.stderr)
+    return rows
+
+
+def table_c(args: argparse.Namespace) -> list[dict[str, Any]]:
+    mix = BatchMix.parse(MIX)
+    rows = []
     for name, path in TABLES.items():
         measured = Profile.read_csv(ROOT / path)
         for cores in CORES:
             table, fit = analytic_table(measured, cores)
-            single_ms = table.lhat(cores, MAX_BATCH)
-            assert single_ms is not None
-            rate = LOAD * (MAX_BATCH / (single_ms / 1000.0)) / mix.mean
-            case: dict[str, Any] = {"table": name, "cores": cores, "rate_rps": round(rate, 3), "fit": fit}
+            rate = LOAD * capacity_inputs_per_s(table, cores, MAX_BATCH) / mix.mean
+            row: dict[str, Any] = {"table": name, "cores": cores, "rate_rps": round(rate, 3), "fit": fit}
             for label, settings in POLICIES.items():
                 started = time.monotonic()
-                case[label] = run_case(table, cores, settings, rate, args)
-                print(f"{name} T={cores} {label}: {time.monotonic() - started:.1f} s", file=sys.stderr)
-            results["cases"].append(case)
+                config = ServeConfig(max_batch=MAX_BATCH, batches=[MAX_BATCH], **settings)
+                traffic = Traffic(mix, process=Poisson(rate), duration_s=args.duration, seed=args.seed)
+                row[label] = summary(simulate(table, cores, config, traffic))
+                print(f"(c) {name} T={cores} {label}: {time.monotonic() - started:.1f} s", file=sys.stderr)
+            rows.append(row)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tables", default="a,b,c", help="which of docs/evaluation.md's tables to make")
+    parser.add_argument("--duration", type=float, default=600.0, help="virtual seconds of traffic per case")
+    parser.add_argument("--seed", type=int, default=13)
+    args = parser.parse_args()
+    makers = {"a": table_a, "b": table_b, "c": table_c}
+    wanted = args.tables.split(",")
+    unknown = [t for t in wanted if t not in makers]
+    if unknown:
+        parser.error(f"unknown table(s) {unknown}; choose from a, b, c")
+    results: dict[str, Any] = {
+        "kind": "simulation (virtual clock, the emulated workers' service times: L̂ × interference)",
+        "interference": {"a": "none", "b": INTERFERENCE, "c": INTERFERENCE},
+        "duration_s": args.duration,
+        "seed": args.seed,
+        "load": {"a": "one client, 200 requests", "b": {"shifting": SHIFT_PHASES, "phase_s": SHIFT_PHASE_S,
+                 "burst_on_off_s": BURST, "burst_mix": BURST_MIX, "burst_load": BURST_LOAD},
+                 "c": {"mix": MIX, "load": LOAD}},
+    }  # fmt: skip
+    for key in wanted:
+        results[key] = makers[key](args)
     print(json.dumps(results, indent=1))
 
 

@@ -1,5 +1,5 @@
 """`packrat simulate`: the daemon's batcher, splitter, policy and online adaptation on a virtual clock,
-with emulated service times (L̂ × interference), for core counts this machine does not have. Never
+with the emulated workers' service times (L̂ × interference), for core counts this machine does not have. Never
 imports torch. Prints `packrat load`'s report (a simulation, and labelled so) plus the plan changes."""
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--profile", required=True, help="profile CSV (header threads,batch,latency_ms)")
     parser.add_argument("--runtime", help="which runtime's rows to use when the profile holds several")
-    parser.add_argument("--cores", type=positive_int, help="cores to simulate (default: the profile's most threads)")
+    # As serve --runtime emulated takes them; unset, the cores are the profile's most threads.
+    add_settings(parser, ["emulate_cores", "emulate_interference"])
     add_settings(parser, SERVE_SETTINGS)
     # serve's --batches (the sizes the start-up plan is made for) under another flag: here --batches is
     # the traffic's mix, as packrat load spells it.
@@ -53,12 +54,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     traffic.add_argument("--duration", type=float, help="seconds of virtual time to send for")
     traffic.add_argument("--requests", type=positive_int, help="requests to send")
     traffic.add_argument("--seed", type=int, default=0, help="seed of the arrivals and sample counts (default 0)")
-    parser.add_argument(
-        "--interference",
-        default="none",
-        choices=("none",),
-        help="the slowdown of instances busy side by side (none: the profile is taken as the truth)",
-    )
     parser.add_argument(
         "--transport-ms", type=float, default=0.0, help="per-request client↔daemon cost to add (measured elsewhere)"
     )
@@ -87,20 +82,22 @@ def traffic_from(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from packrat_daemon.simulate import ServiceModel, Simulation
+    from packrat_daemon.emulation import Interference
+    from packrat_daemon.simulate import Simulation
     from policies.planning.profile import Profile
 
     profile = Profile.read_csv(args.profile, runtime=args.runtime)
-    cores = args.cores or max(profile.threads())
+    cores = args.emulate_cores or max(profile.threads())
+    interference = Interference.named(args.emulate_interference)
     config = ServeConfig(batches=args.batches, **{name: getattr(args, name) for name in SERVE_SETTINGS})
     traffic = traffic_from(args)
     started = time.monotonic()
-    simulation = Simulation(config, profile, cores, ServiceModel(profile, cores), args.transport_ms)
+    simulation = Simulation(config, profile, cores, interference, args.transport_ms)
     report = simulation.run(traffic).to_json()
     report["traffic"] = traffic.describe()
     report["inputs"] = {
         "profile": args.profile, "cores": cores, "policy": args.policy, "seed": args.seed,
-        "interference": args.interference, "transport_ms": args.transport_ms,
+        "interference": interference.describe(), "transport_ms": args.transport_ms,
     }  # fmt: skip
     wall = time.monotonic() - started
     if args.json:

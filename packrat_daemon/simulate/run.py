@@ -6,9 +6,10 @@ What is the daemon's code and what is modelled:
   queue), `Splitter` (which layout takes a batch, the exact per-batch split), the policy's start-up plan,
   `OnlineAdaptation` (the live batch sizes, production timings, the tuner's hysteresis and cool-down), and
   the reconciler's core allocation of each plan;
-- modelled: each slice's compute time (`service.ServiceModel`: L̂ × interference), a fixed transport cost
-  per request (`transport_ms`, 0 unless given), and plan switches, which take effect at once (the daemon's
-  reconciler keeps the old workers serving while it re-pins and forks, so only that delay is missing).
+- modelled: each slice's compute time (`service.ServiceModel`: the emulated workers' L̂ × slow-down), a
+  fixed transport cost per request (`transport_ms`, 0 unless given), and plan switches, which take effect
+  at once (the daemon's reconciler keeps the old workers serving while it re-pins and forks, so only that
+  delay is missing).
 One batch is in flight at a time, as in the daemon's loop.
 """
 
@@ -25,6 +26,7 @@ from packrat_daemon.adapt.online import OnlineAdaptation
 from packrat_daemon.batcher import Batcher, Request
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.dispatcher import Splitter
+from packrat_daemon.emulation import Interference
 from packrat_daemon.load.arrivals import ArrivalProcess, BatchMix
 from packrat_daemon.load.report import Tally, summarize
 from packrat_daemon.pool import WorkerHandle, WorkerState
@@ -41,6 +43,7 @@ from policies.planning.topology import Topology
 
 log = logging.getLogger("packrat.simulate")
 
+NO_INTERFERENCE = Interference.named("none")
 MAX_EVENTS = 200_000_000  # bounds a run: about an hour of simulation time on this machine's slowest case
 
 
@@ -92,12 +95,17 @@ class Simulation:
     """One run of the simulated daemon; `config` is the serve configuration it would run with."""
 
     def __init__(
-        self, config: ServeConfig, profile: Profile, cores: int, service: ServiceModel, transport_ms: float = 0.0
+        self,
+        config: ServeConfig,
+        profile: Profile,
+        cores: int,
+        interference: Interference = NO_INTERFERENCE,
+        transport_ms: float = 0.0,
     ) -> None:
         self.config = config
         self.profile = profile
         self.topology = Topology.synthetic(cores)
-        self.service = service
+        self.service = ServiceModel.of(profile, cores, config.max_batch, interference)
         self.transport_s = transport_ms / 1000.0
         self.clock = VirtualClock()
         self.loop = EventLoop(self.clock)

@@ -23,7 +23,7 @@ def profile(tmp_path: Path) -> str:
 
 
 def test_json_has_the_load_reports_fields_and_the_plan_changes(profile: str, capsys: pytest.CaptureFixture[str]):
-    args = ["simulate", "--profile", profile, "--cores", "8", "--rate", "100", "--batches", "1:0.5,4:0.5"]
+    args = ["simulate", "--profile", profile, "--emulate-cores", "8", "--rate", "100", "--batches", "1:0.5,4:0.5"]
     assert main([*args, "--duration", "20", "--seed", "5", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert set(report) >= {"sent", "ok", "errors", "throughput_rps", "latency_ms", "plan_changes", "simulated"}

@@ -8,7 +8,7 @@ import pytest
 
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.load.arrivals import BatchMix, Burst, Poisson, Trace, open_loop_schedule
-from packrat_daemon.simulate import ServiceModel, Simulation, Traffic
+from packrat_daemon.simulate import Simulation, Traffic
 from packrat_daemon.wire.errors import ConfigError
 from policies.planning.distribution import BatchDistribution
 from policies.planning.profile import Profile
@@ -29,7 +29,7 @@ def amdahl_profile() -> Profile:
 def simulate(traffic: Traffic, **settings: object) -> dict:
     profile = amdahl_profile()
     config = ServeConfig(**{"max_batch": 64, **settings})
-    return Simulation(config, profile, CORES, ServiceModel(profile, CORES)).run(traffic).to_json()
+    return Simulation(config, profile, CORES).run(traffic).to_json()
 
 
 @pytest.mark.parametrize("policy", ["packrat", "single"])
