@@ -154,6 +154,8 @@ async def _serve_load(args: argparse.Namespace, specs: list[Any]) -> tuple[dict[
         tallies = []
         for spec in specs:
             tallies.append(await generator.run(spec))
+            if tallies[-1].interrupted:
+                break  # Ctrl-C: report what ran, skip the rest of a sweep
     return info, tallies
 
 
@@ -186,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     info, tallies = asyncio.run(_serve_load(args, specs))
     server = {key: info[key] for key in SERVER_KEYS if key in info}
     reports = []
-    for spec, tally in zip(specs, tallies, strict=True):
+    for spec, tally in zip(specs, tallies, strict=False):  # fewer tallies when interrupted
         extra: dict[str, Any] = {
             "traffic": spec.describe(),
             "mode": "closed" if spec.process is None else "open",
@@ -212,4 +214,4 @@ def run(args: argparse.Namespace) -> int:
         print(format_sweep(reports))
     else:
         print(format_report(reports[0]))
-    return 0
+    return 130 if tallies[-1].interrupted else 0  # the shell's status for an interrupted command

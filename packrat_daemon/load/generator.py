@@ -4,7 +4,9 @@ reply before the next request), on one `AsyncClient`.
 Open loop sends each request at its scheduled time whether or not earlier ones were answered, so a slow
 server meets more traffic, as it would in production. Every loop here is bounded twice: by its count
 (the schedule, or `requests`) and by time (the duration, each request's timeout, and a final wait for
-what is still in flight, after which the rest is cancelled and counted `UNFINISHED`).
+what is still in flight, after which the rest is cancelled and counted `UNFINISHED`). A run that is
+cancelled (Ctrl-C) stops sending, counts what is in flight as `UNFINISHED` and returns its tally, marked
+`interrupted`, so the report still adds up.
 """
 
 from __future__ import annotations
@@ -159,8 +161,12 @@ class Generator:
             await asyncio.sleep(0)  # let the last request leave before the sending window closes
             sending_end = max(time.perf_counter(), start + (spec.duration_s or 0.0))
             tally.send_window_s = sending_end - start
-            await self._finish(tally, tasks, spec.timeout_s)
+            if tasks:
+                await asyncio.wait(set(tasks), timeout=spec.timeout_s + FINAL_GRACE_S)
+        except asyncio.CancelledError:
+            self._interrupted(tally)
         finally:
+            await self._cancel(tally, tasks)
             ticker.cancel()
         return tally
 
@@ -182,24 +188,33 @@ class Generator:
                 tally.sent += 1
                 await self._one(tally, spec.mix.draw(rng), spec.timeout_s)
 
+        clients = {asyncio.create_task(client_loop()) for _ in range(spec.concurrency)}
         try:
-            await asyncio.gather(*(client_loop() for _ in range(spec.concurrency)))
+            await asyncio.gather(*clients)
             tally.send_window_s = time.perf_counter() - tally.started
+        except asyncio.CancelledError:
+            self._interrupted(tally)
         finally:
+            await self._cancel(tally, clients)
             ticker.cancel()
         return tally
 
-    async def _finish(self, tally: Tally, tasks: set[asyncio.Task[None]], timeout_s: float) -> None:
-        """Wait for what is in flight, at most a timeout and a grace; cancel and count the rest."""
-        if not tasks:
-            return
-        _, pending = await asyncio.wait(set(tasks), timeout=timeout_s + FINAL_GRACE_S)
+    @staticmethod
+    def _interrupted(tally: Tally) -> None:
+        """The run was cancelled (Ctrl-C under asyncio.run): it ends here and reports what it has."""
+        tally.interrupted = True
+        tally.send_window_s = time.perf_counter() - tally.started
+
+    @staticmethod
+    async def _cancel(tally: Tally, tasks: set[asyncio.Task[None]]) -> None:
+        """Cancel what is still running; each request it leaves unanswered is counted UNFINISHED."""
+        pending = [task for task in tasks if not task.done()]
         for task in pending:
             task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-            for _ in pending:
-                tally.failed(UNFINISHED, time.perf_counter())
+        await asyncio.gather(*pending, return_exceptions=True)
+        now = time.perf_counter()
+        for _ in range(tally.in_flight):
+            tally.failed(UNFINISHED, now)
 
     def _ticker(self, tally: Tally, total: int, done: Callable[[], int]) -> asyncio.Task[None]:
         async def tick() -> None:

@@ -35,6 +35,7 @@ class Tally:
     lags_s: list[float] = field(default_factory=list)  # how late each open-loop request left its schedule
     send_window_s: float = 0.0  # from the start to the end of the sending (at least the asked duration)
     last_done: float = 0.0
+    interrupted: bool = False  # cancelled before the end (Ctrl-C); what it counted still adds up
 
     @property
     def in_flight(self) -> int:
@@ -73,6 +74,8 @@ def summarize(tally: Tally, **extra: Any) -> dict[str, Any]:
         "throughput_rps": round(tally.ok / window_s, 3) if window_s > 0 else None,
         "latency_ms": latency_ms,
     }
+    if tally.interrupted:
+        report["interrupted"] = True
     report.update(extra)
     report["sent_rps"] = round(tally.sent / tally.send_window_s, 3) if tally.send_window_s > 0 else None
     report["samples_per_s"] = round(tally.samples_ok / window_s, 3) if window_s > 0 else None
@@ -100,7 +103,10 @@ def format_report(report: dict[str, Any]) -> str:
     """One run as lines of `name  value`, then the latency percentiles as a table."""
     latency = report["latency_ms"]
     rows = [
-        ("traffic", str(report.get("traffic", ""))),
+        (
+            "traffic",
+            str(report.get("traffic", "")) + (" (INTERRUPTED before the end)" if report.get("interrupted") else ""),
+        ),
         ("sent", f"{report['sent']} ({_number(report.get('sent_rps'))} req/s)"),
         ("ok", str(report["ok"])),
         ("errors", _errors(report["errors"])),

@@ -6,12 +6,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import random
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import running_daemon
+from conftest import REPO, running_daemon
 
 from packrat_daemon.cli import main
 from packrat_daemon.commands import load as load_command
@@ -117,6 +121,20 @@ def test_the_progress_line_goes_to_stderr_and_the_table_to_stdout(endpoint, caps
     captured = capsys.readouterr()
     assert "load [" in captured.err and "sent " in captured.err
     assert "latency ms" in captured.out and "p999" in captured.out and "load [" not in captured.out
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_the_run_with_a_report_that_adds_up(endpoint):
+    command = [sys.executable, "-m", "packrat_daemon", "load", "--endpoint", endpoint, "--rate", "50",
+               "--duration", "60", "--json", "--quiet"]  # fmt: skip
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4.0)  # start, warm-up (1 s), then a few seconds of traffic
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 130, err
+    report = json.loads(out)
+    check_fixed_fields(report)
+    assert report["interrupted"] is True and report["sent"] > 20
 
 
 @pytest.mark.slow
