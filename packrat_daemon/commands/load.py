@@ -84,7 +84,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--concurrency", type=positive_int, help="closed loop: N clients, each waits for its reply (default 1)"
     )
     sizes = parser.add_mutually_exclusive_group()
-    sizes.add_argument("--batch", type=positive_int, default=1, help="samples per request (default 1)")
+    sizes.add_argument("--batch", type=positive_int, help="samples per request (default 1)")
     sizes.add_argument(
         "--batches", type=_typed(BatchMix.parse), metavar="B:W,…", help="weighted sizes, e.g. 1:0.5,8:0.5"
     )
@@ -119,6 +119,16 @@ def _sweep_process(args: argparse.Namespace, rate: float) -> ArrivalProcess:
     return Poisson(rate)
 
 
+def _mix(args: argparse.Namespace) -> BatchMix:
+    """The sizes to send; a trace's own, so that the warm-up and the inputs cover each of them."""
+    if args.trace is None:
+        return args.batches or BatchMix.single(args.batch or 1)
+    if args.batch is not None or args.batches is not None:
+        raise ConfigError("a trace carries its own sizes (its samples column): drop --batch/--batches")
+    sizes = sorted({samples for _, samples in args.trace.rows})
+    return BatchMix(tuple(sizes), (1.0,) * len(sizes))
+
+
 def _check(args: argparse.Namespace) -> None:
     if args.sweep and (args.trace is not None or args.concurrency is not None or args.rate is not None):
         raise ConfigError(
@@ -142,10 +152,7 @@ async def _serve_load(args: argparse.Namespace, specs: list[Any]) -> tuple[dict[
 
     async with AsyncClient(args.endpoint, timeout=args.timeout, key=args.key, server_key=args.server_key) as client:
         info = await client.info(timeout=INFO_TIMEOUT_S)
-        largest = max(
-            max(samples for _, samples in spec.process.rows) if isinstance(spec.process, Trace) else spec.mix.largest
-            for spec in specs
-        )
+        largest = max(spec.mix.largest for spec in specs)
         generator = Generator(client, Inputs(info, largest, args.seed), progress=not args.quiet)
         if args.warmup > 0:
             warm = await generator.warm_up(specs[0], args.warmup)
@@ -169,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
             f"packrat load: warning: {args.endpoint} is not on this machine; the network's latency is in every figure",
             file=sys.stderr,
         )
-    mix = args.batches or BatchMix.single(args.batch)
+    mix = _mix(args)
     duration = args.duration
     if duration is None and args.requests is None and args.trace is None:
         duration = DEFAULT_DURATION_S

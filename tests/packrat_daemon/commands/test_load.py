@@ -164,6 +164,13 @@ def test_contradictory_options_are_refused(capsys, args: list[str], match: str):
     assert match in capsys.readouterr().err
 
 
+def test_a_trace_refuses_other_sizes(capsys, tmp_path: Path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("t_s,samples\n0,2\n")
+    assert main(["load", "--endpoint", "ipc:///nonexistent/x.ipc", "--trace", str(trace), "--batch", "4"]) == 2
+    assert "a trace carries its own sizes" in capsys.readouterr().err
+
+
 def test_a_missing_matplotlib_is_named_before_any_traffic(capsys, monkeypatch: pytest.MonkeyPatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
