@@ -17,13 +17,16 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packrat_daemon.commands.options import positive_int
 from packrat_daemon.config import BY_NAME
 from packrat_daemon.load.arrivals import ArrivalProcess, BatchMix, Burst, Poisson, Trace
-from packrat_daemon.wire.curve import is_local_endpoint
 from packrat_daemon.wire.errors import ConfigError
+
+if TYPE_CHECKING:  # the generator imports numpy and the client: only when a run starts
+    from packrat_daemon.load.generator import LoadSpec
+    from packrat_daemon.load.report import Tally
 
 DEFAULT_DURATION_S = 10.0
 # The daemon's description is asked first, with its own timeout: a short --timeout is for the requests.
@@ -146,7 +149,7 @@ def _check(args: argparse.Namespace) -> None:
         check_plotting()
 
 
-async def _serve_load(args: argparse.Namespace, specs: list[Any]) -> tuple[dict[str, Any], list[Any]]:
+async def _serve_load(args: argparse.Namespace, specs: list[LoadSpec]) -> tuple[dict[str, Any], list[Tally]]:
     from packrat_daemon.load.generator import Generator, Inputs
     from packrat_daemon.wire.client import AsyncClient
 
@@ -169,6 +172,7 @@ async def _serve_load(args: argparse.Namespace, specs: list[Any]) -> tuple[dict[
 def run(args: argparse.Namespace) -> int:
     from packrat_daemon.load.generator import LoadSpec
     from packrat_daemon.load.report import format_report, format_sweep, summarize
+    from packrat_daemon.wire.curve import is_local_endpoint
 
     _check(args)
     if not is_local_endpoint(args.endpoint):
@@ -209,7 +213,8 @@ def run(args: argparse.Namespace) -> int:
         if spec.process is None:
             extra["concurrency"] = spec.concurrency
         else:
-            extra["rate_rps"] = spec.process.mean_rate_rps
+            rate = spec.process.mean_rate_rps
+            extra["rate_rps"] = rate if math.isfinite(rate) else None  # a trace of one instant has no rate
         reports.append(summarize(tally, **extra, server=server))
     if args.plot:
         from packrat_daemon.load.plot import plot_sweep
