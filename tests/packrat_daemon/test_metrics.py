@@ -106,3 +106,25 @@ def scrape_registry(registry: CollectorRegistry) -> dict[tuple[str, tuple], floa
         for family in text_string_to_metric_families(generate_latest(registry).decode())
         for s in family.samples
     }
+
+
+def test_the_precision_served_and_what_the_guard_measured_are_exported() -> None:
+    from prometheus_client import generate_latest
+
+    from packrat_daemon.metrics import Metrics
+
+    metrics = Metrics("builtin:tiny-cnn")
+    metrics.guarded("torch", "bf16", 0.004, 1.0)
+    metrics.guarded("openvino", "bf16", 0.002, None)  # not a classifier: no top-1 gauge
+    metrics.served("torch", "bf16", "passed")
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+        for sample in family.samples
+    }
+    labels = (("precision", "bf16"), ("runtime", "torch"))
+    assert samples[("packrat_accuracy_guard_max_rel_error", labels)] == 0.004
+    assert samples[("packrat_accuracy_guard_top1_agreement", labels)] == 1.0
+    assert ("packrat_accuracy_guard_top1_agreement", (("precision", "bf16"), ("runtime", "openvino"))) not in samples
+    served = (("accuracy_guard", "passed"), ("precision", "bf16"), ("runtime", "torch"))
+    assert samples[("packrat_precision_info", served)] == 1.0

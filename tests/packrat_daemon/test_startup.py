@@ -93,3 +93,26 @@ def test_auto_precision_adds_bf16_only_where_the_cpu_and_the_runtime_have_it() -
     assert candidate_pairs("torch", "bf16", without) == [("torch", "bf16")]  # pinned: the guard still decides
     with pytest.raises(PackratError, match="cannot serve bf16"):
         candidate_pairs("onnxruntime", "bf16", with_units)
+
+
+@pytest.mark.parametrize("max_rel_error", [0.001, 0.5])
+def test_the_guard_decides_auto_leaves_a_failing_candidate_out_and_a_pinned_one_stops(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, max_rel_error: float
+) -> None:
+    from packrat_daemon import accuracy
+    from packrat_daemon.backend import ModelInfo
+    from packrat_daemon.startup import run_guard
+
+    def measured(*_: object, tolerance: float, **__: object) -> accuracy.GuardResult:
+        return accuracy.GuardResult("torch", "bf16", 8, 0.01, 1.0, tolerance, True)
+
+    monkeypatch.setattr(accuracy, "check", measured)
+    info = ModelInfo("builtin:tiny-mlp", "torch", "float32", (16,), None, 1, "bf16")
+    passes = max_rel_error > 0.01
+    with caplog.at_level(logging.INFO, logger="packrat.daemon"):
+        result = run_guard(ServeConfig(precision="auto", max_rel_error=max_rel_error), info, "bf16", None)
+    assert (result is not None) is passes
+    assert ("passed" if passes else "is not served at bf16") in caplog.text
+    if not passes:
+        with pytest.raises(accuracy.AccuracyError, match="--precision fp32"):
+            run_guard(ServeConfig(precision="bf16", max_rel_error=max_rel_error), info, "bf16", None)
