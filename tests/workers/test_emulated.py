@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -15,11 +16,12 @@ import pytest
 
 from packrat_daemon.wire.errors import ConfigError
 from workers.conversion import entry_dir
-from workers.emulated import BusyBoard, EmulatedRuntime, Numbers, learn_shapes
+from workers.emulated import LATE_MAX_S, BusyBoard, EmulatedRuntime, Numbers, learn_shapes
 from workers.runtime import make_runtime
 from workers.spec import EMULATED, InputSpec, available_runtimes
 
 REPO = Path(__file__).resolve().parents[2]
+EARLY_MS = 1000.0 * LATE_MAX_S  # a worker ends its waits up to its learned wake-up lateness early
 
 
 def numbers(latency_ms: float = 30.0, cores: int = 4, contention: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0)) -> Numbers:
@@ -109,9 +111,9 @@ def test_a_call_waits_the_profiles_latency_and_answers_zeros_of_the_output_shape
     runtime.set_threads(1)
     out, elapsed = _timed(runtime, 2)
     assert out.shape == (2, 3, 2) and out.dtype == np.float32 and not out.any()
-    assert 80.0 <= elapsed < 120.0  # L̂(1, 2) = 80 ms; a busy machine may wake it late
+    assert 80.0 - EARLY_MS <= elapsed < 120.0  # L̂(1, 2) = 80 ms; a busy machine may wake it late
     runtime.set_threads(2)
-    assert 20.0 <= _timed(runtime, 1)[1] < 45.0  # L̂(2, 1) = 20 ms
+    assert 20.0 - EARLY_MS <= _timed(runtime, 1)[1] < 45.0  # L̂(2, 1) = 20 ms
     assert runtime.board is not None and runtime.board.busy() == 0  # nothing left marked busy
 
 
@@ -122,9 +124,22 @@ def test_a_call_waits_longer_while_other_cores_are_busy(tmp_path: Path, monkeypa
     other.__dict__.update(runtime.board.__dict__)  # type: ignore[union-attr]
     other.claim()
     other.set(3)  # three more cores busy: four in all, factor 2
-    assert 80.0 <= _timed(runtime, 1)[1] < 120.0
+    assert 80.0 - EARLY_MS <= _timed(runtime, 1)[1] < 120.0
     other.set(0)
-    assert 40.0 <= _timed(runtime, 1)[1] < 70.0
+    assert 40.0 - EARLY_MS <= _timed(runtime, 1)[1] < 70.0
+
+
+def test_a_worker_learns_how_late_it_wakes_and_ends_its_waits_on_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = _runtime(tmp_path, monkeypatch, numbers(latency_ms=16.0))
+    runtime.set_threads(1)
+    sleep = time.sleep
+    monkeypatch.setattr(time, "sleep", lambda seconds: sleep(seconds + 0.001))  # every wake-up 1 ms late
+    for _ in range(5):
+        _timed(runtime, 1)
+    settled = statistics.median(_timed(runtime, 1)[1] for _ in range(7))
+    assert 16.0 - EARLY_MS <= settled < 16.6  # not 17 ms and more: the lateness is learned and waited less
 
 
 def test_the_emulated_runtime_needs_the_daemons_numbers_and_is_no_auto_candidate() -> None:
