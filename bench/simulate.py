@@ -88,7 +88,16 @@ def analytic_table(measured: Profile, cores: int) -> tuple[Profile, dict[str, fl
 def simulate(
     table: Profile, cores: int, config: ServeConfig, traffic: Traffic, interference: str = INTERFERENCE
 ) -> dict[str, Any]:
-    return Simulation(config, table, cores, Interference.named(interference)).run(traffic).to_json()
+    simulation = Simulation(config, table, cores, Interference.named(interference))
+    report = simulation.run(traffic).to_json()
+    looks = simulation.adapt_wall_s
+    # Wall time, so not part of the simulation's result: what online adaptation's looks cost the loop.
+    report["adapt_look_ms"] = {
+        "looks": len(looks),
+        "mean": round(1000 * sum(looks) / len(looks), 1) if looks else None,
+        "max": round(1000 * max(looks), 1) if looks else None,
+    }
+    return report
 
 
 def summary(report: dict[str, Any]) -> dict[str, Any]:
@@ -99,6 +108,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
         "throughput_rps": report["throughput_rps"],
         "errors": report["errors"],
         "reconfigurations": len(report["plan_changes"]) - 1,
+        "adapt_look_ms": report["adapt_look_ms"],
         "report": report,
     }
 

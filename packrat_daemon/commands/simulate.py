@@ -105,6 +105,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_table(report)
     print(f"simulated {report['window_s']:.1f} s of traffic in {wall:.1f} s", file=sys.stderr)
+    looks = simulation.adapt_wall_s
+    if looks:  # the daemon's own planning cost, which the virtual clock does not advance for
+        print(f"online adaptation looked {len(looks)} times: {max(looks) * 1000:.0f} ms of CPU at most, "
+              f"{sum(looks) / len(looks) * 1000:.0f} ms on average (the real daemon's loop would spend it)",
+              file=sys.stderr)  # fmt: skip
     return 0
 
 

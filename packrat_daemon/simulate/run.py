@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -120,6 +121,7 @@ class Simulation:
         self.tally = Tally(started=0.0)
         self.batches = self.batch_inputs = 0
         self.last_send = 0.0
+        self.adapt_wall_s: list[float] = []  # wall time of each look of online adaptation (outside the result)
         self._senders = 0  # arrival sources still sending (1 open-loop process, or N closed-loop clients)
         self._tick_at: float | None = None  # the batch-due wake-up already scheduled, if any
 
@@ -235,9 +237,12 @@ class Simulation:
     def _adapt(self) -> None:
         if not self._senders and not self.busy and not self.batcher.queue:
             return  # the traffic is over: no more wake-ups, so the run ends
+        started = time.perf_counter()
         plan = self.adaptation.propose(self.plan, self.profile, self.clock.now)
         if plan is not None:
             self._switch(plan, "adapt")
+        # Real seconds, not virtual: what each look costs the daemon's loop, which the virtual clock hides.
+        self.adapt_wall_s.append(time.perf_counter() - started)
         self.loop.at(self.adaptation.due, self._adapt)
 
     def _switch(self, plan: Plan, reason: str) -> None:
