@@ -3,7 +3,8 @@
 Every message is multipart: [kind + separator + header, *payload frames]. Kinds are short ASCII verbs.
 Kind and header share one frame because every extra frame is one more send call on the hot path.
 The header is JSON after a space; the two messages of every request, RUN and RESULT, carry theirs
-packed in binary after a NUL instead (fixed fields, no JSON encoding or parsing per request).
+packed in binary after a NUL instead (fixed fields, no JSON encoding or parsing per request). Their
+_SHARED forms carry no payload: the tensor is in shared memory (workers.arena); the header says where.
 This module must not import torch: the daemon uses it too.
 """
 
@@ -20,13 +21,15 @@ import numpy as np
 SPAWN = b"spawn"  # {"worker", "threads", "cores", "warmup"}
 # daemon → worker
 RUN = b"run"  # {"job", "dtype", "shape"} + input payload frames (joined in order)
+RUN_SHARED = b"run-shared"  # RUN's header and ARENA_FIELDS, no payload: the input is in the daemon's arena
 CONFIGURE = b"configure"  # {"threads", "cores"}: re-thread and re-pin in place
 STOP = b"stop"  # {}
 # template/worker → daemon
 READY = b"ready"  # template: {"pid", "input", "model", "runtime"}; worker: {"worker", "pid", "threads", "cores"}
 SPAWNED = b"spawned"  # {"worker", "pid"}
 EXITED = b"exited"  # {"worker", "pid", "status"} and, after a boot failure, "error": the worker's own account
-RESULT = b"result"  # {"job", "dtype", "shape", "compute_ms"} + output payload
+RESULT = b"result"  # {"job", "dtype", "shape", "compute_ms", "threads", "batch"} + output payload
+RESULT_SHARED = b"result-shared"  # RESULT's header and ARENA_FIELDS: the output is in the worker's arena
 FAILED = b"failed"  # {"job", "message"}
 CONFIGURED = b"configured"  # {"worker", "threads", "cores"}
 HEARTBEAT = b"heartbeat"  # {"worker"}
@@ -96,7 +99,11 @@ _SHAPES = [struct.Struct(f"<{ndim}q") for ndim in range(256)]
 _PACKERS = {
     RUN: _Packer(("job",), "Q"),
     RESULT: _Packer(("job", "compute_ms", "threads", "batch"), "QdII"),
+    RUN_SHARED: _Packer(("job", "pid", "fd", "serial", "size"), "QiiQQ"),
+    RESULT_SHARED: _Packer(("job", "compute_ms", "threads", "batch", "pid", "fd", "serial", "size"), "QdIIiiQQ"),
 }
+
+ARENA_FIELDS = ("pid", "fd", "serial", "size")  # the _SHARED headers' workers.arena.Location
 
 
 _NUMPY_NAMES: dict[np.dtype, str] = {}

@@ -23,6 +23,16 @@ def test_result_header_round_trips_in_binary() -> None:
     assert (kind, decoded, payload) == (messages.RESULT, header, [])
 
 
+def test_shared_headers_round_trip_in_binary_with_the_arenas_location() -> None:
+    where = {"pid": 4_000_000, "fd": 17, "serial": 3, "size": 1 << 33}
+    run = {"job": 5, "dtype": "float32", "shape": [16, 3, 224, 224], **where}
+    result = {"job": 5, "dtype": "float32", "shape": [16, 1000], "compute_ms": 1.5, "threads": 2, "batch": 16, **where}
+    for kind, header in ((messages.RUN_SHARED, run), (messages.RESULT_SHARED, result)):
+        frames = messages.encode(kind, header)
+        assert len(frames) == 1 and frames[0].startswith(kind + b"\0")
+        assert messages.decode(frames) == (kind, header, [])
+
+
 def test_zero_dimensional_and_unusual_shapes_survive() -> None:
     for shape in ([], [1], [2, 0, 5]):
         header = {"job": 1, "dtype": "bool", "shape": shape}
