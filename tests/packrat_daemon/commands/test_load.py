@@ -59,6 +59,7 @@ def test_poisson_at_low_load_reaches_its_rate_and_every_request_is_answered(endp
     assert report["sent_rps"] == pytest.approx(rate, rel=0.05)
     assert report["throughput_rps"] == pytest.approx(rate, rel=0.05)
     assert report["mode"] == "open" and report["server"]["model"] == "builtin:tiny-mlp"
+    assert report["emulated"] is False
 
 
 @pytest.mark.slow
@@ -135,6 +136,19 @@ def test_ctrl_c_ends_the_run_with_a_report_that_adds_up(endpoint):
     report = json.loads(out)
     check_fixed_fields(report)
     assert report["interrupted"] is True and report["sent"] > 20
+
+
+@pytest.mark.slow
+def test_a_run_against_an_emulating_daemon_is_labelled(capsys, tmp_path: Path):
+    profile = REPO / "bench" / "profiles" / "inception3-cloudlab16.csv"
+    args = ["--model", "builtin:tiny-mlp", "--runtime", "emulated", "--emulate-cores", "16", "--emulate-interference",
+            "none", "--profile", str(profile), "--policy", "single", "--max-batch", "4"]  # fmt: skip
+    with running_daemon(tmp_path, *args) as (address, _):
+        report = load(capsys, "--endpoint", address, "--concurrency", "1", "--requests", "3", "--warmup", "0")
+        check_fixed_fields(report)
+        assert report["emulated"] is True and report["server"]["emulation"]["cores"] == 16
+        assert main(["load", "--endpoint", address, "--requests", "1", "--warmup", "0", "--quiet"]) == 0
+        assert "EMULATED" in capsys.readouterr().out
 
 
 @pytest.mark.slow
