@@ -20,7 +20,8 @@ class Request:
     shape: tuple[int, ...]
     payload: Any  # buffer of the raw rows (a ZeroMQ frame's memoryview: no copy)
     arrived: float = field(default_factory=time.monotonic)
-    deadline: float | None = None  # monotonic time after which it must not start
+    deadline: float | None = None  # monotonic time (from timeout_ms) past which it is answered TIMEOUT
+    answered: bool = False  # answered (TIMEOUT) while its batch was in flight: the result skips it
 
     @property
     def samples(self) -> int:

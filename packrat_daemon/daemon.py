@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import signal
 import socket
 import time
@@ -87,7 +88,13 @@ class Daemon:
         self.profile, self.plan = started.served.profile, started.served.plan
         self.reconciler = Reconciler(Pool(self.backend, warmup=(1,)), self.topology)
         self.reconciler.set_plan(self.plan)
-        self.dispatcher = Dispatcher(self.backend.send, self._splitter(self.profile, self.plan), config.job_timeout_s)
+        self.dispatcher = Dispatcher(
+            self.backend.send,
+            self._splitter(self.profile, self.plan),
+            config.job_timeout_s,
+            config.slice_deadline_margin,
+            config.slice_deadline_floor_ms / 1000.0,
+        )
         self.batcher = Batcher(config.max_batch, config.max_delay_ms / 1000.0, config.max_queue)
         self.frontend = Frontend(context, config, self.info, metrics, self.batcher, self.dispatcher, self.reconciler)
         self.adaptation = OnlineAdaptation(config, self.policy, self.profile, self.topology)
@@ -151,11 +158,12 @@ class Daemon:
         return False
 
     def _poll_timeout_ms(self) -> int:
-        """Wake for the next batch that falls due, else at least every 250 ms for the periodic work."""
-        due = None if self.dispatcher.busy else self.batcher.next_due()
-        if due is None:
+        """Wake for the next batch that falls due, or the in-flight batch's next deadline (a slice's or a
+        request's), else at least every 250 ms for the periodic work."""
+        due = self.dispatcher.next_deadline if self.dispatcher.busy else self.batcher.next_due()
+        if due is None or due == math.inf:
             return 250
-        return min(250, max(0, int((due - time.monotonic()) * 1000)))
+        return min(250, max(0, math.ceil((due - time.monotonic()) * 1000)))
 
     def _tick(self) -> None:
         """Expire queued requests, check the workers when due, dispatch a batch when due, adapt when due."""
@@ -165,6 +173,13 @@ class Daemon:
                 message = "the request's timeout passed while it was queued"
                 self.frontend.reply_error(request, ErrorCode.TIMEOUT, message)
         supervisor = self.supervisor
+        if now >= self.dispatcher.next_deadline:
+            # timeout_ms bounds the whole request: one whose batch is still computing is answered now.
+            for request in self.dispatcher.expire(now):
+                self.frontend.reply_error(
+                    request, ErrorCode.TIMEOUT, "the request's timeout passed while it was computed"
+                )
+            supervisor.changed = supervisor.changed or bool(self.dispatcher.overdue(now))
         if supervisor.changed or now >= supervisor.due:
             supervisor.check(now)
             self.metrics.queued.set(self.batcher.queued_inputs)
@@ -210,11 +225,18 @@ class Daemon:
 
     # -- shutdown ----------------------------------------------------------------------------
     def close(self) -> None:
-        """Keep what production taught us (--save-profile), close the frontend, stop the workers."""
+        """Answer every request still here, close the frontend, keep what production taught us
+        (--save-profile), stop the workers."""
+        # Exactly one reply per request: after a second stop signal the queue and the batch in flight are
+        # answered too, and requests that reached the socket after the drain get SHUTTING_DOWN, until the
+        # socket closes (before the slower steps below, so no request waits on them unanswered).
+        for request in self.batcher.drain() + self.dispatcher.abandon():
+            self.frontend.reply_error(request, ErrorCode.SHUTTING_DOWN, "the server is shutting down")
+        self.frontend.refuse_waiting()
+        self.frontend.close()
         learned = self.adaptation.learned(self.profile, self.plan, self.config.model, self.info.runtime)
         if learned is not None and self.profiles.save(learned):
             log.info("profile with production timings saved to %s (%d cells)", self.profiles.path, len(learned))
-        self.frontend.close()
         # The template stops its children in order (SIGTERM, then SIGKILL after a grace period).
         self.backend.close()
 

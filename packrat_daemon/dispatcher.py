@@ -35,6 +35,8 @@ class Job:
     rows: int
     worker: WorkerHandle
     sent_at: float
+    deadline: float  # monotonic time past which the worker is presumed hung (see Dispatcher.deadline)
+    predicted_ms: float | None  # the profile's latency for this slice; None when it has none
     output: np.ndarray | None = None
     compute_ms: float = 0.0
 
@@ -47,6 +49,7 @@ class InFlightBatch:
     started: float = field(default_factory=time.monotonic)
     jobs: list[Job] = field(default_factory=list)
     unanswered: int = 0  # jobs sent and not answered yet
+    deadline: float = math.inf  # the earliest of its requests' deadlines (timeout_ms bounds the whole request)
 
     @property
     def rows(self) -> int:
@@ -121,6 +124,11 @@ class Splitter:
             self._cache[key] = self._compute(list(threads), batch)
         return self._cache[key]
 
+    def predicted_ms(self, threads: int, rows: int) -> float | None:
+        """The profile's latency of `rows` inputs on a `threads`-thread worker (the smallest profiled batch
+        that holds them); None without a profile or a row for those threads."""
+        return None if self.profile is None else self.profile.lhat(threads, rows)
+
     def _compute(self, threads: list[int], batch: int) -> Split:
         if self.mode == "exact" and self.profile is not None:
             split = split_on(self.profile, threads, batch)
@@ -163,13 +171,25 @@ def _proportional(weights: Sequence[int], batch: int) -> list[int]:
 
 
 class Dispatcher:
-    def __init__(self, send: Send, splitter: Splitter, job_timeout_s: float) -> None:
+    def __init__(
+        self,
+        send: Send,
+        splitter: Splitter,
+        job_timeout_s: float,
+        deadline_margin: float = 1.5,
+        deadline_floor_s: float = 0.2,
+    ) -> None:
         self.send = send
         self.splitter = splitter
         self.job_timeout_s = job_timeout_s
+        self.deadline_margin = deadline_margin
+        self.deadline_floor_s = deadline_floor_s
         self.batch: InFlightBatch | None = None
         self.jobs: dict[int, Job] = {}
         self._next_job = 1
+        # No job's or in-flight request's deadline is earlier (it may be stale-early once a job is answered:
+        # the next check then finds nothing and recomputes it). Lets the loop skip the check on most wakes.
+        self.next_deadline = math.inf
 
     @property
     def busy(self) -> bool:
@@ -178,6 +198,10 @@ class Dispatcher:
     def dispatch(self, requests: list[Request], workers: list[WorkerHandle]) -> None:
         first = requests[0]
         batch = InFlightBatch(requests, DTYPES[first.dtype], tuple(first.shape[1:]))
+        deadlines = [r.deadline for r in requests if r.deadline is not None]
+        if deadlines:
+            batch.deadline = min(deadlines)
+            self.next_deadline = min(self.next_deadline, batch.deadline)
         self.batch = batch
         offset = 0
         for worker, rows in self.splitter.choose(workers, batch.rows):
@@ -207,12 +231,45 @@ class Dispatcher:
             self._send_job(job.batch, job.offset, job.rows, candidates[k % len(candidates)])
         return True
 
-    def overdue(self, now: float) -> list[WorkerHandle]:
-        return [job.worker for job in self.jobs.values() if now - job.sent_at > self.job_timeout_s]
+    def overdue(self, now: float) -> list[Job]:
+        """The jobs past their deadline: each worker's oldest only (its others wait behind it)."""
+        late: dict[int, Job] = {}
+        for job in self.jobs.values():
+            if job.deadline < now and job.worker.id not in late:
+                late[job.worker.id] = job
+        return list(late.values())
+
+    def expire(self, now: float) -> list[Request]:
+        """In-flight requests whose timeout_ms passed: the caller answers TIMEOUT, and the batch's result
+        leaves them out. Also refreshes `next_deadline`."""
+        expired: list[Request] = []
+        batch = self.batch
+        if batch is not None and batch.deadline < now:
+            expired = [r for r in batch.requests if not r.answered and r.deadline is not None and r.deadline < now]
+            for request in expired:
+                request.answered = True
+            left = [r.deadline for r in batch.requests if not r.answered and r.deadline is not None]
+            batch.deadline = min(left, default=math.inf)
+        self.next_deadline = min(
+            [job.deadline for job in self.jobs.values()] + ([batch.deadline] if batch is not None else []),
+            default=math.inf,
+        )
+        return expired
+
+    def deadline(self, worker: WorkerHandle, rows: int, now: float) -> tuple[float, float | None]:
+        """(deadline, predicted ms) of a slice of `rows` sent to `worker` now: the profile's latency times
+        the margin, at least the floor, at most the job timeout; after the deadlines of the slices the
+        worker already holds (it runs them one after another). Without a prediction: the job timeout."""
+        predicted = self.splitter.predicted_ms(worker.threads, rows)
+        allowed = self.job_timeout_s
+        if predicted is not None:
+            allowed = min(allowed, max(self.deadline_floor_s, self.deadline_margin * predicted / 1000.0))
+        start = max([now] + [job.deadline for job in self.jobs.values() if job.worker.id == worker.id])
+        return start + allowed, predicted
 
     def abandon(self) -> list[Request]:
-        """Give up the batch in flight (no worker left); the caller answers its requests with errors."""
-        requests = self.batch.requests if self.batch else []
+        """Give up the batch in flight (no worker left); the caller answers its unanswered requests with errors."""
+        requests = [r for r in self.batch.requests if not r.answered] if self.batch else []
         if self.batch is not None:
             self.batch.jobs.clear()  # see _finish: no cycle may keep the request buffers alive
         self.batch = None
@@ -221,14 +278,17 @@ class Dispatcher:
 
     # -- internals --------------------------------------------------------------------------
     def _send_job(self, batch: InFlightBatch, offset: int, rows: int, worker: WorkerHandle) -> None:
-        job = Job(self._next_job, batch, offset, rows, worker, time.monotonic())
+        now = time.monotonic()
+        deadline, predicted = self.deadline(worker, rows, now)
+        job = Job(self._next_job, batch, offset, rows, worker, now, deadline, predicted)
         self._next_job += 1
+        self.next_deadline = min(self.next_deadline, deadline)
         header = {"job": job.id, "dtype": numpy_name(batch.dtype), "shape": [rows, *batch.sample_shape]}
         self.jobs[job.id] = job
         batch.jobs.append(job)
         batch.unanswered += 1
         if not self.send(worker.identity, messages.RUN, header, _row_frames(batch, offset, rows)):
-            job.sent_at = 0.0  # unreachable worker: the next overdue() check (≤ 0.1 s) re-routes it
+            job.deadline = self.next_deadline = 0.0  # unreachable worker: the next check re-routes it at once
 
     def _finish(self) -> list[Completed]:
         batch = self.batch
@@ -244,9 +304,10 @@ class Dispatcher:
         completed = []
         offset = 0
         for request in batch.requests:
-            rows = _gather(jobs, offset, request.samples)
-            queue_ms = (batch.started - request.arrived) * 1000.0
-            completed.append(Completed(request, rows, queue_ms, compute_ms, len(jobs)))
+            if not request.answered:  # answered TIMEOUT while in flight: its rows go nowhere
+                rows = _gather(jobs, offset, request.samples)
+                queue_ms = (batch.started - request.arrived) * 1000.0
+                completed.append(Completed(request, rows, queue_ms, compute_ms, len(jobs)))
             offset += request.samples
         return completed
 

@@ -6,11 +6,13 @@ answered request, so both stay flat (no per-request layers beyond the wire proto
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
 
 import zmq
+from zmq.backend import Socket as _CompiledSocket
 
 from packrat_daemon.backend import ModelInfo
 from packrat_daemon.batcher import Batcher, Request
@@ -18,7 +20,17 @@ from packrat_daemon.config import ServeConfig
 from packrat_daemon.dispatcher import Completed, Dispatcher
 from packrat_daemon.metrics import Metrics
 from packrat_daemon.reconciler import Reconciler
-from packrat_daemon.wire.codec import DTYPES, MAX_HEADER_BYTES, SUPPORTED_VERSIONS, ErrorCode, ProtocolError
+from packrat_daemon.wire.codec import (
+    DTYPES,
+    MAX_HEADER_BYTES,
+    MAX_ID_CHARS,
+    MAX_TIMEOUT_MS,
+    SUPPORTED_VERSIONS,
+    ErrorCode,
+    ProtocolError,
+    check_request_id,
+    load_header,
+)
 from packrat_daemon.wire.server_side import (
     InfoRequest,
     check_against_model,
@@ -27,13 +39,29 @@ from packrat_daemon.wire.server_side import (
     encode_timed_result,
     parse_request,
 )
-from packrat_daemon.wire.zmqio import NOBLOCK, ZERO_COPY_MIN_BYTES, readable, recv_frames, send_frames
+from packrat_daemon.wire.zmqio import NOBLOCK, ZERO_COPY_MIN_BYTES, readable, send_frames
 from workers.messages import numpy_name
 
 log = logging.getLogger("packrat.daemon")
 
 MAX_READS_PER_WAKE = 256  # bound how long the frontend can starve the workers' socket
-HARD_MESSAGE_SLACK_BYTES = 64 << 20
+# Frames of a request: the ROUTER's identity, a REQ client's empty delimiter, the header, the payload.
+# Frames past these are received one at a time and dropped at once, never held as a list.
+MAX_KEPT_FRAMES = 4
+# ZeroMQ's cap is per frame (ZMQ_MAXMSGSIZE): a frame up to this many times the message limit is read and
+# answered TOO_LARGE; a peer that sends a bigger frame is disconnected by ZeroMQ without an answer.
+FRAME_CAP_FACTOR = 2
+# Complete messages ZeroMQ queues per connected peer before it stops reading that peer's socket: with
+# the frame cap, what bounds the frontend's memory (docs/protocol.md, "Limits and memory").
+RECEIVE_HWM = 64
+# On close, how long ZeroMQ may still try to deliver the last replies (the drain's results, the
+# SHUTTING_DOWN answers) before the process exits.
+CLOSE_LINGER_MS = 1000
+# After the drain, how long the daemon keeps answering SHUTTING_DOWN before it closes the socket: a
+# client flooding the socket must not keep the daemon from exiting.
+REFUSE_WAITING_S = 1.0
+
+_recv = _CompiledSocket.recv
 
 
 class Frontend:
@@ -59,13 +87,13 @@ class Frontend:
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a vanished client must not stall the daemon
+        self.socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
 
     def open(self) -> None:
         """Bind the endpoint and accept requests."""
-        # Messages a little over the limit get a TOO_LARGE answer from the parser; ZeroMQ itself cuts
-        # off a peer that sends far more, so a hostile client can never make the daemon buffer gigabytes.
-        limit = self.max_message_bytes()
-        self.socket.setsockopt(zmq.MAXMSGSIZE, max(4 * limit, limit + HARD_MESSAGE_SLACK_BYTES))
+        # Frames a little over the limit get a TOO_LARGE answer; ZeroMQ itself cuts off a peer that sends
+        # a frame far over it. The cap is per frame: `read` bounds what a message of many frames costs.
+        self.socket.setsockopt(zmq.MAXMSGSIZE, FRAME_CAP_FACTOR * self.max_message_bytes())
         self.socket.bind(self.endpoint)
         self.accepting = True
 
@@ -78,42 +106,68 @@ class Frontend:
             if reads and not readable(self.socket):
                 return
             try:
-                frames = recv_frames(self.socket, NOBLOCK)
+                frames, size, count = _recv_bounded(self.socket)
             except zmq.Again:
                 return
-            identity = frames[0].bytes
             try:
-                delimiter, request = parse_request(frames[1:], max_message_bytes=limit)
-            except ProtocolError as exc:
-                self.metrics.count(exc.code)
-                self.send(identity, exc.delimiter, encode_error(exc.request_id, exc.code, exc.message))
-                continue
-            if isinstance(request, InfoRequest):
-                self.send(identity, delimiter, encode_info(request.request_id, self.describe()))
-                continue
-            if not self.accepting:
-                self.metrics.count(ErrorCode.SHUTTING_DOWN)
-                reply = encode_error(
-                    request.request_id, ErrorCode.SHUTTING_DOWN, "the server is shutting down; retry elsewhere"
-                )
-                self.send(identity, delimiter, reply)
-                continue
-            try:
-                check_against_model(request, self.info.dtype, self.info.shape, self.batcher.max_batch)
-            except ProtocolError as exc:
-                self.metrics.count(exc.code)
-                self.send(identity, delimiter, encode_error(request.request_id, exc.code, str(exc)))
-                continue
-            now = time.monotonic()
-            deadline = None if request.timeout_ms is None else now + request.timeout_ms / 1000.0
-            queued = Request(
-                identity, delimiter, request.request_id, request.dtype, request.shape, request.payload, now, deadline
+                if self._handle(frames, size, count, limit):
+                    return  # a full batch can start now; the loop reads the rest right after dispatching it
+            except Exception:
+                # The last resort: no message may stop the daemon. Logged with what it was, answered INTERNAL.
+                log.exception("internal error on a message of %d bytes in %d frames; answered INTERNAL", size, count)
+                self.metrics.count(ErrorCode.INTERNAL)
+                delimiter = b"" if len(frames) > 1 and len(frames[1]) == 0 else None
+                reply = encode_error(None, ErrorCode.INTERNAL, "the server failed on this message; it is logged")
+                self.send(frames[0].bytes, delimiter, reply)
+
+    def _handle(self, frames: list[zmq.Frame], size: int, count: int, limit: int) -> bool:
+        """Answer or queue one message; True when a full batch is waiting to start."""
+        identity = frames[0].bytes
+        try:
+            if count > len(frames) or size > limit:
+                _refuse_oversized(frames[1:], size, count - 1, limit)
+            delimiter, request = parse_request(frames[1:], max_message_bytes=limit)
+        except ProtocolError as exc:
+            self.metrics.count(exc.code)
+            self.send(identity, exc.delimiter, encode_error(exc.request_id, exc.code, exc.message))
+            return False
+        if isinstance(request, InfoRequest):
+            self.send(identity, delimiter, encode_info(request.request_id, self.describe()))
+            return False
+        if not self.accepting:
+            self.metrics.count(ErrorCode.SHUTTING_DOWN)
+            reply = encode_error(
+                request.request_id, ErrorCode.SHUTTING_DOWN, "the server is shutting down; retry elsewhere"
             )
-            if not self.batcher.offer(queued):
-                message = f"the queue is full ({self.batcher.queued_inputs} inputs waiting); retry later"
-                self.reply_error(queued, ErrorCode.OVERLOADED, message)
-            elif self.batcher.queued_inputs >= self.batcher.max_batch and not self.dispatcher.busy:
-                return  # a full batch can start now; the loop reads the rest right after dispatching it
+            self.send(identity, delimiter, reply)
+            return False
+        try:
+            check_against_model(request, self.info.dtype, self.info.shape, self.batcher.max_batch)
+        except ProtocolError as exc:
+            self.metrics.count(exc.code)
+            self.send(identity, delimiter, encode_error(request.request_id, exc.code, exc.message))
+            return False
+        now = time.monotonic()
+        deadline = None if request.timeout_ms is None else now + request.timeout_ms / 1000.0
+        queued = Request(
+            identity, delimiter, request.request_id, request.dtype, request.shape, request.payload, now, deadline
+        )
+        if not self.batcher.offer(queued):
+            message = f"the queue is full ({self.batcher.queued_inputs} inputs waiting); retry later"
+            self.reply_error(queued, ErrorCode.OVERLOADED, message)
+            return False
+        return self.batcher.queued_inputs >= self.batcher.max_batch and not self.dispatcher.busy
+
+    def refuse_waiting(self) -> int:
+        """After the drain: answer every message still waiting on the socket (SHUTTING_DOWN; `info` is
+        still answered), so that no request that reached the daemon goes unanswered; how many were read."""
+        self.accepting = False
+        answered = 0
+        stop = time.monotonic() + REFUSE_WAITING_S
+        while readable(self.socket) and time.monotonic() < stop:
+            self.read()
+            answered += 1
+        return answered
 
     def describe(self) -> dict[str, Any]:
         """The `info` reply: the model, its input, the plan and the live workers."""
@@ -125,6 +179,7 @@ class Frontend:
             "input": {"dtype": self.info.dtype, "shape": list(self.info.shape), "high": self.info.high},
             "runtime": self.info.runtime,
             "max_batch": self.batcher.max_batch,
+            "limits": self.limits(),
             "plan": plan.to_json(),
             "template_pid": self.info.template_pid,
             "workers": [
@@ -159,8 +214,20 @@ class Frontend:
     def max_message_bytes(self) -> int:
         return self.batcher.max_batch * self.sample_bytes + MAX_HEADER_BYTES + 1024
 
+    def limits(self) -> dict[str, int]:
+        """The size limits a request is checked against, as `info` states them (docs/protocol.md)."""
+        limit = self.max_message_bytes()
+        return {
+            "max_samples": self.batcher.max_batch,
+            "max_message_bytes": limit,
+            "max_frame_bytes": FRAME_CAP_FACTOR * limit,
+            "max_header_bytes": MAX_HEADER_BYTES,
+            "max_id_chars": MAX_ID_CHARS,
+            "max_timeout_ms": MAX_TIMEOUT_MS,
+        }
+
     def close(self) -> None:
-        self.socket.close(linger=0)
+        self.socket.close(linger=CLOSE_LINGER_MS)
 
 
 def _sample_bytes(info: ModelInfo) -> int:
@@ -168,3 +235,44 @@ def _sample_bytes(info: ModelInfo) -> int:
     for dim in info.shape:
         count *= dim
     return count * DTYPES[info.dtype].itemsize
+
+
+def _recv_bounded(socket: zmq.Socket) -> tuple[list[zmq.Frame], int, int]:
+    """One message: its first MAX_KEPT_FRAMES frames, its size in bytes and its number of frames.
+
+    ZeroMQ hands a multipart message over only once all of it has arrived, so this cannot refuse the
+    bytes themselves; it only makes sure the daemon never holds more than a few frames of a message of many.
+    """
+    frame = _recv(socket, NOBLOCK, False, False)
+    frames = [frame]
+    size, count = 0, 1
+    while frame.more:
+        frame = _recv(socket, NOBLOCK, False, False)
+        count += 1
+        size += len(frame)
+        if count <= MAX_KEPT_FRAMES:
+            frames.append(frame)
+    return frames, size, count
+
+
+def _refuse_oversized(frames: list[zmq.Frame], size: int, count: int, limit: int) -> None:
+    """Raise the error for a message over the byte limit or with dropped frames, with its id when readable."""
+    request_id = None
+    header = frames[1] if frames and len(frames[0]) == 0 and len(frames) > 1 else frames[0] if frames else None
+    if header is not None and len(header) <= MAX_HEADER_BYTES:
+        with contextlib.suppress(ValueError):
+            request_id = _readable_id(load_header(header))
+    if size > limit:
+        message = f"message is {size} bytes; this server accepts at most {limit}: send fewer samples"
+        error = ProtocolError(ErrorCode.TOO_LARGE, message, request_id)
+    else:
+        delimited = bool(frames) and len(frames[0]) == 0
+        message = f"message has {count - delimited} frames; expected [header] or [header, payload]"
+        error = ProtocolError(ErrorCode.BAD_REQUEST, message, request_id)
+    error.delimiter = b"" if frames and len(frames[0]) == 0 else None
+    raise error
+
+
+def _readable_id(header: dict[str, Any]) -> Any:
+    request_id = header.get("id")
+    return request_id if check_request_id(request_id) is None else None

@@ -88,12 +88,18 @@ class Supervisor:
         """
         self.changed = False
         self.due = now + RECONCILE_INTERVAL_S
-        for worker in self.dispatcher.overdue(now):
-            log.warning("worker %d (%d threads) did not answer in time; replacing it", worker.id, worker.threads)
+        for job in self.dispatcher.overdue(now):
+            worker = job.worker
+            predicted = "no prediction" if job.predicted_ms is None else f"predicted {job.predicted_ms:.0f} ms"
+            log.warning(
+                "worker %d (pid %s, %d threads) has not answered its %d rows in %.0f ms (%s): presumed hung, "
+                "replacing it and sending the rows to another worker",
+                worker.id, worker.pid, worker.threads, job.rows, (now - job.sent_at) * 1000.0, predicted,
+            )  # fmt: skip
             self.reconciler.replace(worker)
             self._on_lost(worker)
         # An idle worker heartbeats every second. One busy with a slice cannot (it computes on its only
-        # Python thread); the job timeout above covers that case.
+        # Python thread); the slice's deadline above covers that case.
         busy = {job.worker.id for job in self.dispatcher.jobs.values()}
         for worker in self.pool.ready():
             if worker.id not in busy and now - worker.last_seen > HEARTBEAT_TIMEOUT_S:

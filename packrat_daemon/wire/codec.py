@@ -12,7 +12,6 @@ has to start fast.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
@@ -31,9 +30,9 @@ MIN_INT_ID = -(2**63)
 MAX_INT_ID = 2**63 - 1
 # numpy itself refuses more than 64 dimensions; no model input comes near 32.
 MAX_NDIM = 32
-# The largest finite double: a timeout_ms beyond it (JSON allows integers of any length) has no
-# float value the daemon could compute a deadline with.
-MAX_TIMEOUT_MS = sys.float_info.max
+# The longest timeout_ms a request may carry: the largest signed 32-bit integer (about 24.8 days), so a
+# client in any language can hold it, and a deadline computed from it is always a finite float.
+MAX_TIMEOUT_MS = 2**31 - 1
 
 # bfloat16 has no numpy dtype: its payload is the raw 16-bit patterns, which numpy holds as uint16.
 DTYPES: dict[str, np.dtype] = {

@@ -258,7 +258,9 @@ def _parse_timeout(timeout_ms: Any, request_id: RequestId) -> float | None:
 
 
 def check_against_model(req: InferRequest, input_dtype: str, sample_shape: tuple[int, ...], max_samples: int) -> None:
-    """Raise BAD_REQUEST unless ``req`` fits the model's input; a -1 in ``sample_shape`` matches any size."""
+    """Raise BAD_REQUEST unless ``req`` fits the model's input (a -1 in ``sample_shape`` matches any size),
+    and TOO_LARGE for more samples than ``max_samples``: the same code as a message over the byte limit, so
+    a client gets one answer to "too many samples" whatever the model's sample size."""
     if req.dtype == input_dtype and req.shape[1:] == sample_shape and req.shape[0] <= max_samples:
         return  # the common case, checked with three comparisons
     if req.dtype != input_dtype:
@@ -273,7 +275,8 @@ def check_against_model(req: InferRequest, input_dtype: str, sample_shape: tuple
             req.request_id,
         )
     if req.shape[0] > max_samples:
-        raise _bad(
+        raise ProtocolError(
+            ErrorCode.TOO_LARGE,
             f"{req.shape[0]} samples in one request; this server takes at most {max_samples}: split the request",
             req.request_id,
         )

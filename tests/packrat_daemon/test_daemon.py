@@ -129,7 +129,7 @@ def test_client_raises_typed_exceptions(two_instance_daemon: tuple[str, subproce
     with Client(endpoint, timeout=30) as client:
         with pytest.raises(BadRequest, match="model takes"):
             client.infer(np.zeros((1, 3), dtype=np.float32))
-        with pytest.raises(BadRequest, match="at most 8"):
+        with pytest.raises(TooLarge, match="at most 8"):
             client.infer(np.zeros((9, 16), dtype=np.float32))
         with pytest.raises(TooLarge):
             client.infer(np.zeros((4096, 16), dtype=np.float32))  # over the message size limit

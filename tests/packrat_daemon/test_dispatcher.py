@@ -163,3 +163,62 @@ def test_choices_are_remembered_per_pool_list() -> None:
     # A new list (the daemon builds one whenever its pool changes) is answered afresh.
     smaller = [pool[0]]
     assert [(worker.id, rows) for worker, rows in splitter.choose(smaller, 16)] == [(1, 16)]
+
+
+def test_a_slice_is_given_its_predicted_latency_times_the_margin_within_floor_and_timeout() -> None:
+    profile = Profile.from_latencies({(1, 2): 400.0, (1, 4): 800.0, (2, 4): 10.0})
+    recorder, pool = Recorder(), workers(1, 1)
+    dispatcher = Dispatcher(recorder, Splitter(profile, "even"), job_timeout_s=60, deadline_margin=1.5)
+    dispatcher.deadline_floor_s = 0.2
+    batch, _ = requests(2, 2)
+    dispatcher.dispatch(batch, pool)
+    for job in dispatcher.jobs.values():
+        assert job.predicted_ms == 400.0 and abs(job.deadline - job.sent_at - 0.6) < 1e-9
+    assert dispatcher.next_deadline == min(job.deadline for job in dispatcher.jobs.values())
+    assert dispatcher.overdue(dispatcher.next_deadline - 0.01) == []
+    late = dispatcher.overdue(max(job.deadline for job in dispatcher.jobs.values()) + 0.01)
+    assert sorted(job.worker.id for job in late) == [1, 2]
+    # The floor: a fast slice still gets 0.2 s; the job timeout caps a slow one; no profile: the timeout.
+    idle_two, idle_one = (WorkerHandle(9, t, (9,), 1, WorkerState.READY) for t in (2, 1))
+    assert dispatcher.deadline(idle_two, 4, 0.0) == (0.2, 10.0)
+    dispatcher.job_timeout_s = 0.5
+    assert dispatcher.deadline(idle_one, 4, 0.0) == (0.5, 800.0)
+    dispatcher.splitter = Splitter(None, "exact")
+    assert dispatcher.deadline(idle_one, 4, 0.0) == (0.5, None)
+
+
+def test_a_slice_sent_to_a_busy_worker_gets_its_deadline_after_the_work_it_holds() -> None:
+    profile = Profile.from_latencies({(1, 2): 400.0})
+    recorder, pool = Recorder(), workers(1, 1)
+    dispatcher = Dispatcher(recorder, Splitter(profile, "even"), job_timeout_s=60, deadline_margin=2.0)
+    batch, _ = requests(2, 2)
+    dispatcher.dispatch(batch, pool)
+    first = next(job for job in dispatcher.jobs.values() if job.worker.id == 2)
+    assert dispatcher.reassign(pool[0], pool)
+    moved = max(dispatcher.jobs.values(), key=lambda job: job.id)
+    assert moved.worker.id == 2 and abs(moved.deadline - (first.deadline + 0.8)) < 0.05
+    assert [job.worker.id for job in dispatcher.overdue(first.deadline + 0.01)] == [2]  # its oldest only
+
+
+def test_timeout_ms_bounds_a_request_in_flight() -> None:
+    recorder, pool = Recorder(), workers(1)
+    dispatcher = Dispatcher(recorder, Splitter(None, "exact"), job_timeout_s=60)
+    batch, arrays = requests(1, 2)
+    batch[0].deadline = 5.0
+    dispatcher.dispatch(batch, pool)
+    assert dispatcher.next_deadline == 5.0 and dispatcher.expire(4.0) == []
+    assert dispatcher.expire(6.0) == [batch[0]] and batch[0].answered
+    assert dispatcher.expire(7.0) == [] and dispatcher.next_deadline > 7.0  # answered once, deadline moved on
+    done = answer(dispatcher, pool, recorder.sent[0])
+    assert [c.request for c in done] == [batch[1]]  # the result leaves the answered request out
+    np.testing.assert_array_equal(done[0].output, arrays[1] * 2)
+
+
+def test_abandon_leaves_out_requests_already_answered() -> None:
+    recorder, pool = Recorder(), workers(1)
+    dispatcher = Dispatcher(recorder, Splitter(None, "exact"), job_timeout_s=60)
+    batch, _ = requests(1, 1)
+    batch[0].deadline = 1.0
+    dispatcher.dispatch(batch, pool)
+    assert dispatcher.expire(2.0) == [batch[0]]
+    assert dispatcher.abandon() == [batch[1]]

@@ -93,7 +93,7 @@ def test_requests_that_do_not_fit_the_model_are_answered_at_once(served: Served)
     header = served.ask(encode_infer_request(1, np.zeros((1, 8), dtype=np.float32)))
     assert header["id"] == 1 and header["error"]["code"] == "BAD_REQUEST"
     header = served.ask(encode_infer_request(2, rows(5)))
-    assert header["error"]["code"] == "BAD_REQUEST" and "at most 4" in header["error"]["message"]
+    assert header["error"]["code"] == "TOO_LARGE" and "at most 4" in header["error"]["message"]
     header = served.ask([b"not json", rows(1).tobytes()])
     assert header["error"]["code"] == "BAD_REQUEST"
     assert served.batcher.queued_inputs == 0
@@ -111,5 +111,71 @@ def test_a_reload_that_shrinks_max_batch_shrinks_the_limits(served: Served) -> N
     served.batcher.max_batch = 2
     assert served.frontend.max_message_bytes() == before - 2 * 16 * 4
     header = served.ask(encode_infer_request(1, rows(3)))
-    assert header["error"]["code"] == "BAD_REQUEST" and "at most 2" in header["error"]["message"]
+    assert header["error"]["code"] == "TOO_LARGE" and "at most 2" in header["error"]["message"]
     assert info_result(served.ask(encode_info_request(2)))["max_batch"] == 2
+
+
+# -- the crashers of issue 12 and the frontend's own limits ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [b'{"v":1,"id":"\\ud800","op":"info"}'],  # a lone surrogate id, on the info path
+        [b'{"v":1,"id":"\\ud800","op":"infer","dtype":"float32","shape":[1,16]}', rows(1).tobytes()],
+        [b"", b'{"v":1,"id":"\\udfff","op":"info"}'],  # over REQ
+        [b'{"v":1,"id":1,"op":"infer","dtype":"float32","shape":[1,16],"timeout_ms":' + b"9" * 400 + b"}",
+         rows(1).tobytes()],  # a 400-digit timeout_ms, fast path and full parser
+    ],
+)  # fmt: skip
+def test_the_messages_that_stopped_the_daemon_are_bad_requests(served: Served, frames: list[bytes]) -> None:
+    header = served.ask(frames)
+    assert header["ok"] is False and header["error"]["code"] == "BAD_REQUEST"
+    assert served.ask(encode_info_request("after"))["ok"] is True  # and the frontend still serves
+
+
+def test_any_failure_on_one_message_is_answered_internal_and_logged(
+    served: Served, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*_args: object) -> None:
+        raise RuntimeError("a bug on the request path")
+
+    monkeypatch.setattr("packrat_daemon.frontend.check_against_model", broken)
+    header = served.ask(encode_infer_request(1, rows(1)))
+    assert header["error"]["code"] == "INTERNAL" and header["id"] is None
+    assert "internal error on a message of" in caplog.text and "a bug on the request path" in caplog.text
+    monkeypatch.undo()
+    assert served.ask(encode_info_request(2))["ok"] is True
+
+
+def test_a_message_of_many_frames_is_refused_without_keeping_them(served: Served) -> None:
+    head = b'{"v":1,"id":"many","op":"infer","dtype":"float32","shape":[1,16]}'
+    header = served.ask([head, *[b"x" * 8] * 50])
+    assert header["id"] == "many" and header["error"]["code"] == "BAD_REQUEST"
+    assert "51 frames" in header["error"]["message"]
+    limit = served.frontend.max_message_bytes()
+    # Each frame is under the limit, all of them together far over it: the whole message counts.
+    header = served.ask([head, *[b"x" * (limit // 4)] * 12])
+    assert header["id"] == "many" and header["error"]["code"] == "TOO_LARGE"
+    assert f"at most {limit}" in header["error"]["message"]
+
+
+def test_info_states_the_size_limits(served: Served) -> None:
+    limits = info_result(served.ask(encode_info_request(1)))["limits"]
+    limit = served.frontend.max_message_bytes()
+    assert limits["max_samples"] == 4 and limits["max_message_bytes"] == limit
+    assert limits["max_frame_bytes"] >= limit and limits["max_header_bytes"] == 65536
+    assert limits["max_id_chars"] == 128 and limits["max_timeout_ms"] == 2**31 - 1
+
+
+def test_after_the_drain_waiting_requests_get_shutting_down(served: Served) -> None:
+    for k in range(5):
+        served.client.send_multipart(encode_infer_request(k, rows(1)))
+    served.client.send_multipart(encode_info_request("i"))
+    assert served.frontend.socket.poll(5000)
+    served.frontend.refuse_waiting()
+    replies = []
+    while served.client.poll(500):
+        replies.append(decode_reply(served.client.recv_multipart())[0])
+    assert sorted(r["error"]["code"] for r in replies if not r["ok"]) == ["SHUTTING_DOWN"] * 5
+    assert [r["id"] for r in replies if r["ok"]] == ["i"] and served.batcher.queued_inputs == 0

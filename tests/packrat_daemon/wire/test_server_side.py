@@ -196,7 +196,6 @@ def test_check_against_model_accepts_a_matching_request() -> None:
         (infer_request(shape=(4, 8, 3)), "each sample has shape [8, 3], but the model takes [3, 8]"),
         (infer_request(shape=(4, 3, 8, 1)), "but the model takes [3, 8]"),
         (infer_request(shape=(4,)), "each sample has shape []"),
-        (infer_request(shape=(5, 3, 8)), "5 samples in one request; this server takes at most 4"),
     ],
 )
 def test_check_against_model_rejects_with_what_was_expected(req: InferRequest, fragment: str) -> None:
@@ -204,6 +203,14 @@ def test_check_against_model_rejects_with_what_was_expected(req: InferRequest, f
         check_against_model(req, "float32", (3, 8), max_samples=4)
     assert info.value.code is ErrorCode.BAD_REQUEST and info.value.request_id == "m"
     assert fragment in info.value.message
+
+
+def test_too_many_samples_is_too_large_whatever_the_sample_size() -> None:
+    # The byte limit answers TOO_LARGE; more samples than max_batch must get the same code (spec defect).
+    with pytest.raises(ProtocolError) as info:
+        check_against_model(infer_request(shape=(5, 3, 8)), "float32", (3, 8), max_samples=4)
+    assert info.value.code is ErrorCode.TOO_LARGE and info.value.request_id == "m"
+    assert "5 samples in one request; this server takes at most 4" in info.value.message
 
 
 def test_the_fast_path_respects_the_message_size_limit() -> None:
@@ -262,9 +269,13 @@ def test_a_timeout_beyond_every_double_is_a_bad_request(timeout: str, as_zmq_fra
     assert "'timeout_ms'" in error.message and len(error.message) < 200
 
 
-def test_the_largest_finite_timeout_is_accepted() -> None:
-    _, req = parse_request([header(timeout_ms=1.7976931348623157e308), PAYLOAD], max_message_bytes=LIMIT)
-    assert isinstance(req, InferRequest) and req.timeout_ms == 1.7976931348623157e308
+def test_timeout_ms_is_bounded_by_the_documented_limit() -> None:
+    _, req = parse_request([header(timeout_ms=2**31 - 1), PAYLOAD], max_message_bytes=LIMIT)
+    assert isinstance(req, InferRequest) and req.timeout_ms == 2**31 - 1
+    for beyond in (2**31, 2**31 - 0.5 + 1, 1.7976931348623157e308):
+        with pytest.raises(ProtocolError, match="no larger than 2147483647") as info:
+            parse_request([header(timeout_ms=beyond), PAYLOAD], max_message_bytes=LIMIT)
+        assert info.value.code is ErrorCode.BAD_REQUEST and info.value.request_id == "r1"
 
 
 # ------------------------------------------- the fast path must agree with the full parser, case by case
