@@ -89,7 +89,7 @@ class Daemon:
         self.reconciler = Reconciler(Pool(self.backend, warmup=(1,)), self.topology)
         self.reconciler.set_plan(self.plan)
         self.dispatcher = Dispatcher(
-            self.backend.send,
+            self.reconciler.pool.run,
             self._splitter(self.profile, self.plan),
             config.job_timeout_s,
             config.slice_deadline_margin,

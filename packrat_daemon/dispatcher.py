@@ -1,9 +1,9 @@
 """The dispatcher: splits each batch across the serving instances and gathers the answers.
 
 Every batch is split exactly for the live pool (policies.solver.split_batch on the instances' own
-profile rows). Each worker gets its rows as frames that point into the clients' own buffers (no
-copy on the way in). A worker that dies or times out has its slice sent to another instance, so
-every request ends in a result or an explicit error.
+profile rows). Each worker's rows are views of the clients' own buffers, which the pool sends as
+frames or copies once into the worker's shared memory. A worker that dies or times out has its slice
+sent to another instance, so every request ends in a result or an explicit error.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from packrat_daemon.pool import WorkerHandle
 from packrat_daemon.wire.codec import DTYPES
 from policies.planning.layouts import Split, fastest, split_on
 from policies.planning.profile import Profile
-from workers import messages
-from workers.messages import numpy_dtype, numpy_name
+from workers.messages import numpy_name
 
-Send = Callable[[bytes, bytes, dict[str, Any], list[Any]], bool]
+# Sends one job ({"job", "dtype", "shape"} and the input as byte views) to a worker: Pool.run, which
+# moves it through shared memory or as frames; False when the worker is gone.
+Send = Callable[[WorkerHandle, dict[str, Any], list[memoryview]], bool]
 
 
 @dataclass
@@ -212,8 +213,7 @@ class Dispatcher:
         job = self.jobs.pop(header["job"], None)
         if job is None or job.batch is not self.batch:
             return []  # a late answer for a slice already re-sent elsewhere
-        frame = payload[0]
-        job.output = np.frombuffer(frame.buffer, dtype=numpy_dtype(header["dtype"])).reshape(header["shape"])
+        job.output = payload[0]  # the output array, as the pool decoded it (a copy if it came shared)
         job.compute_ms = float(header["compute_ms"])
         self.batch.unanswered -= 1
         return self._finish() if self.batch.done() else []
@@ -287,7 +287,7 @@ class Dispatcher:
         self.jobs[job.id] = job
         batch.jobs.append(job)
         batch.unanswered += 1
-        if not self.send(worker.identity, messages.RUN, header, _row_frames(batch, offset, rows)):
+        if not self.send(worker, header, _row_frames(batch, offset, rows)):
             job.deadline = self.next_deadline = 0.0  # unreachable worker: the next check re-routes it at once
 
     def _finish(self) -> list[Completed]:

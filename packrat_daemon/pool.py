@@ -3,6 +3,10 @@
 The pool only records state and sends the verbs; deciding *what* the pool should be is the
 reconciler's job, and only the reconciler calls `spawn` and `retire`. It tells a worker that failed
 before it was ready (a boot failure, counted until a worker is ready again) from one lost after.
+
+It also moves the tensors of every job (`run`, and the results in `handle`): big ones through shared
+memory (workers.arena), small ones as ZeroMQ frames. It is the one place that knows which jobs a
+worker has outstanding, which is what decides when an arena may be written.
 """
 
 from __future__ import annotations
@@ -18,8 +22,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from packrat_daemon.backend import Backend, TemplateError
 from workers import messages
+from workers.arena import SHARED_MIN_BYTES, Arena, Location, PeerArena
 
 log = logging.getLogger("packrat.pool")
 
@@ -46,6 +53,8 @@ class WorkerHandle:
     last_seen: float = field(default_factory=time.monotonic)
     # (threads, cores, generation) it was told to switch to in place; it serves as before until done.
     pending: tuple[int, tuple[int, ...], int] | None = None
+    outstanding: int = 0  # jobs sent and not answered (a late answer to an abandoned job counts too)
+    shared: SharedArenas | None = None  # None: this worker's tensors travel as frames
 
     @property
     def target(self) -> tuple[int, tuple[int, ...]]:
@@ -57,6 +66,19 @@ class WorkerHandle:
         return messages.worker_identity(self.id)
 
 
+class SharedArenas:
+    """A worker's shared memory as the daemon holds it: the arena it writes the worker's inputs into,
+    and the worker's output arena as mapped here."""
+
+    def __init__(self, worker_id: int) -> None:
+        self.inputs = Arena(f"w{worker_id}-in")
+        self.outputs = PeerArena()
+
+    def close(self) -> None:
+        self.inputs.close()
+        self.outputs.close()
+
+
 @dataclass(slots=True)  # not frozen: one is built per result, and frozen fields cost a setattr each
 class PoolEvent:
     kind: str  # "ready", "reconfigured", "result", "failed", "lost" (after ready), "boot-failed" (before)
@@ -66,9 +88,10 @@ class PoolEvent:
 
 
 class Pool:
-    def __init__(self, backend: Backend, warmup: tuple[int, ...] = (1,)) -> None:
+    def __init__(self, backend: Backend, warmup: tuple[int, ...] = (1,), shared_memory: bool = True) -> None:
         self.backend = backend
         self.warmup = warmup
+        self.shared_memory = shared_memory  # False: every tensor as frames (the bench's old path)
         self.workers: dict[int, WorkerHandle] = {}
         self._by_identity_bytes: dict[bytes, WorkerHandle] = {}  # every message from a worker is looked up
         self.boot_failures = 0  # workers in a row that exited before they were ready; a ready one resets it
@@ -104,6 +127,26 @@ class Pool:
                 os.kill(worker.pid, signal.SIGKILL)
         worker.state = WorkerState.STOPPING
 
+    def run(self, worker: WorkerHandle, header: dict[str, Any], frames: list[memoryview]) -> bool:
+        """Send a job ({"job", "dtype", "shape"}; the input as C-contiguous byte views); False if the worker is gone.
+
+        The input goes through the worker's arena when it is big and the worker has nothing outstanding
+        (so it is reading no earlier input, and every earlier output of its arena has been copied out);
+        otherwise, a re-sent slice to a busy worker included, as frames.
+        """
+        nbytes = frames[0].nbytes if len(frames) == 1 else sum([frame.nbytes for frame in frames])
+        shared = worker.shared
+        if shared is not None and nbytes >= SHARED_MIN_BYTES and not worker.outstanding:
+            location = shared.inputs.write(frames, nbytes)
+            header = {**header, "pid": location.pid, "fd": location.fd, "serial": location.serial,
+                      "size": location.size}  # fmt: skip
+            sent = self.backend.send(worker.identity, messages.RUN_SHARED, header)
+        else:
+            sent = self.backend.send(worker.identity, messages.RUN, header, frames, nbytes)
+        if sent:
+            worker.outstanding += 1
+        return sent
+
     def live(self) -> list[WorkerHandle]:
         return [w for w in self.workers.values() if w.state in (WorkerState.STARTING, WorkerState.READY)]
 
@@ -122,9 +165,13 @@ class Pool:
         if worker is None:
             return None
         worker.last_seen = time.monotonic()
+        if kind == messages.RESULT or kind == messages.RESULT_SHARED:
+            worker.outstanding = max(0, worker.outstanding - 1)
+            return PoolEvent("result", worker, header, [self._output(worker, kind, header, payload)])
         if kind == messages.READY:
             worker.pid = header.get("pid", worker.pid)
             if worker.state is WorkerState.STARTING:
+                self._share(worker, header.get("arena"))
                 worker.state = WorkerState.READY
                 self.boot_failures = 0
                 return PoolEvent("ready", worker, header, payload)
@@ -135,9 +182,8 @@ class Pool:
             worker.threads, worker.cores, worker.generation = worker.pending
             worker.pending = None
             return PoolEvent("reconfigured", worker, header, payload)
-        if kind == messages.RESULT:
-            return PoolEvent("result", worker, header, payload)
         if kind == messages.FAILED:
+            worker.outstanding = max(0, worker.outstanding - 1)
             return PoolEvent("failed", worker, header, payload)
         return None  # heartbeats only refresh last_seen
 
@@ -148,6 +194,9 @@ class Pool:
         elif kind == messages.EXITED and worker is not None:
             was = worker.state
             worker.state = WorkerState.DEAD
+            if worker.shared is not None:  # the worker's side went with it; free ours now
+                worker.shared.close()
+                worker.shared = None
             del self.workers[worker.id]
             self._by_identity_bytes.pop(worker.identity, None)
             if was is WorkerState.STARTING:
@@ -171,6 +220,32 @@ class Pool:
         log.warning("worker %d (%d thread(s)) failed to start, %d in a row: %s",
                     worker.id, worker.threads, self.boot_failures, self.boot_error)  # fmt: skip
         return PoolEvent("boot-failed", worker, header, [])
+
+    def _share(self, worker: WorkerHandle, arena: list[int] | None) -> None:
+        """Use shared memory with a worker that offered its output arena, if this process can map it."""
+        if not self.shared_memory or not arena:
+            return
+        shared = SharedArenas(worker.id)
+        try:
+            shared.outputs.array(Location(*arena), np.dtype(np.uint8), (0,))
+        except OSError as exc:
+            shared.close()
+            log.warning(
+                "worker %d: its tensors travel as ZeroMQ frames, since its shared memory cannot be mapped here "
+                "(%s); /proc must let a process open the fds of its own user's processes", worker.id, exc
+            )  # fmt: skip
+            return
+        worker.shared = shared
+
+    @staticmethod
+    def _output(worker: WorkerHandle, kind: bytes, header: dict[str, Any], payload: list[Any]) -> np.ndarray:
+        dtype = messages.numpy_dtype(header["dtype"])
+        if kind == messages.RESULT:
+            return np.frombuffer(payload[0].buffer, dtype=dtype).reshape(header["shape"])
+        assert worker.shared is not None, "a shared result comes only for a shared job"
+        location = Location(*[header[name] for name in messages.ARENA_FIELDS])
+        # A copy: the reply to the client must not alias memory that the worker's next job overwrites.
+        return worker.shared.outputs.array(location, dtype, header["shape"]).copy()
 
     def pump(self, timeout_ms: int) -> PoolEvent | None:
         """Wait up to `timeout_ms` for one backend message and apply it (for synchronous users:

@@ -19,12 +19,16 @@ import zmq
 from packrat_daemon.wire.errors import WorkerBootError
 from packrat_daemon.wire.zmqio import ZERO_COPY_MIN_BYTES, recv_frames, send_frames
 from workers import messages
+from workers.arena import SHARED_MIN_BYTES, Arena, Location, PeerArena
 from workers.pinning import die_with_parent, pin_process
 from workers.runtime import Runtime
 from workers.spec import InputSpec, sample_input
 
 HEARTBEAT_SECONDS = 1.0
 PREPARE_POLL_MS = 20  # how often the main loop checks whether a background re-threading is ready
+# How long a booted worker may take to reach the daemon's socket. Connecting to a local ipc socket is
+# immediate; one that never answers (a run dir moved or deleted) must fail the boot, not hang unseen.
+CONNECT_DEADLINE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -43,23 +47,29 @@ def run_worker(runtime: Runtime, input_spec: InputSpec, config: WorkerConfig) ->
     Raises WorkerBootError for anything that fails before the worker said it was ready, so the
     template can exit it with messages.WORKER_BOOT_ERROR and report why (gunicorn's `booted` flag).
     """
+    shared = SharedTensors(config.worker_id)
     try:
-        context, socket = _boot(runtime, input_spec, config)
+        context, socket = _boot(runtime, input_spec, config, shared)
     except Exception as exc:
+        shared.close()
         raise WorkerBootError(f"{type(exc).__name__}: {exc}") from exc
     try:
-        return _serve(runtime, socket, config)
+        return _serve(runtime, socket, config, shared)
     finally:
         socket.close(linger=0)
         context.term()
+        shared.close()
 
 
-def _boot(runtime: Runtime, input_spec: InputSpec, config: WorkerConfig) -> tuple[zmq.Context, zmq.Socket]:
-    """Pin, set the threads, warm up, connect and say READY."""
+def _boot(
+    runtime: Runtime, input_spec: InputSpec, config: WorkerConfig, shared: SharedTensors
+) -> tuple[zmq.Context, zmq.Socket]:
+    """Pin, set the threads, warm up, connect and say READY (with where the output arena is)."""
     die_with_parent()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the daemon, which stops us in order
-    pin_process(config.cores)
+    if runtime.pins:
+        pin_process(config.cores)
     runtime.set_threads(config.threads)
     runtime.serve_only()
     for batch in config.warmup:
@@ -69,12 +79,35 @@ def _boot(runtime: Runtime, input_spec: InputSpec, config: WorkerConfig) -> tupl
     socket = context.socket(zmq.DEALER)
     socket.setsockopt(zmq.IDENTITY, messages.worker_identity(config.worker_id))
     socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing before the connection exists: READY then waits for it
+    socket.setsockopt(zmq.SNDTIMEO, int(CONNECT_DEADLINE_S * 1000))
     socket.connect(config.backend)
-    socket.send_multipart(messages.encode(messages.READY, _status(config.worker_id, config.threads, config.cores)))
+    ready = _status(config.worker_id, config.threads, config.cores)
+    ready["arena"] = list(shared.output.write((), 0))  # created now, so the daemon can check it maps it
+    try:
+        socket.send_multipart(messages.encode(messages.READY, ready))
+    except zmq.Again:
+        raise TimeoutError(
+            f"could not reach the daemon at {config.backend} within {CONNECT_DEADLINE_S:.0f} s; "
+            "was its run dir moved or deleted?"
+        ) from None
+    socket.setsockopt(zmq.SNDTIMEO, -1)
     return context, socket
 
 
-def _serve(runtime: Runtime, socket: zmq.Socket, config: WorkerConfig) -> int:
+class SharedTensors:
+    """This worker's shared memory: the daemon's input arena as mapped here, and its own output arena."""
+
+    def __init__(self, worker_id: int) -> None:
+        self.inputs = PeerArena()
+        self.output = Arena(f"w{worker_id}-out")
+
+    def close(self) -> None:
+        self.inputs.close()
+        self.output.close()
+
+
+def _serve(runtime: Runtime, socket: zmq.Socket, config: WorkerConfig, shared: SharedTensors) -> int:
     """Answer jobs and re-threading requests, heartbeat when idle; return when stopped or orphaned."""
     threads, cores = config.threads, config.cores
     last_sent = time.monotonic()
@@ -92,8 +125,8 @@ def _serve(runtime: Runtime, socket: zmq.Socket, config: WorkerConfig) -> int:
             frames = None
         if frames is not None:
             kind, header, payload = messages.decode(frames)
-            if kind == messages.RUN:
-                reply = _run_job(runtime, header, payload, threads)
+            if kind == messages.RUN or kind == messages.RUN_SHARED:
+                reply = _run_job(runtime, kind, header, payload, threads, shared)
                 send_frames(socket, reply, copy=len(reply) == 1 or reply[1].nbytes < ZERO_COPY_MIN_BYTES)
                 last_sent = time.monotonic()  # a reply is a sign of life too
             elif kind == messages.CONFIGURE:
@@ -125,6 +158,7 @@ class Rethreading:
 
     def __init__(self, runtime: Runtime, threads: int, cores: tuple[int, ...]) -> None:
         self.threads, self.cores = threads, cores
+        self._pins = runtime.pins
         self._commit: Callable[[], None] | None = None
         self._error: BaseException | None = None
         if getattr(runtime, "rethreads_in_place", True):
@@ -149,16 +183,23 @@ class Rethreading:
             raise RuntimeError(f"could not prepare {self.threads} thread(s): {self._error}") from self._error
         assert self._commit is not None
         self._commit()
-        pin_process(self.cores)
+        if self._pins:
+            pin_process(self.cores)
         return self.threads, self.cores
 
 
-def _run_job(runtime: Runtime, header: dict, payload: list, threads: int) -> list:
+def _run_job(runtime: Runtime, kind: bytes, header: dict, payload: list, threads: int, shared: SharedTensors) -> list:
     job = header["job"]
     try:
-        data = payload[0].buffer if len(payload) == 1 else b"".join(bytes(frame.buffer) for frame in payload)
-        batch = np.frombuffer(data, dtype=messages.numpy_dtype(header["dtype"])).reshape(header["shape"])
+        dtype = messages.numpy_dtype(header["dtype"])
+        if kind == messages.RUN_SHARED:
+            location = Location(*[header[name] for name in messages.ARENA_FIELDS])
+            batch = shared.inputs.array(location, dtype, header["shape"])
+        else:
+            data = payload[0].buffer if len(payload) == 1 else b"".join(bytes(frame.buffer) for frame in payload)
+            batch = np.frombuffer(data, dtype=dtype).reshape(header["shape"])
         output, compute_ms = runtime.timed_run(batch)
+        del batch  # the input's view of the daemon's arena, which the daemon may replace once we answer
         output = np.ascontiguousarray(output)
     except Exception as exc:  # the daemon re-routes or answers INTERNAL; the worker stays up
         return messages.encode(messages.FAILED, {"job": job, "message": f"{type(exc).__name__}: {exc}"})
@@ -168,9 +209,15 @@ def _run_job(runtime: Runtime, header: dict, payload: list, threads: int) -> lis
         "shape": list(output.shape),
         "compute_ms": compute_ms,
         "threads": threads,
-        "batch": int(batch.shape[0]),
+        "batch": int(header["shape"][0]),
     }
-    return messages.encode(messages.RESULT, reply, [memoryview(output).cast("B")])
+    data = memoryview(output).cast("B")
+    # The daemon copies a shared output out before it sends this worker another shared job, and it
+    # sends one only when this worker has nothing outstanding: so only a shared job's output may go there.
+    if kind == messages.RUN_SHARED and data.nbytes >= SHARED_MIN_BYTES:
+        reply.update(zip(messages.ARENA_FIELDS, shared.output.write((data,), data.nbytes), strict=True))
+        return messages.encode(messages.RESULT_SHARED, reply)
+    return messages.encode(messages.RESULT, reply, [data])
 
 
 def _status(worker_id: int, threads: int, cores: tuple[int, ...]) -> dict:

@@ -31,7 +31,6 @@ from packrat_daemon.wire.errors import PackratError
 from policies.planning.cores import CoreAllocator
 from policies.planning.profile import Cell
 from policies.planning.topology import Topology
-from workers import messages
 from workers.spec import sample_input
 
 READY_TIMEOUT_S = 300.0
@@ -74,7 +73,12 @@ class LivePlan:
 
 @contextmanager
 def model_session(
-    model: str, *, input_override: str | None = None, runtime: str = "torch", allocator: str = "system"
+    model: str,
+    *,
+    input_override: str | None = None,
+    runtime: str = "torch",
+    allocator: str = "system",
+    precision: str = "fp32",
 ) -> Iterator[tuple[Backend, ModelInfo]]:
     """A template process with the model loaded, ready to fork workers; torn down on exit."""
     import zmq
@@ -82,7 +86,9 @@ def model_session(
     context = zmq.Context()
     backend = Backend(context)
     try:
-        backend.start_template(model, input_override=input_override, runtime=runtime, allocator=allocator)
+        backend.start_template(
+            model, input_override=input_override, runtime=runtime, allocator=allocator, precision=precision
+        )
         yield backend, backend.wait_template()
     finally:
         backend.close()
@@ -96,18 +102,20 @@ class Bench:
     cell on every core at once (False: on one worker alone). The workers of a cell's thread count stay
     alive for the next cell of that count; `keep_workers` keeps every count's alive until `close`,
     for callers that return to a thread count in any order (adaptive profiling), since forking a
-    fresh worker takes seconds, more than most cells.
+    fresh worker takes seconds, more than most cells. `shared_memory=False` sends every tensor as
+    frames, as the daemon did before its workers shared memory (bench/transport.py compares the two).
     """
 
     def __init__(
         self, backend: Backend, topology: Topology, info: ModelInfo, *, warmup: int = 1, repeats: int = 3,
         max_cell_seconds: float = 20.0, side_by_side: bool = True, keep_workers: bool = False,
+        shared_memory: bool = True,
     ) -> None:  # fmt: skip
         self.backend = backend
         self.info = info
         self.topology = topology
         self.allocator = CoreAllocator(topology)
-        self.pool = Pool(backend, warmup=(1,))
+        self.pool = Pool(backend, warmup=(1,), shared_memory=shared_memory)
         self.warmup = warmup
         self.repeats = repeats
         self.max_cell_seconds = max_cell_seconds
@@ -190,7 +198,7 @@ class Bench:
             self._job += 1
             inputs = self._input(size)
             header = {"job": self._job, "dtype": inputs.dtype.name, "shape": list(inputs.shape)}
-            if not self.backend.send(worker.identity, messages.RUN, header, [memoryview(inputs).cast("B")]):
+            if not self.pool.run(worker, header, [memoryview(inputs).cast("B")]):
                 raise MeasurementError(f"worker {worker.id} is gone")
             jobs[self._job] = index
         compute = [0.0] * len(sizes)

@@ -8,24 +8,18 @@ from packrat_daemon.batcher import Request
 from packrat_daemon.dispatcher import Dispatcher, Splitter
 from packrat_daemon.pool import WorkerHandle, WorkerState
 from policies.planning.profile import Profile
-from workers import messages
 
 
 class Recorder:
-    """Stands in for the backend socket: records what would be sent (the split is what is tested)."""
+    """Stands in for Pool.run: records what would be sent (the split is what is tested)."""
 
     def __init__(self) -> None:
         self.sent: list[tuple[bytes, dict, bytes]] = []
 
-    def __call__(self, identity: bytes, kind: bytes, header: dict, payload: list) -> bool:
-        assert kind == messages.RUN
-        self.sent.append((identity, header, b"".join(bytes(p) for p in payload)))
+    def __call__(self, worker: WorkerHandle, header: dict, payload: list) -> bool:
+        assert header.keys() == {"job", "dtype", "shape"}
+        self.sent.append((worker.identity, header, b"".join(bytes(p) for p in payload)))
         return True
-
-
-class Frame:
-    def __init__(self, data: bytes) -> None:
-        self.buffer = memoryview(data)
 
 
 def workers(*threads: int) -> list[WorkerHandle]:
@@ -43,7 +37,7 @@ def answer(dispatcher: Dispatcher, pool: list[WorkerHandle], sent: tuple[bytes, 
     rows = np.frombuffer(data, dtype=np.float32).reshape(header["shape"]) * 2  # the "model" doubles
     reply = {"job": header["job"], "dtype": "float32", "shape": list(rows.shape), "compute_ms": 1.0,
              "threads": worker.threads, "batch": rows.shape[0]}  # fmt: skip
-    return dispatcher.on_result(worker, reply, [Frame(rows.tobytes())])
+    return dispatcher.on_result(worker, reply, [rows])
 
 
 def test_split_follows_the_profile_and_each_request_gets_its_own_rows() -> None:
