@@ -12,12 +12,15 @@ import time
 from typing import Any
 
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 from zmq.backend import Socket as _CompiledSocket
 
+from packrat_daemon import emulation
 from packrat_daemon.backend import ModelInfo
 from packrat_daemon.batcher import Batcher, Request
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.dispatcher import Completed, Dispatcher
+from packrat_daemon.hardening import claim_ipc
 from packrat_daemon.metrics import Metrics
 from packrat_daemon.reconciler import Reconciler
 from packrat_daemon.wire.codec import (
@@ -31,6 +34,7 @@ from packrat_daemon.wire.codec import (
     check_request_id,
     load_header,
 )
+from packrat_daemon.wire.curve import FrontendSecurity
 from packrat_daemon.wire.server_side import (
     InfoRequest,
     check_against_model,
@@ -41,6 +45,7 @@ from packrat_daemon.wire.server_side import (
 )
 from packrat_daemon.wire.zmqio import NOBLOCK, ZERO_COPY_MIN_BYTES, readable, send_frames
 from workers.messages import numpy_name
+from workers.spec import EMULATED
 
 log = logging.getLogger("packrat.daemon")
 
@@ -78,6 +83,9 @@ class Frontend:
         self.model = config.model  # neither changes on reload: both take a restart
         self.endpoint = config.endpoint
         self.info = info
+        # An emulating daemon says so in every `info` reply: its latencies are the profile's, not this machine's.
+        cores = reconciler.allocator.topology.usable_cores
+        self.emulation = emulation.describe(config, cores) if info.runtime == EMULATED else None
         self.metrics = metrics
         self.batcher = batcher  # its max_batch is the limit requests are checked against (a reload can shrink it)
         self.dispatcher = dispatcher
@@ -87,6 +95,10 @@ class Frontend:
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a vanished client must not stall the daemon
+        self.security = FrontendSecurity.check(
+            config.endpoint, config.server_key, config.allowed_clients, config.insecure_public
+        )
+        self.authenticator: ThreadAuthenticator | None = None  # the ZAP handler, while CURVE serves
         self.socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
 
     def open(self) -> None:
@@ -94,7 +106,11 @@ class Frontend:
         # Frames a little over the limit get a TOO_LARGE answer; ZeroMQ itself cuts off a peer that sends
         # a frame far over it. The cap is per frame: `read` bounds what a message of many frames costs.
         self.socket.setsockopt(zmq.MAXMSGSIZE, FRAME_CAP_FACTOR * self.max_message_bytes())
+        if self.endpoint.startswith("ipc://"):
+            claim_ipc(self.endpoint.removeprefix("ipc://"))  # libzmq would silently take a live daemon's socket
+        self.authenticator = self.security.apply(self.socket)  # CURVE options must be set before the bind
         self.socket.bind(self.endpoint)
+        log.info("frontend %s: %s", self.endpoint, self.security.describe())
         self.accepting = True
 
     def read(self) -> None:
@@ -178,6 +194,9 @@ class Frontend:
             "model": self.model,
             "input": {"dtype": self.info.dtype, "shape": list(self.info.shape), "high": self.info.high},
             "runtime": self.info.runtime,
+            "precision": self.info.precision,
+            "accuracy_guard": self.info.guard,
+            "emulation": self.emulation,
             "max_batch": self.batcher.max_batch,
             "limits": self.limits(),
             "plan": plan.to_json(),
@@ -228,6 +247,8 @@ class Frontend:
 
     def close(self) -> None:
         self.socket.close(linger=CLOSE_LINGER_MS)
+        if self.authenticator is not None:
+            self.authenticator.stop()
 
 
 def _sample_bytes(info: ModelInfo) -> int:
