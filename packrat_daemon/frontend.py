@@ -174,16 +174,13 @@ class Frontend:
             return False
         return self.batcher.queued_inputs >= self.batcher.max_batch and not self.dispatcher.busy
 
-    def refuse_waiting(self) -> int:
+    def refuse_waiting(self) -> None:
         """After the drain: answer every message still waiting on the socket (SHUTTING_DOWN; `info` is
-        still answered), so that no request that reached the daemon goes unanswered; how many were read."""
+        still answered), so that no request that reached the daemon goes unanswered."""
         self.accepting = False
-        answered = 0
         stop = time.monotonic() + REFUSE_WAITING_S
         while readable(self.socket) and time.monotonic() < stop:
             self.read()
-            answered += 1
-        return answered
 
     def describe(self) -> dict[str, Any]:
         """The `info` reply: the model, its input, the plan and the live workers."""

@@ -1,0 +1,351 @@
+"""Faults under load, hostile messages and a multipart flood against real daemons; prints JSON.
+
+1. Worker faults: a daemon serves tests/model_factories.py's slow_mlp (a tiny MLP that sleeps 0.3 s a
+   batch, so a slice's latency is known and the CPU stays free) on 2 one-thread workers, from a profile
+   measured first with `packrat profile`. Under continuous load, workers are SIGKILLed, then SIGSTOPped
+   (hung: alive, silent). Reported: answered, typed errors by code, lost (no reply within 30 s), and the
+   longest stall (the longest time without any reply while requests were waiting) against the slice's
+   predicted latency.
+2. SIGTERM under load: requests keep coming through the drain; replies received against requests sent
+   before the daemon closed its socket (a socket monitor on the client says when).
+3. Hostile messages: tests/packrat_daemon/fuzz_frontend.py's generator (the fuzz test's) against a
+   tiny-mlp daemon; it must stay up, answer every message exactly once, and still be right on a
+   reference input.
+4. Multipart flood: clients send messages of 3 frames near the frame cap without reading replies; the
+   daemon's peak RSS against the bound docs/protocol.md states. Then the gap that bound leaves: one
+   message of many frames, which ZeroMQ buffers whole before the daemon can refuse it.
+
+    .venv/bin/python bench/faults.py > bench/results/faults.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = REPO / "tests"
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), str(REPO), os.environ.get("PYTHONPATH")]))
+sys.path[:0] = [str(REPO), str(TESTS), str(TESTS / "packrat_daemon")]
+
+import numpy as np  # noqa: E402
+import zmq  # noqa: E402
+from fuzz_frontend import Model, fuzz, rss_bytes  # noqa: E402
+from harness import DaemonProcess  # noqa: E402
+from zmq.utils.monitor import recv_monitor_message  # noqa: E402
+
+from packrat_daemon.frontend import RECEIVE_HWM  # noqa: E402
+from packrat_daemon.wire.client import AsyncClient, ClientTimeout, ServerError  # noqa: E402
+from packrat_daemon.wire.client_side import encode_infer_request  # noqa: E402
+from policies.planning.profile import Profile  # noqa: E402
+
+SLOW = "model_factories:slow_mlp"
+MIB = 1 << 20
+
+
+class Load:
+    """`concurrency` async requests in a loop on one client; every outcome with its send and reply time."""
+
+    def __init__(self, endpoint: str, concurrency: int, timeout_s: float = 30.0) -> None:
+        self.endpoint, self.concurrency, self.timeout_s = endpoint, concurrency, timeout_s
+        self.outcomes: list[tuple[float, float, str]] = []  # (sent, answered, "ok" | error code | "lost")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    def start(self) -> Load:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    async def _run(self) -> None:
+        x = np.ones((1, 16), dtype=np.float32)
+        async with AsyncClient(self.endpoint, timeout=self.timeout_s) as client:
+
+            async def one() -> None:
+                while not self._stop.is_set():
+                    sent = time.monotonic()
+                    try:
+                        await client.infer(x)
+                        outcome = "ok"
+                    except ServerError as exc:
+                        outcome = exc.code
+                    except ClientTimeout:
+                        outcome = "lost"
+                    self.outcomes.append((sent, time.monotonic(), outcome))
+
+            await asyncio.gather(*(one() for _ in range(self.concurrency)))
+
+    def longest_stall(self, start: float, end: float) -> float:
+        """The longest time in [start, end] with a request waiting and no reply of any kind."""
+        replies = sorted(answered for _, answered, outcome in self.outcomes if outcome != "lost")
+        marks = [start] + [t for t in replies if start <= t <= end] + [end]
+        return max(b - a for a, b in zip(marks, marks[1:], strict=False))
+
+    def summary(self, start: float, end: float) -> dict[str, Any]:
+        window = [o for o in self.outcomes if start <= o[0] <= end]
+        codes: dict[str, int] = {}
+        for _, _, outcome in window:
+            codes[outcome] = codes.get(outcome, 0) + 1
+        return {
+            "requests": len(window),
+            "answered_ok": codes.pop("ok", 0),
+            "lost": codes.pop("lost", 0),
+            "typed_errors": codes,
+            "longest_stall_s": round(self.longest_stall(start, end), 3),
+        }
+
+
+def pids(daemon: DaemonProcess) -> list[int]:
+    return [w["pid"] for w in daemon.client.info(timeout=10)["workers"]]
+
+
+def worker_faults(folder: Path, kills: int, stops: int) -> dict[str, Any]:
+    profile_path = folder / "slow.csv"
+    subprocess.run(
+        [sys.executable, "-m", "packrat_daemon", "profile", "--model", SLOW, "--threads", "1", "--batches", "1,2,4",
+         "--warmup", "1", "--repeats", "3", "--out", str(profile_path)],
+        check=True, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    profile = Profile.read_csv(profile_path)
+    args = ["--model", SLOW, "--policy", "fixed", "--plan", "2*1x2", "--max-batch", "4", "--max-delay-ms", "2",
+            "--profile", str(profile_path), "--no-adapt"]  # fmt: skip
+    daemon = DaemonProcess("faults", folder, args)
+    daemon.wait()
+    rng = random.Random(12)
+    load = Load(daemon.endpoint, concurrency=4).start()
+    time.sleep(2.0)
+    result: dict[str, Any] = {"model": SLOW, "plan": "2*1x2", "max_batch": 4}
+    for name, count, signum, every_s in (
+        ("sigkill", kills, signal.SIGKILL, 1.0),
+        ("sigstop", stops, signal.SIGSTOP, 2.5),
+    ):
+        start = time.monotonic()
+        for _ in range(count):
+            live = pids(daemon)
+            if live:
+                os.kill(rng.choice(live), signum)
+            time.sleep(every_s)
+        time.sleep(2.0)
+        end = time.monotonic()
+        result[name] = {"signals": count, **load.summary(start, end)}
+    load.stop()
+    # Each batch of 4 is split 2 + 2: the slice's predicted latency is the profile's 1-thread, 2-input cell.
+    predicted_s = profile.latency(1, 2) / 1000.0
+    result["slice_predicted_latency_s"] = round(predicted_s, 3)
+    for name in ("sigkill", "sigstop"):
+        result[name]["longest_stall_over_predicted"] = round(result[name]["longest_stall_s"] / predicted_s, 2)
+    log = daemon.log_path.read_text(errors="replace")
+    result["log_presumed_hung"] = log.count("presumed hung")
+    result["log_exited_unexpectedly"] = log.count("exited unexpectedly")
+    result["drain"] = sigterm_under_load(daemon)
+    return result
+
+
+def sigterm_under_load(daemon: DaemonProcess, in_flight: int = 8) -> dict[str, Any]:
+    """Up to `in_flight` requests outstanding, then a SIGTERM, then a request every 2 ms through the drain;
+    each one sent before the daemon closed its socket (the client's socket monitor says when) must get a reply."""
+    context = zmq.Context.instance()
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    monitor = socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+    socket.connect(daemon.endpoint)
+    x = np.ones((1, 16), dtype=np.float32)
+    sent_open = sent_after = replies = 0
+    codes: dict[str, int] = {}
+    connected = closed = False
+    signalled: float | None = None
+    unanswered: set[int] = set()
+    refused_seen = -1  # how many requests had been sent when the first SHUTTING_DOWN came back
+    start = time.monotonic()
+
+    def receive(wait_ms: int) -> None:
+        nonlocal replies, refused_seen
+        while socket.poll(wait_ms):
+            header = json.loads(socket.recv_multipart()[0])
+            replies += 1
+            unanswered.discard(header["id"])
+            code = "ok" if header["ok"] else header["error"]["code"]
+            if code == "SHUTTING_DOWN" and refused_seen < 0:
+                refused_seen = sent_open + sent_after
+            codes[code] = codes.get(code, 0) + 1
+            wait_ms = 0
+
+    while daemon.process.poll() is None:
+        while monitor.poll(0):
+            event = recv_monitor_message(monitor)["event"]
+            connected = connected or event == zmq.EVENT_CONNECTED
+            closed = closed or (connected and event == zmq.EVENT_DISCONNECTED)
+        if signalled is None and time.monotonic() - start > 2.0:
+            daemon.process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+        if signalled is not None or sent_open - replies < in_flight:
+            socket.send_multipart(encode_infer_request(sent_open + sent_after, x), copy=False)
+            unanswered.add(sent_open + sent_after)
+            if closed:
+                sent_after += 1
+            else:
+                sent_open += 1
+        receive(2)
+    receive(500)  # replies still in flight when the process exited
+    socket.close()
+    monitor.close()
+    return {
+        "requests_sent_before_the_socket_closed": sent_open,
+        "replies": replies,
+        "by_code": codes,
+        "sent_after_the_socket_closed": sent_after,
+        # A client that stops sending to this daemon once told SHUTTING_DOWN (docs/protocol.md) loses nothing:
+        "sent_before_the_first_shutting_down_reply": refused_seen,
+        "unanswered_of_those": sum(1 for k in unanswered if k < refused_seen),
+        # The rest were sent in the last moment before the socket closed, racing the close:
+        "unanswered_sent_before_close": sum(1 for k in unanswered if k < sent_open),
+        "exit_code": daemon.process.returncode,
+        "exit_after_sigterm_s": round(time.monotonic() - (signalled or start), 2),
+    }
+
+
+class PeakRss:
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak, self._stop = pid, rss_bytes(pid), threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            self.peak = max(self.peak, rss_bytes(self.pid))
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def hostile(folder: Path, fuzz_messages: int, flood_clients: int, flood_messages: int, gap_frames: int) -> dict:
+    args = ["--model", "builtin:tiny-mlp", "--policy", "fixed", "--plan", "1x4", "--max-batch", "4"]
+    daemon = DaemonProcess("hostile", folder, args)
+    info = daemon.wait()
+    limits = info["limits"]
+    model = Model(info["input"]["dtype"], tuple(info["input"]["shape"]), info["max_batch"], limits["max_message_bytes"])
+    x = np.random.default_rng(12).standard_normal((3, 16), dtype=np.float32)
+    reference = daemon.client.infer(x)
+    pid = daemon.process.pid
+    result: dict[str, Any] = {"model": "builtin:tiny-mlp", "limits": limits}
+
+    rss = PeakRss(pid)
+    before = rss.peak
+    stats = fuzz(daemon.endpoint, model, fuzz_messages, derandomize=False)
+    result["fuzz"] = {
+        **stats.to_json(),
+        "alive": daemon.process.poll() is None,
+        "reference_unchanged": bool(np.array_equal(daemon.client.infer(x), reference)),
+        "rss_before_mib": round(before / MIB, 1),
+        "rss_peak_growth_mib": round((rss.stop() - before) / MIB, 1),
+        "internal_errors_logged": daemon.log_path.read_text(errors="replace").count("internal error on a message"),
+    }
+
+    # The flood: each client sends header + 2 frames of just under the frame cap, without reading replies.
+    frame = bytes(limits["max_frame_bytes"] - 1024)
+    head = json.dumps({"v": 1, "id": 1, "op": "infer", "dtype": "float32", "shape": [1, 16]}).encode()
+    context = zmq.Context.instance()
+    sockets = []
+    for _ in range(flood_clients):
+        s = context.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.SNDHWM, 0)
+        s.connect(daemon.endpoint)
+        sockets.append(s)
+    rss = PeakRss(pid)
+    before = rss.peak
+
+    def send_all(socket: zmq.Socket) -> None:
+        for _ in range(flood_messages):
+            socket.send_multipart([head, frame, frame])
+
+    senders = [threading.Thread(target=send_all, args=(s,)) for s in sockets]
+    for t in senders:
+        t.start()
+    for t in senders:
+        t.join()
+    answered = 0
+    deadline = time.monotonic() + 60
+    while answered < flood_clients * flood_messages and time.monotonic() < deadline:
+        for s in sockets:
+            while s.poll(0):
+                s.recv_multipart()
+                answered += 1
+        time.sleep(0.01)
+    peak = rss.stop()
+    bound = flood_clients * (RECEIVE_HWM + 1) * 3 * limits["max_frame_bytes"]
+    result["flood"] = {
+        "clients": flood_clients,
+        "messages_each": flood_messages,
+        "message_bytes": len(head) + 2 * len(frame),
+        "sent_mib": round(flood_clients * flood_messages * (len(head) + 2 * len(frame)) / MIB, 1),
+        "answered": answered,
+        "rss_before_mib": round(before / MIB, 1),
+        "rss_peak_growth_mib": round((peak - before) / MIB, 1),
+        "documented_bound_mib": round(bound / MIB, 1),
+        "within_bound": peak - before <= bound,
+        "alive": daemon.process.poll() is None,
+    }
+
+    # The gap: one message of many frames, each under the cap. ZeroMQ holds all of it before the daemon sees it.
+    rss = PeakRss(pid)
+    before = rss.peak
+    sockets[0].send_multipart([head, *[frame] * gap_frames])
+    got = sockets[0].poll(60_000)
+    reply = json.loads(sockets[0].recv_multipart()[0]) if got else None
+    time.sleep(0.5)
+    peak = rss.stop()
+    result["many_frames"] = {
+        "frames": gap_frames + 1,
+        "message_mib": round((len(head) + gap_frames * len(frame)) / MIB, 1),
+        "reply_code": None if reply is None else reply["error"]["code"],
+        "rss_peak_growth_mib": round((peak - before) / MIB, 1),
+        "rss_after_mib": round(rss_bytes(pid) / MIB, 1),
+        "alive": daemon.process.poll() is None,
+    }
+    for s in sockets:
+        s.close()
+    result["reference_unchanged_at_end"] = bool(np.array_equal(daemon.client.infer(x), reference))
+    daemon.close()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--stops", type=int, default=5)
+    parser.add_argument("--fuzz", type=int, default=10_000)
+    parser.add_argument("--flood-clients", type=int, default=8)
+    parser.add_argument("--flood-messages", type=int, default=200)
+    parser.add_argument("--gap-frames", type=int, default=2000)
+    parser.add_argument("--skip", choices=["workers", "hostile"], action="append", default=[])
+    options = parser.parse_args()
+    out: dict[str, Any] = {"machine": {"cpus": len(os.sched_getaffinity(0)), "load_average": os.getloadavg()[0]}}
+    with tempfile.TemporaryDirectory() as folder:
+        if "workers" not in options.skip:
+            out["worker_faults"] = worker_faults(Path(folder), options.kills, options.stops)
+        if "hostile" not in options.skip:
+            out["hostile"] = hostile(
+                Path(folder), options.fuzz, options.flood_clients, options.flood_messages, options.gap_frames
+            )
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
