@@ -59,10 +59,10 @@ def emulated_args(profile: Path, cores: int) -> list[str]:
             "--emulate-interference", "none"]  # fmt: skip
 
 
-def load(endpoint: str, args: argparse.Namespace) -> dict[str, Any]:
+def load(endpoint: str, args: argparse.Namespace, mix: str = MIX) -> dict[str, Any]:
     command = [
         sys.executable, "-m", "packrat_daemon", "load", "--endpoint", endpoint, "--rate", str(args.rate),
-        "--batches", MIX, "--duration", str(args.duration), "--seed", str(args.seed), "--quiet", "--json",
+        "--batches", mix, "--duration", str(args.duration), "--seed", str(args.seed), "--quiet", "--json",
     ]  # fmt: skip
     return json.loads(subprocess.run(command, cwd=REPO, check=True, capture_output=True, text=True).stdout)
 
