@@ -57,8 +57,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--transport-ms", type=float, default=0.0, help="per-request client↔daemon cost to add (measured elsewhere)"
     )
+    parser.add_argument(
+        "--batch-overhead-ms",
+        type=_overhead,
+        default=(0.0, 0.0),
+        metavar="FIXED[:PER_INPUT]",
+        help="the daemon's own work per batch (send, gather), which keeps the batch in flight (measured elsewhere)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(run=run)
+
+
+def _overhead(text: str) -> tuple[float, float]:
+    fixed, _, per_input = text.partition(":")
+    try:
+        return float(fixed), float(per_input or 0.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected FIXED or FIXED:PER_INPUT in ms, e.g. 0.5:0.2; got {text!r}"
+        ) from None
 
 
 def traffic_from(args: argparse.Namespace) -> Any:
@@ -78,6 +95,8 @@ def traffic_from(args: argparse.Namespace) -> Any:
         raise ConfigError(f"--duration must be a positive number of seconds, got {args.duration}")
     if args.transport_ms < 0:
         raise ConfigError(f"--transport-ms must be zero or more, got {args.transport_ms}")
+    if min(args.batch_overhead_ms) < 0:
+        raise ConfigError(f"--batch-overhead-ms must be zero or more, got {args.batch_overhead_ms}")
     return Traffic(mix, process, args.concurrency, args.duration, args.requests, args.seed)
 
 
@@ -92,12 +111,13 @@ def run(args: argparse.Namespace) -> int:
     config = ServeConfig(batches=args.batches, **{name: getattr(args, name) for name in SERVE_SETTINGS})
     traffic = traffic_from(args)
     started = time.monotonic()
-    simulation = Simulation(config, profile, cores, interference, args.transport_ms)
+    simulation = Simulation(config, profile, cores, interference, args.transport_ms, args.batch_overhead_ms)
     report = simulation.run(traffic).to_json()
     report["traffic"] = traffic.describe()
     report["inputs"] = {
         "profile": args.profile, "cores": cores, "policy": args.policy, "seed": args.seed,
         "interference": interference.describe(), "transport_ms": args.transport_ms,
+        "batch_overhead_ms": list(args.batch_overhead_ms),
     }  # fmt: skip
     wall = time.monotonic() - started
     if args.json:

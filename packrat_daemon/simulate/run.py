@@ -7,9 +7,10 @@ What is the daemon's code and what is modelled:
   `OnlineAdaptation` (the live batch sizes, production timings, the tuner's hysteresis and cool-down), and
   the reconciler's core allocation of each plan;
 - modelled: each slice's compute time (`service.ServiceModel`: the emulated workers' L̂ × slow-down), a
-  fixed transport cost per request (`transport_ms`, 0 unless given), and plan switches, which take effect
-  at once (the daemon's reconciler keeps the old workers serving while it re-pins and forks, so only that
-  delay is missing).
+  fixed transport cost per request (`transport_ms`), the daemon's work per batch (`batch_overhead_ms`:
+  fixed + per input, for sending the slices and gathering the answers; it keeps the batch in flight, so
+  it delays the next batch too), both 0 unless given, and plan switches, which take effect at once (the
+  daemon's reconciler keeps the old workers serving while it re-pins and forks: only that delay is missing).
 One batch is in flight at a time, as in the daemon's loop.
 """
 
@@ -102,12 +103,14 @@ class Simulation:
         cores: int,
         interference: Interference = NO_INTERFERENCE,
         transport_ms: float = 0.0,
+        batch_overhead_ms: tuple[float, float] = (0.0, 0.0),
     ) -> None:
         self.config = config
         self.profile = profile
         self.topology = Topology.synthetic(cores)
         self.service = ServiceModel.of(profile, cores, config.max_batch, interference)
         self.transport_s = transport_ms / 1000.0
+        self.batch_overhead_ms = batch_overhead_ms  # (fixed, per input)
         self.clock = VirtualClock()
         self.loop = EventLoop(self.clock)
         self.policy = policy_for(config)
@@ -212,7 +215,9 @@ class Simulation:
         self.batches += 1
         self.batch_inputs += rows
         self.adaptation.estimator.observe(rows, now)
-        self.loop.at(now + max(compute_ms) / 1000.0, lambda: self._finish(batch, slices, compute_ms))
+        overhead_ms = self.batch_overhead_ms[0] + self.batch_overhead_ms[1] * rows
+        done = now + (max(compute_ms) + overhead_ms) / 1000.0
+        self.loop.at(done, lambda: self._finish(batch, slices, compute_ms))
 
     def _finish(self, batch: list[Request], slices: list[tuple[int, int]], compute_ms: list[float]) -> None:
         now = self.clock.now

@@ -102,3 +102,19 @@ def test_open_loop_traffic_is_the_schedule_packrat_load_sends_for_the_same_seed(
     result = simulate(Traffic(mix, process=Poisson(80.0), duration_s=20.0, seed=9), max_delay_ms=0.0)
     assert result["sent"] == len(schedule)
     assert result["samples_per_s"] * result["window_s"] == pytest.approx(sum(s for _, s in schedule), rel=1e-4)
+
+
+def test_the_daemons_work_per_batch_keeps_the_batch_in_flight():
+    profile = amdahl_profile()
+    config = ServeConfig(policy="single", max_batch=64, batches=[8], max_delay_ms=0.0)
+    alone = profile.lhat(CORES, 8)
+    assert alone is not None
+
+    def p50(concurrency: int, overhead: tuple[float, float]) -> float:
+        traffic = Traffic(BatchMix.single(8), concurrency=concurrency, requests=40)
+        simulation = Simulation(config, profile, CORES, batch_overhead_ms=overhead)
+        return simulation.run(traffic).to_json()["latency_ms"]["p50"]
+
+    assert p50(1, (2.0, 0.5)) == pytest.approx(alone + 2.0 + 0.5 * 8, abs=5e-4)
+    # Two clients: each request waits for the other's batch, overhead included, when they alternate.
+    assert p50(2, (2.0, 0.5)) - p50(2, (0.0, 0.0)) == pytest.approx(2 * (2.0 + 0.5 * 8), abs=0.5)
