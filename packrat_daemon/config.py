@@ -23,7 +23,10 @@ from packrat_daemon.wire.errors import ConfigError
 from policies.packrat import MIN_SPLIT_GAIN
 from workers.spec import PRECISION_CHOICES
 
-# Measured with bench/precision.py (bench/README.md): see DEFAULT_PRECISION's note in packrat_daemon/accuracy.py.
+# fp32 by default, decided by bench/precision.py (bench/README.md, docs/precision.md): with the default runtime
+# (torch), bf16 measured no faster than fp32 on a CPU with avx512_bf16 but no AMX, so `auto` would double
+# start-up's profiling to serve fp32 anyway; and the guard's own inputs are random samples, so a reduced
+# precision is better the user's choice, made with --calibration on their own data.
 DEFAULT_PRECISION = "fp32"
 
 # The tuner re-plans only for a predicted gain this large: hysteresis, so that noise in the live

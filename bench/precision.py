@@ -1,0 +1,316 @@
+"""Precision side by side: the daemon at fp32 and at `--precision auto --runtime auto` against in-process
+OpenVINO at its defaults (LATENCY, and THROUGHPUT with 2 streams) and in-process PyTorch bf16, on ResNet-50
+and BERT-base, with each configuration's error against fp32.
+
+    .venv/bin/python bench/precision.py [--models builtin:resnet50,builtin:bert-base] [--batches 1,4,16]
+                                        [--rounds 3] [--budget-s 120]
+
+Kept short for a shared 2-core machine: few rounds (3 by default), interleaved in a shuffled order with
+bench/runtimes.py's `interleave`, so drift hits every configuration alike; medians are reported. The
+daemon with auto/auto starts first, alone (it profiles every (runtime, precision) candidate and runs the
+accuracy guard), and saves its profile; the fp32 daemon plans from that file's fp32 rows (--profile), so
+both plan on the same measurements. Both daemons run with --no-adapt, so each is measured on one plan.
+In-process times are the runtime's compute time; the daemon's are client round trips (transport and
+batching included). "OpenVINO at its defaults" sets no precision hint: on a CPU with bf16 units OpenVINO
+then runs bf16. Every configuration's error is measured the guard's way (packrat_daemon.accuracy.compare)
+on the same sample inputs (a batch of the largest B) against in-process PyTorch fp32; the daemon's own guard report
+(what it checked before serving) is in `daemon_auto.guard`.
+
+Prints one JSON object: per model, median ms per configuration and batch, the errors, the daemon's
+choice, and the targets: daemon_auto within 10% of the best in-process peer at every B, and equal or
+faster at the largest B.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from harness import DaemonProcess, use_packrat_malloc_tuning  # noqa: E402  (bench/ is on sys.path)
+from runtimes import interleave, medians  # noqa: E402
+
+PEERS = ("torch_fp32", "torch_bf16", "ov_latency", "ov_throughput")
+
+
+# -- in-process configurations (each in its own spawned process, as a separate server would be) ---------
+def _open(kind: str, spec: str, threads: int) -> tuple[Any, Any]:
+    """(run(batch) -> (output, ms), input spec); imports happen here, in the spawned child."""
+    if kind.startswith("ov_"):
+        return _open_openvino(kind, spec)
+    from workers.runtime import make_runtime
+
+    runtime = make_runtime("torch", kind.removeprefix("torch_"))
+    input_spec = runtime.load(spec)
+    runtime.set_threads(threads)
+    return runtime.timed_run, input_spec
+
+
+def _open_openvino(kind: str, spec: str) -> tuple[Any, Any]:
+    """OpenVINO as it ships: no precision hint (bf16 where the CPU has the units), its own threads and pinning."""
+    import openvino as ov
+
+    from workers.conversion import ensure_converted
+
+    converted = ensure_converted(spec, None, "openvino")
+    if kind == "ov_latency":
+        compiled = ov.Core().compile_model(str(converted.path), "CPU", {"PERFORMANCE_HINT": "LATENCY"})
+        request = compiled.create_infer_request()
+
+        def run_latency(batch: np.ndarray) -> tuple[np.ndarray, float]:
+            start = time.perf_counter()
+            request.infer({0: batch})
+            elapsed = (time.perf_counter() - start) * 1000.0
+            return request.get_output_tensor(0).data.copy(), elapsed
+
+        return run_latency, converted.input
+    config = {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": 2}
+    compiled = ov.Core().compile_model(str(converted.path), "CPU", config)
+    requests = [compiled.create_infer_request() for _ in range(2)]
+
+    def run_throughput(batch: np.ndarray) -> tuple[np.ndarray, float]:
+        parts = [part for part in np.array_split(batch, 2) if len(part)]  # B split across the 2 streams
+        start = time.perf_counter()
+        for request, part in zip(requests, parts, strict=False):
+            request.start_async({0: part})
+        for request in requests[: len(parts)]:
+            request.wait()
+        elapsed = (time.perf_counter() - start) * 1000.0
+        return np.concatenate([r.get_output_tensor(0).data.copy() for r in requests[: len(parts)]]), elapsed
+
+    return run_throughput, converted.input
+
+
+def _child(conn: Any, kind: str, spec: str, threads: int) -> None:
+    from workers.spec import sample_input
+
+    try:
+        run, input_spec = _open(kind, spec, threads)
+    except Exception as exc:
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", os.getpid()))
+    inputs: dict[int, np.ndarray] = {}
+    while (asked := conn.recv()) is not None:
+        what, batch = asked
+        if batch not in inputs:
+            inputs[batch] = sample_input(input_spec, batch)
+        output, elapsed = run(inputs[batch])
+        conn.send(np.asarray(output, dtype=np.float32) if what == "output" else elapsed)
+
+
+class Peer:
+    def __init__(self, kind: str, spec: str, threads: int) -> None:
+        context = mp.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_child, args=(child, kind, spec, threads), daemon=True)
+        self.process.start()
+
+    def wait(self) -> None:
+        status, detail = self.conn.recv()
+        if status != "ready":
+            raise RuntimeError(detail)
+
+    def measure(self, batch: int) -> float:
+        self.conn.send(("time", batch))
+        return self.conn.recv()
+
+    def output(self, batch: int) -> np.ndarray:
+        self.conn.send(("output", batch))
+        return self.conn.recv()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.send(None)
+        self.process.join(20)
+        if self.process.is_alive():
+            self.process.kill()
+
+
+# -- the daemon --------------------------------------------------------------------------------------
+class Daemon(DaemonProcess):
+    def __init__(self, name: str, spec: str, folder: Path, batches: list[int], extra: list[str]) -> None:
+        args = [
+            "--model", spec, "--runtime", "auto", "--max-batch", str(max(batches)), "--no-adapt",
+            "--batches", ",".join(map(str, batches)), "--max-delay-ms", "0", *extra,
+        ]  # fmt: skip
+        super().__init__(name, folder, args)
+        self.inputs: dict[int, np.ndarray] = {}
+        self.info: dict[str, Any] = {}
+
+    def ready(self, timeout: float) -> None:
+        self.info = self.wait(timeout)
+
+    def _input(self, batch: int) -> np.ndarray:
+        from workers.spec import InputSpec, sample_input
+
+        if batch not in self.inputs:
+            declared = self.info["input"]
+            spec = InputSpec(declared["dtype"], tuple(declared["shape"]), declared.get("high"))
+            self.inputs[batch] = sample_input(spec, batch)  # seed 0: the peers' inputs
+        return self.inputs[batch]
+
+    def measure(self, batch: int) -> float:
+        inputs = self._input(batch)
+        start = time.perf_counter()
+        self.client.infer(inputs)
+        return (time.perf_counter() - start) * 1000.0
+
+    def output(self, batch: int) -> np.ndarray:
+        return np.asarray(self.client.infer(self._input(batch)), dtype=np.float32)
+
+    def describe(self) -> dict[str, Any]:
+        log = self.log_path.read_text(errors="replace").splitlines()
+        chosen = [line.split(": ", 1)[-1] for line in log if "runtime auto: chose" in line or "accuracy guard" in line]
+        plan = self.info.get("plan") or {}
+        return {
+            "runtime": self.info.get("runtime"),
+            "precision": self.info.get("precision"),
+            "guard": self.info.get("accuracy_guard"),
+            "instances": plan.get("instances"),
+            "choice_log": chosen,
+            "plan_log": self.plan_log(),
+        }
+
+
+# -- one model ---------------------------------------------------------------------------------------
+def errors_against_fp32(
+    targets: dict[str, Any], reference: Any, batch: int, errors: dict[str, str]
+) -> dict[str, dict[str, float | None]]:
+    """Each target's error on the same `batch` sample inputs against `reference` (PyTorch fp32); a target
+    that fails is reported in `errors` and left out of the rounds."""
+    from packrat_daemon.accuracy import compare
+
+    expected = reference.output(batch)
+    out: dict[str, dict[str, float | None]] = {}
+    for name, target in list(targets.items()):
+        try:
+            rel, top1 = compare(expected, target.output(batch))
+        except Exception as exc:
+            errors[name] = f"{type(exc).__name__}: {exc}"
+            del targets[name]
+            continue
+        out[name] = {"max_rel_error": rel, "top1_agreement": top1}
+    return out
+
+
+def targets_met(spec_medians: dict[str, dict[int, float]], batches: list[int]) -> dict[str, Any]:
+    rows: dict[int, Any] = {}
+    for b in batches:
+        daemon = spec_medians.get("daemon_auto", {}).get(b)
+        peers = {name: spec_medians[name][b] for name in PEERS if b in spec_medians.get(name, {})}
+        if daemon is None or not peers:
+            continue
+        best = min(peers, key=peers.__getitem__)
+        rows[b] = {"best_peer": best, "daemon_auto_over_best_peer": round(daemon / peers[best], 3)}
+    largest = max(batches)
+    return {
+        "per_batch": rows,
+        "within_10pct_everywhere": bool(rows) and all(r["daemon_auto_over_best_peer"] <= 1.10 for r in rows.values()),
+        "equal_or_faster_at_largest_batch": largest in rows and rows[largest]["daemon_auto_over_best_peer"] <= 1.0,
+    }
+
+
+def bench_model(spec: str, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    errors: dict[str, str] = {}
+    targets: dict[str, Any] = {}
+    daemons: list[Daemon] = []
+    peers: dict[str, Peer] = {}
+    saved = folder / f"{spec.replace(':', '_')}.csv"
+    try:
+        print(
+            f"{spec}: the daemon with --precision auto --runtime auto (profiles every candidate) ...", file=sys.stderr
+        )
+        more = args.daemon_args.split()
+        auto = Daemon(
+            "daemon_auto", spec, folder, args.batches, ["--precision", "auto", "--save-profile", str(saved), *more]
+        )
+        daemons.append(auto)
+        auto.ready(args.daemon_timeout_s)
+        targets["daemon_auto"] = auto
+        print(f"{spec}: the daemon at fp32, planning from the same profile ...", file=sys.stderr)
+        fp32 = Daemon(
+            "daemon_fp32", spec, folder, args.batches, ["--precision", "fp32", "--profile", str(saved), *more]
+        )
+        daemons.append(fp32)
+        fp32.ready(args.daemon_timeout_s)
+        targets["daemon_fp32"] = fp32
+        print(f"{spec}: the in-process peers ...", file=sys.stderr)
+        started = {kind: Peer(kind, spec, args.threads) for kind in PEERS}
+        for kind, peer in started.items():
+            try:
+                peer.wait()
+                peers[kind] = peer
+            except (RuntimeError, EOFError) as exc:
+                errors[kind] = str(exc)
+                peer.close()
+        targets.update(peers)
+        error = errors_against_fp32(targets, peers["torch_fp32"], max(args.batches), errors)
+        samples, rounds = interleave(targets, args.batches, args.rounds, args.budget_s, errors)
+        described = {d.log_path.stem: d.describe() for d in daemons}
+    finally:
+        for peer in peers.values():
+            peer.close()
+        for daemon in daemons:
+            daemon.close()
+            if args.keep_logs:  # the daemons' logs go with the temporary folder otherwise
+                Path(args.keep_logs).mkdir(parents=True, exist_ok=True)
+                name = f"{spec.replace(':', '_')}-{daemon.log_path.name}"
+                (Path(args.keep_logs) / name).write_text(daemon.log_path.read_text(errors="replace"))
+    spec_medians = medians(samples)
+    return {
+        "rounds": rounds,
+        "samples": {name: {b: len(v) for b, v in per.items()} for name, per in samples.items()},
+        "median_ms": spec_medians,
+        "error_vs_torch_fp32": error,
+        "daemons": described,
+        "targets": targets_met(spec_medians, args.batches),
+        "errors": errors,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="builtin:resnet50,builtin:bert-base")
+    parser.add_argument("--batches", default="1,4,16")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--budget-s", type=float, default=120.0, help="interleaved rounds stop after this (>= 2)")
+    parser.add_argument("--daemon-timeout-s", type=float, default=1800.0)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="PyTorch peers' threads")
+    parser.add_argument("--daemon-args", default="", help="more `serve` flags for both daemons, e.g. on a busy machine")
+    parser.add_argument("--keep-logs", help="copy the daemons' logs into this folder")
+    args = parser.parse_args()
+    args.batches = [int(b) for b in args.batches.split(",")]
+    use_packrat_malloc_tuning()
+    from workers.precision import cpu_flags, cpu_units
+
+    result: dict[str, Any] = {
+        "command": "bench/precision.py " + " ".join(sys.argv[1:]),
+        "cores": len(os.sched_getaffinity(0)),
+        "bf16_units": cpu_units("bf16"),
+        "amx": sorted(flag for flag in cpu_flags() if flag.startswith("amx")),
+        "batches": args.batches,
+        "models": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="packrat-precision-") as tmp:
+        for spec in args.models.split(","):
+            result["models"][spec] = bench_model(spec, args, Path(tmp))
+            print(json.dumps({spec: result["models"][spec]}), file=sys.stderr)  # kept if a later model fails
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
