@@ -22,6 +22,7 @@ class Request:
     arrived: float = field(default_factory=time.monotonic)
     deadline: float | None = None  # monotonic time (from timeout_ms) past which it is answered TIMEOUT
     answered: bool = False  # answered (TIMEOUT) while its batch was in flight: the result skips it
+    retried: bool = False  # its batch lost every worker once and was queued again
 
     @property
     def samples(self) -> int:
@@ -65,6 +66,15 @@ class Batcher:
             batch.append(request)
         self.queued_inputs -= inputs
         return batch
+
+    def requeue(self, requests: list[Request]) -> None:
+        """Put a batch whose workers were lost back at the head of the queue, in its order (it was admitted
+        once, so the queue's bound does not refuse it)."""
+        self.queue.extendleft(reversed(requests))
+        self.queued_inputs += sum(r.samples for r in requests)
+        for request in requests:
+            if request.deadline is not None and request.deadline < self._earliest_deadline:
+                self._earliest_deadline = request.deadline
 
     def next_due(self) -> float | None:
         return self.queue[0].arrived + self.max_delay_s if self.queue else None

@@ -134,5 +134,16 @@ class Supervisor:
 
     def _on_lost(self, worker: WorkerHandle) -> None:
         if self.dispatcher.busy and not self.dispatcher.reassign(worker, self.reconciler.serving()):
+            # No worker left to take the slice (the others died too, or their replacements are still
+            # starting): the batch goes back to the head of the queue and waits for the replacements, once.
+            # A batch that loses its workers twice may be what kills them: it is answered INTERNAL.
+            again = []
             for request in self.dispatcher.abandon():
-                self.frontend.reply_error(request, ErrorCode.INTERNAL, "every worker died while serving this batch")
+                if request.retried:
+                    self.frontend.reply_error(
+                        request, ErrorCode.INTERNAL, "every worker died while serving this batch, twice"
+                    )
+                else:
+                    request.retried = True
+                    again.append(request)
+            self.frontend.batcher.requeue(again)

@@ -45,3 +45,15 @@ def test_expired_requests_leave_the_queue() -> None:
     assert batcher.expire(now=2.0) == [drop]
     assert list(batcher.queue) == [keep] and batcher.queued_inputs == 1
     assert batcher.drain() == [keep] and batcher.queued_inputs == 0
+
+
+def test_a_batch_whose_workers_were_lost_goes_back_to_the_head_in_its_order() -> None:
+    batcher = Batcher(max_batch=4, max_delay_s=0.0, max_queued_inputs=6)
+    first, second, waiting = request(2), request(2, deadline=5.0), request(4)
+    batcher.offer(first)
+    batcher.offer(second)
+    batch = batcher.take()
+    batcher.offer(waiting)
+    batcher.requeue(batch)  # 8 inputs now: more than max_queued_inputs, but these were admitted before
+    assert list(batcher.queue) == [first, second, waiting] and batcher.queued_inputs == 8
+    assert batcher.expire(6.0) == [second] and batcher.queued_inputs == 6

@@ -135,3 +135,28 @@ def test_every_request_sent_through_the_drain_is_answered(slow_daemon: tuple[str
     # moment the socket closed, at most one can race the close.
     assert not {k for k in unanswered if k < first_refusal}
     assert len({k for k in unanswered if k < 4 + sent_while_open}) <= 1
+
+
+@pytest.mark.slow
+def test_a_batch_that_loses_every_worker_waits_for_their_replacements(
+    slow_daemon: tuple[str, subprocess.Popen],
+) -> None:
+    endpoint, _ = slow_daemon
+    with Client(endpoint, timeout=60) as client:
+        x = np.random.default_rng(4).standard_normal((4, 16), dtype=np.float32)
+        expected = client.infer(x)
+        workers = client.info()["workers"]
+        socket = zmq.Context.instance().socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.connect(endpoint)
+        try:
+            socket.send_multipart(encode_infer_request(9, x))
+            time.sleep(SLICE_MS / 3000.0)  # both workers are inside their slice now
+            for worker in workers:
+                os.kill(worker["pid"], signal.SIGKILL)
+            assert socket.poll(60_000), "no reply"
+            header, *rest = socket.recv_multipart()
+        finally:
+            socket.close()
+    assert json.loads(header)["ok"] is True, header
+    np.testing.assert_array_equal(np.frombuffer(rest[0], dtype=np.float32).reshape(4, -1), expected)
