@@ -124,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report))
     else:
         _print_table(report)
+    sys.stdout.flush()  # the report first, then the notes on stderr
     print(f"simulated {report['window_s']:.1f} s of traffic in {wall:.1f} s", file=sys.stderr)
     looks = simulation.adapt_wall_s
     if looks:  # the daemon's own planning cost, which the virtual clock does not advance for
