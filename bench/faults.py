@@ -134,14 +134,17 @@ def worker_faults(folder: Path, kills: int, stops: int) -> dict[str, Any]:
         ("sigstop", stops, signal.SIGSTOP, 2.5),
     ):
         start = time.monotonic()
+        stalls = []  # the longest stall after each signal, until the next
         for _ in range(count):
             live = pids(daemon)
+            signalled = time.monotonic()
             if live:
                 os.kill(rng.choice(live), signum)
             time.sleep(every_s)
+            stalls.append(round(load.longest_stall(signalled, time.monotonic()), 3))
         time.sleep(2.0)
         end = time.monotonic()
-        result[name] = {"signals": count, **load.summary(start, end)}
+        result[name] = {"signals": count, **load.summary(start, end), "longest_stall_after_each_s": stalls}
     load.stop()
     # Each batch of 4 is split 2 + 2: the slice's predicted latency is the profile's 1-thread, 2-input cell.
     predicted_s = profile.latency(1, 2) / 1000.0
@@ -149,7 +152,7 @@ def worker_faults(folder: Path, kills: int, stops: int) -> dict[str, Any]:
     for name in ("sigkill", "sigstop"):
         result[name]["longest_stall_over_predicted"] = round(result[name]["longest_stall_s"] / predicted_s, 2)
     log = daemon.log_path.read_text(errors="replace")
-    result["log_presumed_hung"] = log.count("presumed hung")
+    result["log_presumed_hung"] = [line.split(": ", 1)[-1] for line in log.splitlines() if "presumed hung" in line]
     result["log_exited_unexpectedly"] = log.count("exited unexpectedly")
     result["drain"] = sigterm_under_load(daemon)
     return result
