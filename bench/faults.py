@@ -335,7 +335,7 @@ def main() -> None:
     parser.add_argument("--stops", type=int, default=5)
     parser.add_argument("--fuzz", type=int, default=10_000)
     parser.add_argument("--flood-clients", type=int, default=8)
-    parser.add_argument("--flood-messages", type=int, default=200)
+    parser.add_argument("--flood-messages", type=int, default=100)
     parser.add_argument("--gap-frames", type=int, default=2000)
     parser.add_argument("--skip", choices=["workers", "hostile"], action="append", default=[])
     options = parser.parse_args()

@@ -53,9 +53,11 @@ MAX_READS_PER_WAKE = 256  # bound how long the frontend can starve the workers' 
 # Frames of a request: the ROUTER's identity, a REQ client's empty delimiter, the header, the payload.
 # Frames past these are received one at a time and dropped at once, never held as a list.
 MAX_KEPT_FRAMES = 4
-# ZeroMQ's cap is per frame (ZMQ_MAXMSGSIZE): a frame up to this many times the message limit is read and
-# answered TOO_LARGE; a peer that sends a bigger frame is disconnected by ZeroMQ without an answer.
+# ZeroMQ's cap is per frame (ZMQ_MAXMSGSIZE): a frame up to twice the message limit, and at least 1 MiB over
+# it (a small model's limit is mostly the header's allowance), is read and answered TOO_LARGE; a peer that
+# sends a bigger frame is disconnected by ZeroMQ without an answer.
 FRAME_CAP_FACTOR = 2
+FRAME_CAP_SLACK_BYTES = 1 << 20
 # Complete messages ZeroMQ queues per connected peer before it stops reading that peer's socket: with
 # the frame cap, what bounds the frontend's memory (docs/protocol.md, "Limits and memory").
 RECEIVE_HWM = 64
@@ -105,7 +107,7 @@ class Frontend:
         """Bind the endpoint and accept requests."""
         # Frames a little over the limit get a TOO_LARGE answer; ZeroMQ itself cuts off a peer that sends
         # a frame far over it. The cap is per frame: `read` bounds what a message of many frames costs.
-        self.socket.setsockopt(zmq.MAXMSGSIZE, FRAME_CAP_FACTOR * self.max_message_bytes())
+        self.socket.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes())
         if self.endpoint.startswith("ipc://"):
             claim_ipc(self.endpoint.removeprefix("ipc://"))  # libzmq would silently take a live daemon's socket
         self.authenticator = self.security.apply(self.socket)  # CURVE options must be set before the bind
@@ -230,13 +232,17 @@ class Frontend:
     def max_message_bytes(self) -> int:
         return self.batcher.max_batch * self.sample_bytes + MAX_HEADER_BYTES + 1024
 
+    def max_frame_bytes(self) -> int:
+        limit = self.max_message_bytes()
+        return max(FRAME_CAP_FACTOR * limit, limit + FRAME_CAP_SLACK_BYTES)
+
     def limits(self) -> dict[str, int]:
         """The size limits a request is checked against, as `info` states them (docs/protocol.md)."""
         limit = self.max_message_bytes()
         return {
             "max_samples": self.batcher.max_batch,
             "max_message_bytes": limit,
-            "max_frame_bytes": FRAME_CAP_FACTOR * limit,
+            "max_frame_bytes": self.max_frame_bytes(),
             "max_header_bytes": MAX_HEADER_BYTES,
             "max_id_chars": MAX_ID_CHARS,
             "max_timeout_ms": MAX_TIMEOUT_MS,

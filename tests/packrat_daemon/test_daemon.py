@@ -99,7 +99,7 @@ GOOD_PAYLOAD = np.zeros((1, 16), dtype=np.float32).tobytes()
         ([header(dtype="float64", shape=[1, 16]), np.zeros((1, 16)).tobytes()], "BAD_REQUEST"),  # wrong dtype
         ([header(shape=[1, 8]), np.zeros((1, 8), np.float32).tobytes()], "BAD_REQUEST"),  # wrong shape
         ([header(shape=[0, 16]), b""], "BAD_REQUEST"),  # empty batch
-        ([header(shape=[9, 16]), np.zeros((9, 16), np.float32).tobytes()], "BAD_REQUEST"),  # over max batch
+        ([header(shape=[9, 16]), np.zeros((9, 16), np.float32).tobytes()], "TOO_LARGE"),  # over max batch
         ([header(), GOOD_PAYLOAD[:-3]], "BAD_REQUEST"),  # truncated payload
         ([header()], "BAD_REQUEST"),  # payload frame missing
         ([b"\xff\x00garbage", GOOD_PAYLOAD], "BAD_REQUEST"),  # not JSON
