@@ -35,7 +35,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from packrat_daemon.wire.client import Client, ClientTimeout  # noqa: E402
+from harness import DaemonProcess  # noqa: E402  (bench/ is on sys.path when this script runs)
+
+from packrat_daemon.wire.client import Client  # noqa: E402
 from policies.planning.profile import Profile  # noqa: E402
 
 TABLES = {  # table → the model whose input and output shapes the requests carry
@@ -48,33 +50,14 @@ BOUND = 0.05  # the issue's bound: within 5% of the prediction, plus the measure
 
 
 @contextlib.contextmanager
-def daemon(run: Path, *args: str, timeout_s: float = 300.0) -> Iterator[str]:
-    """A `packrat serve` subprocess on a private ipc endpoint; yields the endpoint once `info` answers."""
-    endpoint = f"ipc://{run}/front.ipc"
-    log = open(run / "daemon.log", "ab")  # noqa: SIM115 - closed below
-    command = [sys.executable, "-m", "packrat_daemon", "serve", "--endpoint", endpoint, "--log-level", "warning", *args]
-    process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+def daemon(run: Path, *args: str) -> Iterator[str]:
+    """A `packrat serve` subprocess (harness.DaemonProcess, its log in `run`/daemon.log); yields its endpoint."""
+    process = DaemonProcess("daemon", run, ["--log-level", "warning", *args])
     try:
-        deadline = time.monotonic() + timeout_s
-        with Client(endpoint, timeout=2.0) as client:
-            while True:
-                if process.poll() is not None:
-                    raise RuntimeError(f"daemon exited: {(run / 'daemon.log').read_text()[-3000:]}")
-                try:
-                    client.info()
-                    break
-                except ClientTimeout:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("daemon did not start") from None
-        yield endpoint
+        process.wait(300.0)
+        yield process.endpoint
     finally:
-        process.terminate()
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+        process.close()
 
 
 def emulated(profile: Path, model: str, cores: int, *extra: str) -> list[str]:
