@@ -41,7 +41,7 @@ sys.path[:0] = [str(REPO), str(TESTS), str(TESTS / "packrat_daemon")]
 
 import numpy as np  # noqa: E402
 import zmq  # noqa: E402
-from fuzz_frontend import Model, fuzz, rss_bytes  # noqa: E402
+from fuzz_frontend import Model, PeakRss, fuzz, rss_bytes  # noqa: E402
 from harness import DaemonProcess  # noqa: E402
 from zmq.utils.monitor import recv_monitor_message  # noqa: E402
 
@@ -219,22 +219,6 @@ def sigterm_under_load(daemon: DaemonProcess, in_flight: int = 8) -> dict[str, A
         "exit_code": daemon.process.returncode,
         "exit_after_sigterm_s": round(time.monotonic() - (signalled or start), 2),
     }
-
-
-class PeakRss:
-    def __init__(self, pid: int) -> None:
-        self.pid, self.peak, self._stop = pid, rss_bytes(pid), threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.01):
-            self.peak = max(self.peak, rss_bytes(self.pid))
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        return self.peak
 
 
 def hostile(folder: Path, fuzz_messages: int, flood_clients: int, flood_messages: int, gap_frames: int) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -179,3 +180,21 @@ def rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+class PeakRss:
+    """Samples a process's RSS every 10 ms in a thread; `peak` is the largest seen."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak, self._stop = pid, rss_bytes(pid), threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.01):
+            self.peak = max(self.peak, rss_bytes(self.pid))
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak

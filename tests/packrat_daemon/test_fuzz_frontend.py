@@ -5,14 +5,13 @@ reply, is still correct on a reference input, and its memory stays within the fr
 from __future__ import annotations
 
 import subprocess
-import threading
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import torch
 from conftest import running_daemon
-from fuzz_frontend import Model, fuzz, rss_bytes
+from fuzz_frontend import Model, PeakRss, fuzz
 
 from packrat_daemon.frontend import RECEIVE_HWM
 from packrat_daemon.wire.client import Client
@@ -20,24 +19,6 @@ from workers.models import load_model
 
 MODEL = "builtin:tiny-mlp"
 CI_EXAMPLES = 600
-
-
-class PeakRss:
-    """Samples a process's RSS every 20 ms in a thread; `peak` is the largest seen."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid, self.peak, self._stop = pid, rss_bytes(pid), threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.02):
-            self.peak = max(self.peak, rss_bytes(self.pid))
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        return self.peak
 
 
 @pytest.fixture(scope="module")
