@@ -166,12 +166,11 @@ def sweep(work: Path, batches: list[int], policies: list[str], requests: int, ro
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", default="1,2,4,8,16,32,64")
-    parser.add_argument("--policies", default="packrat,single")
+    for flag, default in (("--batches", "1,2,4,8,16,32,64"), ("--policies", "packrat,single")):
+        parser.add_argument(flag, default=default, help=f"comma-separated (default {default})")
     parser.add_argument("--requests", type=int, default=24, help="per daemon and batch size, over the rounds")
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--poisson-s", type=float, default=600.0)
-    parser.add_argument("--poisson-rate", type=float, default=40.0)
+    for flag, kind, default in (("--rounds", int, 4), ("--poisson-s", float, 600.0), ("--poisson-rate", float, 40.0)):
+        parser.add_argument(flag, type=kind, default=default)
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: sweep, poisson, workers64")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))

@@ -122,9 +122,8 @@ def peak_rss_mb(pid: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", default="4,16")
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--idle", type=float, default=0.5)
-    parser.add_argument("--copies", type=int, default=2)
+    for flag, kind, default in (("--rounds", int, 10), ("--idle", float, 0.5), ("--copies", int, 2)):
+        parser.add_argument(flag, type=kind, default=default)
     parser.add_argument("--creep", type=int, default=0, help="then N calls at random batch sizes, RSS every 25")
     parser.add_argument("--settings", default=",".join(SETTINGS), help=f"a subset of {','.join(SETTINGS)}")
     args = parser.parse_args()

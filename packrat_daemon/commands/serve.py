@@ -11,12 +11,9 @@ from packrat_daemon.config import ServeConfig, load_config
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "serve",
-        help="serve a model over ZeroMQ with a tuned pool of pinned workers",
-        description="Serve a model over ZeroMQ; the pool of pinned workers follows the chosen policy. "
-        "Every setting is described in docs/configuration.md.",
-    )
+    summary = "serve a model over ZeroMQ with a tuned pool of pinned workers"
+    details = "The pool of pinned workers follows the chosen policy. Every setting is in docs/configuration.md."
+    parser = subparsers.add_parser("serve", help=summary, description=f"{summary[0].upper()}{summary[1:]}. {details}")
     parser.add_argument(
         "--config", help="TOML file of these settings (underscores for dashes); flags typed here win over it"
     )

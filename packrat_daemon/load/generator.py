@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,7 +148,8 @@ class Generator:
         start = tally.started
         tasks: set[asyncio.Task[None]] = set()
         ticker = self._ticker(tally, len(schedule), lambda: tally.sent)
-        try:
+
+        async def send_all() -> None:
             for t, samples in schedule:
                 due = start + t
                 delay = due - time.perf_counter()
@@ -163,12 +164,8 @@ class Generator:
             tally.send_window_s = sending_end - start
             if tasks:
                 await asyncio.wait(set(tasks), timeout=spec.timeout_s + FINAL_GRACE_S)
-        except asyncio.CancelledError:
-            self._interrupted(tally)
-        finally:
-            await self._cancel(tally, tasks)
-            ticker.cancel()
-        return tally
+
+        return await self._supervise(tally, send_all(), tasks, ticker)
 
     async def _closed_loop(self, spec: LoadSpec) -> Tally:
         tally = Tally(started=time.perf_counter())
@@ -189,13 +186,23 @@ class Generator:
                 await self._one(tally, spec.mix.draw(rng), spec.timeout_s)
 
         clients = {asyncio.create_task(client_loop()) for _ in range(spec.concurrency)}
-        try:
+
+        async def run_clients() -> None:
             await asyncio.gather(*clients)
             tally.send_window_s = time.perf_counter() - tally.started
+
+        return await self._supervise(tally, run_clients(), clients, ticker)
+
+    async def _supervise(
+        self, tally: Tally, body: Awaitable[None], tasks: set[asyncio.Task[None]], ticker: asyncio.Task[None]
+    ) -> Tally:
+        """Run a loop's `body`; Ctrl-C marks the tally interrupted; what is still running is cancelled."""
+        try:
+            await body
         except asyncio.CancelledError:
             self._interrupted(tally)
         finally:
-            await self._cancel(tally, clients)
+            await self._cancel(tally, tasks)
             ticker.cancel()
         return tally
 
