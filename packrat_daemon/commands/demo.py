@@ -101,10 +101,6 @@ def run(args: argparse.Namespace) -> int:
     parts = ", ".join(f"{i['threads']} thread(s) × {i['batch']} input(s)" for i in plan["instances"])
     packrat_ms, single_ms = statistics.median(times["packrat"]), statistics.median(times["single"])
     print(f"model: {args.model}, batch {args.batch}, {args.requests} requests each (interleaved)")
-    for name, served in (("packrat", info), ("single", single_info)):
-        guard = served.get("accuracy_guard")
-        measured = "" if not guard else f" (accuracy guard: max relative error {guard['max_rel_error']:.2e})"
-        print(f"{name} serves {served.get('runtime')} at {served.get('precision', 'fp32')}{measured}")
     print(f"packrat plan: {len(plan['instances'])} instance(s): {parts}")
     predicted = plan.get("predicted_latency_ms")
     if predicted is not None:
@@ -113,6 +109,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"median latency  packrat: {packrat_ms:8.1f} ms")
     print(f"median latency  single : {single_ms:8.1f} ms   (one instance, all cores: PyTorch's default)")
     print(f"speed-up of packrat over single: {single_ms / packrat_ms:.2f}×")
+    for name, served in (("packrat", info), ("single", single_info)):
+        guard = served.get("accuracy_guard")
+        measured = "" if not guard else f" (accuracy guard: max relative error {guard['max_rel_error']:.2e})"
+        print(f"{name} serves {served.get('runtime')} at {served.get('precision', 'fp32')}{measured}")
     if _layout(plan) == _layout(single_info["plan"]):
         print(
             "  packrat serves the same layout as single here (splitting is not predicted to pay on this "

@@ -75,7 +75,7 @@ def run_grid(args: argparse.Namespace) -> int:
     if profiles:
         write_profiles(args.out, profiles)
         counts = ", ".join(f"{len(p)} {profile_key(p.runtime, p.precision)}" for p in profiles)
-        print(f"wrote {counts} cell(s) of {len(cells)} per runtime and precision to {args.out}", file=sys.stderr)
+        print(f"wrote {counts} cell(s) of {len(cells)} per runtime to {args.out}", file=sys.stderr)
     elif interrupted:
         print("interrupted before any cell was measured; nothing written", file=sys.stderr)
     return 130 if interrupted else 0

@@ -26,3 +26,4 @@ def test_demo_serves_both_policies_and_prints_the_comparison() -> None:
     speedup = next(line for line in lines if line.startswith("speed-up of packrat over single: "))
     assert float(speedup.split(": ")[1].rstrip("×")) > 0
     assert "starting the `single` baseline" in done.stderr
+    assert "packrat serves torch at fp32" in lines and "single serves torch at fp32" in lines  # the default precision
