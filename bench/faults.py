@@ -51,6 +51,8 @@ from packrat_daemon.wire.client_side import encode_infer_request  # noqa: E402
 from policies.planning.profile import Profile  # noqa: E402
 
 SLOW = "model_factories:slow_mlp"
+# The slice deadline these figures were measured with: tighter than serve's defaults (3.0, 1000 ms).
+DEADLINES = ["--slice-deadline-margin", "1.5", "--slice-deadline-floor-ms", "200"]
 MIB = 1 << 20
 
 
@@ -122,7 +124,7 @@ def worker_faults(folder: Path, kills: int, stops: int) -> dict[str, Any]:
     )  # fmt: skip
     profile = Profile.read_csv(profile_path)
     args = ["--model", SLOW, "--policy", "fixed", "--plan", "2*1x2", "--max-batch", "4", "--max-delay-ms", "2",
-            "--profile", str(profile_path), "--no-adapt"]  # fmt: skip
+            "--profile", str(profile_path), "--no-adapt", *DEADLINES]  # fmt: skip
     daemon = DaemonProcess("faults", folder, args)
     daemon.wait()
     rng = random.Random(12)

@@ -315,7 +315,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "slice_deadline_margin",
         _number("a number, 1 or more", lambda value: value >= 1),
-        1.5,
+        # Generous by default: killing a worker that is merely slow (a noisy neighbour, a burst of load)
+        # costs a fork, a warm-up and a re-run, and under load that cascades. bench/faults.py shows 1.5.
+        3.0,
         "a worker is presumed hung once its part of a batch takes this many times the profile's latency "
         "(at least slice_deadline_floor_ms, at most job_timeout_s): it is replaced and the part sent to another",
         TIMEOUTS,
@@ -323,7 +325,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "slice_deadline_floor_ms",
         WAIT,
-        200.0,
+        1000.0,
         "the least time in milliseconds a part of a batch is given before its worker is presumed hung",
         TIMEOUTS,
     ),

@@ -88,13 +88,8 @@ class Daemon:
         self.profile, self.plan = started.served.profile, started.served.plan
         self.reconciler = Reconciler(Pool(self.backend, warmup=(1,)), self.topology)
         self.reconciler.set_plan(self.plan)
-        self.dispatcher = Dispatcher(
-            self.reconciler.pool.run,
-            self._splitter(self.profile, self.plan),
-            config.job_timeout_s,
-            config.slice_deadline_margin,
-            config.slice_deadline_floor_ms / 1000.0,
-        )
+        deadline = (config.job_timeout_s, config.slice_deadline_margin, config.slice_deadline_floor_ms / 1000.0)
+        self.dispatcher = Dispatcher(self.reconciler.pool.run, self._splitter(self.profile, self.plan), *deadline)
         self.batcher = Batcher(config.max_batch, config.max_delay_ms / 1000.0, config.max_queue)
         self.frontend = Frontend(context, config, self.info, metrics, self.batcher, self.dispatcher, self.reconciler)
         self.adaptation = OnlineAdaptation(config, self.policy, self.profile, self.topology)
@@ -147,13 +142,11 @@ class Daemon:
         return True
 
     def _drained(self) -> bool:
-        """Draining: True once nothing is queued or running, or the deadline passed (then answered)."""
+        """Draining: True once nothing is queued or running, or the deadline passed (close() answers the rest)."""
         if not self.dispatcher.busy and not self.batcher.queue:
             return True
         if self.drain_deadline is not None and time.monotonic() > self.drain_deadline:
             log.warning("drain deadline passed; answering what is left with SHUTTING_DOWN")
-            for request in self.batcher.drain() + self.dispatcher.abandon():
-                self.frontend.reply_error(request, ErrorCode.SHUTTING_DOWN, "the server is shutting down")
             return True
         return False
 
@@ -174,12 +167,7 @@ class Daemon:
                 self.frontend.reply_error(request, ErrorCode.TIMEOUT, message)
         supervisor = self.supervisor
         if now >= self.dispatcher.next_deadline:
-            # timeout_ms bounds the whole request: one whose batch is still computing is answered now.
-            for request in self.dispatcher.expire(now):
-                self.frontend.reply_error(
-                    request, ErrorCode.TIMEOUT, "the request's timeout passed while it was computed"
-                )
-            supervisor.changed = supervisor.changed or bool(self.dispatcher.overdue(now))
+            supervisor.on_deadline(now)
         if supervisor.changed or now >= supervisor.due:
             supervisor.check(now)
             self.metrics.queued.set(self.batcher.queued_inputs)
@@ -227,13 +215,7 @@ class Daemon:
     def close(self) -> None:
         """Answer every request still here, close the frontend, keep what production taught us
         (--save-profile), stop the workers."""
-        # Exactly one reply per request: after a second stop signal the queue and the batch in flight are
-        # answered too, and requests that reached the socket after the drain get SHUTTING_DOWN, until the
-        # socket closes (before the slower steps below, so no request waits on them unanswered).
-        for request in self.batcher.drain() + self.dispatcher.abandon():
-            self.frontend.reply_error(request, ErrorCode.SHUTTING_DOWN, "the server is shutting down")
-        self.frontend.refuse_waiting()
-        self.frontend.close()
+        self.frontend.answer_all_and_close()  # first: no request waits unanswered on the slower steps below
         learned = self.adaptation.learned(self.profile, self.plan, self.config.model, self.info.runtime)
         if learned is not None and self.profiles.save(learned):
             log.info("profile with production timings saved to %s (%d cells)", self.profiles.path, len(learned))

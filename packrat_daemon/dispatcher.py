@@ -177,8 +177,8 @@ class Dispatcher:
         send: Send,
         splitter: Splitter,
         job_timeout_s: float,
-        deadline_margin: float = 1.5,
-        deadline_floor_s: float = 0.2,
+        deadline_margin: float,
+        deadline_floor_s: float,
     ) -> None:
         self.send = send
         self.splitter = splitter

@@ -176,6 +176,14 @@ class Frontend:
             return False
         return self.batcher.queued_inputs >= self.batcher.max_batch and not self.dispatcher.busy
 
+    def answer_all_and_close(self) -> None:
+        """Exactly one reply per request: after a second stop signal the queue and the batch in flight are
+        answered too, and requests that reached the socket after the drain get SHUTTING_DOWN, until it closes."""
+        for request in self.batcher.drain() + self.dispatcher.abandon():
+            self.reply_error(request, ErrorCode.SHUTTING_DOWN, "the server is shutting down")
+        self.refuse_waiting()
+        self.close()
+
     def refuse_waiting(self) -> None:
         """After the drain: answer every message still waiting on the socket (SHUTTING_DOWN; `info` is
         still answered), so that no request that reached the daemon goes unanswered."""

@@ -81,6 +81,13 @@ class Supervisor:
             self.reconciler.step()
             self.pump(200)
 
+    def on_deadline(self, now: float) -> None:
+        """A deadline of the batch in flight passed: `timeout_ms` bounds the whole request, so one whose batch
+        is still computing is answered now; a slice past its deadline makes the next check replace its worker."""
+        for request in self.dispatcher.expire(now):
+            self.frontend.reply_error(request, ErrorCode.TIMEOUT, "the request's timeout passed while it was computed")
+        self.changed = self.changed or bool(self.dispatcher.overdue(now))
+
     def check(self, now: float) -> None:
         """Replace overdue and hung workers, let the reconciler converge, refresh `serving`.
 

@@ -43,7 +43,9 @@ def answer(dispatcher: Dispatcher, pool: list[WorkerHandle], sent: tuple[bytes, 
 def test_split_follows_the_profile_and_each_request_gets_its_own_rows() -> None:
     profile = Profile.from_latencies({(1, 2): 10.0, (1, 4): 20.0, (2, 4): 12.0, (2, 8): 30.0})
     recorder, pool = Recorder(), workers(2, 1)
-    dispatcher = Dispatcher(recorder, Splitter(profile, "exact"), job_timeout_s=10)
+    dispatcher = Dispatcher(
+        recorder, Splitter(profile, "exact"), job_timeout_s=10, deadline_margin=1.5, deadline_floor_s=0.2
+    )
     batch, arrays = requests(3, 2, 1)
     dispatcher.dispatch(batch, pool)
     assert [h["shape"][0] for _, h, _ in recorder.sent] == [4, 2]  # 2 threads take 4 rows at 12 ms
@@ -57,7 +59,9 @@ def test_split_follows_the_profile_and_each_request_gets_its_own_rows() -> None:
 
 def test_lost_worker_slice_goes_to_another_instance() -> None:
     recorder, pool = Recorder(), workers(1, 1)
-    dispatcher = Dispatcher(recorder, Splitter(None, "exact"), job_timeout_s=10)
+    dispatcher = Dispatcher(
+        recorder, Splitter(None, "exact"), job_timeout_s=10, deadline_margin=1.5, deadline_floor_s=0.2
+    )
     batch, arrays = requests(4)
     dispatcher.dispatch(batch, pool)
     first, second = recorder.sent
@@ -71,7 +75,9 @@ def test_lost_worker_slice_goes_to_another_instance() -> None:
 
 def test_no_worker_left_abandons_the_batch() -> None:
     recorder, pool = Recorder(), workers(1)
-    dispatcher = Dispatcher(recorder, Splitter(None, "exact"), job_timeout_s=10)
+    dispatcher = Dispatcher(
+        recorder, Splitter(None, "exact"), job_timeout_s=10, deadline_margin=1.5, deadline_floor_s=0.2
+    )
     batch, _ = requests(2)
     dispatcher.dispatch(batch, pool)
     assert not dispatcher.reassign(pool[0], pool)
@@ -102,7 +108,9 @@ def test_a_finished_or_abandoned_batch_frees_its_input_buffers_without_the_garba
     try:
         for finish in (True, False):
             recorder, pool = Recorder(), workers(2, 1)
-            dispatcher = Dispatcher(recorder, Splitter(profile, "exact"), job_timeout_s=10)
+            dispatcher = Dispatcher(
+                recorder, Splitter(profile, "exact"), job_timeout_s=10, deadline_margin=1.5, deadline_floor_s=0.2
+            )
             payload = Payload(np.ones((6, 2), dtype=np.float32).tobytes())
             watch = weakref.ref(payload)
             dispatcher.dispatch([Request(b"c", None, 1, "float32", (6, 2), memoryview(payload))], pool)
@@ -162,7 +170,9 @@ def test_choices_are_remembered_per_pool_list() -> None:
 def test_a_slice_is_given_its_predicted_latency_times_the_margin_within_floor_and_timeout() -> None:
     profile = Profile.from_latencies({(1, 2): 400.0, (1, 4): 800.0, (2, 4): 10.0})
     recorder, pool = Recorder(), workers(1, 1)
-    dispatcher = Dispatcher(recorder, Splitter(profile, "even"), job_timeout_s=60, deadline_margin=1.5)
+    dispatcher = Dispatcher(
+        recorder, Splitter(profile, "even"), job_timeout_s=60, deadline_margin=1.5, deadline_floor_s=0.2
+    )
     dispatcher.deadline_floor_s = 0.2
     batch, _ = requests(2, 2)
     dispatcher.dispatch(batch, pool)
@@ -184,7 +194,9 @@ def test_a_slice_is_given_its_predicted_latency_times_the_margin_within_floor_an
 def test_a_slice_sent_to_a_busy_worker_gets_its_deadline_after_the_work_it_holds() -> None:
     profile = Profile.from_latencies({(1, 2): 400.0})
     recorder, pool = Recorder(), workers(1, 1)
-    dispatcher = Dispatcher(recorder, Splitter(profile, "even"), job_timeout_s=60, deadline_margin=2.0)
+    dispatcher = Dispatcher(
+        recorder, Splitter(profile, "even"), job_timeout_s=60, deadline_margin=2.0, deadline_floor_s=0.2
+    )
     batch, _ = requests(2, 2)
     dispatcher.dispatch(batch, pool)
     first = next(job for job in dispatcher.jobs.values() if job.worker.id == 2)
@@ -196,7 +208,9 @@ def test_a_slice_sent_to_a_busy_worker_gets_its_deadline_after_the_work_it_holds
 
 def test_timeout_ms_bounds_a_request_in_flight() -> None:
     recorder, pool = Recorder(), workers(1)
-    dispatcher = Dispatcher(recorder, Splitter(None, "exact"), job_timeout_s=60)
+    dispatcher = Dispatcher(
+        recorder, Splitter(None, "exact"), job_timeout_s=60, deadline_margin=1.5, deadline_floor_s=0.2
+    )
     batch, arrays = requests(1, 2)
     batch[0].deadline = 5.0
     dispatcher.dispatch(batch, pool)
@@ -210,7 +224,9 @@ def test_timeout_ms_bounds_a_request_in_flight() -> None:
 
 def test_abandon_leaves_out_requests_already_answered() -> None:
     recorder, pool = Recorder(), workers(1)
-    dispatcher = Dispatcher(recorder, Splitter(None, "exact"), job_timeout_s=60)
+    dispatcher = Dispatcher(
+        recorder, Splitter(None, "exact"), job_timeout_s=60, deadline_margin=1.5, deadline_floor_s=0.2
+    )
     batch, _ = requests(1, 1)
     batch[0].deadline = 1.0
     dispatcher.dispatch(batch, pool)

@@ -35,7 +35,8 @@ def slow_daemon(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen]]:
     profile = tmp_path / "slow.csv"
     Profile.from_latencies({(1, b): SLICE_MS for b in (1, 2, 4)}).write_csv(profile)
     args = ["--model", SLOW, "--policy", "fixed", "--plan", "2*1x2", "--max-batch", "4", "--profile", str(profile)]
-    with running_daemon(tmp_path, *args, "--no-adapt") as served:
+    deadlines = ["--slice-deadline-margin", "1.5", "--slice-deadline-floor-ms", "200"]  # tighter than the defaults
+    with running_daemon(tmp_path, *args, "--no-adapt", *deadlines) as served:
         yield served
 
 

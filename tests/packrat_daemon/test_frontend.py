@@ -49,7 +49,13 @@ def served(tmp_path: Path) -> Iterator[Served]:
     backend = Backend(context, str(tmp_path / "run"))
     reconciler = Reconciler(Pool(backend), Topology.synthetic(2))
     reconciler.set_plan(Plan((InstancePlan(2, 4),), "fixed", "a test plan"))
-    dispatcher = Dispatcher(reconciler.pool.run, Splitter(None, "exact", reconciler.layouts), job_timeout_s=5.0)
+    dispatcher = Dispatcher(
+        reconciler.pool.run,
+        Splitter(None, "exact", reconciler.layouts),
+        job_timeout_s=5.0,
+        deadline_margin=1.5,
+        deadline_floor_s=0.2,
+    )
     batcher = Batcher(max_batch=4, max_delay_s=10.0, max_queued_inputs=6)
     config = ServeConfig(model=INFO.model, endpoint=f"ipc://{tmp_path}/front.ipc")
     frontend = Frontend(context, config, INFO, Metrics(INFO.model), batcher, dispatcher, reconciler)
