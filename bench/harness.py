@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing as mp
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -28,6 +30,46 @@ def use_packrat_malloc_tuning() -> None:
 
     for variable, value in GLIBC_MALLOC_TUNING.items():
         os.environ.setdefault(variable, value)
+
+
+R = TypeVar("R", bound="SpawnedRunner")
+
+
+class SpawnedRunner:
+    """An in-process runner in a spawned child: `target(conn, *args)` loads its model, sends ("ready", pid)
+    or ("error", why), then answers what the parent asks over the pipe until it is sent None."""
+
+    def __init__(self, target: Callable[..., None], *args: Any) -> None:
+        context = mp.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=target, args=(child, *args), daemon=True)
+        self.process.start()
+
+    def wait(self) -> None:
+        status, detail = self.conn.recv()
+        if status != "ready":
+            raise RuntimeError(detail)
+
+    def close(self) -> None:
+        """Ask the child to finish, then kill it if it has not within 20 s."""
+        with contextlib.suppress(OSError):
+            self.conn.send(None)
+        self.process.join(20)
+        if self.process.is_alive():
+            self.process.kill()
+
+
+def ready_runners(started: dict[str, R], errors: dict[str, str]) -> dict[str, R]:
+    """Wait for runners started together (they load in parallel); one that fails goes into `errors`."""
+    ready = {}
+    for name, runner in started.items():
+        try:
+            runner.wait()
+            ready[name] = runner
+        except (RuntimeError, EOFError) as exc:
+            errors[name] = str(exc)
+            runner.close()
+    return ready
 
 
 def serve_batches(conn: Any, make_input: Callable[[int], Any], run: Callable[[Any], Any]) -> None:

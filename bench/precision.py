@@ -24,9 +24,7 @@ faster at the largest B.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import multiprocessing as mp
 import os
 import sys
 import tempfile
@@ -39,7 +37,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from harness import DaemonProcess, use_packrat_malloc_tuning  # noqa: E402  (bench/ is on sys.path)
+from harness import DaemonProcess, SpawnedRunner, ready_runners, use_packrat_malloc_tuning  # noqa: E402  (bench/ is on sys.path)
 from runtimes import interleave, medians  # noqa: E402
 
 PEERS = ("torch_fp32", "torch_bf16", "ov_latency", "ov_throughput")
@@ -111,17 +109,9 @@ def _child(conn: Any, kind: str, spec: str, threads: int) -> None:
         conn.send(np.asarray(output, dtype=np.float32) if what == "output" else elapsed)
 
 
-class Peer:
+class Peer(SpawnedRunner):
     def __init__(self, kind: str, spec: str, threads: int) -> None:
-        context = mp.get_context("spawn")
-        self.conn, child = context.Pipe()
-        self.process = context.Process(target=_child, args=(child, kind, spec, threads), daemon=True)
-        self.process.start()
-
-    def wait(self) -> None:
-        status, detail = self.conn.recv()
-        if status != "ready":
-            raise RuntimeError(detail)
+        super().__init__(_child, kind, spec, threads)
 
     def measure(self, batch: int) -> float:
         self.conn.send(("time", batch))
@@ -130,13 +120,6 @@ class Peer:
     def output(self, batch: int) -> np.ndarray:
         self.conn.send(("output", batch))
         return self.conn.recv()
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.conn.send(None)
-        self.process.join(20)
-        if self.process.is_alive():
-            self.process.kill()
 
 
 # -- the daemon --------------------------------------------------------------------------------------
@@ -234,28 +217,19 @@ def bench_model(spec: str, args: argparse.Namespace, folder: Path) -> dict[str, 
             f"{spec}: the daemon with --precision auto --runtime auto (profiles every candidate) ...", file=sys.stderr
         )
         more = args.daemon_args.split()
-        auto = Daemon(
-            "daemon_auto", spec, folder, args.batches, ["--precision", "auto", "--save-profile", str(saved), *more]
-        )
-        daemons.append(auto)
-        auto.ready(args.daemon_timeout_s)
-        targets["daemon_auto"] = auto
-        print(f"{spec}: the daemon at fp32, planning from the same profile ...", file=sys.stderr)
-        fp32 = Daemon(
-            "daemon_fp32", spec, folder, args.batches, ["--precision", "fp32", "--profile", str(saved), *more]
-        )
-        daemons.append(fp32)
-        fp32.ready(args.daemon_timeout_s)
-        targets["daemon_fp32"] = fp32
+        # The fp32 daemon plans from the profile the auto daemon measured and saved, so auto starts first.
+        for name, flags in (
+            ("daemon_auto", ["--precision", "auto", "--save-profile", str(saved)]),
+            ("daemon_fp32", ["--precision", "fp32", "--profile", str(saved)]),
+        ):
+            if name == "daemon_fp32":
+                print(f"{spec}: the daemon at fp32, planning from the same profile ...", file=sys.stderr)
+            daemon = Daemon(name, spec, folder, args.batches, [*flags, *more])
+            daemons.append(daemon)
+            daemon.ready(args.daemon_timeout_s)
+            targets[name] = daemon
         print(f"{spec}: the in-process peers ...", file=sys.stderr)
-        started = {kind: Peer(kind, spec, args.threads) for kind in PEERS}
-        for kind, peer in started.items():
-            try:
-                peer.wait()
-                peers[kind] = peer
-            except (RuntimeError, EOFError) as exc:
-                errors[kind] = str(exc)
-                peer.close()
+        peers.update(ready_runners({kind: Peer(kind, spec, args.threads) for kind in PEERS}, errors))
         targets.update(peers)
         error = errors_against_fp32(targets, peers["torch_fp32"], max(args.batches), errors)
         samples, rounds = interleave(targets, args.batches, args.rounds, args.budget_s, errors)

@@ -23,9 +23,7 @@ Conversions come from the cache (~/.cache/packrat or $PACKRAT_CACHE_DIR); a firs
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import multiprocessing as mp
 import os
 import random
 import re
@@ -41,7 +39,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from harness import DaemonProcess, serve_batches, use_packrat_malloc_tuning  # noqa: E402  (bench/ is on sys.path)
+from harness import DaemonProcess, SpawnedRunner, ready_runners, serve_batches, use_packrat_malloc_tuning  # noqa: E402  (bench/ is on sys.path)
 
 RUNTIMES = ("torch", "onnxruntime", "openvino")
 # A pause before each configuration's turn: the previous one's pool threads (ONNX Runtime and libgomp
@@ -103,29 +101,13 @@ def _runner(conn: Any, kind: str, spec: str, threads: int, cores: list[int], env
     serve_batches(conn, lambda batch: sample_input(input_spec, batch), run)
 
 
-class Runner:
+class Runner(SpawnedRunner):
     def __init__(self, kind: str, spec: str, threads: int, cores: list[int], env: dict[str, str] | None = None):
-        context = mp.get_context("spawn")
-        self.conn, child = context.Pipe()
-        args = (child, kind, spec, threads, cores, env or {})
-        self.process = context.Process(target=_runner, args=args, daemon=True)
-        self.process.start()
-
-    def wait(self) -> None:
-        status, detail = self.conn.recv()
-        if status != "ready":
-            raise RuntimeError(detail)
+        super().__init__(_runner, kind, spec, threads, cores, env or {})
 
     def measure(self, batch: int) -> float:
         self.conn.send(batch)
         return self.conn.recv()
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.conn.send(None)
-        self.process.join(20)
-        if self.process.is_alive():
-            self.process.kill()
 
 
 # -- the daemon ------------------------------------------------------------------------------------
@@ -243,16 +225,7 @@ def medians(samples: dict[str, dict[int, list[float]]]) -> dict[str, dict[int, f
 
 def start_runners(spec: str, configs: dict[str, tuple], errors: dict[str, str]) -> dict[str, Runner]:
     """Start all, then wait for all (they load in parallel); a configuration that fails is reported."""
-    started = {name: Runner(*config) for name, config in configs.items()}
-    ready = {}
-    for name, runner in started.items():
-        try:
-            runner.wait()
-            ready[name] = runner
-        except (RuntimeError, EOFError) as exc:
-            errors[name] = str(exc)
-            runner.close()
-    return ready
+    return ready_runners({name: Runner(*config) for name, config in configs.items()}, errors)
 
 
 def in_process_configs(spec: str, cores: list[int]) -> dict[str, tuple]:

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +28,7 @@ import numpy as np
 
 from packrat_daemon.wire.errors import ConfigError, PackratError
 from workers.spec import InputSpec, sample_input
+from workers.subprocesses import run_module
 
 log = logging.getLogger("packrat.daemon")
 
@@ -37,7 +36,6 @@ DEFAULT_MAX_REL_ERROR = 0.05
 MIN_TOP1_AGREEMENT = 1.0  # every input's top-1 class must survive the reduced precision
 SAMPLE_INPUTS = 8
 GUARD_TIMEOUT_S = 900.0
-_REPO = Path(__file__).resolve().parent.parent
 
 
 class AccuracyError(PackratError):
@@ -131,16 +129,12 @@ def check(
     with tempfile.TemporaryDirectory(prefix="packrat-guard-") as folder:
         out = Path(folder)
         np.save(out / "inputs.npy", inputs)
-        command = [
-            sys.executable, "-m", "workers.precision", "--model", model, "--runtime", runtime,
-            "--precision", precision, "--inputs", str(out / "inputs.npy"), "--out", folder,
-        ]  # fmt: skip
+        args = ["--model", model, "--runtime", runtime, "--precision", precision,
+                "--inputs", str(out / "inputs.npy"), "--out", folder]  # fmt: skip
         if input_override:
-            command += ["--input", input_override]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO), env.get("PYTHONPATH", "")]))
+            args += ["--input", input_override]
         try:
-            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=GUARD_TIMEOUT_S)
+            done = run_module("workers.precision", args, GUARD_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             raise AccuracyError(
                 f"the accuracy guard for {runtime} {precision} took over {GUARD_TIMEOUT_S:.0f} s"

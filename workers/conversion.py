@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,12 +30,12 @@ from pathlib import Path
 
 from packrat_daemon.wire.errors import ModelSpecError
 from workers.spec import RUNTIME_REQUIREMENTS, InputSpec
+from workers.subprocesses import run_module
 
 # Bump when the converter changes what it writes, so old cache entries are no longer used.
 CACHE_FORMAT = 1
 ARTIFACTS = {"onnxruntime": "model.onnx", "openvino": "model.xml"}
 CONVERT_TIMEOUT_S = 1800.0
-_REPO = Path(__file__).resolve().parent.parent
 
 
 class ConversionError(ModelSpecError):
@@ -110,14 +109,11 @@ def read_entry(entry: Path, runtime: str) -> Converted | None:
 
 def run_converter(spec: str, input_override: str | None, runtime: str, out: Path) -> None:
     """Run `python -m workers.convert` (a separate process: conversion runs the model)."""
-    command = [sys.executable, "-m", "workers.convert", "--model", spec, "--runtime", runtime, "--out", str(out)]
+    args = ["--model", spec, "--runtime", runtime, "--out", str(out)]
     if input_override:
-        command += ["--input", input_override]
-    env = dict(os.environ)
-    # The converter imports workers.*; module:function specs resolve as they do for the caller.
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO), env.get("PYTHONPATH", "")]))
+        args += ["--input", input_override]
     try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S)
+        done = run_module("workers.convert", args, CONVERT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise ConversionError(f"converting {spec} for {runtime} took over {CONVERT_TIMEOUT_S:.0f} s") from None
     if done.returncode != 0:
