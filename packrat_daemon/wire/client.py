@@ -10,9 +10,7 @@ requests round-robin across endpoints. It never imports torch, so it starts in m
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import math
 import os
 import threading
 import time
@@ -23,17 +21,15 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
+from packrat_daemon.wire.client_base import DEFAULT_BACKOFF_S, ClientBase, ceil_ms, sample_count
 from packrat_daemon.wire.client_side import (
     decode_reply,
-    encode_infer_request,
-    encode_info_request,
     infer_result,
     info_result,
     server_error,
 )
 from packrat_daemon.wire.codec import ProtocolError
-from packrat_daemon.wire.curve import ClientKeys, KeyPair
-from packrat_daemon.wire.endpoints import EndpointRing
+from packrat_daemon.wire.curve import KeyPair
 from packrat_daemon.wire.errors import (
     BadRequest,
     ClientClosed,
@@ -67,112 +63,10 @@ __all__ = [
     "server_error",
 ]
 
-# How long an endpoint that timed out is skipped while other endpoints remain.
-DEFAULT_BACKOFF_S = 1.0
-# Bounded queues: a client that outruns a dead endpoint blocks (and times out) instead of growing.
-_HWM = 1000
-
-
-def _check_timeout(timeout: float) -> float:
-    if not timeout > 0 or not math.isfinite(timeout):
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    return timeout
-
-
-def _timeout_ms(seconds: float) -> int:
-    return max(0, math.ceil(seconds * 1000))
-
-
-def _samples(array: Any) -> int:
-    return array.shape[0] if type(array) is np.ndarray else np.shape(array)[0]
-
-
-# -------------------------------------------------------------------------------- what both share
-
-
-class _ClientBase:
-    """Endpoints, their sockets and round robin, the default timeout and request ids: what the blocking
-    and the asyncio client share. Each adds how it sends a request and waits for its reply."""
-
-    def __init__(
-        self,
-        endpoints: str | Sequence[str],
-        timeout: float,
-        context: zmq.Context,
-        backoff: float,
-        key: str | os.PathLike[str] | KeyPair | None,
-        server_key: str | os.PathLike[str] | bytes | None,
-    ) -> None:
-        self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
-        if not self.endpoints:
-            raise ValueError("give at least one endpoint, e.g. 'tcp://127.0.0.1:5555'")
-        if (key is None) != (server_key is None):
-            raise ValueError(
-                "CURVE needs both: key (this client's .key_secret file) and server_key (the server's .key)"
-            )
-        self.timeout = timeout
-        self._keys = None if key is None or server_key is None else ClientKeys.load(key, server_key)
-        self._sockets: list[Any] = [self._connect(context, endpoint, self._keys) for endpoint in self.endpoints]
-        self._ring = EndpointRing(len(self.endpoints), backoff)
-        self._ids = itertools.count(1)
-        self._closed = False
-
-    @staticmethod
-    def _connect(context: zmq.Context, endpoint: str, keys: ClientKeys | None) -> zmq.Socket:
-        socket = context.socket(zmq.DEALER)
-        if keys is not None:
-            keys.apply(socket)
-        # LINGER 0: closing must not hang on requests queued for an endpoint that is down.
-        socket.setsockopt(zmq.LINGER, 0)
-        socket.setsockopt(zmq.SNDHWM, _HWM)
-        socket.setsockopt(zmq.RCVHWM, _HWM)
-        socket.connect(endpoint)
-        return socket
-
-    @property
-    def timeout(self) -> float:
-        """Seconds each call waits by default (also sent to the server as the request's ``timeout_ms``)."""
-        return self._timeout
-
-    @timeout.setter
-    def timeout(self, seconds: float) -> None:
-        self._timeout = _check_timeout(seconds)
-        self._timeout_ms = self._timeout * 1000  # what every request header carries, computed once
-
-    def _infer_request(
-        self, array: np.ndarray, timeout: float | None, dtype: str | None
-    ) -> tuple[list[Any], int, float]:
-        """``(frames, request_id, timeout)`` of one infer call."""
-        if timeout is None:
-            timeout, timeout_ms = self._timeout, self._timeout_ms
-        else:
-            timeout = _check_timeout(timeout)
-            timeout_ms = timeout * 1000
-        request_id = next(self._ids)
-        return encode_infer_request(request_id, array, timeout_ms=timeout_ms, dtype=dtype), request_id, timeout
-
-    def _info_request(self, timeout: float | None) -> tuple[list[Any], int, float]:
-        """``(frames, request_id, timeout)`` of one info call."""
-        timeout = self._timeout if timeout is None else _check_timeout(timeout)
-        request_id = next(self._ids)
-        return encode_info_request(request_id), request_id, timeout
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClientClosed("the client is closed; create a new one")
-
-    def _no_reply(self, index: int) -> ClientTimeout:
-        # A CURVE handshake that fails is silent by design: the client only ever sees no reply.
-        keys = "; does it know this client's key, and is server_key its key?" if self._keys else ""
-        return ClientTimeout(
-            f"no reply from {self.endpoints[index]} in time; is the daemon running and reachable{keys}?"
-        )
-
-
 # ------------------------------------------------------------------------------------ blocking client
 
 
-class Client(_ClientBase):
+class Client(ClientBase):
     """Blocking client. Thread-safe: concurrent calls are serialised; use AsyncClient for concurrency.
 
     ``timeout`` (seconds) bounds each call and is also sent to the server as the request's
@@ -203,7 +97,7 @@ class Client(_ClientBase):
         ``dtype`` is only needed for bfloat16: pass the raw bits as uint16 with ``dtype="bfloat16"``.
         """
         header, result = self._request(*self._infer_request(array, timeout, dtype))
-        return infer_result(header, result, _samples(array))
+        return infer_result(header, result, sample_count(array))
 
     def info(self, *, timeout: float | None = None) -> dict[str, Any]:
         """The server's description: versions, model, input dtype/shape, max_batch, plan."""
@@ -233,7 +127,7 @@ class Client(_ClientBase):
             except zmq.Again:
                 # The endpoint's queue is full (high-water mark): wait for room, within the deadline.
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not socket.poll(_timeout_ms(remaining), zmq.POLLOUT):
+                if remaining <= 0 or not socket.poll(ceil_ms(remaining), zmq.POLLOUT):
                     raise self._no_reply(index) from None
 
     def _receive(self, index: int, request_id: int, deadline: float) -> tuple[dict[str, Any], np.ndarray | None]:
@@ -244,7 +138,7 @@ class Client(_ClientBase):
                 raise self._no_reply(index)
             # A receive that blocks up to the deadline, not poll-then-receive: one wake-up per reply. The
             # timeout is set only when it changes (calls with the same timeout round to the same ms).
-            wait_ms = max(1, _timeout_ms(remaining))
+            wait_ms = max(1, ceil_ms(remaining))
             if wait_ms != self._receive_timeout_ms[index]:
                 socket.setsockopt(zmq.RCVTIMEO, wait_ms)
                 self._receive_timeout_ms[index] = wait_ms
@@ -284,7 +178,7 @@ class Client(_ClientBase):
 # --------------------------------------------------------------------------------------- async client
 
 
-class AsyncClient(_ClientBase):
+class AsyncClient(ClientBase):
     """asyncio client; many concurrent ``infer`` calls may share one instance (and one event loop).
 
     One reader task per socket routes each reply to the waiting call by its request id, so replies may
@@ -319,7 +213,7 @@ class AsyncClient(_ClientBase):
         ``dtype`` is only needed for bfloat16: pass the raw bits as uint16 with ``dtype="bfloat16"``.
         """
         header, result = await self._request(*self._infer_request(array, timeout, dtype))
-        return infer_result(header, result, _samples(array))
+        return infer_result(header, result, sample_count(array))
 
     async def info(self, *, timeout: float | None = None) -> dict[str, Any]:
         """The server's description: versions, model, input dtype/shape, max_batch, plan."""
