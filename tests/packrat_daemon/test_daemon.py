@@ -1,5 +1,6 @@
 """The real daemon with real worker processes on a private ipc endpoint: no mocks anywhere (so `slow`, except
-the signal table's in-process tests)."""
+the signal table's in-process tests). Over 400 lines because the tests share module-scoped real daemons,
+which take seconds each to start."""
 
 from __future__ import annotations
 
