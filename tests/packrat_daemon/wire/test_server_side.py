@@ -1,5 +1,6 @@
 """The server side of protocol v1: every malformed message gets a typed error with the request's id when
-it can be read, the fast path for infer requests agrees with the full parser, and replies encode. Over 400 lines: the parser's rules are tested in one place, beside the generated cases."""
+it can be read, the fast path for infer requests agrees with the full parser, and replies encode.
+Over 400 lines: the parser's rules are tested in one place, beside the generated cases."""
 
 from __future__ import annotations
 
