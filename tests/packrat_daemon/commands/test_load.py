@@ -128,7 +128,11 @@ def test_the_progress_line_goes_to_stderr_and_the_table_to_stdout(endpoint, caps
 def test_ctrl_c_ends_the_run_with_a_report_that_adds_up(endpoint):
     command = [sys.executable, "-m", "packrat_daemon", "load", "--endpoint", endpoint, "--rate", "50",
                "--duration", "60", "--json", "--quiet"]  # fmt: skip
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A shell that runs the tests in the background starts them with SIGINT ignored, and children inherit
+    # that: give `packrat load` the default disposition, as an interactive terminal would.
+    process = subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint
+    )
     time.sleep(4.0)  # start, warm-up (1 s), then a few seconds of traffic
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=30)
@@ -199,3 +203,7 @@ def test_malformed_values_are_usage_errors(capsys, args: list[str]):
         main(["load", *args])
     assert exit_info.value.code == 2
     assert "packrat load: error: argument" in capsys.readouterr().err
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
