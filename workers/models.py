@@ -140,6 +140,8 @@ def load_model(spec: str, input_override: str | None = None) -> LoadedModel:
             parameter.requires_grad_(False)
         if channels_last:
             module = module.to(memory_format=torch.channels_last)
+    if spec.endswith(".pt2"):
+        _check_batch_sizes(spec, module, input_spec)
     return LoadedModel(spec, module, input_spec, channels_last)
 
 
@@ -171,6 +173,28 @@ def _load_exported(spec: str) -> tuple[nn.Module, InputSpec | None]:
         if value.dtype in _DTYPE_NAMES and all(isinstance(d, int) for d in value.shape[1:]):
             input_spec = InputSpec(_DTYPE_NAMES[value.dtype], tuple(int(d) for d in value.shape[1:]))
     return program.module(), input_spec
+
+
+def _check_batch_sizes(spec: str, module: nn.Module, input_spec: InputSpec) -> None:
+    """Run batch sizes 1 and 2 once, so a fixed-batch export is refused here rather than in every worker.
+
+    torch.export fixes the batch size unless dynamic_shapes says otherwise; such a program fails a guard
+    on any other batch, and workers forked from it would die on their first request, over and over.
+    """
+    placeholders = [n.name for n in module.graph.nodes if n.op == "placeholder"] if hasattr(module, "graph") else []
+    name = placeholders[0] if placeholders else "x"
+    dtype = getattr(torch, input_spec.dtype)
+    for batch in (1, 2):
+        try:
+            with torch.no_grad():
+                module(torch.zeros((batch, *input_spec.shape), dtype=dtype))
+        except Exception as exc:
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelSpecError(
+                f"{spec} does not run on batch size {batch} ({first_line}); Packrat batches requests, so export "
+                f"with a dynamic batch: torch.export.export(model, (example,), "
+                f'dynamic_shapes={{"{name}": {{0: torch.export.Dim("batch")}}}})'
+            ) from exc
 
 
 def _load_torchscript(spec: str) -> tuple[nn.Module, InputSpec | None]:

@@ -130,6 +130,19 @@ def test_exported_program_loads_with_its_inferred_input(tmp_path: Path) -> None:
     assert torch.allclose(loaded.module(x), module(x))
 
 
+def test_fixed_batch_export_is_refused_with_the_dynamic_shapes_fix(tmp_path: Path) -> None:
+    # torch.export's defaults fix the batch size: this is the file a user gets without dynamic_shapes.
+    program = torch.export.export(TinyMLP().eval(), (torch.randn(2, 16),))
+    path = tmp_path / "fixed.pt2"
+    torch.export.save(program, str(path))
+    with pytest.raises(ModelSpecError) as caught:
+        load_model(str(path))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "batch size 1" in message
+    assert 'dynamic_shapes={"x": {0: torch.export.Dim("batch")}}' in message
+
+
 # -- module:function factories -------------------------------------------------------------------
 FACTORY_MODULE = "packrat_test_model_factories"
 
