@@ -265,6 +265,10 @@ def _read_text(path: str | os.PathLike[str]) -> str:
         raise ProfileError(f"profile file {path} does not exist; measure one with `packrat profile`") from None
     except OSError as exc:
         raise ProfileError(f"cannot read profile file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ProfileError(
+            f"profile file {path} is not UTF-8 text (byte {exc.start}); give the CSV that `packrat profile` wrote"
+        ) from None
 
 
 def _number(value: float) -> str:

@@ -281,3 +281,11 @@ def test_a_file_written_before_the_precision_column_reads_as_fp32() -> None:
     old = "threads,batch,latency_ms,samples,p90_ms,runtime\n1,1,5.0,3,,torch\n"
     read = Profile.parse_csv(old, runtime="torch")
     assert (read.runtime, read.precision, read.latency(1, 1)) == ("torch", "fp32", 5.0)
+
+
+def test_a_non_utf8_profile_is_a_profile_error_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.csv"
+    path.write_bytes("threads,batch,latency_ms\n1,1,2.0\n# caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(ProfileError, match=r"latin1\.csv is not UTF-8 text") as caught:
+        Profile.read_csv(path)
+    assert "\n" not in str(caught.value)
