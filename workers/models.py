@@ -213,7 +213,10 @@ def _load_function(spec: str) -> tuple[nn.Module, InputSpec | None]:
     try:
         factory = getattr(importlib.import_module(module_name), function_name)
     except (ImportError, AttributeError) as exc:
-        raise ModelSpecError(f"cannot import {spec}: {exc}") from exc
+        raise ModelSpecError(
+            f"cannot import {spec}: {exc}; the module is looked up on the daemon's import path (sys.path, the "
+            f"current directory and PYTHONPATH): run from the module's directory or set PYTHONPATH=DIR"
+        ) from exc
     module = factory()
     if not isinstance(module, nn.Module):
         raise ModelSpecError(f"{spec} returned {type(module).__name__}, not a torch.nn.Module")

@@ -215,8 +215,10 @@ def test_module_function_must_return_a_module(factories: str) -> None:
 
 @pytest.mark.parametrize("spec", ["packrat_no_such_module_anywhere:make", f"{FACTORY_MODULE}:no_such_function"])
 def test_unimportable_factory_is_a_spec_error(factories: str, spec: str) -> None:
-    with pytest.raises(ModelSpecError, match=f"cannot import {spec}"):
+    with pytest.raises(ModelSpecError, match=f"cannot import {spec}") as caught:
         load_model(spec)
+    assert "PYTHONPATH" in str(caught.value)
+    assert "\n" not in str(caught.value)
 
 
 # -- errors --------------------------------------------------------------------------------------
