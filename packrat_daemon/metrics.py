@@ -9,11 +9,13 @@ own metrics, set a few times a second at most.
 from __future__ import annotations
 
 import logging
+import threading
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Info, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Info, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -122,6 +124,18 @@ class Metrics:
             registry=r,
         )
         self.server: Any = None
+        # Readiness (/readyz): workers serving now against the workers the plan asks for; plain ints read
+        # by the HTTP thread, written by the daemon's loop.
+        self.serving_workers = 0
+        self.planned_workers = 0
+
+    def ready(self) -> bool:
+        """True while the workers serve and the pool is not below its plan."""
+        return self.serving_workers > 0 and self.serving_workers >= self.planned_workers
+
+    def workers_serving(self, count: int) -> None:
+        self.serving_workers = count
+        self.workers.set(count)
 
     def count(self, outcome: str) -> None:
         """One request answered with `outcome`: "ok" or an error code."""
@@ -139,11 +153,13 @@ class Metrics:
 
     def serve(self, port: int, address: str = "127.0.0.1") -> None:
         try:
-            self.server, _ = start_http_server(port, addr=address, registry=self.registry)
+            self.server = ThreadingHTTPServer((address, port), _handler(self))
         except OSError as exc:
             raise ConfigError(
                 f"cannot serve metrics on {address}:{port}: {exc.strerror}; choose another --metrics-port"
             ) from None
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, name="metrics-http", daemon=True).start()
         if not is_loopback_address(address):  # the endpoint has no authentication of its own
             log.warning(
                 "metrics on %s:%d can be read by anyone who reaches it (the model, the plan, request counts); "
@@ -153,6 +169,7 @@ class Metrics:
 
     def plan_changed(self, plan: Plan, reason: str) -> None:
         self.switches.labels(reason).inc()
+        self.planned_workers = sum(len(layout) for layout in plan.layouts)
         if plan.predicted_latency_ms is not None:
             self.predicted.set(plan.predicted_latency_ms / 1000.0)
         layouts = ["+".join(str(i.threads) for i in layout) for layout in plan.layouts]
@@ -172,3 +189,34 @@ class Metrics:
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
+
+
+def _handler(metrics: Metrics) -> type[BaseHTTPRequestHandler]:
+    """/metrics, /healthz (the process answers), /readyz (503 until the workers serve, and while the pool is
+    below its plan, so a load balancer or Kubernetes sends no traffic then); any other path is a 404."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._reply(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                self._reply(200, b"ok\n")
+            elif path == "/readyz":
+                ready = metrics.ready()
+                body = f"{metrics.serving_workers} of {metrics.planned_workers} planned workers serving\n"
+                self._reply(200 if ready else 503, body.encode())
+            else:
+                self._reply(404, b"not found: try /metrics, /healthz or /readyz\n")
+
+        def _reply(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # scrapes and probes every few seconds would flood the daemon's log
+
+    return Handler

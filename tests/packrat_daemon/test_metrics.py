@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -128,3 +129,39 @@ def test_the_precision_served_and_what_the_guard_measured_are_exported() -> None
     assert ("packrat_accuracy_guard_top1_agreement", (("precision", "bf16"), ("runtime", "openvino"))) not in samples
     served = (("accuracy_guard", "passed"), ("precision", "bf16"), ("runtime", "torch"))
     assert samples[("packrat_precision_info", served)] == 1.0
+
+
+def http_status(port: int, path: str) -> int:
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10).status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_readyz_is_503_until_the_workers_serve_and_while_the_pool_is_below_its_plan() -> None:
+    from packrat_daemon.metrics import Metrics
+    from policies.base import InstancePlan, Plan
+
+    metrics = Metrics("m")
+    port = free_port()
+    metrics.serve(port)
+    try:
+        two = (InstancePlan(threads=1, batch=1), InstancePlan(threads=1, batch=1))
+        metrics.plan_changed(Plan(instances=two, policy="fixed", reason="test"), "start")
+        assert (http_status(port, "/healthz"), http_status(port, "/readyz")) == (200, 503)
+        metrics.workers_serving(1)  # one of the plan's two instances: below the plan
+        assert http_status(port, "/readyz") == 503
+        metrics.workers_serving(2)
+        assert http_status(port, "/readyz") == 200
+        metrics.workers_serving(1)  # a worker died: not ready until it is replaced
+        assert http_status(port, "/readyz") == 503
+    finally:
+        metrics.close()
+
+
+def test_a_real_daemon_answers_healthz_readyz_metrics_and_404_elsewhere(tmp_path: Path) -> None:
+    port = free_port()
+    args = ["--model", "builtin:tiny-mlp", "--policy", "fixed", "--plan", "2*1x2", "--max-batch", "4"]
+    with running_daemon(tmp_path, *args, "--metrics-port", str(port)):
+        statuses = {path: http_status(port, path) for path in ("/healthz", "/readyz", "/metrics", "/", "/nope")}
+    assert statuses == {"/healthz": 200, "/readyz": 200, "/metrics": 200, "/": 404, "/nope": 404}
