@@ -15,7 +15,7 @@ import zmq
 from packrat_daemon.wire.client_side import encode_infer_request, encode_info_request
 from packrat_daemon.wire.curve import ClientKeys, KeyPair
 from packrat_daemon.wire.endpoints import EndpointRing
-from packrat_daemon.wire.errors import ClientClosed, ClientTimeout
+from packrat_daemon.wire.errors import BadEndpoint, ClientClosed, ClientTimeout
 
 # How long an endpoint that timed out is skipped while other endpoints remain.
 DEFAULT_BACKOFF_S = 1.0
@@ -73,7 +73,13 @@ class ClientBase:
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, _HWM)
         socket.setsockopt(zmq.RCVHWM, _HWM)
-        socket.connect(endpoint)
+        try:
+            socket.connect(endpoint)
+        except zmq.ZMQError as exc:
+            socket.close()
+            raise BadEndpoint(
+                f"cannot connect to endpoint {endpoint!r}: {exc}; give tcp://HOST:PORT, ipc://PATH or inproc://NAME"
+            ) from None
         return socket
 
     @property

@@ -107,3 +107,7 @@ class ClientTimeout(PackratError, TimeoutError):
 
 class ClientClosed(PackratError):
     """The client was closed while the request was waiting for its reply."""
+
+
+class BadEndpoint(PackratError, ValueError):
+    """A client endpoint that ZeroMQ cannot connect to (a typo, an unknown transport or host)."""

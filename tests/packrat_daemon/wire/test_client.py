@@ -31,6 +31,7 @@ from packrat_daemon.wire.client import (
 )
 from packrat_daemon.wire.client_side import decode_reply
 from packrat_daemon.wire.codec import ErrorCode, ProtocolError
+from packrat_daemon.wire.errors import BadEndpoint
 from packrat_daemon.wire.server_side import (
     InferRequest,
     InfoRequest,
@@ -419,3 +420,11 @@ def test_the_wire_package_does_not_import_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://localhost", "tpc://127.0.0.1:5555", "tcp://127.0.0.1:notaport"])
+def test_an_endpoint_typo_is_a_typed_error_naming_the_endpoint(endpoint: str) -> None:
+    with pytest.raises(BadEndpoint, match="cannot connect to endpoint") as caught:
+        Client(endpoint)
+    assert endpoint in str(caught.value)
+    assert "\n" not in str(caught.value)
