@@ -9,14 +9,16 @@ own metrics, set a few times a second at most.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import psutil
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Info, generate_latest
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -128,14 +130,18 @@ class Metrics:
         # by the HTTP thread, written by the daemon's loop.
         self.serving_workers = 0
         self.planned_workers = 0
+        self.worker_pids: dict[int, int] = {}
+        r.register(_ProcessCollector(self))
 
     def ready(self) -> bool:
         """True while the workers serve and the pool is not below its plan."""
         return self.serving_workers > 0 and self.serving_workers >= self.planned_workers
 
-    def workers_serving(self, count: int) -> None:
-        self.serving_workers = count
-        self.workers.set(count)
+    def workers_serving(self, pids: dict[int, int | None]) -> None:
+        """The workers serving now, worker id -> process id (None until the worker has said it)."""
+        self.serving_workers = len(pids)
+        self.worker_pids = {worker: pid for worker, pid in pids.items() if pid is not None}
+        self.workers.set(len(pids))
 
     def count(self, outcome: str) -> None:
         """One request answered with `outcome`: "ok" or an error code."""
@@ -189,6 +195,30 @@ class Metrics:
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
+
+
+class _ProcessCollector(Collector):
+    """Memory and CPU of the daemon and of each serving worker, read with psutil at scrape time: a worker's
+    RSS is where a leak or an oversized runtime shows, and its CPU time tells a stalled worker from a busy one."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Any]:
+        rss = GaugeMetricFamily("packrat_process_resident_memory_bytes", "Resident memory", labels=["process"])
+        cpu = CounterMetricFamily("packrat_process_cpu_seconds", "User and system CPU time", labels=["process"])
+        processes = {"daemon": os.getpid(), **{f"worker-{w}": pid for w, pid in self.metrics.worker_pids.items()}}
+        for name, pid in processes.items():
+            try:
+                process = psutil.Process(pid)
+                with process.oneshot():
+                    memory, times = process.memory_info(), process.cpu_times()
+            except psutil.Error:  # a worker that exited since the supervisor's last look: the next scrape drops it
+                continue
+            rss.add_metric([name], memory.rss)
+            cpu.add_metric([name], times.user + times.system)
+        yield rss
+        yield cpu
 
 
 def _handler(metrics: Metrics) -> type[BaseHTTPRequestHandler]:

@@ -114,7 +114,7 @@ class Supervisor:
                 self.reconciler.replace(worker)
         self.reconciler.step()
         self.serving = self.reconciler.serving()
-        self.metrics.workers_serving(len(self.serving))
+        self.metrics.workers_serving({worker.id: worker.pid for worker in self.serving})
 
     def _on_event(self, event: PoolEvent) -> None:
         worker = event.worker

@@ -48,6 +48,12 @@ def test_metrics_count_requests_batches_errors_and_describe_the_plan(tmp_path: P
     assert metrics[("packrat_worker_compute_seconds_count", (("threads", "1"),))] >= 5
     assert metrics[("packrat_workers_ready", ())] == 2
     assert metrics[("packrat_plan_changes_total", (("reason", "start"),))] == 1
+    processes = {
+        dict(labels)["process"] for (name, labels) in metrics if name == "packrat_process_resident_memory_bytes"
+    }
+    assert len(processes) == 3 and "daemon" in processes  # the daemon and both workers
+    assert all(metrics[("packrat_process_resident_memory_bytes", (("process", p),))] > 1e6 for p in processes)
+    assert metrics[("packrat_process_cpu_seconds_total", (("process", "daemon"),))] > 0
     plan = next(labels for (name, labels) in metrics if name == "packrat_plan_info")
     assert ("policy", "fixed") in plan and ("threads", "1+1") in plan
 
@@ -149,11 +155,11 @@ def test_readyz_is_503_until_the_workers_serve_and_while_the_pool_is_below_its_p
         two = (InstancePlan(threads=1, batch=1), InstancePlan(threads=1, batch=1))
         metrics.plan_changed(Plan(instances=two, policy="fixed", reason="test"), "start")
         assert (http_status(port, "/healthz"), http_status(port, "/readyz")) == (200, 503)
-        metrics.workers_serving(1)  # one of the plan's two instances: below the plan
+        metrics.workers_serving({1: None})  # one of the plan's two instances: below the plan
         assert http_status(port, "/readyz") == 503
-        metrics.workers_serving(2)
+        metrics.workers_serving({1: None, 2: None})
         assert http_status(port, "/readyz") == 200
-        metrics.workers_serving(1)  # a worker died: not ready until it is replaced
+        metrics.workers_serving({2: None})  # a worker died: not ready until it is replaced
         assert http_status(port, "/readyz") == 503
     finally:
         metrics.close()
