@@ -235,7 +235,7 @@ class Frontend:
             done.queue_ms, done.compute_ms, total_ms, done.instances,
         )  # fmt: skip
         self.send(request.identity, request.delimiter, [header, payload], output.nbytes >= ZERO_COPY_MIN_BYTES)
-        self.metrics.answered_ok(total_ms)
+        self.metrics.answered_ok(total_ms, done.queue_ms)
 
     def max_message_bytes(self) -> int:
         return self.batcher.max_batch * self.sample_bytes + MAX_HEADER_BYTES + 1024

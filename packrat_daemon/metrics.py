@@ -77,6 +77,11 @@ class _RequestPathCollector(Collector):
         )
         latency.add_metric([], m.latency.cumulative(), m.latency.sum)
         yield latency
+        queue_wait = HistogramMetricFamily(
+            "packrat_queue_wait_seconds", "From receipt until a worker was handed the request's batch"
+        )
+        queue_wait.add_metric([], m.queue_wait.cumulative(), m.queue_wait.sum)
+        yield queue_wait
         batch = HistogramMetricFamily("packrat_batch_size", "Inputs per batch formed by the batcher")
         batch.add_metric([], m.batch_size.cumulative(), m.batch_size.sum)
         yield batch
@@ -96,6 +101,7 @@ class Metrics:
         # Updated on every request: plain tallies, exported by _RequestPathCollector.
         self.outcomes: dict[str, int] = {}
         self.latency = Tally(LATENCY_BUCKETS)
+        self.queue_wait = Tally(LATENCY_BUCKETS)
         self.batch_size = Tally(BATCH_BUCKETS)
         self.compute: dict[int, Tally] = {}
         r.register(_RequestPathCollector(self))
@@ -147,9 +153,12 @@ class Metrics:
         """One request answered with `outcome`: "ok" or an error code."""
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
 
-    def answered_ok(self, total_ms: float) -> None:
+    def answered_ok(self, total_ms: float, queue_ms: float) -> None:
+        """One answered request: its whole time in the daemon, and the part it waited before a worker took it
+        (kept apart from compute so that a slow answer says whether batching/queueing or the model cost it)."""
         self.count("ok")
         self.latency.observe(total_ms / 1000.0)
+        self.queue_wait.observe(queue_ms / 1000.0)
 
     def observe_compute(self, threads: int, compute_ms: float) -> None:
         tally = self.compute.get(threads)

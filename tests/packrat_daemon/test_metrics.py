@@ -44,6 +44,8 @@ def test_metrics_count_requests_batches_errors_and_describe_the_plan(tmp_path: P
     assert metrics[("packrat_requests_total", (("outcome", "ok"),))] == 5
     assert metrics[("packrat_requests_total", (("outcome", "BAD_REQUEST"),))] == 1
     assert metrics[("packrat_request_latency_seconds_count", ())] == 5
+    assert metrics[("packrat_queue_wait_seconds_count", ())] == 5
+    assert metrics[("packrat_queue_wait_seconds_sum", ())] < metrics[("packrat_request_latency_seconds_sum", ())]
     assert metrics[("packrat_batch_size_sum", ())] == 14
     assert metrics[("packrat_worker_compute_seconds_count", (("threads", "1"),))] >= 5
     assert metrics[("packrat_workers_ready", ())] == 2
@@ -84,7 +86,7 @@ def test_tallies_export_what_prometheus_histograms_would() -> None:
     metrics = Metrics("builtin:tiny-mlp")
     for value in values:
         reference.observe(value)
-        metrics.answered_ok(value * 1000.0)
+        metrics.answered_ok(value * 1000.0, 0.0)
     metrics.count("BAD_REQUEST")
 
     def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple], float]:
