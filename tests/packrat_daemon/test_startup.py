@@ -7,9 +7,13 @@ measure/test_split_check.py.
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import zmq
+from conftest import daemon_env
 
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.startup import ProfileFile, read_profile, replan
@@ -116,3 +120,32 @@ def test_the_guard_decides_auto_leaves_a_failing_candidate_out_and_a_pinned_one_
     if not passes:
         with pytest.raises(accuracy.AccuracyError, match="--precision fp32"):
             run_guard(ServeConfig(precision="bf16", max_rel_error=max_rel_error), info, "bf16", None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("in_use", [True, False])
+def test_an_unusable_endpoint_is_refused_before_the_model_loads(in_use: bool) -> None:
+    context = zmq.Context()
+    holder = context.socket(zmq.ROUTER)
+    port = holder.bind_to_random_port("tcp://127.0.0.1")
+    endpoint = f"tcp://127.0.0.1:{port}" if in_use else "tcp://127.0.0.1:noport"
+    try:
+        command = [
+            sys.executable,
+            "-m",
+            "packrat_daemon",
+            "serve",
+            "--model",
+            "builtin:tiny-mlp",
+            "--endpoint",
+            endpoint,
+        ]
+        done = subprocess.run(command, env=daemon_env(), capture_output=True, text=True, timeout=120)
+    finally:
+        holder.close(linger=0)
+        context.term()
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and f"cannot serve on endpoint '{endpoint}'" in errors[0]
+    assert "loading builtin:tiny-mlp" not in done.stderr
