@@ -29,6 +29,25 @@ from policies.base import Plan
 log = logging.getLogger("packrat.security")
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Profile-derived latency buckets: Prometheus interpolates linearly inside a bucket, so a quantile can be off
+# by up to a bucket's width; bounds 10% apart keep it within 10% of what clients measure. They span a decade
+# either side of the plan's predicted latency, and the coarse bounds cover the rest.
+BUCKET_RATIO = 1.1
+BUCKET_SPAN = 10.0
+
+
+def latency_buckets(predicted_s: float | None) -> tuple[float, ...]:
+    """Latency bucket bounds for a daemon whose plan predicts `predicted_s` (None: the coarse bounds alone)."""
+    if predicted_s is None or predicted_s <= 0:
+        return LATENCY_BUCKETS
+    low, high = predicted_s / BUCKET_SPAN, predicted_s * BUCKET_SPAN
+    fine = [low]
+    while fine[-1] < high:
+        fine.append(fine[-1] * BUCKET_RATIO)
+    coarse = [b for b in LATENCY_BUCKETS if b < low or b > fine[-1]]
+    return tuple(sorted({round(b, 9) for b in fine + coarse}))
+
+
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
@@ -183,6 +202,10 @@ class Metrics:
             )  # fmt: skip
 
     def plan_changed(self, plan: Plan, reason: str) -> None:
+        if reason == "start" and plan.predicted_latency_ms is not None and not any(self.latency.counts):
+            # Before the first answer only, so no observation is lost and no series changes its buckets later.
+            buckets = latency_buckets(plan.predicted_latency_ms / 1000.0)
+            self.latency, self.queue_wait = Tally(buckets), Tally(buckets)
         self.switches.labels(reason).inc()
         self.planned_workers = sum(len(layout) for layout in plan.layouts)
         if plan.predicted_latency_ms is not None:

@@ -173,3 +173,14 @@ def test_a_real_daemon_answers_healthz_readyz_metrics_and_404_elsewhere(tmp_path
     with running_daemon(tmp_path, *args, "--metrics-port", str(port)):
         statuses = {path: http_status(port, path) for path in ("/healthz", "/readyz", "/metrics", "/", "/nope")}
     assert statuses == {"/healthz": 200, "/readyz": 200, "/metrics": 200, "/": 404, "/nope": 404}
+
+
+def test_latency_buckets_follow_the_predicted_latency_10_percent_apart() -> None:
+    from packrat_daemon.metrics import LATENCY_BUCKETS, latency_buckets
+
+    assert latency_buckets(None) == LATENCY_BUCKETS
+    buckets = latency_buckets(0.02)
+    fine = [b for b in buckets if 0.002 <= b <= 0.2 * 1.1]
+    assert fine[0] <= 0.002 * 1.0001 and fine[-1] >= 0.2 * 0.999
+    assert all(high / low <= 1.1 + 1e-6 for low, high in zip(fine, fine[1:], strict=False))
+    assert buckets[-1] == LATENCY_BUCKETS[-1] and list(buckets) == sorted(set(buckets))
