@@ -160,7 +160,8 @@ class Metrics:
 
     def ready(self) -> bool:
         """True while the workers serve and the pool is not below its plan."""
-        return self.serving_workers > 0 and self.serving_workers >= self.planned_workers
+        # planned_workers stays 0 until the daemon announces its start plan, just before its frontend opens.
+        return self.planned_workers > 0 and self.serving_workers >= self.planned_workers
 
     def workers_serving(self, pids: dict[int, int | None]) -> None:
         """The workers serving now, worker id -> process id (None until the worker has said it)."""
