@@ -65,26 +65,27 @@ def run_grid(args: argparse.Namespace) -> int:
         )
     cells = [(t, b) for t in threads for b in args.batches]
     profiles: list[Profile] = []
-    interrupted = False
+    stopped: str | None = None
     for runtime, precision in candidate_pairs(args.runtime, args.precision):
-        measured, interrupted = _measure_runtime(topology, args, runtime, precision, cells)
+        measured, stopped = _measure_runtime(topology, args, runtime, precision, cells)
         if measured:
             profiles.append(Profile(measured, model=args.model, runtime=runtime, precision=precision))
-        if interrupted:
+        if stopped:
             break
     if profiles:
         write_profiles(args.out, profiles)
         counts = ", ".join(f"{len(p)} {profile_key(p.runtime, p.precision)}" for p in profiles)
         print(f"wrote {counts} cell(s) of {len(cells)} per runtime to {args.out}", file=sys.stderr)
-    elif interrupted:
-        print("interrupted before any cell was measured; nothing written", file=sys.stderr)
-    return 130 if interrupted else 0
+    elif stopped:
+        print(f"{stopped} before any cell was measured; nothing written", file=sys.stderr)
+    # 130 is the shell's code for Ctrl-C; an ordinary error is 1.
+    return {None: 0, "interrupted": 130}.get(stopped, 1)
 
 
 def _measure_runtime(
     topology: Topology, args: argparse.Namespace, runtime: str, precision: str, cells: list[tuple[int, int]]
-) -> tuple[dict[tuple[int, int], Cell], bool]:
-    """(cells measured, interrupted): Ctrl-C keeps what was measured so far."""
+) -> tuple[dict[tuple[int, int], Cell], str | None]:
+    """(cells measured, why it stopped early: "interrupted", "failed" or None): both keep what was measured."""
     from packrat_daemon.measure.bench import Bench, model_session
     from packrat_daemon.progress import Progress
     from packrat_daemon.wire.errors import PackratError
@@ -108,11 +109,11 @@ def _measure_runtime(
             finally:
                 bench.close()
     except KeyboardInterrupt:
-        return measured, True
+        return measured, "interrupted"
     except PackratError as exc:
         # A worker or the template died: keep what was measured, and say why the rest is missing.
         print(f"packrat profile: error: {exc}", file=sys.stderr)
-        return measured, True
+        return measured, "failed"
     finally:
         progress.close()
-    return measured, False
+    return measured, None

@@ -50,3 +50,24 @@ def test_ctrl_c_keeps_the_cells_already_measured(tmp_path: Path) -> None:
     measured = Profile.read_csv(out)
     assert 2 <= len(measured) < 8
     assert f"of 8 per runtime to {out}" in log.read_text()
+
+
+@pytest.mark.slow
+def test_an_ordinary_error_exits_1_not_interrupted(tmp_path: Path) -> None:
+    import torch
+    from torch import nn
+
+    # A fixed-batch torch.export file: the template refuses it at load, an ordinary error, not a Ctrl-C.
+    model = nn.Linear(16, 4).eval()
+    path = tmp_path / "fixed.pt2"
+    torch.export.save(torch.export.export(model, (torch.randn(2, 16),)), str(path))
+    out = tmp_path / "profile.csv"
+    command = [sys.executable, "-m", "packrat_daemon", "profile", "--model", str(path), "--threads", "1"]
+    done = subprocess.run(
+        [*command, "--batches", "1", "--out", str(out)], env=daemon_env(), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert "interrupted" not in done.stderr
+    assert "dynamic_shapes" in done.stderr
+    assert not out.exists()
