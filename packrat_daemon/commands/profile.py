@@ -59,10 +59,14 @@ def run_grid(args: argparse.Namespace) -> int:
     threads = args.threads or list(range(1, topology.usable_cores + 1))
     too_many = [t for t in threads if t > topology.usable_cores]
     if too_many:
+        # Checked before anything loads: a pinned worker cannot get more cores than exist, and finding out
+        # after the smaller cells were measured wastes their time.
         print(
-            f"packrat profile: note: {too_many} threads exceed the {topology.usable_cores} usable cores",
+            f"packrat profile: error: --threads {too_many} exceed the {topology.usable_cores} usable cores; "
+            f"give at most {topology.usable_cores}",
             file=sys.stderr,
         )
+        return 2
     cells = [(t, b) for t in threads for b in args.batches]
     profiles: list[Profile] = []
     stopped: str | None = None

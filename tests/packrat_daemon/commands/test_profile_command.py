@@ -71,3 +71,15 @@ def test_an_ordinary_error_exits_1_not_interrupted(tmp_path: Path) -> None:
     assert "interrupted" not in done.stderr
     assert "dynamic_shapes" in done.stderr
     assert not out.exists()
+
+
+def test_too_many_threads_are_refused_before_anything_loads(tmp_path: Path) -> None:
+    out = tmp_path / "profile.csv"
+    command = [sys.executable, "-m", "packrat_daemon", "profile", "--model", "builtin:tiny-mlp", "--threads", "1,4096"]
+    done = subprocess.run(
+        [*command, "--batches", "1", "--out", str(out)], env=daemon_env(), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert "exceed the" in done.stderr and "loading" not in done.stderr
+    assert not out.exists()
