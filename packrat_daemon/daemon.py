@@ -26,7 +26,7 @@ from packrat_daemon.config import ServeConfig
 from packrat_daemon.dispatcher import Dispatcher, Splitter
 from packrat_daemon.frontend import Frontend
 from packrat_daemon.metrics import Metrics
-from packrat_daemon.notify import READY, STOPPING, sd_notify
+from packrat_daemon.notify import READY, STOPPING, reloaded, reloading, sd_notify
 from packrat_daemon.pool import Pool
 from packrat_daemon.reconciler import Reconciler
 from packrat_daemon.startup import Started, replan, start_up
@@ -197,11 +197,13 @@ class Daemon:
 
     def _reload(self) -> None:
         """SIGHUP: re-read the configuration and profile, re-plan; if that fails, keep serving as before."""
+        sd_notify(reloading())
         try:
             fresh = self.reload_config() if self.reload_config else self.config
             new = replan(self.config, fresh, self.info.runtime, self.profile, self.topology)
         except PackratError as exc:
             log.error("reload failed, still serving the current plan: %s", exc)
+            sd_notify(reloaded(self.plan.describe()))
             return
         self.config, self.policy, self.profile = new.config, new.policy, new.profile
         self.batcher.max_batch = new.config.max_batch
@@ -210,6 +212,7 @@ class Daemon:
         log.info("reload: plan %s — %s", new.plan.describe(), new.plan.reason)
         self._switch(new.plan, "reload")
         self.adaptation.retune(new.config, new.policy, new.profile)
+        sd_notify(reloaded(new.plan.describe()))
 
     # -- shutdown ----------------------------------------------------------------------------
     def close(self) -> None:

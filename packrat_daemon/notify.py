@@ -10,9 +10,20 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
 
 READY = "READY=1\nSTATUS=serving"
 STOPPING = "STOPPING=1"
+
+
+def reloading() -> str:
+    """RELOADING=1 with the CLOCK_MONOTONIC time in microseconds, which Type=notify-reload requires."""
+    return f"RELOADING=1\nMONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}"
+
+
+def reloaded(plan: str) -> str:
+    """READY=1 after a reload, with the plan now served as the unit's status line."""
+    return f"READY=1\nSTATUS=serving {plan}"
 
 
 def sd_notify(message: str) -> None:
