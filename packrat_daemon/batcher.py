@@ -31,14 +31,18 @@ class Request:
 
 class Batcher:
     def __init__(self, max_batch: int, max_delay_s: float, max_queued_inputs: int) -> None:
-        self.max_batch = max_batch
-        self.max_delay_s = max_delay_s
-        self.max_queued_inputs = max_queued_inputs
+        self.configure(max_batch, max_delay_s, max_queued_inputs)
         self.queue: deque[Request] = deque()
         self.queued_inputs = 0
         # No queued request's deadline is earlier (it may be stale-early after take(): the next expire
         # then walks the queue once for nothing and corrects it). Saves that walk on every loop.
         self._earliest_deadline = math.inf
+
+    def configure(self, max_batch: int, max_delay_s: float, max_queued_inputs: int) -> None:
+        """The limits; a reload changes them between two loop wakes, what is queued stays queued."""
+        self.max_batch = max_batch
+        self.max_delay_s = max_delay_s
+        self.max_queued_inputs = max_queued_inputs
 
     def offer(self, request: Request) -> bool:
         """Queue a request; False when the queue is full (the caller answers OVERLOADED)."""

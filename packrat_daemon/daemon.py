@@ -206,9 +206,7 @@ class Daemon:
             sd_notify(reloaded(self.plan.describe()))
             return
         self.config, self.policy, self.profile = new.config, new.policy, new.profile
-        self.batcher.max_batch = new.config.max_batch
-        self.batcher.max_delay_s = new.config.max_delay_ms / 1000.0
-        self.batcher.max_queued_inputs = new.config.max_queue
+        self.batcher.configure(new.config.max_batch, new.config.max_delay_ms / 1000.0, new.config.max_queue)
         log.info("reload: plan %s — %s", new.plan.describe(), new.plan.reason)
         self._switch(new.plan, "reload")
         self.adaptation.retune(new.config, new.policy, new.profile)

@@ -15,6 +15,8 @@ import socket
 import stat
 from pathlib import Path
 
+import zmq
+
 from packrat_daemon.wire.errors import ConfigError
 
 log = logging.getLogger("packrat.daemon")
@@ -84,3 +86,19 @@ def warn_if_root() -> None:
             "running as root: the model's code and every worker run with full privileges; run as an "
             "unprivileged user (the systemd unit uses DynamicUser=yes, see docs/security.md)"
         )
+
+
+def check_endpoint(context: zmq.Context, endpoint: str) -> None:
+    """Bind the serving endpoint once and let it go, so a port in use or a malformed endpoint fails now,
+    not after the model has loaded and been profiled; the frontend binds it for good later."""
+    probe = context.socket(zmq.ROUTER)
+    probe.setsockopt(zmq.LINGER, 0)
+    try:
+        probe.bind(endpoint)
+    except zmq.ZMQError as exc:
+        raise ConfigError(
+            f"cannot serve on endpoint {endpoint!r}: {exc}; free the port or choose another --endpoint "
+            f"(tcp://HOST:PORT or ipc://PATH)"
+        ) from None
+    finally:
+        probe.close()

@@ -20,14 +20,13 @@ import zmq
 from packrat_daemon import accuracy, emulation
 from packrat_daemon.backend import Backend, ModelInfo
 from packrat_daemon.config import ServeConfig
-from packrat_daemon.hardening import private_dir, warn_if_root
+from packrat_daemon.hardening import check_endpoint, private_dir, warn_if_root
 from packrat_daemon.measure.bench import Bench, PlanTiming, default_grid
 from packrat_daemon.measure.split_check import SplitDecision, measured_profile, split_decisions
 from packrat_daemon.metrics import Metrics
 from packrat_daemon.progress import Progress
 from packrat_daemon.runtime_choice import RuntimeOption, choose_runtime
 from packrat_daemon.wire.curve import FrontendSecurity
-from packrat_daemon.wire.errors import ConfigError
 from policies.base import Plan, Policy, PolicySettings
 from policies.planning.distribution import BatchDistribution
 from policies.planning.layouts import LayoutTable
@@ -109,7 +108,7 @@ def start_up(
     """
     # First, like the metrics port below: keys, a public bind and the run dir should fail before minutes of profiling.
     FrontendSecurity.check(config.endpoint, config.server_key, config.allowed_clients, config.insecure_public)
-    _check_endpoint(context, config.endpoint)
+    check_endpoint(context, config.endpoint)
     if config.run_dir is not None:
         private_dir(config.run_dir)
     warn_if_root()
@@ -151,22 +150,6 @@ def start_up(
     metrics.served(served.info.runtime, served.info.precision, guard)
     log.info("serving %s at %s (accuracy guard: %s)", served.info.runtime, served.info.precision, guard)
     return Started(topology, policy, served, profiles)
-
-
-def _check_endpoint(context: zmq.Context, endpoint: str) -> None:
-    """Bind the serving endpoint once and let it go, so a port in use or a malformed endpoint fails now,
-    not after the model has loaded and been profiled; the frontend binds it for good later."""
-    probe = context.socket(zmq.ROUTER)
-    probe.setsockopt(zmq.LINGER, 0)
-    try:
-        probe.bind(endpoint)
-    except zmq.ZMQError as exc:
-        raise ConfigError(
-            f"cannot serve on endpoint {endpoint!r}: {exc}; free the port or choose another --endpoint "
-            f"(tcp://HOST:PORT or ipc://PATH)"
-        ) from None
-    finally:
-        probe.close()
 
 
 def candidate_pairs(runtime: str, precision: str, flags: frozenset[str] | None = None) -> list[tuple[str, str]]:
