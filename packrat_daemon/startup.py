@@ -30,7 +30,7 @@ from packrat_daemon.wire.curve import FrontendSecurity
 from policies.base import Plan, Policy, PolicySettings
 from policies.planning.distribution import BatchDistribution
 from policies.planning.layouts import LayoutTable
-from policies.planning.profile import Profile, profile_key, write_profiles
+from policies.planning.profile import Cell, Profile, profile_key, write_profiles
 from policies.planning.topology import Topology
 from policies.registry import policy_from_settings
 from workers.precision import cpu_units
@@ -256,13 +256,9 @@ def measure_profile(
     cells = [(t, b) for t in threads for b in batches]
     progress = Progress(len(cells), f"profiling {profile_key(info.runtime, info.precision)}")
     profiler = Bench(backend, topology, info)
-    measured = {}
+    measured: dict[tuple[int, int], Cell] = {}
     try:
-        for t, b in cells:
-            if interrupted():  # SIGTERM or Ctrl-C during start-up: stop between cells
-                raise KeyboardInterrupt
-            measured[(t, b)] = profiler.measure_cell(t, b)
-            progress.advance(f"t={t} b={b}: {measured[(t, b)].latency_ms:.1f} ms")
+        profiler.measure_cells(cells, measured, progress, interrupted)  # SIGTERM or Ctrl-C: stop between cells
     finally:
         profiler.close()
         progress.close()

@@ -106,10 +106,7 @@ def _measure_runtime(
                 backend, topology, info, warmup=args.warmup, repeats=args.repeats, side_by_side=not args.isolated
             )
             try:
-                for t, b in cells:
-                    cell = bench.measure_cell(t, b)
-                    measured[(t, b)] = cell
-                    progress.advance(f"t={t} b={b}: {cell.latency_ms:.2f} ms")
+                bench.measure_cells(cells, measured, progress)
             finally:
                 bench.close()
     except KeyboardInterrupt:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -27,6 +27,7 @@ import numpy as np
 
 from packrat_daemon.backend import Backend, ModelInfo
 from packrat_daemon.pool import Pool, WorkerHandle, WorkerState
+from packrat_daemon.progress import Progress
 from packrat_daemon.wire.errors import PackratError
 from policies.planning.cores import CoreAllocator
 from policies.planning.profile import Cell
@@ -126,6 +127,21 @@ class Bench:
         self._inputs: dict[int, np.ndarray] = {}
 
     # -- cells ----------------------------------------------------------------------------------
+    def measure_cells(
+        self,
+        cells: Sequence[tuple[int, int]],
+        measured: dict[tuple[int, int], Cell],
+        progress: Progress,
+        interrupted: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """Measure `cells` in order into `measured`, so what was measured survives a later failure; one
+        progress step each. Stops between cells with KeyboardInterrupt once `interrupted()` says so."""
+        for t, b in cells:
+            if interrupted():
+                raise KeyboardInterrupt
+            measured[(t, b)] = cell = self.measure_cell(t, b)
+            progress.advance(f"t={t} b={b}: {cell.latency_ms:.2f} ms")
+
     def measure_cell(self, threads: int, batch: int) -> Cell:
         """Median compute time of `batch` inputs on `threads`-thread workers (the slowest of a round)."""
         live = self._workers_for_cell(threads)
