@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from typing import Any
 
@@ -24,7 +25,7 @@ from packrat_daemon.hardening import claim_ipc
 from packrat_daemon.metrics import Metrics
 from packrat_daemon.reconciler import Reconciler
 from packrat_daemon.wire.codec import (
-    DTYPES,
+    ITEMSIZE,
     MAX_HEADER_BYTES,
     MAX_ID_CHARS,
     MAX_TIMEOUT_MS,
@@ -93,7 +94,7 @@ class Frontend:
         self.dispatcher = dispatcher
         self.reconciler = reconciler
         self.accepting = False  # inference requests are queued only while serving; `info` is always answered
-        self.sample_bytes = _sample_bytes(info)
+        self.sample_bytes = math.prod(info.shape) * ITEMSIZE[info.dtype]
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a vanished client must not stall the daemon
@@ -260,13 +261,6 @@ class Frontend:
         self.socket.close(linger=CLOSE_LINGER_MS)
         if self.authenticator is not None:
             self.authenticator.stop()
-
-
-def _sample_bytes(info: ModelInfo) -> int:
-    count = 1
-    for dim in info.shape:
-        count *= dim
-    return count * DTYPES[info.dtype].itemsize
 
 
 def _recv_bounded(socket: zmq.Socket) -> tuple[list[zmq.Frame], int, int]:
