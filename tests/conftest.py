@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,17 +25,29 @@ def daemon_env() -> dict[str, str]:
 
 
 @contextmanager
-def running_daemon(tmp_path: Path, *args: str, timeout: float = 180.0) -> Iterator[tuple[str, subprocess.Popen]]:
-    """A real daemon with real workers; yields (endpoint, process) once it answers `info`."""
+def running_daemon(
+    tmp_path: Path,
+    *args: str,
+    timeout: float = 180.0,
+    bind: str | None = None,
+    endpoint: str | None = None,
+    client_options: dict[str, Any] | None = None,
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A real daemon with real workers; yields (endpoint, process) once it answers `info`.
+
+    `bind` is what the daemon binds (default: an ipc socket in tmp_path), `endpoint` where clients reach
+    it (default: `bind`), and `client_options` what the readiness probe's Client needs (e.g. CURVE keys).
+    """
     from packrat_daemon.wire.client import Client, ClientTimeout
 
-    endpoint = f"ipc://{tmp_path}/front.ipc"
-    command = [sys.executable, "-m", "packrat_daemon", "serve", "--endpoint", endpoint, *args]
+    bind = bind or f"ipc://{tmp_path}/front.ipc"
+    endpoint = endpoint or bind
+    command = [sys.executable, "-m", "packrat_daemon", "serve", "--endpoint", bind, *args]
     log = open(tmp_path / "daemon.log", "wb")  # noqa: SIM115 - closed below
     process = subprocess.Popen(command, env=daemon_env(), stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + timeout
     try:
-        with Client(endpoint, timeout=2.0) as client:
+        with Client(endpoint, timeout=2.0, **(client_options or {})) as client:
             while True:
                 if process.poll() is not None:
                     raise AssertionError(f"daemon exited early:\n{(tmp_path / 'daemon.log').read_text()}")

@@ -10,13 +10,12 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import daemon_env
+from conftest import daemon_env, running_daemon
 
 from packrat_daemon.wire.client import AsyncClient, Client, ClientTimeout
 from packrat_daemon.wire.curve import write_key_pair
@@ -46,32 +45,14 @@ def curve_daemon(keys: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     """A daemon bound on every interface, with keys; yields the loopback endpoint and its log."""
     tmp = tmp_path_factory.mktemp("curve-daemon")
     port = free_port()
-    log_path = tmp / "daemon.log"
-    command = [
-        *SERVE, *TINY, "--endpoint", f"tcp://*:{port}", "--run-dir", str(tmp / "run"),
+    args = [
+        *TINY, "--run-dir", str(tmp / "run"),
         "--server-key", str(keys / "server.key_secret"), "--allowed-clients", str(keys / "allowed"),
     ]  # fmt: skip
-    endpoint = f"tcp://127.0.0.1:{port}"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, env=daemon_env(), stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 180
-            with Client(endpoint, timeout=2.0, key=keys / "alice.key_secret", server_key=keys / "server.key") as alice:
-                while True:
-                    assert process.poll() is None, f"daemon exited early:\n{log_path.read_text()}"
-                    try:
-                        alice.info()
-                        break
-                    except ClientTimeout:
-                        assert time.monotonic() < deadline, f"daemon not ready:\n{log_path.read_text()}"
-            yield endpoint, log_path
-        finally:
-            process.terminate()
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    alice = {"key": keys / "alice.key_secret", "server_key": keys / "server.key"}
+    bind, endpoint = f"tcp://*:{port}", f"tcp://127.0.0.1:{port}"
+    with running_daemon(tmp, *args, bind=bind, endpoint=endpoint, client_options=alice):
+        yield endpoint, tmp / "daemon.log"
 
 
 @pytest.mark.slow
