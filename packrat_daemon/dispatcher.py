@@ -67,6 +67,7 @@ class Completed:
     queue_ms: float
     compute_ms: float
     instances: int  # how many workers shared the batch
+    jobs: Sequence[Job] = ()  # the batch's slices (worker, rows, predicted and measured ms): the request log, metrics
 
 
 class Splitter:
@@ -307,7 +308,7 @@ class Dispatcher:
             if not request.answered:  # answered TIMEOUT while in flight: its rows go nowhere
                 rows = _gather(jobs, offset, request.samples)
                 queue_ms = (batch.started - request.arrived) * 1000.0
-                completed.append(Completed(request, rows, queue_ms, compute_ms, len(jobs)))
+                completed.append(Completed(request, rows, queue_ms, compute_ms, len(jobs), jobs))
             offset += request.samples
         return completed
 

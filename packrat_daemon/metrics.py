@@ -14,7 +14,7 @@ import threading
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Info, generate_latest
@@ -26,7 +26,11 @@ from packrat_daemon.wire.curve import is_loopback_address
 from packrat_daemon.wire.errors import ConfigError
 from policies.base import Plan
 
+if TYPE_CHECKING:
+    from packrat_daemon.dispatcher import Completed
+
 log = logging.getLogger("packrat.security")
+debug = logging.getLogger("packrat.metrics")
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # Profile-derived latency buckets: Prometheus interpolates linearly inside a bucket, so a quantile can be off
@@ -49,6 +53,61 @@ def latency_buckets(predicted_s: float | None) -> tuple[float, ...]:
 
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# A plan has a few layouts, but mid-reconfiguration the dispatcher may run a batch on whatever disjoint
+# workers are ready: past this many distinct layouts the rest share the label "other", so a long-lived
+# daemon that adapts often cannot grow the series without bound.
+MAX_LAYOUT_LABELS = 8
+OTHER_LAYOUT = "other"
+
+
+def layout_label(threads: Sequence[int]) -> str:
+    """A layout as its workers' thread counts, largest first ("2+1+1"): the same cores split the same way
+    get one label whichever worker ids hold them."""
+    return "+".join(str(t) for t in sorted(threads, reverse=True))
+
+
+class LayoutTimes:
+    """Per layout: the measured compute of each batch it ran, and the profile's prediction for it.
+
+    A batch's compute is its slowest slice (the slices run side by side), and so is its prediction; both
+    are what the profile's L(t, b) describes, so their ratio says whether the plan's numbers still hold.
+    """
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.observed: dict[str, Tally] = {}
+        self.predicted_s: dict[str, float] = {}
+        self.predicted_batches: dict[str, int] = {}
+
+    def observe(self, done: Completed) -> None:
+        label = layout_label([job.worker.threads for job in done.jobs])
+        if label not in self.observed:
+            if len(self.observed) >= MAX_LAYOUT_LABELS:
+                label = OTHER_LAYOUT
+            if label not in self.observed:
+                debug.debug("first batch on layout %s", label)
+                self.observed[label] = Tally(self.bounds)
+        self.observed[label].observe(done.compute_ms / 1000.0)
+        predicted_ms = batch_predicted_ms(done)
+        if predicted_ms is not None:  # without a profile row there is nothing to compare
+            self.predicted_s[label] = self.predicted_s.get(label, 0.0) + predicted_ms / 1000.0
+            self.predicted_batches[label] = self.predicted_batches.get(label, 0) + 1
+
+
+def batch_predicted_ms(done: Completed) -> float | None:
+    """The profile's prediction for the batch `done` was part of: its slowest slice's; None when a slice
+    had no prediction (no profile, or no row for its threads)."""
+    predictions = [job.predicted_ms for job in done.jobs if job.predicted_ms is not None]
+    return max(predictions) if predictions and len(predictions) == len(done.jobs) else None
+
+
+def first_of_batch(done: Completed) -> bool:
+    """True for one answered request per batch: its first request not answered TIMEOUT while in flight
+    (requests answered with a result are never marked, so every reply of the batch agrees on which)."""
+    if not done.jobs:
+        return False
+    first = next((r for r in done.jobs[0].batch.requests if not r.answered), None)
+    return first is done.request
 
 
 class Tally:
@@ -111,6 +170,31 @@ class _RequestPathCollector(Collector):
         for threads, tally in sorted(m.compute.items()):
             compute.add_metric([str(threads)], tally.cumulative(), tally.sum)
         yield compute
+        yield from _layout_families(m.layouts)
+
+
+def _layout_families(layouts: LayoutTimes) -> Iterator[Any]:
+    observed = HistogramMetricFamily(
+        "packrat_layout_compute_seconds",
+        "A batch's measured compute (its slowest slice), by layout (the workers' thread counts)",
+        labels=["layout"],
+    )
+    predicted = CounterMetricFamily(
+        "packrat_layout_predicted_seconds",
+        "The profile's predicted compute, summed over the batches of each layout that had a prediction",
+        labels=["layout"],
+    )
+    predicted_batches = CounterMetricFamily(
+        "packrat_layout_predicted_batches", "Batches of each layout that had a prediction", labels=["layout"]
+    )
+    for label, tally in sorted(list(layouts.observed.items())):
+        observed.add_metric([label], tally.cumulative(), tally.sum)
+        if label in layouts.predicted_batches:
+            predicted.add_metric([label], layouts.predicted_s[label])
+            predicted_batches.add_metric([label], layouts.predicted_batches[label])
+    yield observed
+    yield predicted
+    yield predicted_batches
 
 
 class Metrics:
@@ -123,6 +207,7 @@ class Metrics:
         self.queue_wait = Tally(LATENCY_BUCKETS)
         self.batch_size = Tally(BATCH_BUCKETS)
         self.compute: dict[int, Tally] = {}
+        self.layouts = LayoutTimes(LATENCY_BUCKETS)
         r.register(_RequestPathCollector(self))
         # Updated rarely: prometheus_client's own metrics.
         self.queued = Gauge("packrat_queued_inputs", "Inputs waiting to be batched", registry=r)
@@ -180,6 +265,12 @@ class Metrics:
         self.latency.observe(total_ms / 1000.0)
         self.queue_wait.observe(queue_ms / 1000.0)
 
+    def answered(self, done: Completed, total_ms: float) -> None:
+        """A request answered with its result; once per batch, the batch's layout and times as well."""
+        self.answered_ok(total_ms, done.queue_ms)
+        if first_of_batch(done):
+            self.layouts.observe(done)
+
     def observe_compute(self, threads: int, compute_ms: float) -> None:
         tally = self.compute.get(threads)
         if tally is None:
@@ -206,7 +297,11 @@ class Metrics:
         if reason == "start" and plan.predicted_latency_ms is not None and not any(self.latency.counts):
             # Before the first answer only, so no observation is lost and no series changes its buckets later.
             buckets = latency_buckets(plan.predicted_latency_ms / 1000.0)
-            self.latency, self.queue_wait = Tally(buckets), Tally(buckets)
+            self.latency, self.queue_wait, self.layouts = Tally(buckets), Tally(buckets), LayoutTimes(buckets)
+            debug.debug(
+                "latency buckets: %d bounds, %.3g s to %.3g s, 10%% apart around the predicted %.3g s",
+                len(buckets), buckets[0], buckets[-1], plan.predicted_latency_ms / 1000.0,
+            )  # fmt: skip
         self.switches.labels(reason).inc()
         self.planned_workers = sum(len(layout) for layout in plan.layouts)
         if plan.predicted_latency_ms is not None:
