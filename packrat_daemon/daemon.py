@@ -26,7 +26,7 @@ from packrat_daemon.config import ServeConfig
 from packrat_daemon.dispatcher import Dispatcher, Splitter
 from packrat_daemon.frontend import Frontend
 from packrat_daemon.metrics import Metrics
-from packrat_daemon.notify import READY, STOPPING, reloaded, reloading, sd_notify
+from packrat_daemon.notify import READY, STOPPING, Watchdog, reloading, sd_notify
 from packrat_daemon.pool import Pool
 from packrat_daemon.reconciler import Reconciler
 from packrat_daemon.startup import Started, replan, start_up
@@ -95,6 +95,7 @@ class Daemon:
         self.adaptation = OnlineAdaptation(config, self.policy, self.profile, self.topology)
         self.supervisor = Supervisor(self.reconciler, self.dispatcher, self.frontend, metrics, self.adaptation)
         self.drain_deadline: float | None = None  # set by the first stop signal
+        self.watchdog = Watchdog.from_environment(config.startup_timeout_s)  # systemd's WatchdogSec=, if set
 
     def start(self) -> None:
         """Wait for the plan's workers, then open the frontend and tell systemd."""
@@ -177,6 +178,7 @@ class Daemon:
             rows = sum(r.samples for r in batch)  # bookkeeping after the send: the workers start meanwhile
             self.adaptation.estimator.observe(rows, now)
             self.metrics.batch_size.observe(rows)
+        self.watchdog.tick(now, self.metrics.ready)
         if now >= self.adaptation.due:
             plan = self.adaptation.propose(self.plan, self.profile, now)
             if plan is not None:
@@ -203,14 +205,14 @@ class Daemon:
             new = replan(self.config, fresh, self.info.runtime, self.profile, self.topology)
         except PackratError as exc:
             log.error("reload failed, still serving the current plan: %s", exc)
-            sd_notify(reloaded(self.plan.describe()))
+            sd_notify(READY)
             return
         self.config, self.policy, self.profile = new.config, new.policy, new.profile
         self.batcher.configure(new.config.max_batch, new.config.max_delay_ms / 1000.0, new.config.max_queue)
         log.info("reload: plan %s — %s", new.plan.describe(), new.plan.reason)
         self._switch(new.plan, "reload")
         self.adaptation.retune(new.config, new.policy, new.profile)
-        sd_notify(reloaded(new.plan.describe()))
+        sd_notify(READY)
 
     # -- shutdown ----------------------------------------------------------------------------
     def close(self) -> None:

@@ -22,6 +22,7 @@ import logging
 import time
 from collections import Counter
 
+from packrat_daemon.notify import sd_notify, status
 from packrat_daemon.pool import Pool, WorkerHandle, WorkerState
 from packrat_daemon.wire.errors import WorkerBootError
 from policies.base import Plan
@@ -75,6 +76,7 @@ class Reconciler:
             needed |= Counter(layout)
         self._slots = sorted(needed.elements(), key=lambda slot: (-slot[0], slot[1]))
         log.info("reconciling to generation %d: %s", self.generation, plan.describe())
+        sd_notify(status(f"reconciling the pool to {plan.describe()}"))  # systemd's status line
         self._adopt_live_workers()
 
     def step(self) -> None:
@@ -89,6 +91,7 @@ class Reconciler:
             if self._complete_logged != self.generation:
                 self._complete_logged = self.generation
                 log.info("generation %d serves with %d worker(s)", self.generation, len(self._slots))
+                sd_notify(status(f"serving {self.plan.describe()} with {len(self._slots)} worker(s)"))
             for worker in self.pool.live():
                 if worker.generation != self.generation and worker.pending is None:
                     self.pool.retire(worker)
