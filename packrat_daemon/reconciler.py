@@ -14,13 +14,20 @@ Workers that die before they were ready (boot failures) are re-forked one at a t
 pause, and after MAX_BOOT_FAILURES in a row the reconciler raises WorkerBootError with the last one's
 reason (after circus's max_retry and gunicorn's WORKER_BOOT_ERROR): a model that cannot start stops
 the daemon with that message instead of being re-forked in a loop.
+
+Every plan change is measured (`Reconfiguration`): the decision, the first re-threaded or forked worker
+serving, every slot serving (the new pool), and the last worker of an older plan retired. The history
+feeds `packrat status`, and each finished change is handed to `on_measured` (the metrics' histogram).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from packrat_daemon.notify import sd_notify, status
 from packrat_daemon.pool import Pool, WorkerHandle, WorkerState
@@ -36,6 +43,7 @@ Slot = tuple[int, tuple[int, ...]]  # (threads, cores)
 MAX_BOOT_FAILURES = 5  # workers in a row that fail before they are ready; then the daemon stops
 BOOT_BACKOFF_FIRST_S = 0.25  # the pause after the first boot failure, doubled after each further one
 BOOT_BACKOFF_MAX_S = 8.0
+HISTORY = 100  # plan changes kept for `packrat status` (a status reply stays far below any frame limit)
 
 
 def boot_backoff_s(failures: int) -> float:
@@ -56,8 +64,53 @@ def plan_slots(plan: Plan, allocator: CoreAllocator) -> list[list[Slot]]:
     return slots
 
 
+@dataclass
+class Reconfiguration:
+    """One plan change and how long it took (time.monotonic() stamps; `wall` is the decision's time.time())."""
+
+    generation: int
+    reason: str  # what asked for it: "start", "adapt", "reload", "control: …"
+    old: Plan | None
+    new: Plan
+    decided: float
+    wall: float
+    predicted_ms: tuple[float, float] | None = None  # expected latency (old plan, new plan) when predicted
+    first_serving: float | None = None  # the first worker re-threaded or forked for it took batches
+    serving: float | None = None  # every slot of the new plan serves
+    retired: float | None = None  # no worker of an older plan is left serving
+    superseded: bool = False  # a later plan came before this one was served
+
+    @property
+    def done(self) -> bool:
+        return self.retired is not None or self.superseded
+
+    def seconds(self, stamp: float | None) -> float | None:
+        return None if stamp is None else stamp - self.decided
+
+    def to_json(self) -> dict[str, Any]:
+        gain = None
+        if self.predicted_ms is not None and self.predicted_ms[0] > 0:
+            gain = 1.0 - self.predicted_ms[1] / self.predicted_ms[0]
+        return {
+            "generation": self.generation,
+            "time": self.wall,
+            "reason": self.reason,
+            "from": None if self.old is None else self.old.describe(),
+            "to": self.new.describe(),
+            "why": self.new.reason,
+            "predicted_ms": None if self.predicted_ms is None else list(self.predicted_ms),
+            "predicted_gain": gain,
+            "first_serving_s": self.seconds(self.first_serving),
+            "serving_s": self.seconds(self.serving),
+            "retired_s": self.seconds(self.retired),
+            "superseded": self.superseded,
+        }
+
+
 class Reconciler:
-    def __init__(self, pool: Pool, topology: Topology) -> None:
+    def __init__(
+        self, pool: Pool, topology: Topology, on_measured: Callable[[Reconfiguration], None] | None = None
+    ) -> None:
         self.pool = pool
         self.allocator = CoreAllocator(topology)
         self.plan: Plan | None = None
@@ -65,8 +118,19 @@ class Reconciler:
         self._slots: list[Slot] = []
         self.layouts: list[list[Slot]] = []
         self._complete_logged = -1
+        self.history: deque[Reconfiguration] = deque(maxlen=HISTORY)
+        self.on_measured = on_measured
+        self._changed: set[int] = set()  # workers re-threaded or forked for the current generation
 
-    def set_plan(self, plan: Plan) -> None:
+    def set_plan(self, plan: Plan, reason: str = "start", predicted_ms: tuple[float, float] | None = None) -> None:
+        """Converge to `plan` from now on; `reason` and `predicted_ms` (expected latency of the old and the
+        new plan) go into the history."""
+        if self.history and not self.history[-1].done:
+            self.history[-1].superseded = True
+        self.history.append(
+            Reconfiguration(self.generation + 1, reason, self.plan, plan, time.monotonic(), time.time(), predicted_ms)
+        )
+        self._changed = set()
         self.plan = plan
         self.generation += 1
         self.layouts = plan_slots(plan, self.allocator)
@@ -87,14 +151,24 @@ class Reconciler:
         if self.plan is None:
             return
         self._fork(self._missing())
+        record = self.history[-1] if self.history else None
+        # The first worker re-threaded or forked for this plan that serves (or at once: nothing had to change).
+        if (record is not None and record.first_serving is None
+                and (not self._changed or any(w.id in self._changed for w in self._ready_mine()))):  # fmt: skip
+            record.first_serving = time.monotonic()
         if self._complete():
             if self._complete_logged != self.generation:
                 self._complete_logged = self.generation
                 log.info("generation %d serves with %d worker(s)", self.generation, len(self._slots))
                 sd_notify(status(f"serving {self.plan.describe()} with {len(self._slots)} worker(s)"))
+            old = False
             for worker in self.pool.live():
-                if worker.generation != self.generation and worker.pending is None:
+                if worker.pending is None and worker.generation != self.generation:
                     self.pool.retire(worker)
+                elif worker.pending is not None and worker.pending[2] != self.generation:
+                    old = True  # still switching for an older plan: retired once it has
+            if record is not None and not record.done:
+                self._measured(record, old)
 
     def replace(self, worker: WorkerHandle) -> None:
         """A hung or overdue worker: kill it; a later step forks its replacement into the same slot."""
@@ -108,13 +182,30 @@ class Reconciler:
         return self.plan is not None and self._complete() and len(self.pool.live()) == len(self._slots)
 
     # -- internals --------------------------------------------------------------------------
+    def _measured(self, record: Reconfiguration, old_left: bool) -> None:
+        """Stamp the new pool serving and, once no older worker is left, the last one retired."""
+        now = time.monotonic()
+        if record.serving is None:
+            record.serving = now
+        if old_left:
+            return
+        record.retired = now
+        log.info(
+            "reconfiguration to generation %d (%s): first new worker serving after %.0f ms, the new pool after "
+            "%.0f ms, the last old worker retired after %.0f ms",
+            record.generation, record.reason, 1000 * (record.first_serving or now) - 1000 * record.decided,
+            1000 * (record.serving - record.decided), 1000 * (now - record.decided),
+        )  # fmt: skip
+        if self.on_measured is not None and record.old is not None:  # the start is a boot, not a change
+            self.on_measured(record)
+
     def _fork(self, missing: list[Slot]) -> None:
         pool = self.pool
         if pool.boot_failures == 0:
             # No boot failure outstanding: every missing slot at once (at start, and for a worker lost
             # while serving, whose clients are waiting).
             for threads, cores in missing:
-                pool.spawn(threads, cores, self.generation)
+                self._changed.add(pool.spawn(threads, cores, self.generation).id)
             return
         if pool.boot_failures >= MAX_BOOT_FAILURES:
             raise WorkerBootError(
@@ -132,7 +223,7 @@ class Reconciler:
         threads, cores = missing[0]
         log.info("forking a %d-thread worker again after a %.2f s pause (%d boot failure(s) in a row)",
                  threads, pause, pool.boot_failures)  # fmt: skip
-        pool.spawn(threads, cores, self.generation)
+        self._changed.add(pool.spawn(threads, cores, self.generation).id)
 
     def _adopt_live_workers(self) -> None:
         free = Counter(self._slots)
@@ -155,6 +246,7 @@ class Reconciler:
             leftovers.remove(match)
             remaining.remove(slot)
             self.pool.reconfigure(match, slot[0], slot[1], self.generation)
+            self._changed.add(match.id)
             log.info("re-threading worker %d in place: %d→%d thread(s) on cores %s",
                      match.id, match.threads, slot[0], list(slot[1]))  # fmt: skip
 
@@ -176,6 +268,8 @@ class Reconciler:
                 missing.append(slot)
         return missing
 
+    def _ready_mine(self) -> list[WorkerHandle]:
+        return [w for w in self._mine() if w.state is WorkerState.READY and w.pending is None]
+
     def _complete(self) -> bool:
-        ready = [w for w in self._mine() if w.state is WorkerState.READY and w.pending is None]
-        return Counter((w.threads, w.cores) for w in ready) == Counter(self._slots)
+        return Counter((w.threads, w.cores) for w in self._ready_mine()) == Counter(self._slots)

@@ -16,6 +16,7 @@ from packrat_daemon.reconciler import (
     BOOT_BACKOFF_MAX_S,
     MAX_BOOT_FAILURES,
     Reconciler,
+    Reconfiguration,
     boot_backoff_s,
 )
 from packrat_daemon.wire.errors import WorkerBootError
@@ -37,7 +38,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     clock = Clock()
-    fake_time = SimpleNamespace(monotonic=clock.monotonic)
+    fake_time = SimpleNamespace(monotonic=clock.monotonic, time=clock.monotonic)
     monkeypatch.setattr(pool_module, "time", fake_time)
     monkeypatch.setattr(reconciler_module, "time", fake_time)
     return clock
@@ -121,3 +122,47 @@ def test_worker_lost_after_ready_is_replaced_in_the_same_step(clock: Clock) -> N
     assert event is not None and event.kind == "lost"
     reconciler.step()  # the clock has not moved: no pause
     assert spawned(backend) == 3
+
+
+def configured(reconciler: Reconciler, worker: WorkerHandle) -> None:
+    reconciler.pool.handle(worker.identity, messages.CONFIGURED, {}, [])
+
+
+def test_a_plan_change_is_measured_from_decision_to_new_pool_serving_and_old_worker_retired(clock: Clock) -> None:
+    measured: list[Reconfiguration] = []
+    backend = RecordingBackend()
+    reconciler = Reconciler(Pool(backend), Topology.synthetic(2), measured.append)
+    reconciler.set_plan(Plan((InstancePlan(1, 1), InstancePlan(1, 1)), "fixed", "two one-thread instances"))
+    reconciler.step()
+    for worker in starting(reconciler):
+        ready(reconciler.pool, worker)
+    clock.now += 0.05
+    reconciler.step()
+    assert measured == []  # the start is a boot, not a change
+    assert reconciler.history[-1].retired == clock.now
+
+    one = Plan((InstancePlan(2, 2),), "fixed", "one two-thread instance")
+    clock.now += 1.0
+    decided = clock.now
+    reconciler.set_plan(one, "control: --plan 2x2", (10.0, 8.0))
+    rethreaded = next(w for w in reconciler.pool.live() if w.pending is not None)
+    clock.now += 0.03
+    reconciler.step()
+    assert reconciler.history[-1].first_serving is None  # the re-threaded worker has not answered yet
+    clock.now += 0.02
+    configured(reconciler, rethreaded)
+    reconciler.step()
+    record = reconciler.history[-1]
+    assert measured == [record]
+    assert record.first_serving == record.serving == record.retired == decided + 0.05
+    summary = record.to_json()
+    assert summary["reason"] == "control: --plan 2x2" and summary["to"] == one.describe()
+    assert summary["serving_s"] == pytest.approx(0.05) and summary["predicted_gain"] == pytest.approx(0.2)
+    assert [w.threads for w in reconciler.serving()] == [2]  # the other one-thread worker was retired
+
+
+def test_a_plan_replaced_before_it_served_is_marked_superseded(clock: Clock) -> None:
+    reconciler, _ = two_slot_reconciler()
+    reconciler.set_plan(Plan((InstancePlan(2, 2),), "fixed", "one two-thread instance"), "adapt")
+    assert reconciler.history[0].superseded and reconciler.history[0].to_json()["serving_s"] is None
+    assert not reconciler.history[1].done
