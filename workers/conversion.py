@@ -10,11 +10,16 @@ it must never start a thread pool before it forks. The result lands in
 where KEY is the sha256 of everything the converted file depends on (see `cache_key`). A conversion is
 written to a private temporary folder and renamed into place in one step, so a reader never sees half
 a model; a lock file makes a second process wait for the first one's conversion instead of repeating it.
+
+int8 (`ensure_quantized`) is one more step on the OpenVINO conversion: NNCF quantizes it on calibration
+inputs in `python -m workers.quantize`, into `openvino-int8-KEY/`, KEY covering the OpenVINO entry, the
+calibration inputs' bytes and NNCF's version, so other calibration data gives another entry.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import importlib.metadata
@@ -24,18 +29,24 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from packrat_daemon.wire.errors import ModelSpecError
-from workers.spec import RUNTIME_REQUIREMENTS, InputSpec
+import numpy as np
+
+from packrat_daemon.wire.errors import ConfigError, ModelSpecError
+from workers.precision import read_calibration
+from workers.spec import RUNTIME_REQUIREMENTS, InputSpec, sample_input
 from workers.subprocesses import run_module
 
 # Bump when the converter changes what it writes, so old cache entries are no longer used.
 CACHE_FORMAT = 1
 ARTIFACTS = {"onnxruntime": "model.onnx", "openvino": "model.xml"}
 CONVERT_TIMEOUT_S = 1800.0
+# Without --calibration, int8 is calibrated on this many seeded sample inputs (NNCF's default is 300; random
+# inputs say nothing about the real data's range, so more of them would cost time and gain nothing).
+QUANTIZE_SAMPLES = 32
 
 
 class ConversionError(ModelSpecError):
@@ -78,19 +89,76 @@ def ensure_converted(spec: str, input_override: str | None, runtime: str) -> Con
     if runtime not in ARTIFACTS:
         raise ConversionError(f"no converter for runtime {runtime!r}; convertible: {', '.join(ARTIFACTS)}")
     entry = entry_dir(spec, input_override, runtime)
+
+    def convert(staging: Path) -> None:
+        run_converter(spec, input_override, runtime, staging / ARTIFACTS[runtime])
+
+    return _cached(entry, runtime, convert, f"the conversion of {spec} for {runtime}")
+
+
+def calibration_inputs(spec: InputSpec, calibration: str | None) -> tuple[np.ndarray, str]:
+    """int8's calibration inputs: the user's file, else seeded samples; and where they came from, in words."""
+    if calibration:
+        inputs = read_calibration(calibration, spec)
+        return inputs, f"{len(inputs)} inputs of --calibration {calibration}"
+    inputs = sample_input(spec, QUANTIZE_SAMPLES, seed=QUANTIZE_SAMPLES)
+    return inputs, f"{QUANTIZE_SAMPLES} random sample inputs (no --calibration given)"
+
+
+def ensure_quantized(spec: str, input_override: str | None, calibration: str | None) -> Converted:
+    """The OpenVINO model quantized to int8 by NNCF on `calibration`'s inputs (else samples), cached."""
+    if not _installed("nncf"):
+        raise ConfigError("int8 needs NNCF to quantize the model: pip install -e '.[openvino]' (or pip install nncf)")
+    source = ensure_converted(spec, input_override, "openvino")
+    inputs, origin = calibration_inputs(source.input, calibration)
+    parts = {
+        "format": CACHE_FORMAT,
+        "source": source.path.parent.name,  # the OpenVINO entry's name covers the model and the versions
+        "inputs": hashlib.sha256(np.ascontiguousarray(inputs).tobytes()).hexdigest(),
+        "shape": list(inputs.shape),
+        "nncf": _version("nncf"),
+    }
+    entry = cache_dir() / f"openvino-int8-{hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]}"
+
+    def quantize(staging: Path) -> None:
+        np.save(staging / "calibration.npy", inputs)
+        args = ["--source", str(source.path), "--inputs", str(staging / "calibration.npy"),
+                "--out", str(staging / ARTIFACTS["openvino"]), "--report", str(staging / "report.json")]  # fmt: skip
+        try:
+            done = run_module("workers.quantize", args, CONVERT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise ConversionError(f"quantizing {spec} to int8 took over {CONVERT_TIMEOUT_S:.0f} s") from None
+        if done.returncode != 0:
+            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
+            raise ConversionError(f"quantizing {spec} to int8 with NNCF failed:\n{tail}")
+        (staging / "calibration.npy").unlink()
+        report = json.loads((staging / "report.json").read_text())
+        quantization = {**report, "calibration": origin, "inputs": len(inputs)}
+        meta = {**source.meta, "precision": "int8", "quantization": quantization}
+        (staging / "meta.json").write_text(json.dumps(meta))
+
+    made = _cached(entry, "openvino", quantize, f"the int8 quantization of {spec}")
+    # The entry is found by the inputs' bytes: say where this caller's came from, not the first caller's file.
+    return dataclasses.replace(
+        made, meta={**made.meta, "quantization": {**made.meta["quantization"], "calibration": origin}}
+    )
+
+
+def _cached(entry: Path, runtime: str, make: Callable[[Path], None], what: str) -> Converted:
+    """The entry if it is there; else `make` it (under the lock, once) in a staging folder renamed into place."""
     cached = read_entry(entry, runtime)
     if cached is not None:
         return cached
     entry.parent.mkdir(parents=True, exist_ok=True)
     with _locked(entry.with_name(entry.name + ".lock")):
-        cached = read_entry(entry, runtime)  # another process may have converted it while we waited
+        cached = read_entry(entry, runtime)  # another process may have made it while we waited
         if cached is not None:
             return cached
-        _convert_into(entry, spec, input_override, runtime)
-    converted = read_entry(entry, runtime)
-    if converted is None:
-        raise ConversionError(f"the conversion of {spec} for {runtime} left no usable files in {entry}")
-    return converted
+        _make_into(entry, make, what)
+    made = read_entry(entry, runtime)
+    if made is None:
+        raise ConversionError(f"{what} left no usable files in {entry}")
+    return made
 
 
 def read_entry(entry: Path, runtime: str) -> Converted | None:
@@ -121,12 +189,12 @@ def run_converter(spec: str, input_override: str | None, runtime: str, out: Path
         raise ConversionError(f"converting {spec} for {runtime} failed:\n{tail}")
 
 
-def _convert_into(entry: Path, spec: str, input_override: str | None, runtime: str) -> None:
+def _make_into(entry: Path, make: Callable[[Path], None], what: str) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=entry.parent))
     try:
-        run_converter(spec, input_override, runtime, staging / ARTIFACTS[runtime])
+        make(staging)
         if not (staging / "meta.json").is_file():
-            raise ConversionError(f"the converter wrote no meta.json for {spec} ({runtime})")
+            raise ConversionError(f"{what} wrote no meta.json")
         try:
             os.rename(staging, entry)  # atomic: readers see no entry or a whole one
         except OSError:
@@ -163,6 +231,15 @@ def _source_fingerprint(spec: str) -> list | None:
         return None
     stat = Path(path).stat()
     return [str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns]
+
+
+def _installed(package: str) -> bool:
+    # find_spec, not import: importing NNCF loads torch and OpenVINO. sys.modules[name] = None (how tests hide
+    # a package) counts as missing.
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _version(package: str) -> str | None:

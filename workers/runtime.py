@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from workers.precision import split_precision
 from workers.spec import EMULATED, InputSpec, check_precision, check_runtime
 
 if TYPE_CHECKING:  # workers.models imports torch: the emulated runtime's template and workers never do
@@ -46,11 +47,15 @@ class Runtime(abc.ABC):
     # True: the worker pins its threads to its cores. False: it computes nothing (workers.emulated).
     pins: ClassVar[bool] = True
     precision: str = "fp32"
+    calibration: str | None = None  # int8: the .npy file it is quantized on (None: sample inputs)
+    quantization: dict | None = None  # int8: how it was quantized (the cache entry's record), once loaded
 
     def use_precision(self, precision: str) -> None:
-        """Serve at `precision` from `load` on; ConfigError, saying what to do, if this runtime cannot."""
+        """Serve at `precision` (`int8:FILE` names int8's calibration inputs) from `load` on; ConfigError,
+        saying what to do, if this runtime cannot."""
+        precision, calibration = split_precision(precision)
         check_precision(self.name, precision)
-        self.precision = precision
+        self.precision, self.calibration = precision, calibration
 
     def has_units(self) -> bool | None:
         """The runtime's own report on whether this CPU runs its precision natively (None: it does not say)."""
@@ -173,10 +178,14 @@ class SessionRuntime(Runtime):
         self._serving: Any = None
 
     def load(self, spec: str, input_override: str | None = None) -> InputSpec:
-        from workers.conversion import ensure_converted
+        from workers.conversion import ensure_converted, ensure_quantized
 
         self.usable_cpus = os.sched_getaffinity(0)
-        converted = ensure_converted(spec, input_override, self.name)  # a subprocess, if not cached
+        if self.precision == "int8":  # OpenVINO only (workers.spec): quantized in a subprocess, if not cached
+            converted = ensure_quantized(spec, input_override, self.calibration)
+            self.quantization = converted.meta.get("quantization")
+        else:
+            converted = ensure_converted(spec, input_override, self.name)  # a subprocess, if not cached
         self.use_file(converted.path, converted.input)
         return converted.input
 
@@ -257,8 +266,9 @@ class OnnxRuntime(SessionRuntime):
         return session.run([output_name], {input_name: np.ascontiguousarray(batch)})[0]
 
 
-# Packrat's precision names → OpenVINO's inference precision hint.
-OPENVINO_PRECISIONS = {"fp32": "f32", "bf16": "bf16"}
+# Packrat's precision names → OpenVINO's inference precision hint. An int8 model runs its quantized
+# operations in int8 whatever the hint; the hint is for the rest, kept at f32 so int8 adds no bf16 error.
+OPENVINO_PRECISIONS = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}
 
 
 def openvino_config(threads: int, precision: str = "fp32") -> dict[str, Any]:
@@ -297,8 +307,8 @@ class OpenVinoRuntime(SessionRuntime):
         return compiled, compiled.create_infer_request()
 
     def has_units(self) -> bool | None:
-        if self.precision == "bf16":
-            return "BF16" in self.core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+        if self.precision in ("bf16", "int8"):
+            return self.precision.upper() in self.core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
         return None
 
     def _run(self, serving: Any, batch: np.ndarray) -> np.ndarray:

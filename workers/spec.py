@@ -23,7 +23,10 @@ INPUT_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "
 # The numeric precisions a model can be served at; "auto" lets the daemon choose among them by measurement,
 # under the accuracy guard (packrat_daemon.accuracy).
 PRECISIONS = ("fp32", "bf16")
-PRECISION_CHOICES = (*PRECISIONS, "auto")
+# Served only when asked for, never by "auto": int8 is post-training quantization, whose error depends on
+# how well the calibration inputs stand for the real ones, which random samples cannot tell (docs/precision.md).
+OPT_IN_PRECISIONS = ("int8",)
+PRECISION_CHOICES = (*PRECISIONS, *OPT_IN_PRECISIONS, "auto")
 
 
 @dataclass(frozen=True)
@@ -97,11 +100,16 @@ RUNTIME_REQUIREMENTS: dict[str, RuntimeRequirements] = {
 
 # The precisions each runtime can run (fp32 everywhere). ONNX Runtime's CPU provider runs a float32 model
 # in float32 on x86: its bfloat16 fast-math GEMM is for Arm only, so it has no path to the matrix units.
-RUNTIME_PRECISIONS: dict[str, tuple[str, ...]] = {"torch": ("fp32", "bf16"), "openvino": ("fp32", "bf16")}
+# int8 is NNCF's post-training quantization of the OpenVINO model (workers.quantize), so OpenVINO only.
+RUNTIME_PRECISIONS: dict[str, tuple[str, ...]] = {"torch": ("fp32", "bf16"), "openvino": ("fp32", "bf16", "int8")}
 PRECISION_REFUSALS: dict[str, str] = {
     "onnxruntime": "ONNX Runtime's CPU provider runs float32 models in float32 on x86 (its bfloat16 GEMM is "
     "for Arm only), so it cannot use the matrix units; serve bf16 with --runtime torch or openvino",
 }
+INT8_REFUSAL = (
+    "int8 is served by --runtime openvino, quantized with NNCF on your --calibration inputs "
+    "(pip install -e '.[openvino]')"
+)
 
 
 def runtime_precisions(runtime: str) -> tuple[str, ...]:
@@ -111,10 +119,11 @@ def runtime_precisions(runtime: str) -> tuple[str, ...]:
 
 def check_precision(runtime: str, precision: str) -> None:
     """Raise ConfigError, saying what to do, unless `runtime` can serve at `precision`."""
-    if precision not in PRECISIONS:
+    if precision not in (*PRECISIONS, *OPT_IN_PRECISIONS):
         raise ConfigError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISION_CHOICES)}")
     if precision not in runtime_precisions(runtime):
-        why = PRECISION_REFUSALS.get(runtime, f"runtime {runtime} serves {', '.join(runtime_precisions(runtime))}")
+        why = INT8_REFUSAL if precision == "int8" else PRECISION_REFUSALS.get(runtime)
+        why = why or f"runtime {runtime} serves {', '.join(runtime_precisions(runtime))}"
         raise ConfigError(f"runtime {runtime} cannot serve {precision}: {why}; or serve --precision fp32")
 
 
