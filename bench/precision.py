@@ -1,9 +1,10 @@
 """Precision side by side: the daemon at fp32 and at `--precision auto --runtime auto` against in-process
 OpenVINO at its defaults (LATENCY, and THROUGHPUT with 2 streams) and in-process PyTorch bf16, on ResNet-50
-and BERT-base, with each configuration's error against fp32.
+and BERT-base, with each configuration's error against fp32; and int8 (OpenVINO quantized by NNCF on the
+sample inputs), in the daemon and in-process.
 
     .venv/bin/python bench/precision.py [--models builtin:resnet50,builtin:bert-base] [--batches 1,4,16]
-                                        [--rounds 3] [--budget-s 120]
+                                        [--rounds 3] [--budget-s 120] [--no-int8]
 
 Kept short for a shared 2-core machine: few rounds (3 by default), interleaved in a shuffled order with
 bench/runtimes.py's `interleave`, so drift hits every configuration alike; medians are reported. The
@@ -16,9 +17,18 @@ then runs bf16. Every configuration's error is measured the guard's way (packrat
 on the same sample inputs (a batch of the largest B) against in-process PyTorch fp32; the daemon's own guard report
 (what it checked before serving) is in `daemon_auto.guard`.
 
+int8 rows are reported but are no peer of the targets: `--precision auto` never serves int8, whose error
+is of another order. The int8 daemon runs `--max-rel-error` at `--int8-tolerance`, so its guard reports what
+it measured instead of stopping it.
+
+Where the daemon's time goes: each daemon reply carries the daemon's own timing (queue wait, the workers'
+compute, the daemon's total), so `gap` splits each daemon's round trip into client-to-daemon transport,
+time inside the daemon other than compute (batching wait, the hop to the workers, gathering), and the
+workers' compute, next to the best in-process peer at that batch size.
+
 Prints one JSON object: per model, median ms per configuration and batch, the errors, the daemon's
-choice, and the targets: daemon_auto within 10% of the best in-process peer at every B, and equal or
-faster at the largest B.
+choice, where its time went, and the targets: daemon_auto within 10% of the best in-process peer at every
+B, and equal or faster at the largest B.
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ from harness import DaemonProcess, SpawnedRunner, ready_runners, use_packrat_mal
 from runtimes import interleave, medians  # noqa: E402
 
 PEERS = ("torch_fp32", "torch_bf16", "ov_latency", "ov_throughput")
+INT8_PEERS = ("ov_int8",)  # reported, not a peer of the targets (auto never serves int8)
 
 
 # -- in-process configurations (each in its own spawned process, as a separate server would be) ---------
@@ -57,13 +68,14 @@ def _open(kind: str, spec: str, threads: int) -> tuple[Any, Any]:
 
 
 def _open_openvino(kind: str, spec: str) -> tuple[Any, Any]:
-    """OpenVINO as it ships: no precision hint (bf16 where the CPU has the units), its own threads and pinning."""
+    """OpenVINO as it ships: no precision hint (bf16 where the CPU has the units), its own threads and pinning.
+    ov_int8: the same on the model NNCF quantized on the sample inputs (the int8 daemon's cache entry)."""
     import openvino as ov
 
-    from workers.conversion import ensure_converted
+    from workers.conversion import ensure_converted, ensure_quantized
 
-    converted = ensure_converted(spec, None, "openvino")
-    if kind == "ov_latency":
+    converted = ensure_quantized(spec, None, None) if kind == "ov_int8" else ensure_converted(spec, None, "openvino")
+    if kind in ("ov_latency", "ov_int8"):
         compiled = ov.Core().compile_model(str(converted.path), "CPU", {"PERFORMANCE_HINT": "LATENCY"})
         request = compiled.create_infer_request()
 
@@ -132,6 +144,8 @@ class Daemon(DaemonProcess):
         super().__init__(name, folder, args)
         self.inputs: dict[int, np.ndarray] = {}
         self.info: dict[str, Any] = {}
+        self.timings: dict[int, list[dict[str, float]]] = {}  # per batch: the round trip and the reply's timing
+        self._socket: Any = None
 
     def ready(self, timeout: float) -> None:
         self.info = self.wait(timeout)
@@ -146,10 +160,30 @@ class Daemon(DaemonProcess):
         return self.inputs[batch]
 
     def measure(self, batch: int) -> float:
+        """One round trip on a bare socket (as a client library's, less its checks), keeping the reply's timing,
+        which Client.infer drops."""
+        import zmq
+
+        from packrat_daemon.wire.client_side import decode_reply, encode_infer_request
+
         inputs = self._input(batch)
+        if self._socket is None:
+            self._socket = zmq.Context.instance().socket(zmq.DEALER)
+            self._socket.connect(self.endpoint)
+        request_id = sum(len(t) for t in self.timings.values()) + 1
         start = time.perf_counter()
-        self.client.infer(inputs)
-        return (time.perf_counter() - start) * 1000.0
+        self._socket.send_multipart(encode_infer_request(request_id, inputs), copy=False)
+        header, _ = decode_reply(self._socket.recv_multipart())
+        round_trip = (time.perf_counter() - start) * 1000.0
+        if "timing" not in header:
+            raise RuntimeError(f"{self.log_path.stem} answered {header}")
+        self.timings.setdefault(batch, []).append({"round_trip_ms": round_trip, **header["timing"]})
+        return round_trip
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close(linger=0)
+        super().close()
 
     def output(self, batch: int) -> np.ndarray:
         return np.asarray(self.client.infer(self._input(batch)), dtype=np.float32)
@@ -206,6 +240,32 @@ def targets_met(spec_medians: dict[str, dict[int, float]], batches: list[int]) -
     }
 
 
+def gap(daemon: Daemon, spec_medians: dict[str, dict[int, float]], batches: list[int]) -> dict[int, Any]:
+    """Where the daemon's round trip went at each batch size (medians over the rounds, warm-up call left out),
+    next to the best in-process peer there."""
+    import statistics
+
+    rows: dict[int, Any] = {}
+    for b in batches:
+        calls = daemon.timings.get(b, [])[1:]
+        if not calls:
+            continue
+        m = {key: statistics.median(call[key] for call in calls) for key in calls[0]}
+        peers = {name: spec_medians[name][b] for name in PEERS if b in spec_medians.get(name, {})}
+        best = min(peers, key=peers.__getitem__) if peers else None
+        rows[b] = {
+            "round_trip_ms": round(m["round_trip_ms"], 2),
+            "client_to_daemon_ms": round(m["round_trip_ms"] - m["total_ms"], 2),
+            "queue_ms": round(m["queue_ms"], 2),
+            "daemon_other_ms": round(m["total_ms"] - m["queue_ms"] - m["compute_ms"], 2),  # hop, split, gather
+            "compute_ms": round(m["compute_ms"], 2),
+            "instances": int(m["instances"]),
+            "best_peer": best,
+            "compute_over_best_peer": round(m["compute_ms"] / peers[best], 3) if best else None,
+        }
+    return rows
+
+
 def bench_model(spec: str, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     errors: dict[str, str] = {}
     targets: dict[str, Any] = {}
@@ -218,10 +278,14 @@ def bench_model(spec: str, args: argparse.Namespace, folder: Path) -> dict[str, 
         )
         more = args.daemon_args.split()
         # The fp32 daemon plans from the profile the auto daemon measured and saved, so auto starts first.
-        for name, flags in (
+        configs = [
             ("daemon_auto", ["--precision", "auto", "--save-profile", str(saved)]),
             ("daemon_fp32", ["--precision", "fp32", "--profile", str(saved)]),
-        ):
+        ]
+        if args.int8:
+            int8 = ["--runtime", "openvino", "--precision", "int8", "--max-rel-error", str(args.int8_tolerance)]
+            configs.append(("daemon_int8", int8))
+        for name, flags in configs:
             if name == "daemon_fp32":
                 print(f"{spec}: the daemon at fp32, planning from the same profile ...", file=sys.stderr)
             daemon = Daemon(name, spec, folder, args.batches, [*flags, *more])
@@ -229,11 +293,14 @@ def bench_model(spec: str, args: argparse.Namespace, folder: Path) -> dict[str, 
             daemon.ready(args.daemon_timeout_s)
             targets[name] = daemon
         print(f"{spec}: the in-process peers ...", file=sys.stderr)
-        peers.update(ready_runners({kind: Peer(kind, spec, args.threads) for kind in PEERS}, errors))
+        kinds = PEERS + (INT8_PEERS if args.int8 else ())
+        peers.update(ready_runners({kind: Peer(kind, spec, args.threads) for kind in kinds}, errors))
         targets.update(peers)
         error = errors_against_fp32(targets, peers["torch_fp32"], max(args.batches), errors)
         samples, rounds = interleave(targets, args.batches, args.rounds, args.budget_s, errors)
         described = {d.log_path.stem: d.describe() for d in daemons}
+        spec_medians = medians(samples)
+        gaps = {d.log_path.stem: gap(d, spec_medians, args.batches) for d in daemons}
     finally:
         for peer in peers.values():
             peer.close()
@@ -243,13 +310,13 @@ def bench_model(spec: str, args: argparse.Namespace, folder: Path) -> dict[str, 
                 Path(args.keep_logs).mkdir(parents=True, exist_ok=True)
                 name = f"{spec.replace(':', '_')}-{daemon.log_path.name}"
                 (Path(args.keep_logs) / name).write_text(daemon.log_path.read_text(errors="replace"))
-    spec_medians = medians(samples)
     return {
         "rounds": rounds,
         "samples": {name: {b: len(v) for b, v in per.items()} for name, per in samples.items()},
         "median_ms": spec_medians,
         "error_vs_torch_fp32": error,
         "daemons": described,
+        "gap": gaps,
         "targets": targets_met(spec_medians, args.batches),
         "errors": errors,
     }
@@ -265,6 +332,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="PyTorch peers' threads")
     parser.add_argument("--daemon-args", default="", help="more `serve` flags for both daemons, e.g. on a busy machine")
     parser.add_argument("--keep-logs", help="copy the daemons' logs into this folder")
+    parser.add_argument("--no-int8", dest="int8", action="store_false", help="leave out the int8 rows")
+    parser.add_argument("--int8-tolerance", type=float, default=1.0, help="the int8 daemon's --max-rel-error")
     args = parser.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
     use_packrat_malloc_tuning()
@@ -274,6 +343,7 @@ def main() -> int:
         "command": "bench/precision.py " + " ".join(sys.argv[1:]),
         "cores": len(os.sched_getaffinity(0)),
         "bf16_units": cpu_units("bf16"),
+        "int8_units": cpu_units("int8"),
         "amx": sorted(flag for flag in cpu_flags() if flag.startswith("amx")),
         "batches": args.batches,
         "models": {},
