@@ -10,10 +10,16 @@ offline measurement.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from policies.base import InstancePlan, Plan, Policy
+from policies.planning.distribution import BatchDistribution
+from policies.planning.layouts import best_one_instance, fastest, split_on
 from policies.planning.profile import Cell, Profile
+from policies.planning.topology import Topology
 
 CLIP_FACTOR = 2.0
 
@@ -74,8 +80,83 @@ class ProductionProfile:
         learned = self.learned(now)
         return conditions_factor(base, learned) if base is not None and learned else 1.0
 
+    def export(self, now: float) -> list[LearnedCell]:
+        """Every running estimate with its decayed sample weight and its age, for the state file."""
+        return [
+            LearnedCell(key, math.exp(e.log_ms), self._decayed(e, now), max(0.0, now - e.seen))
+            for key, e in sorted(self._cells.items())
+        ]
+
+    def restore(self, cells: Sequence[LearnedCell], now: float) -> None:
+        """Take back `export`'s estimates (a restart): each keeps its weight, aged by `age_s` from `now`."""
+        for cell in cells:
+            if cell.latency_ms > 0 and math.isfinite(cell.latency_ms) and cell.weight > 0:
+                self._cells[cell.key] = _Estimate(math.log(cell.latency_ms), cell.weight, now - cell.age_s)
+        self.samples += round(sum(cell.weight for cell in cells))
+
     def _decayed(self, estimate: _Estimate, now: float) -> float:
         return estimate.weight * math.pow(0.5, max(0.0, now - estimate.seen) / self.half_life_s)
+
+
+@dataclass(frozen=True)
+class LearnedCell:
+    """One production estimate as the state file keeps it."""
+
+    key: tuple[int, int]
+    latency_ms: float
+    weight: float  # decayed number of samples behind it
+    age_s: float  # since its last sample
+
+
+@dataclass(frozen=True)
+class SlowSplit:
+    """A batch size the served plan splits, measured in production slower than one instance."""
+
+    batch: int
+    split: tuple[tuple[int, int], ...]  # (threads, rows) per busy instance
+    split_ms: float  # production's timing of the split's slowest instance
+    alone_threads: int
+    alone_ms: float  # the best single instance on the same (production-scaled) profile
+
+    def describe(self) -> str:
+        parts = " + ".join(f"{t}t×{rows}" for t, rows in self.split)
+        return (
+            f"batch {self.batch}: split {parts} measured {self.split_ms:.1f} ms in production, "
+            f"one {self.alone_threads}-thread instance {self.alone_ms:.1f} ms"
+        )
+
+
+def slow_splits(
+    plan: Plan,
+    splitting: Profile | None,
+    merged: Profile,
+    learned: Mapping[tuple[int, int], Cell],
+    distribution: BatchDistribution,
+    cores: int,
+    min_split_gain: float,
+) -> list[SlowSplit]:
+    """The batch sizes that the served plan, split as the dispatcher splits them (on `splitting`), runs on
+    several instances that production measured slower than the best single instance on `merged`.
+
+    Only splits whose every busy instance production has timed count: an offline estimate is what the
+    start-up split check guards, and a guess is no reason to revert.
+    """
+    if splitting is None or plan.split != "exact" or plan.oversubscribed:
+        return []
+    found = []
+    for batch in distribution.batches:
+        options = [(layout, split) for layout in plan.layout_threads if (split := split_on(splitting, layout, batch))]
+        if not options:
+            continue
+        layout, split = options[fastest([split for _, split in options], min_split_gain)]
+        busy = tuple((t, rows) for t, rows in zip(layout, split.rows, strict=True) if rows)
+        if len(busy) < 2 or any(key not in learned for key in busy):
+            continue
+        alone = best_one_instance(merged, cores, BatchDistribution.single(batch))
+        split_ms = max(learned[key].latency_ms for key in busy)
+        if alone is not None and split_ms > alone[1]:
+            found.append(SlowSplit(batch, busy, split_ms, alone[0], alone[1]))
+    return found
 
 
 def conditions_factor(base: Profile, learned: dict[tuple[int, int], Cell]) -> float:
@@ -108,3 +189,25 @@ def _scaled(profile: Profile, factor: float) -> Profile:
         for key, cell in profile.items()
     }
     return Profile(cells, model=profile.model, runtime=profile.runtime, precision=profile.precision)
+
+
+def revert_plan(
+    policy: Policy,
+    merged: Profile,
+    learned: Mapping[tuple[int, int], Cell],
+    distribution: BatchDistribution,
+    topology: Topology,
+    min_split_gain: float,
+    slow: Sequence[SlowSplit],
+) -> Plan:
+    """The plan to serve instead of one whose splits production measured slower than one instance: the
+    policy's plan on production's timings, or, when that would split a batch size just as slowly, the best
+    single instance."""
+    reason = "production timings reverted the plan: " + "; ".join(s.describe() for s in slow)
+    plan = policy.plan(merged, topology, distribution)
+    if not slow_splits(plan, merged, merged, learned, distribution, topology.usable_cores, min_split_gain):
+        return dataclasses.replace(plan, reason=f"{reason}; {plan.reason}")
+    alone = best_one_instance(merged, topology.usable_cores, distribution)
+    threads = alone[0] if alone is not None else topology.usable_cores
+    instance = InstancePlan(threads, distribution.max_batch)
+    return Plan((instance,), policy.name, f"{reason}; one instance", None if alone is None else alone[1])

@@ -27,16 +27,13 @@ import numpy as np
 
 from packrat_daemon.commands.solve import solve_plans
 from packrat_daemon.search import AdaptiveResult, Budget, StepReport, adaptive_profile
+from packrat_daemon.search.loop import MODEL_NOISE
 from packrat_daemon.wire.errors import ProfileError
 from policies.planning.profile import Cell, Profile
 from policies.planning.topology import Topology
 
 if TYPE_CHECKING:
     from packrat_daemon.measure.bench import Bench
-
-# One real cell is the median of a few timed runs on a shared machine: assume this much jitter, so
-# a near-tie between measured plans is measured again rather than decided by one lucky run.
-MODEL_NOISE = 0.02
 
 
 def run_adaptive(args: argparse.Namespace) -> int:

@@ -75,3 +75,22 @@ def measured_profile(
         if on_measured is not None:
             on_measured(decision, split, alone)
     return Profile(cells, model=profile.model, runtime=profile.runtime, precision=profile.precision)
+
+
+def checked_plan(
+    profile: Profile, plan: Plan, replan: Callable[[Profile], Plan], distribution: BatchDistribution, cores: int,
+    min_split_gain: float, compare: Compare, rounds: int,
+    on_measured: Callable[[SplitDecision, PlanTiming, PlanTiming], None] | None = None,
+) -> tuple[Profile, Plan]:  # fmt: skip
+    """Check each split `plan` makes, plan again (`replan`) on what was measured, and repeat for any split
+    the new plan makes that was not run yet: the plan served never splits a batch size unmeasured, and a
+    split measured slower than one instance is reverted (its cells now say so). Each round runs only new
+    decisions, of which there are finitely many, so it ends."""
+    checked: set[SplitDecision] = set()
+    while True:
+        decisions = [d for d in split_decisions(profile, plan, distribution, cores, min_split_gain) if d not in checked]
+        if not decisions:
+            return profile, plan
+        profile = measured_profile(profile, decisions, compare, rounds, on_measured)
+        checked.update(decisions)
+        plan = replan(profile)

@@ -20,8 +20,8 @@ class Budget:
     seconds: float | None = None
 
     @classmethod
-    def parse(cls, text: str) -> Budget:
-        """'0.25' → a quarter of the grid; '300s' → five minutes of measuring."""
+    def parse(cls, text: str, flag: str = "--budget") -> Budget:
+        """'0.25' → a quarter of the grid; '300s' → five minutes of measuring. `flag` names the option in errors."""
         raw = text.strip().lower()
         try:
             if raw.endswith("s"):
@@ -35,7 +35,7 @@ class Budget:
         except ValueError:
             pass
         raise ProfileError(
-            f"--budget must be a fraction of the grid in (0, 1] like 0.25, or seconds like 300s; got {text!r}"
+            f"{flag} must be a fraction of the grid in (0, 1] like 0.25, or seconds like 300s; got {text!r}"
         )
 
     def max_cells(self, grid_size: int) -> int:

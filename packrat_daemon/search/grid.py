@@ -6,6 +6,10 @@ import math
 from collections.abc import Mapping, Sequence
 
 from packrat_daemon.wire.errors import ProfileError
+from policies.base import Plan
+from policies.planning.distribution import BatchDistribution
+from policies.planning.layouts import best_one_instance, split_on
+from policies.planning.profile import Profile
 
 CellKey = tuple[int, int]
 
@@ -98,3 +102,29 @@ def fill_rows(grid: Grid, measured: Mapping[CellKey, float], estimate: Mapping[C
             table[(t, b)] = value
             running = max(running, value)
     return table
+
+
+def plan_cells(
+    plan: Plan, profile: Profile, distribution: BatchDistribution, cores: int, grid: Grid | None = None
+) -> list[CellKey]:
+    """The cells serving `plan` reads for the distribution's batch sizes: each layout's split of each batch,
+    and the best one instance it is weighed against. With `grid`, as the grid cells L̂ reads."""
+
+    def cell(threads: int, rows: int) -> CellKey:
+        if grid is not None and threads in grid.rows:
+            return grid.lookup_cell(threads, rows)
+        return threads, next((b for b in profile.batches(threads) if b >= rows), rows)
+
+    cells: list[CellKey] = []
+    for batch in distribution.batches:
+        if plan.split != "exact" or plan.oversubscribed:
+            cells += [cell(i.threads, max(i.batch, 1)) for i in plan.instances]
+            continue
+        for layout in plan.layout_threads:
+            split = split_on(profile, layout, batch)
+            if split is not None:
+                cells += [cell(t, rows) for t, rows in zip(layout, split.rows, strict=True) if rows]
+        alone = best_one_instance(profile, cores, BatchDistribution.single(batch))
+        if alone is not None:
+            cells.append(cell(alone[0], batch))
+    return list(dict.fromkeys(cells))

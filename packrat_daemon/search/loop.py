@@ -42,6 +42,9 @@ MAX_SAMPLES = 4  # re-measurements of one contested cell; more rarely settles a 
 OPTIMISM_Z = 2.0  # "plausibly as fast as": a prediction lowered by this many σ
 TOLERANCE = 0.01  # improvements smaller than this fraction of λ are not worth a measurement
 CONTEST_TOLERANCE = 0.01  # the same for a re-measurement of a contest between measured plans
+# One real cell is the median of a few timed runs on a shared machine: assume this much jitter, so
+# a near-tie between measured plans is measured again rather than decided by one lucky run.
+MODEL_NOISE = 0.02
 
 
 @dataclass

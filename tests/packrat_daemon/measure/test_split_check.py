@@ -4,12 +4,12 @@ one check run on real workers."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 
 import pytest
 
 from packrat_daemon.measure.bench import Bench, Instances, PlanTiming, model_session
 from packrat_daemon.measure.split_check import SplitDecision, measured_profile, split_decisions
+from policies.base import Plan
 from policies.packrat import PackratPolicy
 from policies.planning.distribution import BatchDistribution
 from policies.planning.profile import Profile
@@ -112,24 +112,26 @@ def test_a_check_on_real_workers_replaces_the_cells_with_measurements() -> None:
 
 
 @pytest.mark.slow
-def test_the_daemon_plans_again_on_what_its_check_measured(tmp_path: Path) -> None:
+def test_the_daemon_plans_again_on_what_its_check_measured() -> None:
     from packrat_daemon.config import ServeConfig
-    from packrat_daemon.startup import ProfileFile, RuntimeCandidate, check_splits
+    from packrat_daemon.profiling import check_splits
 
     # A made-up 20× win for the split: the check replaces those cells with real tiny-mlp timings (a
-    # fraction of a millisecond each), plans again on them, and saves the checked profile.
+    # fraction of a millisecond each) and plans again on them.
     profile = Profile.from_latencies({(1, 2): 1.0, (1, 4): 30.0, (2, 2): 10.0, (2, 4): 20.0})
-    saved = tmp_path / "profile.csv"
-    config = ServeConfig(model="builtin:tiny-mlp", max_batch=4, split_check_rounds=3, save_profile=str(saved))
+    config = ServeConfig(model="builtin:tiny-mlp", max_batch=4, split_check_rounds=3)
     topology = Topology.synthetic(2)
     with model_session("builtin:tiny-mlp") as (backend, info):
         plan = PackratPolicy().plan(profile, topology, ONLY_4)
         assert plan.thread_counts == [1, 1]
-        served = RuntimeCandidate(backend, info, profile, plan)
-        checked_served = check_splits(served, PackratPolicy(), config, topology, ProfileFile(str(saved)), lambda: False)
-    checked = Profile.read_csv(saved)
+
+        def replan(table: Profile) -> Plan:
+            return PackratPolicy().plan(table, topology, ONLY_4)
+
+        checked, checked_plan = check_splits(
+            backend, info, profile, plan, config, topology, ONLY_4, replan, lambda: False
+        )
     cells = dict(checked.items())
     assert cells[(2, 4)].samples == 3 and cells[(2, 4)].latency_ms < 5.0
     assert cells[(1, 2)].samples == 3 and cells[(1, 2)].latency_ms != 1.0
-    assert checked_served.profile is not None and dict(checked_served.profile.items()) == cells
-    assert checked_served.plan == PackratPolicy().plan(checked, topology, ONLY_4)
+    assert checked_plan == PackratPolicy().plan(checked, topology, ONLY_4)
