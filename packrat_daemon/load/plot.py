@@ -11,10 +11,10 @@ from packrat_daemon.wire.errors import ConfigError
 INSTALL = "pip install -e '.[plot]' (or pip install matplotlib)"
 
 
-def check_plotting() -> None:
-    """Raise before a sweep runs, not after, when its plot cannot be drawn."""
+def check_plotting(needed_by: str = "--plot") -> None:
+    """Raise before a sweep runs (or a report reads its files), not after, when a plot cannot be drawn."""
     if importlib.util.find_spec("matplotlib") is None:
-        raise ConfigError(f"--plot needs matplotlib, which is not installed: {INSTALL}")
+        raise ConfigError(f"{needed_by} needs matplotlib, which is not installed: {INSTALL}")
 
 
 def plot_sweep(reports: list[dict[str, Any]], path: str | Path, title: str = "") -> None:

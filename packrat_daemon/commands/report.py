@@ -1,0 +1,194 @@
+"""`packrat report`: PNG plots of a profile, the plans it leads to, and a `packrat load` sweep.
+
+    packrat report --profile profile.csv --out report/          # heat map, latency per batch size, plans
+    packrat report --load sweep.json --out report/              # the latency–throughput curve
+    packrat report --profile profile.csv --cores 16 --load sweep.json --out report/
+
+matplotlib is an optional extra (`pip install -e '.[plot]'`); it is checked before anything is read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from packrat_daemon.commands.options import positive_int
+from packrat_daemon.wire.errors import ConfigError
+from policies.planning.profile import Profile
+from policies.planning.topology import Topology
+
+MAX_LINES = 12
+HEATMAP, LATENCY, PLANS, LOAD = "profile-heatmap.png", "profile-latency.png", "plans.png", "load-curve.png"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    summary = "draw PNG plots of a profile, its plans and a packrat load sweep"
+    parser = subparsers.add_parser(
+        "report",
+        help=summary,
+        description=f"{summary[0].upper()}{summary[1:]} (needs matplotlib: pip install -e '.[plot]'). "
+        f"From --profile: {HEATMAP}, {LATENCY} and {PLANS}; from --load: {LOAD}.",
+    )
+    parser.add_argument("--profile", help="profile CSV (header threads,batch,latency_ms), as packrat profile writes")
+    parser.add_argument("--runtime", help="which runtime's rows to draw when the profile holds several")
+    parser.add_argument(
+        "--cores", type=positive_int, help="cores to plan for (default: the profile's largest thread count)"
+    )
+    parser.add_argument("--load", metavar="LOAD.json", help="output of packrat load --json (one rate or a --sweep)")
+    parser.add_argument("--out", default=".", help="folder for the PNG files (made if missing; default: here)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from packrat_daemon.load.plot import check_plotting, plot_sweep
+
+    if not args.profile and not args.load:
+        raise ConfigError("nothing to draw: give --profile PROFILE.csv, --load LOAD.json or both")
+    check_plotting("packrat report")
+    profile = Profile.read_csv(args.profile, runtime=args.runtime) if args.profile else None
+    reports = read_load(args.load) if args.load else None
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot make the folder {out}: {exc.strerror or exc}") from None
+    written = []
+    if profile is not None:
+        if not len(profile):
+            raise ConfigError(f"{args.profile} has no cells to draw")
+        cores = args.cores or max(profile.threads())
+        name = Path(args.profile).name
+        written += [
+            save(draw_heatmap(profile, name), out / HEATMAP),
+            save(draw_latency(profile, name), out / LATENCY),
+            save(draw_plans(profile, cores, name), out / PLANS),
+        ]
+    if reports is not None:
+        plot_sweep(reports, out / LOAD, title=f"{Path(args.load).name}: latency against throughput")
+        written.append(out / LOAD)
+    for path in written:
+        print(path)
+    return 0
+
+
+def read_load(path: str) -> list[dict[str, Any]]:
+    """The reports of `packrat load --json`: a sweep's list, or the one report of a single rate."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} is not JSON ({exc}); give the output of packrat load --json") from None
+    reports = data.get("sweep", [data]) if isinstance(data, dict) else None
+    if not reports or not all(isinstance(r, dict) and {"throughput_rps", "latency_ms"} <= r.keys() for r in reports):
+        raise ConfigError(f"{path} is not the output of packrat load --json (no throughput_rps and latency_ms)")
+    return reports
+
+
+def save(figure: Any, path: Path) -> Path:
+    try:
+        figure.savefig(path, dpi=120)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}") from None
+    return path
+
+
+def draw_heatmap(profile: Profile, name: str) -> Any:
+    """Latency per cell, threads down and batch sizes across; the colour on a log scale, the value written."""
+    from matplotlib.colors import LogNorm
+    from matplotlib.figure import Figure
+
+    threads, batches = profile.threads(), profile.batches()
+    grid = [[profile.latency(t, b) if (t, b) in profile else math.nan for b in batches] for t in threads]
+    width, height = min(16.0, max(5.0, 0.7 * len(batches) + 2.5)), min(10.0, max(3.5, 0.4 * len(threads) + 1.5))
+    figure = Figure(figsize=(width, height), layout="constrained")
+    axes = figure.subplots()
+    values = [v for row in grid for v in row if not math.isnan(v)]
+    image = axes.imshow(grid, aspect="auto", cmap="viridis", norm=LogNorm(min(values), max(values)))
+    axes.set_xticks(range(len(batches)), [str(b) for b in batches])
+    axes.set_yticks(range(len(threads)), [str(t) for t in threads])
+    axes.set_xlabel("batch size")
+    axes.set_ylabel("threads")
+    if len(batches) * len(threads) <= 400:  # beyond that the numbers would not fit their cells
+        middle = math.sqrt(min(values) * max(values))
+        for y, row in enumerate(grid):
+            for x, value in enumerate(row):
+                if not math.isnan(value):
+                    colour = "white" if value < middle else "black"
+                    axes.text(x, y, f"{value:.3g}", ha="center", va="center", fontsize=7, color=colour)
+    figure.colorbar(image, ax=axes, label="latency (ms)")
+    axes.set_title(f"{name}: latency per ⟨threads, batch⟩ cell", fontsize=10)
+    return figure
+
+
+def draw_latency(profile: Profile, name: str) -> Any:
+    """Latency against threads, one line per batch size: where adding threads stops paying."""
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+
+    every = profile.batches()
+    # More than a dozen lines cannot be told apart: the powers of two, and the largest batch.
+    shown = every if len(every) <= MAX_LINES else [b for b in every if b & (b - 1) == 0 or b == every[-1]]
+    figure = Figure(figsize=(8, 4.5), layout="constrained")
+    axes = figure.subplots()
+    colours = colormaps["viridis"]
+    for k, batch in enumerate(shown):
+        points = [(t, profile.latency(t, batch)) for t in profile.threads() if (t, batch) in profile]
+        colour = colours(k / max(1, len(shown) - 1))
+        axes.plot(*zip(*points, strict=True), "o-", markersize=3, color=colour, label=f"batch {batch}")
+    axes.set_xlabel("threads")
+    axes.set_ylabel("latency (ms)")
+    axes.set_yscale("log")
+    axes.grid(alpha=0.3, which="both")
+    axes.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    subset = "" if shown == every else f" ({len(shown)} of {len(every)})"
+    axes.set_title(f"{name}: latency against threads, per batch size{subset}", fontsize=10)
+    return figure
+
+
+def plan_rows(profile: Profile, cores: int) -> list[dict[str, Any]]:
+    """Per batch size of the profile: the packrat policy's plan and its predicted speed-up over `single`'s."""
+    from packrat_daemon.commands.solve import solve_plans
+
+    topology = Topology.synthetic(cores)
+    batches = profile.batches()
+    packrat = solve_plans(profile, topology, batches, "packrat")
+    single = solve_plans(profile, topology, batches, "single")
+    rows = []
+    for ours, theirs in zip(packrat, single, strict=True):
+        speedup = None
+        if ours["latency_ms"] and theirs["latency_ms"]:
+            speedup = theirs["latency_ms"] / ours["latency_ms"]
+        threads = [i["threads"] for i in ours["instances"]]
+        layout = " + ".join(f"{n}×{t}" if n > 1 else str(t) for t, n in Counter(threads).items())
+        rows.append({"batch": ours["batch"], "layout": layout, "speedup": speedup})
+    return rows
+
+
+def draw_plans(profile: Profile, cores: int, name: str) -> Any:
+    """For each batch size: the packrat plan's predicted speed-up over one instance on every core, each
+    bar labelled with its layout ("2×6 + 4": two 6-thread instances and a 4-thread one)."""
+    from matplotlib.figure import Figure
+
+    rows = plan_rows(profile, cores)
+    figure = Figure(figsize=(min(16.0, max(6.0, 0.6 * len(rows) + 2)), 4.5), layout="constrained")
+    axes = figure.subplots()
+    positions = range(len(rows))
+    heights = [row["speedup"] or 0.0 for row in rows]
+    bars = axes.bar(positions, heights, color=["tab:green" if h > 1.0 else "tab:gray" for h in heights])
+    for bar, row in zip(bars, rows, strict=True):
+        label = row["layout"] if row["speedup"] else f"{row['layout']} (no prediction)"
+        axes.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), textcoords="offset points",
+                      xytext=(0, 3), ha="center", fontsize=7, rotation=90 if len(label) > 5 else 0)  # fmt: skip
+    axes.axhline(1.0, color="black", linewidth=0.8)
+    axes.set_xticks(list(positions), [str(row["batch"]) for row in rows])
+    axes.set_xlabel("batch size")
+    axes.set_ylabel("predicted speed-up over single")
+    axes.set_ylim(0, max(heights + [1.0]) * 1.25)
+    axes.set_title(f"{name}: packrat's plan per batch size on {cores} cores (labels: instances × threads)",
+                   fontsize=10)  # fmt: skip
+    return figure

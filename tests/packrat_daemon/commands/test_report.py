@@ -1,0 +1,101 @@
+"""`packrat report`: real PNG files from a profile and a load sweep, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from packrat_daemon.cli import main
+from packrat_daemon.commands.report import plan_rows
+from packrat_daemon.load.report import Tally, summarize
+from policies.planning.profile import Profile
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def profile_csv(path: Path) -> Path:
+    """L(t, b) = 2 + b · (1 + 9 / t) ms on up to 4 threads: splitting a large batch pays, a single input not."""
+    rows = [f"{t},{b},{2 + b * (1 + 9 / t):.6f}" for t in (1, 2, 3, 4) for b in (1, 2, 4, 8)]
+    path.write_text("threads,batch,latency_ms\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def sweep_json(path: Path) -> Path:
+    """`packrat load --json --sweep` output, made by the load command's own summarize()."""
+    reports = []
+    for rate, latency_s in ((50, 0.004), (100, 0.005), (200, 0.009)):
+        tally = Tally(started=0.0, sent=rate, send_window_s=1.0, last_done=1.0)
+        for k in range(rate):
+            tally.answered(latency_s * (1 + k / rate), 1, 1.0)
+        reports.append(summarize(tally, rate_rps=float(rate)))
+    path.write_text(json.dumps({"sweep": reports}))
+    return path
+
+
+def assert_png(path: Path) -> None:
+    from matplotlib.image import imread
+
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    height, width, _ = imread(path).shape
+    assert height > 200 and width > 300
+
+
+def test_report_writes_every_plot_as_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    profile, sweep = profile_csv(tmp_path / "profile.csv"), sweep_json(tmp_path / "sweep.json")
+    out = tmp_path / "report"
+    assert main(["report", "--profile", str(profile), "--load", str(sweep), "--out", str(out)]) == 0
+    names = ["profile-heatmap.png", "profile-latency.png", "plans.png", "load-curve.png"]
+    assert capsys.readouterr().out.split() == [str(out / name) for name in names]
+    for name in names:
+        assert_png(out / name)
+
+
+def test_the_plans_drawn_are_the_solvers_with_their_speed_up_over_single(tmp_path: Path) -> None:
+    profile = Profile.read_csv(profile_csv(tmp_path / "profile.csv"))
+    rows = {row["batch"]: row for row in plan_rows(profile, cores=4)}
+    assert rows[1]["layout"] == "4" and rows[1]["speedup"] == pytest.approx(1.0)  # one input: one instance
+    # Eight inputs on four 1-thread instances (2 each: 2 + 2·10 = 22 ms) against one 4-thread (2 + 8·3.25 = 28 ms).
+    assert rows[8]["layout"] == "4×1" and rows[8]["speedup"] == pytest.approx(28 / 22)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("not json at all", "is not JSON"),
+        ('{"rate_rps": 5}', "is not the output of packrat load --json"),
+        ("[1, 2]", "is not the output of packrat load --json"),
+    ],
+)
+def test_a_bad_load_file_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, message: str
+) -> None:
+    bad = tmp_path / "load.json"
+    bad.write_text(content)
+    assert main(["report", "--load", str(bad), "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert message in error and "Traceback" not in error and not (tmp_path / "out" / "load-curve.png").exists()
+
+
+def test_a_bad_or_missing_profile_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "profile.csv"
+    bad.write_bytes(b"threads,batch\n1,1\n")
+    assert main(["report", "--profile", str(bad), "--out", str(tmp_path)]) == 2
+    assert "latency_ms" in capsys.readouterr().err
+    assert main(["report", "--profile", str(tmp_path / "none.csv"), "--out", str(tmp_path)]) == 2
+    assert "none.csv" in capsys.readouterr().err
+    assert main(["report", "--out", str(tmp_path)]) == 2
+    assert "nothing to draw" in capsys.readouterr().err
+
+
+def test_without_matplotlib_it_says_how_to_install_it_before_reading_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # how Python marks a package as not importable
+    profile = profile_csv(tmp_path / "profile.csv")
+    assert main(["report", "--profile", str(profile), "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert "packrat report needs matplotlib" in error and "pip install" in error
+    assert not (tmp_path / "out").exists()
