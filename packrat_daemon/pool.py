@@ -54,6 +54,7 @@ class WorkerHandle:
     # (threads, cores, generation) it was told to switch to in place; it serves as before until done.
     pending: tuple[int, tuple[int, ...], int] | None = None
     outstanding: int = 0  # jobs sent and not answered (a late answer to an abandoned job counts too)
+    served: int = 0  # slices answered, for `packrat status`
     shared: SharedArenas | None = None  # None: this worker's tensors travel as frames
 
     @property
@@ -167,6 +168,7 @@ class Pool:
         worker.last_seen = time.monotonic()
         if kind == messages.RESULT or kind == messages.RESULT_SHARED:
             worker.outstanding = max(0, worker.outstanding - 1)
+            worker.served += 1
             return PoolEvent("result", worker, header, [self._output(worker, kind, header, payload)])
         if kind == messages.READY:
             worker.pid = header.get("pid", worker.pid)

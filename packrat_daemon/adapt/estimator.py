@@ -15,10 +15,13 @@ class BatchSizeEstimator:
         self.top = top
         self._weights: dict[int, float] = {}
         self._last = 0.0
+        self._first: float | None = None  # the first batch seen (the rate's window is shorter until a while after)
         self.observed = 0  # batches seen since the last reset (the tuner waits for enough of them)
 
     def observe(self, batch: int, now: float) -> None:
         self._decay(now)
+        if self._first is None:
+            self._first = now
         self._weights[batch] = self._weights.get(batch, 0.0) + 1.0
         self.observed += 1
 
@@ -29,6 +32,17 @@ class BatchSizeEstimator:
         if not ranked:
             return None
         return BatchDistribution.from_counts(dict(ranked))
+
+    def rates(self, now: float) -> tuple[float, float]:
+        """(batches, inputs) per second over the same decayed window as the distribution: a decayed count
+        divided by the window's length, which is half_life / ln 2 once the first batch is long past."""
+        self._decay(now)
+        if self._first is None or now <= self._first:
+            return 0.0, 0.0
+        window = self.half_life_s / math.log(2) * (1.0 - math.pow(0.5, (now - self._first) / self.half_life_s))
+        batches = sum(self._weights.values())
+        inputs = sum(b * w for b, w in self._weights.items())
+        return batches / window, inputs / window
 
     def reset_count(self) -> None:
         self.observed = 0

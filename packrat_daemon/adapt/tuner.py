@@ -49,14 +49,14 @@ class Tuner:
         if observed < self.settings.min_batches or now - self.last_switch < self.settings.cooldown_s:
             return None
         proposed = self.policy.plan(self.profile, self.topology, distribution)
-        current_ms = self._expected_latency(current, distribution)
-        proposed_ms = self._expected_latency(proposed, distribution)
+        current_ms = self.expected_latency(current, distribution)
+        proposed_ms = self.expected_latency(proposed, distribution)
         if not proposed_ms < current_ms * (1.0 - self.settings.min_gain):
             return None
         self.last_switch = now
         return Decision(proposed, current_ms, proposed_ms)
 
-    def _expected_latency(self, plan: Plan, distribution: BatchDistribution) -> float:
+    def expected_latency(self, plan: Plan, distribution: BatchDistribution) -> float:
         expected = self.policy.expected_latency(self.profile, plan, distribution)
         if expected is None:
             raise PolicyError(

@@ -104,6 +104,11 @@ class Client(ClientBase):
         header, _ = self._request(*self._info_request(timeout))
         return info_result(header)
 
+    def status(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """`info` plus the live state: workers, batch sizes, queue, profile provenance, plan history."""
+        header, _ = self._request(*self._info_request(timeout, "status"))
+        return info_result(header)
+
     def _request(self, frames: list[Any], request_id: int, timeout: float) -> tuple[dict[str, Any], np.ndarray | None]:
         deadline = time.monotonic() + timeout
         with self._lock:
@@ -218,6 +223,11 @@ class AsyncClient(ClientBase):
     async def info(self, *, timeout: float | None = None) -> dict[str, Any]:
         """The server's description: versions, model, input dtype/shape, max_batch, plan."""
         header, _ = await self._request(*self._info_request(timeout))
+        return info_result(header)
+
+    async def status(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """`info` plus the live state: workers, batch sizes, queue, profile provenance, plan history."""
+        header, _ = await self._request(*self._info_request(timeout, "status"))
         return info_result(header)
 
     async def _request(

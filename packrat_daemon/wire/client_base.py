@@ -104,11 +104,11 @@ class ClientBase:
         request_id = next(self._ids)
         return encode_infer_request(request_id, array, timeout_ms=timeout_ms, dtype=dtype), request_id, timeout
 
-    def _info_request(self, timeout: float | None) -> tuple[list[Any], int, float]:
-        """``(frames, request_id, timeout)`` of one info call."""
+    def _info_request(self, timeout: float | None, op: str = "info") -> tuple[list[Any], int, float]:
+        """``(frames, request_id, timeout)`` of one info (or status) call."""
         timeout = self._timeout if timeout is None else check_timeout(timeout)
         request_id = next(self._ids)
-        return encode_info_request(request_id), request_id, timeout
+        return encode_info_request(request_id, op), request_id, timeout
 
     def _check_open(self) -> None:
         if self._closed:

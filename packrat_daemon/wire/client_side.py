@@ -141,9 +141,10 @@ def _remember_template(array: np.ndarray, header: dict[str, Any]) -> None:
     _HEADER_TEMPLATES[(array.dtype, array.shape[1:], header.get("timeout_ms"))] = template
 
 
-def encode_info_request(request_id: RequestId) -> list[bytes]:
+def encode_info_request(request_id: RequestId, op: str = "info") -> list[bytes]:
+    """An `info` request, or with `op="status"` a `status` request (the same reply with the live state)."""
     _validate_id(request_id)
-    return [codec.dump_header({"v": codec.PROTOCOL_VERSION, "id": request_id, "op": "info"})]
+    return [codec.dump_header({"v": codec.PROTOCOL_VERSION, "id": request_id, "op": op})]
 
 
 # ------------------------------------------------------------------------------------- replies

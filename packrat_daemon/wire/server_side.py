@@ -56,6 +56,7 @@ class InferRequest(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class InfoRequest:
     request_id: RequestId
+    op: str = "info"  # or "status": the description with the daemon's live state (docs/status.md)
 
 
 def _bad(message: str, request_id: RequestId | None = None) -> ProtocolError:
@@ -189,11 +190,11 @@ def _parse_frames(buffers: list[Buffer], max_message_bytes: int) -> InferRequest
     op = header.get("op")
     if op == "infer":
         return _parse_infer(header, request_id, buffers)
-    if op == "info":
+    if op == "info" or op == "status":
         if len(buffers) != 1:
-            raise _bad("an 'info' request is the header frame alone; drop the payload frame", request_id)
-        return InfoRequest(request_id)
-    raise _bad(f"unknown 'op' {short_repr(op)}; expected 'infer' or 'info'", request_id)
+            raise _bad(f"an {op!r} request is the header frame alone; drop the payload frame", request_id)
+        return InfoRequest(request_id, op)
+    raise _bad(f"unknown 'op' {short_repr(op)}; expected 'infer', 'info' or 'status'", request_id)
 
 
 def _check_version(header: dict[str, Any], request_id: RequestId) -> None:

@@ -1,0 +1,128 @@
+"""`packrat status`: what a running daemon is doing, read through its serving endpoint (read-only, like
+`info`): the plan and why, the workers, the live batch sizes and arrival rate, the queue, where the
+profile comes from, and the plan history with measured reconfiguration times (docs/status.md).
+
+Never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from typing import Any
+
+from packrat_daemon.config import BY_NAME
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "status",
+        help="show a running daemon's plan, workers, traffic, queue, profile and plan history",
+        description="Ask a running daemon for its live state (the protocol's `status` op, read-only).",
+    )
+    endpoint = BY_NAME["endpoint"].default
+    parser.add_argument("--endpoint", default=endpoint, help=f"the daemon's endpoint (default {endpoint})")
+    parser.add_argument("--key", help="a daemon serving CURVE: this client's .key_secret file (docs/security.md)")
+    parser.add_argument("--server-key", help="a daemon serving CURVE: its public .key file")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer (default 5)")
+    parser.add_argument("--json", action="store_true", help="print the whole reply as JSON")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from packrat_daemon.wire.client import Client
+
+    with Client(args.endpoint, timeout=args.timeout, key=args.key, server_key=args.server_key) as client:
+        status = client.status()
+    print(json.dumps(status, indent=2) if args.json else render(status))
+    return 0
+
+
+def render(status: dict[str, Any]) -> str:
+    """The human view of a status reply: a few tables."""
+    plan, planning = status["plan"], status.get("planning", {})
+    lines = [f"model {status['model']} on {status['runtime']} ({status['precision']}), max batch {status['max_batch']}"]
+    if status.get("emulation"):
+        lines.append("EMULATED: the workers compute nothing; latencies are the profile's (docs/emulation.md)")
+    layouts = [" + ".join(str(i["threads"]) for i in layout) for layout in [plan["instances"], *plan["alternatives"]]]
+    predicted = plan.get("predicted_latency_ms")
+    lines += [
+        "",
+        f"plan (generation {status.get('generation')}): {plan['policy']}, threads per instance "
+        f"{' | '.join(layouts)}, split {plan['split']}"
+        + ("" if predicted is None else f", predicted {predicted:.1f} ms"),
+        f"  why: {plan['reason']}",
+        f"  planning: policy {planning.get('policy')}, adapting {'yes' if planning.get('adapting') else 'no'}"
+        + (f", operator asked {planning['override']}" if planning.get("override") else ""),
+        "",
+        "workers:",
+    ]
+    rows = [["id", "pid", "runtime", "threads", "cores", "state", "batches"]]
+    for w in status["workers"]:
+        state = w["state"] + ("" if w.get("serving", True) else " (not serving)")
+        cores = ",".join(str(c) for c in w["cores"])
+        served = str(w["batches_served"])
+        rows.append([str(w["id"]), str(w["pid"]), w["runtime"], str(w["threads"]), cores, state, served])
+    lines += _table(rows)
+    traffic, queue = status["traffic"], status["queue"]
+    sizes = ", ".join(f"{b}: {w:.0%}" for b, w in traffic["batch_sizes"]) or "none yet"
+    lines += [
+        "",
+        f"traffic (half-life {traffic['half_life_s']:.0f} s): {traffic['inputs_per_s']:.1f} inputs/s in "
+        f"{traffic['batches_per_s']:.1f} batches/s; batch sizes {sizes}",
+        f"queue: {queue['requests']} request(s), {queue['inputs']}/{queue['max_inputs']} inputs, batch in flight: "
+        f"{'yes' if queue['batch_in_flight'] else 'no'}{'' if queue['accepting'] else ', not accepting (draining)'}",
+    ]
+    lines += ["", *_provenance(status["profile"]), "", "plan history:"]
+    rows = [["time (UTC)", "reason", "from", "to", "gain", "first", "serving", "retired"]]
+    for change in status["history"]:
+        gain = change["predicted_gain"]
+        rows.append([
+            datetime.datetime.fromtimestamp(change["time"], datetime.UTC).strftime("%Y-%m-%d %H:%M:%S"),
+            change["reason"],
+            change["from"] or "-",
+            change["to"],
+            "-" if gain is None else f"{gain:+.1%}",
+            *(_ms(change[key]) for key in ("first_serving_s", "serving_s", "retired_s")),
+        ])  # fmt: skip
+        if change["superseded"]:
+            rows[-1][-1] = "superseded"
+    lines += _table(rows)
+    return "\n".join(lines)
+
+
+def _provenance(profile: dict[str, Any]) -> list[str]:
+    age = profile.get("offline_age_s")
+    offline = f"{profile['measured_offline']} cell(s) measured offline" + ("" if age is None else f" {_age(age)} ago")
+    lines = [f"profile: {offline}, {profile['estimated']} estimated by the start-up search (not served on), "
+             f"{profile['learned_in_production']} learned in production"]  # fmt: skip
+    if profile.get("restored_from"):
+        lines.append(f"  restored from {profile['restored_from']}")
+    if profile.get("state_file"):
+        saved = profile.get("saved_age_s")
+        lines.append(f"  kept in {profile['state_file']}" + ("" if saved is None else f", saved {_age(saved)} ago"))
+    for cell in profile.get("production", []):
+        age_s = cell.get("age_s")
+        lines.append(
+            f"  production ⟨{cell['threads']} thread(s), batch {cell['batch']}⟩: {cell['latency_ms']:.2f} ms, "
+            f"weight {cell['weight']:.1f}" + ("" if age_s is None else f", last seen {_age(age_s)} ago")
+        )
+    return lines
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(c.ljust(width) for c, width in zip(row, widths, strict=True)).rstrip() for row in rows]
