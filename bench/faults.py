@@ -3,11 +3,12 @@
 1. Worker faults: a daemon serves tests/model_factories.py's slow_mlp (a tiny MLP that sleeps 0.3 s a
    batch, so a slice's latency is known and the CPU stays free) on 2 one-thread workers, from a profile
    measured first with `packrat profile`. Under continuous load, workers are SIGKILLed, then SIGSTOPped
-   (hung: alive, silent). Reported: answered, typed errors by code, lost (no reply within 30 s), and the
-   longest stall (the longest time without any reply while requests were waiting) against the slice's
-   predicted latency.
-2. SIGTERM under load: requests keep coming through the drain; replies received against requests sent
-   before the daemon closed its socket (a socket monitor on the client says when).
+   (hung: alive, silent), with serve's default slice hedges and deadlines. Reported: answered, typed
+   errors by code, lost (no reply within 30 s), and the longest stall (the longest time without any
+   reply while requests were waiting) against the slice's predicted latency.
+2. SIGTERM under load, on that daemon and on `--drains` fresh ones: requests keep coming through the
+   drain; replies received against requests sent before the daemon stopped reading its socket (it logs
+   when, on the machine's monotonic clock), and before the client's socket monitor saw it close.
 3. Hostile messages: tests/packrat_daemon/fuzz_frontend.py's generator (the fuzz test's) against a
    tiny-mlp daemon; it must stay up, answer every message exactly once, and still be right on a
    reference input.
@@ -51,8 +52,6 @@ from packrat_daemon.wire.client_side import encode_infer_request  # noqa: E402
 from policies.planning.profile import Profile  # noqa: E402
 
 SLOW = "model_factories:slow_mlp"
-# The slice deadline these figures were measured with: tighter than serve's defaults (3.0, 1000 ms).
-DEADLINES = ["--slice-deadline-margin", "1.5", "--slice-deadline-floor-ms", "200"]
 MIB = 1 << 20
 
 
@@ -97,6 +96,11 @@ class Load:
         marks = [start] + [t for t in replies if start <= t <= end] + [end]
         return max(b - a for a, b in zip(marks, marks[1:], strict=False))
 
+    def last_reply_before(self, when: float) -> float:
+        """The time of the last reply before `when` (or `when`): a stall that a signal extends began there."""
+        return max((answered for _, answered, outcome in self.outcomes if outcome != "lost" and answered <= when),
+                   default=when)  # fmt: skip
+
     def summary(self, start: float, end: float) -> dict[str, Any]:
         window = [o for o in self.outcomes if start <= o[0] <= end]
         codes: dict[str, int] = {}
@@ -115,18 +119,39 @@ def pids(daemon: DaemonProcess) -> list[int]:
     return [w["pid"] for w in daemon.client.info(timeout=10)["workers"]]
 
 
-def worker_faults(folder: Path, kills: int, stops: int) -> dict[str, Any]:
+def slow_profile(folder: Path) -> Path:
+    """`packrat profile` of the slow model: the predictions the slice deadlines are computed from."""
     profile_path = folder / "slow.csv"
-    subprocess.run(
-        [sys.executable, "-m", "packrat_daemon", "profile", "--model", SLOW, "--threads", "1", "--batches", "1,2,4",
-         "--warmup", "1", "--repeats", "3", "--out", str(profile_path)],
-        check=True, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    profile = Profile.read_csv(profile_path)
+    if not profile_path.exists():
+        subprocess.run(
+            [sys.executable, "-m", "packrat_daemon", "profile", "--model", SLOW, "--threads", "1", "--batches",
+             "1,2,4", "--warmup", "1", "--repeats", "3", "--out", str(profile_path)],
+            check=True, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+    return profile_path
+
+
+def slow_daemon(folder: Path, name: str) -> DaemonProcess:
     args = ["--model", SLOW, "--policy", "fixed", "--plan", "2*1x2", "--max-batch", "4", "--max-delay-ms", "2",
-            "--profile", str(profile_path), "--no-adapt", *DEADLINES]  # fmt: skip
-    daemon = DaemonProcess("faults", folder, args)
+            "--profile", str(slow_profile(folder)), "--no-adapt"]  # serve's slice deadlines and hedges  # fmt: skip
+    daemon = DaemonProcess(name, folder, args)
     daemon.wait()
+    return daemon
+
+
+def drains(folder: Path, runs: int) -> list[dict[str, Any]]:
+    """`sigterm_under_load` on `runs` fresh daemons, one after another."""
+    results = []
+    for k in range(runs):
+        daemon = slow_daemon(folder, f"drain{k}")
+        results.append(sigterm_under_load(daemon))
+        daemon.client.close()
+    return results
+
+
+def worker_faults(folder: Path, kills: int, stops: int) -> dict[str, Any]:
+    daemon = slow_daemon(folder, "faults")
+    profile = Profile.read_csv(slow_profile(folder))
     rng = random.Random(12)
     load = Load(daemon.endpoint, concurrency=4).start()
     time.sleep(2.0)
@@ -136,17 +161,17 @@ def worker_faults(folder: Path, kills: int, stops: int) -> dict[str, Any]:
         ("sigstop", stops, signal.SIGSTOP, 2.5),
     ):
         start = time.monotonic()
-        stalls = []  # the longest stall after each signal, until the next
+        stalls = []  # the longest stall from the last reply before each signal until the next signal
         for _ in range(count):
             live = pids(daemon)
             signalled = time.monotonic()
             if live:
                 os.kill(rng.choice(live), signum)
             time.sleep(every_s)
-            stalls.append(round(load.longest_stall(signalled, time.monotonic()), 3))
+            stalls.append(round(load.longest_stall(load.last_reply_before(signalled), time.monotonic()), 3))
         time.sleep(2.0)
         end = time.monotonic()
-        result[name] = {"signals": count, **load.summary(start, end), "longest_stall_after_each_s": stalls}
+        result[name] = {"signals": count, **load.summary(start, end), "longest_stall_per_signal_s": stalls}
     load.stop()
     # Each batch of 4 is split 2 + 2: the slice's predicted latency is the profile's 1-thread, 2-input cell.
     predicted_s = profile.latency(1, 2) / 1000.0
@@ -156,6 +181,7 @@ def worker_faults(folder: Path, kills: int, stops: int) -> dict[str, Any]:
     log = daemon.log_path.read_text(errors="replace")
     result["log_presumed_hung"] = [line.split(": ", 1)[-1] for line in log.splitlines() if "presumed hung" in line]
     result["log_exited_unexpectedly"] = log.count("exited unexpectedly")
+    result["log_hedged"] = [line.split(": ", 1)[-1] for line in log.splitlines() if "the first answer is used" in line]
     result["drain"] = sigterm_under_load(daemon)
     return result
 
@@ -174,6 +200,7 @@ def sigterm_under_load(daemon: DaemonProcess, in_flight: int = 8) -> dict[str, A
     connected = closed = False
     signalled: float | None = None
     unanswered: set[int] = set()
+    sent_at: dict[int, float] = {}  # each request's send time, on the machine's monotonic clock (the daemon's too)
     refused_seen = -1  # how many requests had been sent when the first SHUTTING_DOWN came back
     start = time.monotonic()
 
@@ -199,6 +226,7 @@ def sigterm_under_load(daemon: DaemonProcess, in_flight: int = 8) -> dict[str, A
             signalled = time.monotonic()
         if signalled is not None or sent_open - replies < in_flight:
             socket.send_multipart(encode_infer_request(sent_open + sent_after, x), copy=False)
+            sent_at[sent_open + sent_after] = time.monotonic()
             unanswered.add(sent_open + sent_after)
             if closed:
                 sent_after += 1
@@ -208,6 +236,11 @@ def sigterm_under_load(daemon: DaemonProcess, in_flight: int = 8) -> dict[str, A
     receive(500)  # replies still in flight when the process exited
     socket.close()
     monitor.close()
+    # When the daemon stopped reading its socket, as it logs it: a request sent after that cannot be answered.
+    log = daemon.log_path.read_text(errors="replace").splitlines()
+    closing = [line for line in log if "closing the frontend" in line]
+    stopped_reading = float(closing[-1].split("monotonic ")[1].split()[0]) if closing else None
+    before_stop = [k for k in sent_at if stopped_reading is not None and sent_at[k] < stopped_reading]
     return {
         "requests_sent_before_the_socket_closed": sent_open,
         "replies": replies,
@@ -218,6 +251,13 @@ def sigterm_under_load(daemon: DaemonProcess, in_flight: int = 8) -> dict[str, A
         "unanswered_of_those": sum(1 for k in unanswered if k < refused_seen),
         # The rest were sent in the last moment before the socket closed, racing the close:
         "unanswered_sent_before_close": sum(1 for k in unanswered if k < sent_open),
+        # The daemon's own account: requests sent before it stopped reading, and how many of them got no reply.
+        "daemon_close_log": closing[-1].split("closing the frontend ")[-1] if closing else None,
+        "sent_before_the_daemon_stopped_reading": len(before_stop),
+        "unanswered_of_those_sent_before_it_stopped_reading": sum(1 for k in before_stop if k in unanswered),
+        "unanswered_sent_within_1_ms_before_it_stopped_reading": sum(
+            1 for k in before_stop if k in unanswered and stopped_reading - sent_at[k] < 0.001
+        ),
         "exit_code": daemon.process.returncode,
         "exit_after_sigterm_s": round(time.monotonic() - (signalled or start), 2),
     }
@@ -319,16 +359,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--stops", type=int, default=5)
+    parser.add_argument("--drains", type=int, default=6, help="SIGTERM runs on fresh daemons, after the faults run's")
     parser.add_argument("--fuzz", type=int, default=10_000)
     parser.add_argument("--flood-clients", type=int, default=8)
     parser.add_argument("--flood-messages", type=int, default=100)
     parser.add_argument("--gap-frames", type=int, default=2000)
-    parser.add_argument("--skip", choices=["workers", "hostile"], action="append", default=[])
+    parser.add_argument("--skip", choices=["workers", "drains", "hostile"], action="append", default=[])
     options = parser.parse_args()
     out: dict[str, Any] = {"machine": {"cpus": len(os.sched_getaffinity(0)), "load_average": os.getloadavg()[0]}}
     with tempfile.TemporaryDirectory() as folder:
         if "workers" not in options.skip:
             out["worker_faults"] = worker_faults(Path(folder), options.kills, options.stops)
+        if "drains" not in options.skip:
+            out["drains"] = drains(Path(folder), options.drains)
         if "hostile" not in options.skip:
             out["hostile"] = hostile(
                 Path(folder), options.fuzz, options.flood_clients, options.flood_messages, options.gap_frames

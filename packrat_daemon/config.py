@@ -333,6 +333,24 @@ SETTINGS: tuple[Setting, ...] = (
         TIMEOUTS,
     ),
     Setting(
+        "slice_hedge_margin",
+        _number("a number, 1 or more", lambda value: value >= 1),
+        # A hedge kills nothing (the first answer is used, the other dropped), so it can come long before the
+        # deadline that replaces a worker: a hung worker costs about this margin plus one slice.
+        1.5,
+        "a part of a batch not answered after this many times the profile's latency (at least "
+        "slice_hedge_floor_ms) is also sent to an idle worker, and the first answer is used; "
+        "at slice_deadline_margin or more, nothing is hedged",
+        TIMEOUTS,
+    ),
+    Setting(
+        "slice_hedge_floor_ms",
+        WAIT,
+        100.0,
+        "the least time in milliseconds a part of a batch is given before it is hedged",
+        TIMEOUTS,
+    ),
+    Setting(
         "drain_timeout_s",
         SECONDS,
         30.0,

@@ -89,6 +89,7 @@ class Daemon:
         self.reconciler = Reconciler(Pool(self.backend, warmup=(1,)), self.topology)
         self.reconciler.set_plan(self.plan)
         deadline = (config.job_timeout_s, config.slice_deadline_margin, config.slice_deadline_floor_ms / 1000.0)
+        deadline += (config.slice_hedge_margin, config.slice_hedge_floor_ms / 1000.0)
         self.dispatcher = Dispatcher(self.reconciler.pool.run, self._splitter(self.profile, self.plan), *deadline)
         self.batcher = Batcher(config.max_batch, config.max_delay_ms / 1000.0, config.max_queue)
         self.frontend = Frontend(context, config, self.info, metrics, self.batcher, self.dispatcher, self.reconciler)

@@ -3,7 +3,8 @@
 Every batch is split exactly for the live pool (policies.solver.split_batch on the instances' own
 profile rows). Each worker's rows are views of the clients' own buffers, which the pool sends as
 frames or copies once into the worker's shared memory. A worker that dies or times out has its slice
-sent to another instance, so every request ends in a result or an explicit error.
+sent to another instance, so every request ends in a result or an explicit error. A slice that is
+merely late is hedged first: sent to an idle worker too, the first answer used, and nobody killed.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ import numpy as np
 
 from packrat_daemon.batcher import Request
 from packrat_daemon.pool import WorkerHandle
+from packrat_daemon.splitter import Splitter
 from packrat_daemon.wire.codec import DTYPES
-from policies.planning.layouts import Split, fastest, split_on
-from policies.planning.profile import Profile
 from workers.messages import numpy_name
 
 # Sends one job ({"job", "dtype", "shape"} and the input as byte views) to a worker: Pool.run, which
@@ -38,6 +38,8 @@ class Job:
     sent_at: float
     deadline: float  # monotonic time past which the worker is presumed hung (see Dispatcher.deadline)
     predicted_ms: float | None  # the profile's latency for this slice; None when it has none
+    hedge_at: float = math.inf  # monotonic time past which its rows are also sent to an idle worker
+    twin: Job | None = None  # the same rows on another worker once hedged: the first answer is used
     output: np.ndarray | None = None
     compute_ms: float = 0.0
 
@@ -70,108 +72,6 @@ class Completed:
     jobs: Sequence[Job] = ()  # the batch's slices (worker, rows, predicted and measured ms): the request log, metrics
 
 
-class Splitter:
-    """Which live workers take a batch, and how many rows each: exact, cached, per batch size.
-
-    A plan may keep several layouts of the same cores warm (say one 2-thread worker and two 1-thread
-    workers); each batch goes to the complete layout that policies.planning.layouts.fastest picks,
-    with the packrat policy's `min_split_gain` applied per batch.
-    """
-
-    def __init__(
-        self,
-        profile: Profile | None,
-        mode: str,
-        layouts: Sequence[Sequence[tuple[int, tuple[int, ...]]]] = (),
-        oversubscribed: bool = False,
-        min_split_gain: float = 0.0,
-    ) -> None:
-        self.profile = profile
-        self.mode = mode
-        self.layouts = [list(layout) for layout in layouts]
-        self.oversubscribed = oversubscribed
-        self.min_split_gain = min_split_gain
-        self._cache: dict[tuple[tuple[int, ...], int], Split] = {}
-        # choose()'s answers for the last `workers` sequence, by batch size. The daemon passes a new list
-        # whenever its pool changes (and never edits one in place), so the list's identity is the key.
-        self._chosen_for: Sequence[WorkerHandle] | None = None
-        self._chosen: dict[int, list[tuple[WorkerHandle, int]]] = {}
-
-    def choose(self, workers: Sequence[WorkerHandle], batch: int) -> list[tuple[WorkerHandle, int]]:
-        """The workers that take a batch of `batch` inputs, with their rows. `workers` must be a new
-        sequence whenever the pool changes: answers are remembered per sequence object."""
-        if workers is self._chosen_for:
-            known = self._chosen.get(batch)
-            if known is not None:
-                return known
-        else:
-            self._chosen_for, self._chosen = workers, {}
-        chosen = self._choose(workers, batch)
-        self._chosen[batch] = chosen
-        return chosen
-
-    def _choose(self, workers: Sequence[WorkerHandle], batch: int) -> list[tuple[WorkerHandle, int]]:
-        candidates = [members for layout in self.layouts if (members := _match(layout, workers))]
-        if not candidates:
-            # Mid-reconfiguration no layout may be complete: use ready workers whose cores do not overlap.
-            candidates = [list(workers) if self.oversubscribed else _disjoint(workers)]
-        splits = [self._split(tuple(w.threads for w in members), batch) for members in candidates]
-        chosen = fastest(splits, self.min_split_gain)
-        members, sizes = candidates[chosen], splits[chosen].rows
-        return [(worker, rows) for worker, rows in zip(members, sizes, strict=True) if rows]
-
-    def _split(self, threads: tuple[int, ...], batch: int) -> Split:
-        key = (threads, batch)
-        if key not in self._cache:
-            self._cache[key] = self._compute(list(threads), batch)
-        return self._cache[key]
-
-    def predicted_ms(self, threads: int, rows: int) -> float | None:
-        """The profile's latency of `rows` inputs on a `threads`-thread worker (the smallest profiled batch
-        that holds them); None without a profile or a row for those threads."""
-        return None if self.profile is None else self.profile.lhat(threads, rows)
-
-    def _compute(self, threads: list[int], batch: int) -> Split:
-        if self.mode == "exact" and self.profile is not None:
-            split = split_on(self.profile, threads, batch)
-            if split is not None:
-                return split
-            # The profile does not cover this pool or batch: fall back to proportional.
-        weights = threads if self.mode == "exact" else [1] * len(threads)
-        return Split(float("inf"), _proportional(weights, batch))
-
-
-def _match(layout: Sequence[tuple[int, tuple[int, ...]]], workers: Sequence[WorkerHandle]) -> list[WorkerHandle]:
-    """Ready workers filling every slot of `layout`, or [] when one is missing."""
-    free = [w for w in workers if w.pending is None]
-    members = []
-    for threads, cores in layout:
-        found = next((w for w in free if w.threads == threads and w.cores == cores), None)
-        if found is None:
-            return []
-        free.remove(found)
-        members.append(found)
-    return members
-
-
-def _disjoint(workers: Sequence[WorkerHandle]) -> list[WorkerHandle]:
-    taken: set[int] = set()
-    chosen = []
-    for worker in sorted(workers, key=lambda w: (-w.threads, w.id)):
-        if taken.isdisjoint(worker.cores):
-            chosen.append(worker)
-            taken.update(worker.cores)
-    return chosen
-
-
-def _proportional(weights: Sequence[int], batch: int) -> list[int]:
-    total = sum(weights)
-    sizes = [batch * w // total for w in weights]
-    for k in range(batch - sum(sizes)):
-        sizes[k % len(sizes)] += 1
-    return sizes
-
-
 class Dispatcher:
     def __init__(
         self,
@@ -180,14 +80,20 @@ class Dispatcher:
         job_timeout_s: float,
         deadline_margin: float,
         deadline_floor_s: float,
+        hedge_margin: float = math.inf,
+        hedge_floor_s: float = 0.0,
     ) -> None:
         self.send = send
         self.splitter = splitter
         self.job_timeout_s = job_timeout_s
         self.deadline_margin = deadline_margin
         self.deadline_floor_s = deadline_floor_s
+        self.hedge_margin = hedge_margin  # math.inf: never hedge
+        self.hedge_floor_s = hedge_floor_s
         self.batch: InFlightBatch | None = None
+        # Every job sent and not answered, the losers of hedges included: a worker holding one is busy.
         self.jobs: dict[int, Job] = {}
+        self.late: list[Job] = []  # slices past their hedge time that wait for an idle worker
         self._next_job = 1
         # No job's or in-flight request's deadline is earlier (it may be stale-early once a job is answered:
         # the next check then finds nothing and recomputes it). Lets the loop skip the check on most wakes.
@@ -198,6 +104,11 @@ class Dispatcher:
         return self.batch is not None
 
     def dispatch(self, requests: list[Request], workers: list[WorkerHandle]) -> None:
+        if any(w.outstanding for w in workers):
+            # A worker still computing a slice nobody waits for (a hedge's loser, an abandoned batch) would
+            # take this batch's slice only after it: leave it out while the others can take the batch.
+            free = [w for w in workers if not w.outstanding]
+            workers = free or workers
         first = requests[0]
         batch = InFlightBatch(requests, DTYPES[first.dtype], tuple(first.shape[1:]))
         deadlines = [r.deadline for r in requests if r.deadline is not None]
@@ -212,21 +123,59 @@ class Dispatcher:
 
     def on_result(self, worker: WorkerHandle, header: dict[str, Any], payload: list[Any]) -> list[Completed]:
         job = self.jobs.pop(header["job"], None)
-        if job is None or job.batch is not self.batch:
-            return []  # a late answer for a slice already re-sent elsewhere
+        batch = self.batch
+        if job is None or job.batch is not batch:
+            return []  # a late answer for a slice already re-sent elsewhere, or of a batch already answered
+        twin = job.twin
+        if twin is not None:
+            if twin.output is not None:
+                return []  # the hedge's other copy answered first
+            # The first answer wins; the other copy stays in `jobs` (its worker is busy) until it answers or
+            # its deadline replaces its worker.
+            _put_in_place_of(batch.jobs, twin, job)
         job.output = payload[0]  # the output array, as the pool decoded it (a copy if it came shared)
         job.compute_ms = float(header["compute_ms"])
-        self.batch.unanswered -= 1
-        return self._finish() if self.batch.done() else []
+        batch.unanswered -= 1
+        return self._finish() if batch.done() else []
+
+    def hedge(self, now: float, workers: list[WorkerHandle]) -> list[Job]:
+        """Send each slice of the batch in flight that is past its hedge time to an idle worker as well, and
+        return the copies sent. A slice with no idle worker to take it waits in `late` for the next one."""
+        batch = self.batch
+        if batch is None:
+            self.late.clear()
+            return []
+        for job in batch.jobs:
+            if job.hedge_at <= now:
+                job.hedge_at = math.inf  # hedged once at most
+                if job.output is None and job.twin is None:
+                    self.late.append(job)
+        self.late = [job for job in self.late if job.batch is batch and job.output is None and job.twin is None]
+        if not self.late:
+            return []
+        busy = {job.worker.id for job in self.jobs.values()}
+        idle = [w for w in workers if w.id not in busy and not w.outstanding and w.pending is None]
+        copies = []
+        while self.late and idle:
+            job = self.late.pop(0)
+            copies.append(self._send_job(batch, job.offset, job.rows, idle.pop(0), twin=job))
+        return copies
 
     def reassign(self, lost: WorkerHandle, workers: list[WorkerHandle]) -> bool:
-        """Re-send the lost worker's slices; False when no worker is left to take them."""
+        """Re-send the lost worker's slices; False when no worker is left to take them. A slice whose hedge
+        copy is still computing elsewhere is not re-sent: that copy is the slice now."""
         orphaned = [job for job in self.jobs.values() if job.worker.id == lost.id]
+        needed = [job for job in orphaned if job.batch is self.batch and job.twin is None]
         candidates = [w for w in workers if w.id != lost.id]
-        if orphaned and not candidates:
+        if needed and not candidates:
             return False
-        for k, job in enumerate(orphaned):
+        for job in orphaned:
             del self.jobs[job.id]
+            twin = job.twin
+            if twin is not None and twin.output is None:
+                twin.twin = None
+                _put_in_place_of(job.batch.jobs, job, twin)
+        for k, job in enumerate(needed):
             job.batch.jobs.remove(job)
             job.batch.unanswered -= 1
             self._send_job(job.batch, job.offset, job.rows, candidates[k % len(candidates)])
@@ -252,7 +201,8 @@ class Dispatcher:
             left = [r.deadline for r in batch.requests if not r.answered and r.deadline is not None]
             batch.deadline = min(left, default=math.inf)
         self.next_deadline = min(
-            [job.deadline for job in self.jobs.values()] + ([batch.deadline] if batch is not None else []),
+            [min(job.deadline, job.hedge_at) for job in self.jobs.values()]
+            + ([batch.deadline] if batch is not None else []),
             default=math.inf,
         )
         return expired
@@ -261,12 +211,19 @@ class Dispatcher:
         """(deadline, predicted ms) of a slice of `rows` sent to `worker` now: the profile's latency times
         the margin, at least the floor, at most the job timeout; after the deadlines of the slices the
         worker already holds (it runs them one after another). Without a prediction: the job timeout."""
+        return self._times(worker, rows, now)[1:]
+
+    def _times(self, worker: WorkerHandle, rows: int, now: float) -> tuple[float, float, float | None]:
+        """(hedge time, deadline, predicted ms) of a slice; no hedge without a prediction, nor one that
+        would come no earlier than the deadline."""
         predicted = self.splitter.predicted_ms(worker.threads, rows)
         allowed = self.job_timeout_s
+        hedge_after = math.inf
         if predicted is not None:
             allowed = min(allowed, max(self.deadline_floor_s, self.deadline_margin * predicted / 1000.0))
+            hedge_after = max(self.hedge_floor_s, self.hedge_margin * predicted / 1000.0)
         start = max([now] + [job.deadline for job in self.jobs.values() if job.worker.id == worker.id])
-        return start + allowed, predicted
+        return (start + hedge_after if hedge_after < allowed else math.inf), start + allowed, predicted
 
     def abandon(self) -> list[Request]:
         """Give up the batch in flight (no worker left); the caller answers its unanswered requests with errors."""
@@ -278,18 +235,26 @@ class Dispatcher:
         return requests
 
     # -- internals --------------------------------------------------------------------------
-    def _send_job(self, batch: InFlightBatch, offset: int, rows: int, worker: WorkerHandle) -> None:
+    def _send_job(
+        self, batch: InFlightBatch, offset: int, rows: int, worker: WorkerHandle, twin: Job | None = None
+    ) -> Job:
+        """Send rows [offset, offset+rows) of `batch` to `worker`; `twin`: the slice this job hedges."""
         now = time.monotonic()
-        deadline, predicted = self.deadline(worker, rows, now)
-        job = Job(self._next_job, batch, offset, rows, worker, now, deadline, predicted)
+        hedge_at, deadline, predicted = self._times(worker, rows, now)
+        job = Job(self._next_job, batch, offset, rows, worker, now, deadline, predicted, hedge_at, twin)
         self._next_job += 1
-        self.next_deadline = min(self.next_deadline, deadline)
+        self.next_deadline = min(self.next_deadline, deadline, hedge_at)
         header = {"job": job.id, "dtype": numpy_name(batch.dtype), "shape": [rows, *batch.sample_shape]}
         self.jobs[job.id] = job
-        batch.jobs.append(job)
-        batch.unanswered += 1
+        if twin is None:
+            batch.jobs.append(job)
+            batch.unanswered += 1
+        else:  # the copy is not hedged again; it stands for the slice only once it answers first
+            twin.twin = job
+            job.hedge_at = math.inf
         if not self.send(worker, header, _row_frames(batch, offset, rows)):
             job.deadline = self.next_deadline = 0.0  # unreachable worker: the next check re-routes it at once
+        return job
 
     def _finish(self) -> list[Completed]:
         batch = self.batch
@@ -311,6 +276,14 @@ class Dispatcher:
                 completed.append(Completed(request, rows, queue_ms, compute_ms, len(jobs), jobs))
             offset += request.samples
         return completed
+
+
+def _put_in_place_of(jobs: list[Job], old: Job, new: Job) -> None:
+    """Replace `old` by `new` in a batch's jobs (by identity: a Job compares its fields)."""
+    for k, job in enumerate(jobs):
+        if job is old:
+            jobs[k] = new
+            return
 
 
 def _row_frames(batch: InFlightBatch, offset: int, rows: int) -> list[memoryview]:

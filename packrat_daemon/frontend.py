@@ -65,8 +65,11 @@ RECEIVE_HWM = 64
 # On close, how long ZeroMQ may still try to deliver the last replies (the drain's results, the
 # SHUTTING_DOWN answers) before the process exits.
 CLOSE_LINGER_MS = 1000
-# After the drain, how long the daemon keeps answering SHUTTING_DOWN before it closes the socket: a
-# client flooding the socket must not keep the daemon from exiting.
+# After the drain the daemon keeps answering SHUTTING_DOWN until no message has come for REFUSE_QUIET_S:
+# closing at the first moment the queue is empty loses the request a client sends right after its last
+# reply. The quiet time is longer than a client's turn-around between a reply and its next send.
+REFUSE_QUIET_S = 0.1
+# At most this long in all: a client flooding the socket must not keep the daemon from exiting.
 REFUSE_WAITING_S = 1.0
 
 _recv = _CompiledSocket.recv
@@ -186,12 +189,19 @@ class Frontend:
         self.close()
 
     def refuse_waiting(self) -> None:
-        """After the drain: answer every message still waiting on the socket (SHUTTING_DOWN; `info` is
-        still answered), so that no request that reached the daemon goes unanswered."""
+        """After the drain: answer every message that reaches the socket (SHUTTING_DOWN; `info` is still
+        answered) until it has been quiet for REFUSE_QUIET_S, at most REFUSE_WAITING_S in all."""
         self.accepting = False
-        stop = time.monotonic() + REFUSE_WAITING_S
-        while readable(self.socket) and time.monotonic() < stop:
-            self.read()
+        now = time.monotonic()
+        stop, quiet_until = now + REFUSE_WAITING_S, now + REFUSE_QUIET_S
+        while now < min(stop, quiet_until):
+            if self.socket.poll(math.ceil((min(stop, quiet_until) - now) * 1000)):
+                self.read()
+                quiet_until = time.monotonic() + REFUSE_QUIET_S
+            now = time.monotonic()
+        # The monotonic clock is the machine's: a client can tell which of its requests went before the close.
+        why = "a client still sending" if now >= stop else f"quiet for {REFUSE_QUIET_S * 1000:.0f} ms"
+        log.info("closing the frontend at monotonic %.6f (%s)", time.monotonic(), why)
 
     def describe(self) -> dict[str, Any]:
         """The `info` reply: the model, its input, the plan and the live workers."""

@@ -83,7 +83,9 @@ class Supervisor:
 
     def on_deadline(self, now: float) -> None:
         """A deadline of the batch in flight passed: `timeout_ms` bounds the whole request, so one whose batch
-        is still computing is answered now; a slice past its deadline makes the next check replace its worker."""
+        is still computing is answered now; a slice past its hedge time is sent to an idle worker too; a
+        slice past its deadline makes the next check replace its worker."""
+        self._hedge(now)
         for request in self.dispatcher.expire(now):
             self.frontend.reply_error(request, ErrorCode.TIMEOUT, "the request's timeout passed while it was computed")
         self.changed = self.changed or bool(self.dispatcher.overdue(now))
@@ -116,6 +118,17 @@ class Supervisor:
         self.serving = self.reconciler.serving()
         self.metrics.workers_serving({worker.id: worker.pid for worker in self.serving})
 
+    def _hedge(self, now: float) -> None:
+        for copy in self.dispatcher.hedge(now, self.serving):
+            late = copy.twin
+            assert late is not None and late.predicted_ms is not None  # only a predicted slice is hedged
+            log.info(
+                "worker %d (pid %s) has not answered its %d rows in %.0f ms (predicted %.0f ms): also sent to "
+                "worker %d; the first answer is used",
+                late.worker.id, late.worker.pid, late.rows, (now - late.sent_at) * 1000.0, late.predicted_ms,
+                copy.worker.id,
+            )  # fmt: skip
+
     def _on_event(self, event: PoolEvent) -> None:
         worker = event.worker
         assert worker is not None
@@ -123,6 +136,8 @@ class Supervisor:
             # Answer first, learn after: the client's reply must not wait for bookkeeping.
             for done in self.dispatcher.on_result(worker, event.header, event.payload):
                 self.frontend.reply_result(done)
+            if self.dispatcher.late:  # a late slice waits for an idle worker: this one may be it
+                self._hedge(time.monotonic())
             compute_ms = float(event.header["compute_ms"])
             self.metrics.observe_compute(worker.threads, compute_ms)
             self.production.observe(worker.threads, int(event.header["batch"]), compute_ms, time.monotonic())
@@ -140,7 +155,8 @@ class Supervisor:
             log.info("worker %d ready: %d thread(s) on cores %s", worker.id, worker.threads, list(worker.cores))
 
     def _on_lost(self, worker: WorkerHandle) -> None:
-        if self.dispatcher.busy and not self.dispatcher.reassign(worker, self.reconciler.serving()):
+        # Also when no batch is in flight: the worker may hold a hedge's losing copy, which is dropped.
+        if not self.dispatcher.reassign(worker, self.reconciler.serving()):
             # No worker left to take the slice (the others died too, or their replacements are still
             # starting): the batch goes back to the head of the queue and waits for the replacements, once.
             # A batch that loses its workers twice may be what kills them: it is answered INTERNAL.

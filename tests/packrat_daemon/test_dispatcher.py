@@ -232,3 +232,76 @@ def test_abandon_leaves_out_requests_already_answered() -> None:
     dispatcher.dispatch(batch, pool)
     assert dispatcher.expire(2.0) == [batch[0]]
     assert dispatcher.abandon() == [batch[1]]
+
+
+def hedging(pool_size: int) -> tuple[Recorder, list[WorkerHandle], Dispatcher]:
+    # 400 ms predicted per 2-row slice: hedged after 0.6 s, its worker replaced after 1.2 s.
+    recorder, pool = Recorder(), workers(*[1] * pool_size)
+    dispatcher = Dispatcher(
+        recorder, Splitter(Profile.from_latencies({(1, 2): 400.0}), "even"), job_timeout_s=60,
+        deadline_margin=3.0, deadline_floor_s=0.2, hedge_margin=1.5, hedge_floor_s=0.1,
+    )  # fmt: skip
+    return recorder, pool, dispatcher
+
+
+def test_a_late_slice_is_hedged_on_an_idle_worker_and_the_first_answer_is_used() -> None:
+    recorder, pool, dispatcher = hedging(3)
+    batch, arrays = requests(2, 2)
+    dispatcher.dispatch(batch, pool[:2])
+    late = next(job for job in dispatcher.jobs.values() if job.worker.id == 1)
+    assert abs(late.hedge_at - late.sent_at - 0.6) < 1e-9 and abs(late.deadline - late.sent_at - 1.2) < 1e-9
+    assert dispatcher.next_deadline == min(job.hedge_at for job in dispatcher.jobs.values())
+    assert answer(dispatcher, pool, recorder.sent[1]) == []  # worker 2 answers its slice
+    assert dispatcher.hedge(late.hedge_at - 0.01, pool) == []
+    [copy] = dispatcher.hedge(late.hedge_at + 0.01, pool)
+    assert copy.twin is late and late.twin is copy and copy.worker.id == 2 and (copy.offset, copy.rows) == (0, 2)
+    assert recorder.sent[2][2] == recorder.sent[0][2]  # the same rows
+    assert dispatcher.hedge(late.hedge_at + 0.02, pool) == []  # hedged once
+    done = answer(dispatcher, pool, recorder.sent[2])
+    for completed, array in zip(done, arrays, strict=True):
+        np.testing.assert_array_equal(completed.output, array * 2)
+    # The loser is still held by its worker: left out of the next batch, and replaced at its deadline.
+    assert dispatcher.overdue(late.deadline + 0.01) == [late]
+    pool[0].outstanding = 1
+    dispatcher.dispatch(requests(2, 2)[0], pool)
+    assert {identity for identity, _, _ in recorder.sent[3:]} == {pool[1].identity, pool[2].identity}
+    assert answer(dispatcher, pool, recorder.sent[0]) == []  # its late answer is dropped
+    assert late.id not in dispatcher.jobs
+
+
+def test_a_late_slice_waits_for_a_worker_to_become_idle_and_the_original_may_still_win() -> None:
+    recorder, pool, dispatcher = hedging(2)
+    batch, arrays = requests(2, 2)
+    dispatcher.dispatch(batch, pool)
+    now = max(job.hedge_at for job in dispatcher.jobs.values()) + 0.01
+    assert dispatcher.hedge(now, pool) == [] and len(dispatcher.late) == 2  # both workers are busy
+    assert answer(dispatcher, pool, recorder.sent[1]) == []
+    [copy] = dispatcher.hedge(now, pool)  # worker 2 is idle now
+    assert copy.worker.id == 2 and copy.offset == 0 and not dispatcher.late
+    done = answer(dispatcher, pool, recorder.sent[0])  # the original answers first after all
+    for completed, array in zip(done, arrays, strict=True):
+        np.testing.assert_array_equal(completed.output, array * 2)
+    assert answer(dispatcher, pool, recorder.sent[2]) == []
+
+
+def test_a_lost_worker_whose_slice_is_hedged_is_not_sent_again() -> None:
+    recorder, pool, dispatcher = hedging(2)
+    batch, arrays = requests(2, 2)
+    dispatcher.dispatch(batch, pool)
+    answer(dispatcher, pool, recorder.sent[1])
+    [copy] = dispatcher.hedge(max(job.hedge_at for job in dispatcher.jobs.values()) + 0.01, pool)
+    assert dispatcher.reassign(pool[0], pool[1:])
+    assert len(recorder.sent) == 3 and list(dispatcher.jobs.values()) == [copy]
+    done = answer(dispatcher, pool, recorder.sent[2])
+    for completed, array in zip(done, arrays, strict=True):
+        np.testing.assert_array_equal(completed.output, array * 2)
+
+
+def test_a_worker_lost_while_holding_a_losing_copy_has_it_dropped_not_sent_again() -> None:
+    recorder, pool, dispatcher = hedging(2)
+    dispatcher.dispatch(requests(2, 2)[0], pool)
+    answer(dispatcher, pool, recorder.sent[1])
+    [copy] = dispatcher.hedge(max(job.hedge_at for job in dispatcher.jobs.values()) + 0.01, pool)
+    assert answer(dispatcher, pool, recorder.sent[2]) and not dispatcher.busy  # the copy won
+    assert [job.worker.id for job in dispatcher.jobs.values()] == [1]  # the loser, still computing
+    assert dispatcher.reassign(pool[0], pool) and not dispatcher.jobs and len(recorder.sent) == 3

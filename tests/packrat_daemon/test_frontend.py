@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +13,7 @@ import numpy as np
 import pytest
 import zmq
 
+from packrat_daemon import frontend as frontend_module
 from packrat_daemon.backend import Backend, ModelInfo
 from packrat_daemon.batcher import Batcher
 from packrat_daemon.config import ServeConfig
@@ -19,7 +22,14 @@ from packrat_daemon.frontend import Frontend
 from packrat_daemon.metrics import Metrics
 from packrat_daemon.pool import Pool
 from packrat_daemon.reconciler import Reconciler
-from packrat_daemon.wire.client_side import decode_reply, encode_infer_request, encode_info_request, info_result
+from packrat_daemon.wire.client_side import (
+    decode_reply,
+    encode_infer_request,
+    encode_info_request,
+    info_result,
+    server_error,
+)
+from packrat_daemon.wire.codec import ErrorCode
 from policies.base import InstancePlan, Plan
 from policies.planning.topology import Topology
 
@@ -185,3 +195,75 @@ def test_after_the_drain_waiting_requests_get_shutting_down(served: Served) -> N
         replies.append(decode_reply(served.client.recv_multipart())[0])
     assert sorted(r["error"]["code"] for r in replies if not r["ok"]) == ["SHUTTING_DOWN"] * 5
     assert [r["id"] for r in replies if r["ok"]] == ["i"] and served.batcher.queued_inputs == 0
+
+
+def test_after_the_drain_a_client_that_pauses_between_requests_is_still_answered(served: Served) -> None:
+    # Closing at the first moment the queue is empty lost the request a client sent right after a reply.
+    gap_s = frontend_module.REFUSE_QUIET_S / 3
+    endpoint = served.frontend.endpoint
+
+    def send_with_pauses() -> None:
+        client = zmq.Context.instance().socket(zmq.DEALER)
+        client.setsockopt(zmq.LINGER, 0)
+        client.connect(endpoint)
+        for k in range(6):
+            client.send_multipart(encode_infer_request(k, rows(1)))
+            assert client.poll(5000), f"request {k} got no reply"
+            replies.append(decode_reply(client.recv_multipart())[0])
+            time.sleep(gap_s)
+        client.close()
+
+    replies: list[dict[str, Any]] = []
+    sender = threading.Thread(target=send_with_pauses)
+    sender.start()
+    assert served.frontend.socket.poll(5000)
+    served.frontend.refuse_waiting()
+    sender.join()
+    assert [r["error"]["code"] for r in replies] == ["SHUTTING_DOWN"] * 6
+
+
+def test_after_the_drain_a_client_that_never_stops_cannot_keep_the_daemon_up(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(frontend_module, "REFUSE_WAITING_S", 0.3)
+    stop = threading.Event()
+    endpoint = served.frontend.endpoint
+
+    def flood() -> None:
+        client = zmq.Context.instance().socket(zmq.DEALER)
+        client.setsockopt(zmq.LINGER, 0)
+        client.connect(endpoint)
+        while not stop.is_set():
+            client.send_multipart(encode_infer_request(1, rows(1)))
+            time.sleep(0.005)
+        client.close()
+
+    sender = threading.Thread(target=flood)
+    sender.start()
+    try:
+        assert served.frontend.socket.poll(5000)
+        started = time.monotonic()
+        served.frontend.refuse_waiting()
+        assert time.monotonic() - started < 0.3 + frontend_module.REFUSE_QUIET_S
+    finally:
+        stop.set()
+        sender.join()
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        encode_infer_request(1, np.zeros((1, 8), dtype=np.float32)),
+        encode_infer_request(2, np.zeros((1, 16), dtype=np.float64)),
+        encode_infer_request(3, rows(5)),
+        [b"not json", rows(1).tobytes()],
+        [b'{"v": 1, "id": 4, "op": "infer", "dtype": "float32", "shape": [1, 16]}'],
+    ],
+)
+def test_an_error_names_its_code_once(served: Served, frames: list[Any]) -> None:
+    # The model checks used to send str(exc), which already began with the code: the client then showed
+    # "BAD_REQUEST: BAD_REQUEST: ...".
+    header = served.ask(frames)
+    code, message = header["error"]["code"], header["error"]["message"]
+    assert not any(message.startswith(f"{known}:") for known in ErrorCode)
+    assert str(server_error(header)) == f"{code}: {message}"
