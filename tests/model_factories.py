@@ -99,3 +99,10 @@ class LosesPrecisionInBf16(nn.Module):
 
 def loses_precision_in_bf16() -> nn.Module:
     return LosesPrecisionInBf16()
+
+
+def paced_mlp() -> nn.Module:
+    """A tiny MLP that sleeps 25 ms a batch: queueing spreads its latency out while it leaves the CPUs
+    (shared with other tests) idle, and the client's own overhead (about a millisecond on a busy machine)
+    stays a small part of what it measures."""
+    return SlowMLP(delay_s=0.025)

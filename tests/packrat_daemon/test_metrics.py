@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import socket
 import urllib.error
 import urllib.request
@@ -9,10 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import running_daemon
+from conftest import REPO, running_daemon
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from packrat_daemon.batcher import Request
+from packrat_daemon.dispatcher import Completed, InFlightBatch, Job
+from packrat_daemon.pool import WorkerHandle
 from packrat_daemon.wire.client import BadRequest, Client
 
 
@@ -31,6 +37,7 @@ def scrape(port: int) -> dict[tuple[str, tuple], float]:
     }
 
 
+@pytest.mark.slow
 def test_metrics_count_requests_batches_errors_and_describe_the_plan(tmp_path: Path) -> None:
     port = free_port()
     args = ["--model", "builtin:tiny-mlp", "--policy", "fixed", "--plan", "2*1x2", "--max-batch", "4"]
@@ -58,6 +65,10 @@ def test_metrics_count_requests_batches_errors_and_describe_the_plan(tmp_path: P
     assert metrics[("packrat_process_cpu_seconds_total", (("process", "daemon"),))] > 0
     plan = next(labels for (name, labels) in metrics if name == "packrat_plan_info")
     assert ("policy", "fixed") in plan and ("threads", "1+1") in plan
+    # Every batch once under the layout that ran it (1 input: one worker; more: both).
+    layouts = {dict(labels)["layout"]: value for (name, labels), value in metrics.items()
+               if name == "packrat_layout_compute_seconds_count"}  # fmt: skip
+    assert sum(layouts.values()) == metrics[("packrat_batch_size_count", ())] and set(layouts) <= {"1", "1+1"}
 
 
 def test_metrics_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
@@ -167,6 +178,7 @@ def test_readyz_is_503_until_the_workers_serve_and_while_the_pool_is_below_its_p
         metrics.close()
 
 
+@pytest.mark.slow
 def test_a_real_daemon_answers_healthz_readyz_metrics_and_404_elsewhere(tmp_path: Path) -> None:
     port = free_port()
     args = ["--model", "builtin:tiny-mlp", "--policy", "fixed", "--plan", "2*1x2", "--max-batch", "4"]
@@ -184,3 +196,76 @@ def test_latency_buckets_follow_the_predicted_latency_10_percent_apart() -> None
     assert fine[0] <= 0.002 * 1.0001 and fine[-1] >= 0.2 * 0.999
     assert all(high / low <= 1.1 + 1e-6 for low, high in zip(fine, fine[1:], strict=False))
     assert buckets[-1] == LATENCY_BUCKETS[-1] and list(buckets) == sorted(set(buckets))
+
+
+def completed_batch(
+    threads: list[int], rows: list[int], compute_ms: list[float], predicted_ms: list[float | None]
+) -> list[Completed]:
+    """The dispatcher's Completed records of one finished batch: one request per slice, its worker's
+    threads, rows, measured and predicted milliseconds."""
+    requests = [Request(b"client", None, f"r{k}", "float32", (n, 16), b"") for k, n in enumerate(rows)]
+    batch = InFlightBatch(requests, np.dtype("float32"), (16,))
+    jobs, offset = [], 0
+    for k, (t, n, measured, predicted) in enumerate(zip(threads, rows, compute_ms, predicted_ms, strict=True)):
+        worker = WorkerHandle(id=k + 1, threads=t, cores=tuple(range(t)), generation=1, pid=1000 + k)
+        jobs.append(Job(k + 1, batch, offset, n, worker, 0.0, 0.0, predicted, compute_ms=measured))
+        offset += n
+    slowest = max(compute_ms)
+    return [Completed(r, np.zeros((r.samples, 4), np.float32), 0.5, slowest, len(jobs), jobs) for r in requests]
+
+
+def test_each_layout_exports_its_measured_and_predicted_compute_once_per_batch() -> None:
+    from packrat_daemon.metrics import MAX_LAYOUT_LABELS, OTHER_LAYOUT, Metrics
+
+    metrics = Metrics("m")
+    for done in completed_batch([1, 2], [2, 3], [4.0, 6.0], [5.0, 5.5]):  # one batch, two requests
+        metrics.answered(done, 7.0)
+    for done in completed_batch([2, 1], [1, 1], [3.0, 2.0], [2.5, None]):  # a slice without a prediction
+        metrics.answered(done, 4.0)
+    samples = scrape_registry(metrics.registry)
+    layout = (("layout", "2+1"),)  # largest first, whichever worker holds which count
+    assert samples[("packrat_request_latency_seconds_count", ())] == 4  # every request
+    assert samples[("packrat_layout_compute_seconds_count", layout)] == 2  # every batch, once
+    assert samples[("packrat_layout_compute_seconds_sum", layout)] == pytest.approx((6.0 + 3.0) / 1000)
+    assert samples[("packrat_layout_predicted_batches_total", layout)] == 1  # only the batch with a prediction
+    assert samples[("packrat_layout_predicted_seconds_total", layout)] == pytest.approx(5.5 / 1000)
+    for threads in range(1, MAX_LAYOUT_LABELS + 5):  # many distinct layouts: the labels stay bounded
+        (done,) = completed_batch([threads], [1], [1.0], [1.0])
+        metrics.answered(done, 1.0)
+    labels = {dict(labels)["layout"] for (name, labels) in scrape_registry(metrics.registry)
+              if name == "packrat_layout_compute_seconds_count"}  # fmt: skip
+    assert len(labels) == MAX_LAYOUT_LABELS + 1 and OTHER_LAYOUT in labels
+
+
+def test_a_request_answered_timeout_in_flight_does_not_lose_its_batch() -> None:
+    from packrat_daemon.metrics import Metrics
+
+    metrics = Metrics("m")
+    first, second = completed_batch([1, 1], [1, 1], [2.0, 2.0], [2.0, 2.0])
+    first.request.answered = True  # TIMEOUT while in flight: only the second request gets a result
+    metrics.answered(second, 3.0)
+    assert scrape_registry(metrics.registry)[("packrat_layout_compute_seconds_count", (("layout", "1+1"),))] == 1
+
+
+def test_the_grafana_dashboard_queries_only_metrics_the_daemon_exports() -> None:
+    from packrat_daemon.metrics import Metrics
+    from policies.base import InstancePlan, Plan
+
+    metrics = Metrics("m")
+    metrics.plan_changed(Plan((InstancePlan(1, 1), InstancePlan(1, 1)), "fixed", "test", 2.0), "start")
+    metrics.workers_serving({1: os.getpid()})
+    for done in completed_batch([1, 1], [1, 1], [2.0, 2.0], [2.0, 2.0]):
+        metrics.answered(done, 3.0)
+    metrics.count("OVERLOADED")
+    metrics.batch_size.observe(2)
+    metrics.observe_compute(1, 2.0)
+    exported = {name for name, _ in scrape_registry(metrics.registry)}
+    dashboard = json.loads((REPO / "docs" / "grafana" / "packrat-dashboard.json").read_text())
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\bpackrat_\w+", target["expr"])
+    }
+    assert queried and queried <= exported, queried - exported
+    assert {"packrat_layout_compute_seconds_sum", "packrat_layout_predicted_seconds_total"} <= queried
