@@ -273,6 +273,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "run_dir", OPTIONAL_TEXT, None, "folder for the internal ipc sockets", SERVING, unset="a private temp folder"
     ),
+    Setting(
+        "control",
+        OPTIONAL_TEXT,
+        None,
+        "the endpoint `packrat reconfigure` talks to: ipc://PATH in a folder only this user may enter, or "
+        "tcp on loopback; never the serving endpoint (docs/status.md)",
+        SERVING,
+        unset="ipc://RUN_DIR/control.ipc, logged at start",
+    ),
     Setting("policy", TEXT, "packrat", "packrat, single, torchserve, fixed, or an installed plug-in", PLANNING),
     Setting("plan", OPTIONAL_TEXT, None, "the plan for policy fixed, e.g. 2*1x8", PLANNING, unset="none"),
     Setting(
@@ -437,7 +446,7 @@ def markdown() -> str:
         "(the key is the flag's name with underscores for dashes, as in `systemd/example.toml`).",
         "A flag given on the command line wins over the file. On SIGHUP the daemon re-reads the file",
         "and re-plans; `model`, `input`, `endpoint`, `runtime`, `precision`, `max_rel_error`, `calibration`,",
-        "`allocator`, `run_dir`, `server_key`, `allowed_clients` and `insecure_public` take a restart",
+        "`allocator`, `run_dir`, `control`, `server_key`, `allowed_clients` and `insecure_public` take a restart",
         "(the allowed clients' folder itself is re-read whenever a key file is added or removed),",
         "and `max_batch` can only shrink.",
     ]

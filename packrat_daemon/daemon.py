@@ -23,8 +23,10 @@ import zmq
 from packrat_daemon.adapt.online import OnlineAdaptation
 from packrat_daemon.batcher import Batcher
 from packrat_daemon.config import ServeConfig
+from packrat_daemon.control import Control, control_endpoint
 from packrat_daemon.dispatcher import Dispatcher, Splitter
 from packrat_daemon.frontend import Frontend
+from packrat_daemon.live_status import live_status
 from packrat_daemon.metrics import Metrics
 from packrat_daemon.notify import READY, STOPPING, Watchdog, reloading, sd_notify
 from packrat_daemon.pool import Pool
@@ -86,17 +88,19 @@ class Daemon:
         self.policy, self.profiles = started.policy, started.profiles
         self.backend, self.info = started.served.backend, started.served.info
         self.profile, self.plan = started.served.profile, started.served.plan
-        self.reconciler = Reconciler(Pool(self.backend, warmup=(1,)), self.topology)
+        self.reconciler = Reconciler(Pool(self.backend, warmup=(1,)), self.topology, metrics.reconfigured)
         self.reconciler.set_plan(self.plan)
         deadline = (config.job_timeout_s, config.slice_deadline_margin, config.slice_deadline_floor_ms / 1000.0)
         deadline += (config.slice_hedge_margin, config.slice_hedge_floor_ms / 1000.0)
         self.dispatcher = Dispatcher(self.reconciler.pool.run, self._splitter(self.profile, self.plan), *deadline)
         self.batcher = Batcher(config.max_batch, config.max_delay_ms / 1000.0, config.max_queue)
         self.frontend = Frontend(context, config, self.info, metrics, self.batcher, self.dispatcher, self.reconciler)
+        self.frontend.status = lambda: live_status(self)
         self.adaptation = OnlineAdaptation(config, self.policy, self.profile, self.topology)
         self.supervisor = Supervisor(self.reconciler, self.dispatcher, self.frontend, metrics, self.adaptation)
         self.drain_deadline: float | None = None  # set by the first stop signal
         self.watchdog = Watchdog.from_environment(config.startup_timeout_s)  # systemd's WatchdogSec=, if set
+        self.control = Control(self, context, control_endpoint(config.control, config.run_dir or self.backend.run_dir))
 
     def start(self) -> None:
         """Wait for the plan's workers, then open the frontend and tell systemd."""
@@ -113,7 +117,8 @@ class Daemon:
         frontend, backend, wake = self.frontend.socket, self.backend.socket, self.signals.wake_r.fileno()
         events = self.signals.events
         # zmq_poll itself, not zmq.Poller: the loop wakes twice per request and Poller.poll adds a layer.
-        items = [(frontend, zmq.POLLIN), (backend, zmq.POLLIN), (wake, zmq.POLLIN)]
+        control = self.control.socket  # `packrat reconfigure`: its requests are queued, acted on in _tick
+        items = [(frontend, zmq.POLLIN), (backend, zmq.POLLIN), (wake, zmq.POLLIN), (control, zmq.POLLIN)]
         while True:
             ready = {item for item, _ in zmq.zmq_poll(items, self._poll_timeout_ms())}
             if wake in ready:
@@ -125,6 +130,8 @@ class Daemon:
                 self.frontend.read()
             if backend in ready:
                 self.supervisor.pump(0, waiting=True)
+            if control in ready:
+                self.control.read()
             self._tick()
             if self.drain_deadline is not None and self._drained():
                 return
@@ -180,6 +187,7 @@ class Daemon:
             self.adaptation.estimator.observe(rows, now)
             self.metrics.batch_size.observe(rows)
         self.watchdog.tick(now, self.metrics.ready)
+        self.control.tick()
         if now >= self.adaptation.due:
             plan = self.adaptation.propose(self.plan, self.profile, now)
             if plan is not None:
@@ -190,7 +198,7 @@ class Daemon:
         """Hand a new plan to the reconciler; the dispatcher splits by its layouts from now on."""
         self.metrics.plan_changed(plan, reason)
         self.plan = plan
-        self.reconciler.set_plan(plan)
+        self.reconciler.set_plan(plan, reason, self.adaptation.predicted(self.reconciler.plan, plan, time.monotonic()))
         self.dispatcher.splitter = self._splitter(self.adaptation.planning_profile(self.profile), plan)
         self.supervisor.changed = True
 
@@ -220,6 +228,7 @@ class Daemon:
         """Answer every request still here, close the frontend, keep what production taught us
         (--save-profile), stop the workers."""
         self.frontend.answer_all_and_close()  # first: no request waits unanswered on the slower steps below
+        self.control.close()
         learned = self.adaptation.learned(self.profile, self.plan, self.config.model, self.info.runtime)
         if learned is not None and self.profiles.save(learned):
             log.info("profile with production timings saved to %s (%d cells)", self.profiles.path, len(learned))

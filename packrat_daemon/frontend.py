@@ -10,6 +10,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -97,6 +98,7 @@ class Frontend:
         self.dispatcher = dispatcher
         self.reconciler = reconciler
         self.accepting = False  # inference requests are queued only while serving; `info` is always answered
+        self.status: Callable[[], dict[str, Any]] | None = None  # the `status` reply, as the daemon builds it
         self.sample_bytes = math.prod(info.shape) * ITEMSIZE[info.dtype]
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
@@ -154,7 +156,8 @@ class Frontend:
             self.send(identity, exc.delimiter, encode_error(exc.request_id, exc.code, exc.message))
             return False
         if isinstance(request, InfoRequest):
-            self.send(identity, delimiter, encode_info(request.request_id, self.describe()))
+            live = request.op == "status" and self.status is not None
+            self.send(identity, delimiter, encode_info(request.request_id, self.status() if live else self.describe()))
             return False
         if not self.accepting:
             self.metrics.count(ErrorCode.SHUTTING_DOWN)

@@ -17,7 +17,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 import psutil
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Info, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -28,6 +36,7 @@ from policies.base import Plan
 
 if TYPE_CHECKING:
     from packrat_daemon.dispatcher import Completed
+    from packrat_daemon.reconciler import Reconfiguration
 
 log = logging.getLogger("packrat.security")
 debug = logging.getLogger("packrat.metrics")
@@ -219,6 +228,14 @@ class Metrics:
             "packrat_plan_predicted_latency_seconds", "The current plan's predicted (expected) latency", registry=r
         )
         self.plan = Info("packrat_plan", "The plan being served", registry=r)
+        self.reconfiguration = Histogram(
+            "packrat_reconfiguration_seconds",
+            "Seconds from a plan change's decision to its first re-threaded or forked worker serving "
+            "(first_worker), every worker of the new plan serving (new_pool), the last old one retired (old_retired)",
+            ["stage"],
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0),
+            registry=r,
+        )
         Info("packrat_model", "The model being served", registry=r).info({"model": model})
         self.precision = Info(
             "packrat_precision", "The runtime and precision served, and the guard's verdict", registry=r
@@ -308,6 +325,14 @@ class Metrics:
             self.predicted.set(plan.predicted_latency_ms / 1000.0)
         layouts = ["+".join(str(i.threads) for i in layout) for layout in plan.layouts]
         self.plan.info({"policy": plan.policy, "threads": " | ".join(layouts), "split": plan.split})
+
+    def reconfigured(self, record: Reconfiguration) -> None:
+        """A plan change has finished: how long each stage took after the decision."""
+        stages = (("first_worker", record.first_serving), ("new_pool", record.serving), ("old_retired", record.retired))
+        for stage, stamp in stages:
+            seconds = record.seconds(stamp)
+            if seconds is not None:
+                self.reconfiguration.labels(stage).observe(seconds)
 
     def guarded(self, runtime: str, precision: str, max_rel_error: float, top1_agreement: float | None) -> None:
         """What the accuracy guard measured for one candidate (served or not)."""

@@ -43,7 +43,7 @@ Interrupted = Callable[[], bool]  # True once a stop signal has arrived
 # What a reload cannot change in a running daemon: these take a restart.
 RESTART_ONLY = (
     "model", "input", "endpoint", "runtime", "precision", "max_rel_error", "calibration", "allocator", "run_dir",
-    "server_key", "allowed_clients", "insecure_public", "emulate_cores", "emulate_interference",
+    "control", "server_key", "allowed_clients", "insecure_public", "emulate_cores", "emulate_interference",
 )  # fmt: skip
 
 

@@ -71,6 +71,17 @@ class OnlineAdaptation:
         self.estimator.reset_count()
         return decision.plan
 
+    def predicted(self, old: Plan | None, new: Plan, now: float) -> tuple[float, float] | None:
+        """The tuner's expected latency (ms) of `old` and of `new` over the live batch sizes, for the plan
+        history; None without a tuner, live batch sizes, or a prediction."""
+        distribution = self.estimator.distribution(now)
+        if self.tuner is None or old is None or distribution is None:
+            return None
+        try:
+            return self.tuner.expected_latency(old, distribution), self.tuner.expected_latency(new, distribution)
+        except PackratError:
+            return None
+
     def learned(self, offline: Profile | None, plan: Plan, model: str, runtime: str) -> Profile | None:
         """`offline` with what production measured folded in, for `model` on `runtime`; None when production
         has nothing to add, or when its workers shared cores (their timings describe the contention, not the cells).
