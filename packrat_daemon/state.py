@@ -226,8 +226,7 @@ class StateKeeper:
         resumed = self.resumed
         if resumed is not None and resumed.key == self.served_key and self.restored_from is not None:
             downtime = max(0.0, time.time() - resumed.saved_unix)
-            aged = [LearnedCell(c.key, c.latency_ms, c.weight, c.age_s + downtime) for c in resumed.production]
-            adaptation.production.restore(aged, time.monotonic())
+            adaptation.production.restore(resumed.production, time.monotonic(), downtime)
         return self
 
     # -- serving --------------------------------------------------------------------------------

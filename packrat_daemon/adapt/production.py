@@ -87,11 +87,14 @@ class ProductionProfile:
             for key, e in sorted(self._cells.items())
         ]
 
-    def restore(self, cells: Sequence[LearnedCell], now: float) -> None:
-        """Take back `export`'s estimates (a restart): each keeps its weight, aged by `age_s` from `now`."""
+    def restore(self, cells: Sequence[LearnedCell], now: float, elapsed: float = 0.0) -> None:
+        """Take back `export`'s estimates (a restart): each as it was exported, then aged by `elapsed` seconds
+        (the time since the export), so its weight decays for the downtime as it would have while serving."""
         for cell in cells:
             if cell.latency_ms > 0 and math.isfinite(cell.latency_ms) and cell.weight > 0:
-                self._cells[cell.key] = _Estimate(math.log(cell.latency_ms), cell.weight, now - cell.age_s)
+                seen = now - cell.age_s - elapsed
+                undecayed = cell.weight * math.pow(2.0, cell.age_s / self.half_life_s)  # its weight at `seen`
+                self._cells[cell.key] = _Estimate(math.log(cell.latency_ms), undecayed, seen)
         self.samples += round(sum(cell.weight for cell in cells))
 
     def _decayed(self, estimate: _Estimate, now: float) -> float:
@@ -139,7 +142,10 @@ def slow_splits(
     several instances that production measured slower than the best single instance on `merged`.
 
     Only splits whose every busy instance production has timed count: an offline estimate is what the
-    start-up split check guards, and a guess is no reason to revert.
+    start-up split check guards, and a guess is no reason to revert. The single instance is judged on
+    `merged`: production's own timing where it has one (say from before the switch to the split), else
+    the offline cell scaled to production's conditions, so a machine that is merely busier than at start
+    does not make a split look slower than one instance that would be just as slow.
     """
     if splitting is None or plan.split != "exact" or plan.oversubscribed:
         return []

@@ -9,7 +9,7 @@ import pytest
 
 from packrat_daemon.measure.bench import Bench, Instances, PlanTiming, model_session
 from packrat_daemon.measure.split_check import SplitDecision, measured_profile, split_decisions
-from policies.base import Plan
+from policies.base import InstancePlan, Plan
 from policies.packrat import PackratPolicy
 from policies.planning.distribution import BatchDistribution
 from policies.planning.profile import Profile
@@ -135,3 +135,21 @@ def test_the_daemon_plans_again_on_what_its_check_measured() -> None:
     assert cells[(2, 4)].samples == 3 and cells[(2, 4)].latency_ms < 5.0
     assert cells[(1, 2)].samples == 3 and cells[(1, 2)].latency_ms != 1.0
     assert checked_plan == PackratPolicy().plan(checked, topology, ONLY_4)
+
+
+def test_a_new_split_the_replanned_plan_makes_is_checked_too_and_the_loop_ends() -> None:
+    from packrat_daemon.measure.split_check import checked_plan
+
+    # Three cores at batch 16: two 1-thread instances, or one 2-thread beside one 1-thread instance.
+    profile = Profile.from_latencies(
+        {(1, 8): 800.0, (1, 16): 1600.0, (2, 8): 500.0, (2, 16): 1000.0, (3, 16): 900.0,
+         (1, 4): 420.0, (2, 12): 760.0}
+    )  # fmt: skip
+    first = Plan((InstancePlan(1, 8), InstancePlan(1, 8)), "test", "two 1-thread instances")
+    second = Plan((InstancePlan(2, 12), InstancePlan(1, 4)), "test", "2 + 1 threads")
+    bench = FakeBench(split_ms=[1200.0, 1200.0], alone_ms=900.0)
+    plans = iter([second, second, second])
+    profile_after, plan_after = checked_plan(profile, first, lambda _: next(plans), ONLY_16, 3, 0.05, bench.compare, 3)
+    checked = [dict(call[0])["split"] for call in bench.calls]
+    assert checked[0] == ((1, 8), (1, 8)) and len(checked) == 2 and checked[1] != checked[0]
+    assert plan_after is second
