@@ -32,7 +32,7 @@ from packrat_daemon.startup import distribution_for, policy_for
 from packrat_daemon.wire import errors
 from packrat_daemon.wire.curve import is_local_endpoint
 from packrat_daemon.wire.errors import ConfigError, PackratError, PolicyError
-from policies.base import Plan, Policy, PolicySettings
+from policies.base import Policy, PolicySettings
 from policies.registry import policy_from_settings
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ class Control:
         self.override = None if request.get("auto") else pending.what
         log.info("control: %s → plan %s", pending.what, plan.describe())
         old = daemon.plan
-        if _same_layouts(old, plan):
+        if plan == old:
             daemon.policy = policy
             daemon.adaptation.retune(daemon.config, policy, daemon.profile)
             self._reply(pending.identity, {"ok": True, "done": f"already serving {old.describe()}; nothing to change",
@@ -204,10 +204,6 @@ def _describe(request: dict[str, Any]) -> str:
     if request.get("auto"):
         return "--auto"
     return f"--plan {request['plan']}" if "plan" in request else f"--policy {request['policy']}"
-
-
-def _same_layouts(a: Plan, b: Plan) -> bool:
-    return (a.layout_threads, a.oversubscribed) == (b.layout_threads, b.oversubscribed)
 
 
 def _error(exc: PackratError) -> dict[str, Any]:
