@@ -105,6 +105,17 @@ class _CapAlgebra:
     def usable(self, threads: int) -> bool:
         return self.caps[threads] > 0
 
+    def undominated(self, threads: Sequence[int]) -> list[int]:
+        """The ascending `threads` whose cap beats every smaller count's. A multiset of instances with a
+        dominated count (some smaller count carries as much) swaps it for that one: as many instances,
+        fewer threads, at least the same inputs. So no optimum, nor any tie-break, needs it, and the
+        knapsacks over up to 128 thread counts run over the few that set a new cap."""
+        kept: list[int] = []
+        for t in threads:
+            if not kept or self.caps[t] > self.caps[kept[-1]]:
+                kept.append(t)
+        return kept
+
     def extend(self, value: int, threads: int) -> int:
         return _NONE if value == _NONE else value + self.caps[threads]
 
@@ -140,6 +151,11 @@ class _BitsetAlgebra:
 
     def usable(self, threads: int) -> bool:
         return bool(self.allowed[threads])
+
+    @staticmethod
+    def undominated(threads: Sequence[int]) -> list[int]:
+        """All of them: with gaps in the rows, a larger count may carry totals a smaller one cannot."""
+        return list(threads)
 
     def extend(self, value: int, threads: int) -> int:
         if not value:
@@ -225,10 +241,13 @@ class Solver:
                 largest_servable_batch=0,
             )
         self.latencies = sorted({lat for row in self.rows.values() for lat in row.latencies})
+        self._largest: int | None = None  # largest_servable_batch, the same for every batch size
 
     def largest_servable_batch(self) -> int:
-        caps = {t: row.batches[-1] for t, row in self.rows.items()}
-        return _best_unbounded(_CapAlgebra(caps), self.cores, list(caps))
+        if self._largest is None:
+            algebra = _CapAlgebra({t: row.batches[-1] for t, row in self.rows.items()})
+            self._largest = _best_unbounded(algebra, self.cores, algebra.undominated(sorted(self.rows)))
+        return self._largest
 
     def solve(self, batch: int) -> Solution:
         if batch < 1:
@@ -242,7 +261,7 @@ class Solver:
             )
         index = _first_feasible(self.latencies, lambda bound: self._feasible(bound, batch))
         algebra = _algebra_for(self.rows, self.latencies[index], batch)
-        threads_order = [t for t in sorted(self.rows) if algebra.usable(t)]
+        threads_order = algebra.undominated([t for t in sorted(self.rows) if algebra.usable(t)])
         chosen = _tie_break_unbounded(algebra, self.cores, threads_order, batch)
         sizes = algebra.sizes(chosen, batch)
         pairs = sorted(zip(chosen, sizes, strict=True), key=lambda p: (-p[0], -p[1]))
@@ -252,7 +271,7 @@ class Solver:
     # -- internals --------------------------------------------------------------------------
     def _feasible(self, bound: float, batch: int) -> bool:
         algebra = _algebra_for(self.rows, bound, batch)
-        threads = [t for t in sorted(self.rows) if algebra.usable(t)]
+        threads = algebra.undominated([t for t in sorted(self.rows) if algebra.usable(t)])
         best = _best_unbounded(algebra, self.cores, threads)
         return algebra.serves(best, 1, batch)
 
@@ -389,32 +408,32 @@ def split_batch(profile: Profile, pool_threads: Sequence[int], batch: int) -> tu
 def _tie_break_bounded(algebra: Algebra, members: Sequence[tuple[int, int]], batch: int) -> list[int]:
     """Pool indices of a feasible subset with the fewest instances, then the fewest threads.
 
-    table[i][count][used]: join over subsets of the first i members with `count` members and
-    `used` threads. Members are visited in pool order so ties go to earlier instances.
+    table[i][(count, used)]: join over subsets of the first i members with `count` members and `used`
+    threads. Only reachable states are kept: a pool has few distinct thread counts, so few of the
+    (count, used) pairs occur, and the daemon's adaptation splits thousands of batches per look. Members
+    are visited in pool order so ties go to earlier instances.
     """
-    total_threads = sum(t for _, t in members)
     limit = min(batch, len(members))
-    table = [[[algebra.none] * (total_threads + 1) for _ in range(limit + 1)]]
-    table[0][0][0] = algebra.empty
+    table: list[dict[tuple[int, int], int]] = [{(0, 0): algebra.empty}]
     for _, t in members:
         previous = table[-1]
-        current = [list(layer) for layer in previous]
-        for count in range(1, limit + 1):
-            for used in range(t, total_threads + 1):
-                extended = algebra.extend(previous[count - 1][used - t], t)
-                current[count][used] = algebra.join(current[count][used], extended)
+        current = dict(previous)
+        for (count, used), value in previous.items():
+            if count < limit:
+                extended = algebra.extend(value, t)
+                if extended != algebra.none:  # none is join's identity: an absent state is unreachable
+                    key = (count + 1, used + t)
+                    current[key] = algebra.join(current.get(key, algebra.none), extended)
         table.append(current)
-    final = table[-1]
-    for count in range(1, limit + 1):
-        for used in range(total_threads + 1):
-            if algebra.serves(final[count][used], count, batch):
-                return _backtrack_bounded(algebra, table, members, count, used, batch)
+    for count, used in sorted(table[-1]):
+        if count and algebra.serves(table[-1][(count, used)], count, batch):
+            return _backtrack_bounded(algebra, table, members, count, used, batch)
     raise AssertionError("a feasible bound always has a feasible subset")
 
 
 def _backtrack_bounded(
     algebra: Algebra,
-    table: list[list[list[int]]],
+    table: list[dict[tuple[int, int], int]],
     members: Sequence[tuple[int, int]],
     count: int,
     used: int,
@@ -428,10 +447,10 @@ def _backtrack_bounded(
         index, t = members[i - 1]
         previous = table[i - 1]
         # Prefer leaving this (later) member out, so ties keep earlier instances busy.
-        if algebra.serves(previous[count][used], count, need):
+        if algebra.serves(previous.get((count, used), algebra.none), count, need):
             continue
         if used >= t:
-            step = algebra.step(previous[count - 1][used - t], t, need, count - 1)
+            step = algebra.step(previous.get((count - 1, used - t), algebra.none), t, need, count - 1)
             if step is not None:
                 chosen.append(index)
                 count, used, need = count - 1, used - t, step

@@ -97,6 +97,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help=f"seconds of traffic (default {DEFAULT_DURATION_S:g} without --requests)",
     )
     parser.add_argument("--requests", type=positive_int, help="requests to send (with --duration: whichever first)")
+    parser.add_argument(
+        "--poisson-count", choices=("fixed", "drawn"), default="fixed",
+        help="with --rate and --duration: fixed (default) sends exactly rate × duration requests at Poisson "
+        "times; drawn lets the count vary as a Poisson process's does (docs/load.md)",
+    )  # fmt: skip
     parser.add_argument("--warmup", type=_seconds_or_zero, default=1.0, help="seconds of uncounted warm-up (default 1)")
     parser.add_argument("--timeout", type=_positive_float, default=30.0, help="seconds per request (default 30)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the arrivals and sizes (default 0)")
@@ -111,7 +116,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _process(args: argparse.Namespace) -> ArrivalProcess | None:
     if args.rate is not None:
-        return Poisson(args.rate)
+        return Poisson(args.rate, args.poisson_count == "fixed")
     return args.burst or args.trace
 
 
@@ -119,7 +124,7 @@ def _sweep_process(args: argparse.Namespace, rate: float) -> ArrivalProcess:
     """A sweep varies the rate of a Poisson process, or the on-phase rate of bursts."""
     if args.burst is not None:
         return replace(args.burst, rate_rps=rate)
-    return Poisson(rate)
+    return Poisson(rate, args.poisson_count == "fixed")
 
 
 def _mix(args: argparse.Namespace) -> BatchMix:

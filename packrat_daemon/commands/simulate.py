@@ -53,6 +53,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sizes.add_argument("--batches", dest="mix", metavar="B:W,…", help="weighted samples per request, e.g. 1:0.5,8:0.5")
     traffic.add_argument("--duration", type=float, help="seconds of virtual time to send for")
     traffic.add_argument("--requests", type=positive_int, help="requests to send")
+    traffic.add_argument(
+        "--poisson-count", choices=("fixed", "drawn"), default="fixed",
+        help="with --rate and --duration: fixed (default) sends exactly rate × duration requests at Poisson "
+        "times; drawn lets the count vary as a Poisson process's does (docs/load.md)",
+    )  # fmt: skip
     traffic.add_argument("--seed", type=int, default=0, help="seed of the arrivals and sample counts (default 0)")
     parser.add_argument(
         "--transport-ms", type=float, default=0.0, help="per-request client↔daemon cost to add (measured elsewhere)"
@@ -64,6 +69,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="FIXED[:PER_INPUT]",
         help="the daemon's own work per batch (send, gather), which keeps the batch in flight (measured elsewhere)",
     )
+    parser.add_argument(
+        "--switch-ms", type=float, default=0.0,
+        help="the reconciler's time from a re-plan until the new plan serves (the old one serves meanwhile)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--uptime-s", type=float, default=0.0,
+        help="how long the daemon has served when the traffic starts (its adaptation looks count from its start)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(run=run)
 
@@ -84,7 +97,7 @@ def traffic_from(args: argparse.Namespace) -> Any:
 
     mix = BatchMix.parse(args.mix) if args.mix else BatchMix.single(args.batch or 1)
     if args.rate is not None:
-        process: Any = Poisson(args.rate)
+        process: Any = Poisson(args.rate, args.poisson_count == "fixed")
     elif args.burst is not None:
         process = Burst.parse(args.burst)
     elif args.trace is not None:
@@ -97,7 +110,9 @@ def traffic_from(args: argparse.Namespace) -> Any:
         raise ConfigError(f"--transport-ms must be zero or more, got {args.transport_ms}")
     if min(args.batch_overhead_ms) < 0:
         raise ConfigError(f"--batch-overhead-ms must be zero or more, got {args.batch_overhead_ms}")
-    return Traffic(mix, process, args.concurrency, args.duration, args.requests, args.seed)
+    if args.switch_ms < 0:
+        raise ConfigError(f"--switch-ms must be zero or more, got {args.switch_ms}")
+    return Traffic(mix, process, args.concurrency, args.duration, args.requests, args.seed, args.uptime_s)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -111,13 +126,15 @@ def run(args: argparse.Namespace) -> int:
     config = ServeConfig(batches=args.batches, **{name: getattr(args, name) for name in SERVE_SETTINGS})
     traffic = traffic_from(args)
     started = time.monotonic()
-    simulation = Simulation(config, profile, cores, interference, args.transport_ms, args.batch_overhead_ms)
+    simulation = Simulation(
+        config, profile, cores, interference, args.transport_ms, args.batch_overhead_ms, args.switch_ms
+    )
     report = simulation.run(traffic).to_json()
     report["traffic"] = traffic.describe()
     report["inputs"] = {
         "profile": args.profile, "cores": cores, "policy": args.policy, "seed": args.seed,
         "interference": interference.describe(), "transport_ms": args.transport_ms,
-        "batch_overhead_ms": list(args.batch_overhead_ms),
+        "batch_overhead_ms": list(args.batch_overhead_ms), "switch_ms": args.switch_ms, "uptime_s": args.uptime_s,
     }  # fmt: skip
     wall = time.monotonic() - started
     if args.json:

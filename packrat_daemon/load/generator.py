@@ -118,7 +118,7 @@ class Generator:
         """Closed loop for `seconds`, each size of the mix in turn: connections, workers' first calls and
         the allocator's pools are warm before anything is counted."""
         sizes = itertools.cycle(spec.mix.sizes)
-        tally = Tally(started=time.perf_counter())
+        tally = Tally(started=time.perf_counter(), started_unix_s=time.time())
         end = tally.started + seconds
         clients = max(1, spec.concurrency)
         at_least = len(spec.mix.sizes)  # every size once, even past the time
@@ -144,7 +144,7 @@ class Generator:
         return await self._closed_loop(spec)
 
     async def _open_loop(self, spec: LoadSpec, schedule: list[tuple[float, int]]) -> Tally:
-        tally = Tally(started=time.perf_counter())
+        tally = Tally(started=time.perf_counter(), started_unix_s=time.time())
         start = tally.started
         tasks: set[asyncio.Task[None]] = set()
         ticker = self._ticker(tally, len(schedule), lambda: tally.sent)
@@ -168,7 +168,7 @@ class Generator:
         return await self._supervise(tally, send_all(), tasks, ticker)
 
     async def _closed_loop(self, spec: LoadSpec) -> Tally:
-        tally = Tally(started=time.perf_counter())
+        tally = Tally(started=time.perf_counter(), started_unix_s=time.time())
         end = tally.started + spec.duration_s if spec.duration_s is not None else None
         rng = random.Random(spec.seed)
         # One shared count: `requests` in all, not per client. Without it the duration alone bounds the

@@ -36,6 +36,7 @@ class Tally:
     send_window_s: float = 0.0  # from the start to the end of the sending (at least the asked duration)
     last_done: float = 0.0
     interrupted: bool = False  # cancelled before the end (Ctrl-C); what it counted still adds up
+    started_unix_s: float | None = None  # the wall clock at `started`, to line a run up with a server's log
 
     @property
     def in_flight(self) -> int:
@@ -76,6 +77,8 @@ def summarize(tally: Tally, **extra: Any) -> dict[str, Any]:
     }
     if tally.interrupted:
         report["interrupted"] = True
+    if tally.started_unix_s is not None:
+        report["started_unix_s"] = round(tally.started_unix_s, 3)
     report.update(extra)
     report["sent_rps"] = round(tally.sent / tally.send_window_s, 3) if tally.send_window_s > 0 else None
     report["samples_per_s"] = round(tally.samples_ok / window_s, 3) if window_s > 0 else None

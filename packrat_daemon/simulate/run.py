@@ -9,8 +9,11 @@ What is the daemon's code and what is modelled:
 - modelled: each slice's compute time (`service.ServiceModel`: the emulated workers' L̂ × slow-down), a
   fixed transport cost per request (`transport_ms`), the daemon's work per batch (`batch_overhead_ms`:
   fixed + per input, for sending the slices and gathering the answers; it keeps the batch in flight, so
-  it delays the next batch too), both 0 unless given, and plan switches, which take effect at once (the
-  daemon's reconciler keeps the old workers serving while it re-pins and forks: only that delay is missing).
+  it delays the next batch too), and the reconciler's switch time (`switch_ms`: the old plan serves from
+  the decision until the new one's workers are ready), all 0 unless given;
+- as the daemon does it: the adaptation looks come every adapt_interval_s from the daemon's start, which
+  is `Traffic.uptime_s` before the first request (so the same traffic can meet its first switch a whole
+  interval later).
 One batch is in flight at a time, as in the daemon's loop.
 """
 
@@ -25,11 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from packrat_daemon.adapt.online import OnlineAdaptation
-from packrat_daemon.batcher import Batcher, Request
+from packrat_daemon.batcher import Batcher, Request, plan_latency
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.dispatcher import Splitter
 from packrat_daemon.emulation import Interference
-from packrat_daemon.load.arrivals import ArrivalProcess, BatchMix
+from packrat_daemon.load.arrivals import ArrivalProcess, BatchMix, within
 from packrat_daemon.load.report import Tally, summarize
 from packrat_daemon.pool import WorkerHandle, WorkerState
 from packrat_daemon.reconciler import plan_slots
@@ -60,8 +63,13 @@ class Traffic:
     duration_s: float | None = None
     requests: int | None = None
     seed: int = 0
+    # How long the daemon has been serving when the first request comes: its adaptation looks come every
+    # adapt_interval_s from its own start, so this decides which look first sees enough batches.
+    uptime_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.uptime_s < 0:
+            raise ConfigError(f"the daemon's uptime when the traffic starts cannot be negative, got {self.uptime_s}")
         if (self.process is None) == (self.concurrency is None):
             raise ConfigError("give the traffic either an arrival process (open loop) or a concurrency (closed loop)")
         if self.concurrency is not None and self.concurrency < 1:
@@ -104,6 +112,7 @@ class Simulation:
         interference: Interference = NO_INTERFERENCE,
         transport_ms: float = 0.0,
         batch_overhead_ms: tuple[float, float] = (0.0, 0.0),
+        switch_ms: float = 0.0,
     ) -> None:
         self.config = config
         self.profile = profile
@@ -111,11 +120,13 @@ class Simulation:
         self.service = ServiceModel.of(profile, cores, config.max_batch, interference)
         self.transport_s = transport_ms / 1000.0
         self.batch_overhead_ms = batch_overhead_ms  # (fixed, per input)
+        self.switch_s = switch_ms / 1000.0
         self.clock = VirtualClock()
         self.loop = EventLoop(self.clock)
         self.policy = policy_for(config)
         self.allocator = CoreAllocator(self.topology)
         self.batcher = Batcher(config.max_batch, config.max_delay_ms / 1000.0, config.max_queue)
+        self.batcher.predict = plan_latency(lambda: self.splitter, lambda: self.workers)  # as the daemon does
         self.adaptation = OnlineAdaptation(config, self.policy, profile, self.topology)
         self.plan = self.policy.plan(profile, self.topology, distribution_for(config))
         self.plan_changes: list[dict[str, Any]] = []
@@ -138,14 +149,16 @@ class Simulation:
         rng = random.Random(traffic.seed)
         if traffic.process is not None:
             self._senders = 1
-            arrivals = traffic.process.arrivals(traffic.mix, rng)
+            arrivals = within(traffic.process, traffic.duration_s).arrivals(traffic.mix, rng)
             self._next_arrival(arrivals, traffic)
         else:
             assert traffic.concurrency is not None
             self._senders = traffic.concurrency
             for _ in range(traffic.concurrency):
                 self._client_send(traffic, rng)
-        self.loop.at(self.adaptation.due, self._adapt)
+        # The daemon's first look comes as its loop starts, `uptime_s` before the traffic; then one every interval.
+        interval_s = self.adaptation.interval_s
+        self.loop.at(-traffic.uptime_s % interval_s if interval_s > 0 else 0.0, self._adapt)
         self.loop.run(max_events)
         # As packrat load: an open loop's sending lasts at least the asked duration; a closed loop's, until
         # its clients stop (after their last answer).
@@ -245,7 +258,9 @@ class Simulation:
         started = time.perf_counter()
         plan = self.adaptation.propose(self.plan, self.profile, self.clock.now)
         if plan is not None:
-            self._switch(plan, "adapt")
+            # The reconciler's switch: the old plan's workers serve until the new plan's are ready (the
+            # tuner's cool-down keeps a second decision from coming meanwhile).
+            self.loop.at(self.clock.now + self.switch_s, lambda: self._switch(plan, "adapt"))
         # Real seconds, not virtual: what each look costs the daemon's loop, which the virtual clock hides.
         self.adapt_wall_s.append(time.perf_counter() - started)
         self.loop.at(self.adaptation.due, self._adapt)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from packrat_daemon.load.arrivals import BatchMix, Burst, Poisson, Trace, open_loop_schedule
+from packrat_daemon.load.arrivals import BatchMix, Burst, Poisson, PoissonCount, Trace, open_loop_schedule, within
 from packrat_daemon.wire.errors import ConfigError
 
 
@@ -143,7 +143,7 @@ def test_a_missing_trace_file_is_a_config_error(tmp_path: Path):
         Trace.read(tmp_path / "absent.csv")
 
 
-@pytest.mark.parametrize("process", [Poisson(20.0), Burst(0.5, 1.5, 80.0)])
+@pytest.mark.parametrize("process", [Poisson(20.0, fixed_count=False), Burst(0.5, 1.5, 80.0)])
 def test_counts_over_many_seeds_centre_on_the_mean_rate(process):
     # A schedule's count is a random draw; over seeds it must centre on rate × duration with the spread of a
     # Poisson count (for bursts, of the on time at the on rate: whole cycles here, so the same mean).
@@ -158,3 +158,41 @@ def test_counts_over_many_seeds_centre_on_the_mean_rate(process):
     assert abs(sum(errors) / len(errors)) < 3 * expected_sd / math.sqrt(len(errors))
     spread = math.sqrt(sum(e * e for e in errors) / len(errors))
     assert spread == pytest.approx(expected_sd, rel=0.25)
+
+
+def test_a_fixed_count_poisson_sends_exactly_rate_times_duration_at_poisson_times():
+    rate, duration = 10.0, 15.0
+    for seed in range(50):
+        schedule = open_loop_schedule(Poisson(rate), BatchMix.single(1), duration_s=duration, rng=random.Random(seed))
+        assert len(schedule) == 150
+        times = [t for t, _ in schedule]
+        assert times == sorted(times) and times[0] >= 0.0 and times[-1] < duration
+    # Given its count, a Poisson process's arrivals are independent uniforms over the window: pooled over
+    # seeds, each tenth of the window holds a tenth of them, and the gaps are exponential (variation 1).
+    pooled, gaps = [], []
+    for seed in range(40):
+        times = [t for t, _ in within(Poisson(rate), duration).arrivals(BatchMix.single(1), random.Random(seed))]
+        pooled += times
+        gaps += [b - a for a, b in zip(times, times[1:], strict=False)]
+    tenths = Counter(int(10 * t / duration) for t in pooled)
+    assert all(tenths[k] / len(pooled) == pytest.approx(0.1, abs=0.015) for k in range(10))
+    mean = sum(gaps) / len(gaps)
+    assert mean == pytest.approx(duration / 151, rel=0.05)
+    std = math.sqrt(sum((g - mean) ** 2 for g in gaps) / len(gaps))
+    assert std / mean == pytest.approx(1.0, abs=0.06)
+
+
+def test_the_count_is_drawn_only_when_asked_and_a_request_bound_still_holds():
+    mix = BatchMix.single(1)
+    counts = {
+        len(open_loop_schedule(Poisson(10.0, fixed_count=False), mix, duration_s=15.0, rng=random.Random(seed)))
+        for seed in range(20)
+    }
+    assert len(counts) > 3  # drawn: the count varies from seed to seed
+    assert len(open_loop_schedule(Poisson(10.0), mix, duration_s=15.0, requests=40, rng=random.Random(0))) == 40
+    assert len(open_loop_schedule(Poisson(10.0), mix, requests=40, rng=random.Random(0))) == 40  # no window
+    assert PoissonCount(0.01, 1.0).count == 1  # at least one arrival
+    assert within(Poisson(10.0), 15.0).describe() == "poisson 10/s, 150 arrivals in 15 s"
+    assert within(Poisson(10.0, fixed_count=False), 15.0) == Poisson(10.0, fixed_count=False)
+    with pytest.raises(ConfigError):
+        PoissonCount(10.0, 0.0)
