@@ -35,10 +35,10 @@ def simulate(traffic: Traffic, **settings: object) -> dict:
 @pytest.mark.parametrize("policy", ["packrat", "single"])
 @pytest.mark.parametrize("batch", [1, 8, 64])
 def test_one_client_at_a_time_sees_the_plans_predicted_latency(policy: str, batch: int):
-    # A lone request of max_batch inputs starts at once; a smaller one waits max_delay for company first.
+    # One client at a time: the next request comes only after this one's answer, so none waits for company.
     result = simulate(Traffic(BatchMix.single(batch), concurrency=1, requests=50), policy=policy, batches=[batch])
     plan = get_policy(policy).plan(amdahl_profile(), Topology.synthetic(CORES), BatchDistribution.single(batch))
-    wait_ms = 0.0 if batch == 64 else 1.0  # max_delay_ms's default
+    wait_ms = 0.0
     assert plan.predicted_latency_ms is not None
     assert result["latency_ms"]["p50"] == pytest.approx(
         plan.predicted_latency_ms + wait_ms, abs=5e-4
@@ -118,3 +118,22 @@ def test_the_daemons_work_per_batch_keeps_the_batch_in_flight():
     assert p50(1, (2.0, 0.5)) == pytest.approx(alone + 2.0 + 0.5 * 8, abs=5e-4)
     # Two clients: each request waits for the other's batch, overhead included, when they alternate.
     assert p50(2, (2.0, 0.5)) - p50(2, (0.0, 0.0)) == pytest.approx(2 * (2.0 + 0.5 * 8), abs=0.5)
+
+
+def test_the_looks_count_from_the_daemons_start_and_a_switch_takes_the_reconcilers_time():
+    # Single inputs on a plan for batch 64: enough batches for the tuner within a second, so the first look
+    # with traffic switches. The daemon looks every 5 s from its own start: 2 s up when the traffic starts,
+    # its looks fall at 3, 8, … s of the traffic.
+    def changes(uptime_s: float, switch_ms: float = 0.0) -> list[float]:
+        traffic = Traffic(BatchMix.single(1), concurrency=1, duration_s=9.0, uptime_s=uptime_s)
+        config = ServeConfig(max_batch=64, batches=[64])
+        result = Simulation(config, amdahl_profile(), CORES, switch_ms=switch_ms).run(traffic).to_json()
+        return [change["t_s"] for change in result["plan_changes"]]
+
+    assert changes(0.0) == [0.0, 5.0]
+    assert changes(2.0) == [0.0, 3.0]
+    assert changes(7.0) == [0.0, 3.0]
+    # The old plan serves until the reconciler is done: the change is in force 400 ms after the decision.
+    assert changes(2.0, switch_ms=400.0) == [0.0, pytest.approx(3.4)]
+    with pytest.raises(ConfigError, match="uptime"):
+        Traffic(BatchMix.single(1), concurrency=1, duration_s=1.0, uptime_s=-1.0)
