@@ -21,7 +21,7 @@ from types import FrameType
 import zmq
 
 from packrat_daemon.adapt.online import OnlineAdaptation
-from packrat_daemon.batcher import Batcher
+from packrat_daemon.batcher import Batcher, plan_latency
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.control import Control, control_endpoint
 from packrat_daemon.dispatcher import Dispatcher, Splitter
@@ -94,6 +94,7 @@ class Daemon:
         deadline += (config.slice_hedge_margin, config.slice_hedge_floor_ms / 1000.0)
         self.dispatcher = Dispatcher(self.reconciler.pool.run, self._splitter(self.profile, self.plan), *deadline)
         self.batcher = Batcher(config.max_batch, config.max_delay_ms / 1000.0, config.max_queue)
+        self.batcher.predict = plan_latency(lambda: self.dispatcher.splitter, lambda: self.supervisor.serving)
         self.frontend = Frontend(context, config, self.info, metrics, self.batcher, self.dispatcher, self.reconciler)
         self.frontend.status = lambda: live_status(self)
         self.adaptation = OnlineAdaptation(config, self.policy, self.profile, self.topology)

@@ -250,6 +250,7 @@ class Frontend:
         )  # fmt: skip
         self.send(request.identity, request.delimiter, [header, payload], output.nbytes >= ZERO_COPY_MIN_BYTES)
         self.metrics.answered_ok(total_ms, done.queue_ms)
+        self.batcher.served((total_ms - done.queue_ms - done.compute_ms) / 1000.0)  # what batching waits for
 
     def max_message_bytes(self) -> int:
         return self.batcher.max_batch * self.sample_bytes + MAX_HEADER_BYTES + 1024
