@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -140,14 +141,12 @@ def test_the_sandboxed_unit_serves_reloads_pings_and_stops(manager: tuple[System
     systemctl("daemon-reload")
     assert systemctl("start", "--no-block", "packrat@cnn", "packrat@wx").returncode == 0
 
-    def serving(state: dict[str, str]) -> bool:
+    def serving(threads: str) -> Callable[[dict[str, str]], bool]:
         # READY=1 makes it "running"; the reconciler's next step (within 100 ms) says what it serves.
-        return (
-            state["SubState"] == "running"
-            and state["StatusText"] == "serving fixed: 1×⟨1 thread, batch 4⟩ with 1 worker(s)"
-        )
+        status = f"serving fixed: 1×⟨{threads}, batch 4⟩ with 1 worker(s)"
+        return lambda state: state["SubState"] == "running" and state["StatusText"] == status
 
-    state = {name: wait_until(systemctl, name, serving, tmp_path / f"{name}.log") for name in endpoints}
+    state = {name: wait_until(systemctl, name, serving("1 thread"), tmp_path / f"{name}.log") for name in endpoints}
     # The sandbox is on: a system call filter, no new privileges, no capabilities.
     status = Path(f"/proc/{state['cnn']['MainPID']}/status").read_text()
     assert "\nSeccomp:\t2\n" in status and "\nNoNewPrivs:\t1\n" in status and "\nCapEff:\t0000000000000000\n" in status
@@ -165,12 +164,16 @@ def test_the_sandboxed_unit_serves_reloads_pings_and_stops(manager: tuple[System
     before = int(show(systemctl, "cnn")["WatchdogTimestampMonotonic"])
     write_config(tmp_path, runtime, "cnn", "2x4")
     assert systemctl("reload", "packrat@cnn").returncode == 0
-    after = wait_until(
-        systemctl, "cnn", lambda s: s["StatusText"].startswith("serving fixed: 1×⟨2 threads"), tmp_path / "cnn.log"
-    )
+    after = wait_until(systemctl, "cnn", serving("2 threads"), tmp_path / "cnn.log")
     time.sleep(2.5)  # a ping is due every second
     assert int(show(systemctl, "cnn")["WatchdogTimestampMonotonic"]) > before
     assert after["NRestarts"] == "0"
+
+    # A main loop that stops turning stops the pings: systemd kills the daemon and starts it again.
+    os.kill(int(after["MainPID"]), signal.SIGSTOP)
+    restarted = serving("2 threads")
+    again = wait_until(systemctl, "cnn", lambda s: s["NRestarts"] == "1" and restarted(s), tmp_path / "cnn.log")
+    assert again["MainPID"] != after["MainPID"]
 
     systemctl("stop", "packrat@cnn")
     stopped = show(systemctl, "cnn")
