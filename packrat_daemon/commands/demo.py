@@ -1,23 +1,30 @@
 """`packrat demo`: the newcomer's first run — serve a built-in model and compare with one instance.
 
 Starts the daemon with the packrat policy (it profiles the cells it needs, with a progress line),
-then a second daemon with the `single` policy (PyTorch's default: one instance, all cores), sends the
-same burst of requests to both through the client library, interleaved, and prints the plan and the
-median latencies side by side. Both daemons are stopped before it returns.
+then a second daemon with the `single` policy (PyTorch's default: one instance, all cores), and sends
+the same request to both through the client library in paired rounds (one to each, the order
+alternating), so that a noisy neighbour slows both alike. It prints the plan, the median latencies and
+a verdict that holds up to noise: the median of the rounds' speed-ups with a distribution-free
+confidence interval (the sign test's), and "faster" or "slower" only when the whole interval lies
+beyond `--tie-within` of 1, else "a tie within noise". Both daemons are stopped before it returns.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packrat_daemon.commands.options import add_settings, positive_int
+from packrat_daemon.commands.options import add_settings, argument_type, positive_int
+from packrat_daemon.config import FRACTION
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -28,8 +35,55 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     add_settings(parser, ["model", "precision", "max_rel_error"])  # as `serve` takes them; both daemons use them
     parser.add_argument("--batch", type=positive_int, default=8, help="samples per request (default 8)")
-    parser.add_argument("--requests", type=positive_int, default=8, help="requests per policy (default 8)")
+    parser.add_argument(
+        "--requests", type=positive_int, default=20, help="paired rounds: requests per policy (default 20)"
+    )
+    parser.add_argument(
+        "--tie-within", type=argument_type(FRACTION), default=TIE_WITHIN, metavar="FRACTION",
+        help=f"speed-ups closer to 1 than this are a tie (default {TIE_WITHIN})",
+    )  # fmt: skip
     parser.set_defaults(run=run)
+
+
+TIE_WITHIN = 0.05  # a speed-up under 5% is not worth a verdict on a shared machine
+CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Packrat against single over paired rounds."""
+
+    speedup: float  # the median of the rounds' single ÷ packrat
+    low: float  # the confidence interval of that median (0 and inf when too few rounds to bound it)
+    high: float
+    confidence: float  # the interval's exact coverage, at least CONFIDENCE when bounded
+    rounds: int
+    word: str  # "faster", "slower" or "a tie within noise"
+
+
+def verdict(packrat_ms: Sequence[float], single_ms: Sequence[float], tie_within: float = TIE_WITHIN) -> Verdict:
+    """The verdict on paired latencies (round k: `packrat_ms[k]` and `single_ms[k]`).
+
+    The interval is the sign test's for the median speed-up: order statistics k and n + 1 − k of the
+    rounds' speed-ups, with k the largest for which P(Binomial(n, ½) < k) ≤ (1 − CONFIDENCE) / 2. It
+    assumes nothing about the noise's shape, so one stalled round cannot move it much.
+    """
+    ratios = sorted(single / packrat for packrat, single in zip(packrat_ms, single_ms, strict=True))
+    n = len(ratios)
+    if n == 0:
+        raise ValueError("no rounds to judge")
+    k, below = 0, 0.0  # below: P(Binomial(n, ½) < k)
+    while k < n // 2 and below + math.comb(n, k) / 2**n <= (1 - CONFIDENCE) / 2:
+        below += math.comb(n, k) / 2**n
+        k += 1
+    low, high = (ratios[k - 1], ratios[n - k]) if k else (0.0, math.inf)
+    if low > 1 + tie_within:
+        word = "faster"
+    elif high < 1 / (1 + tie_within):
+        word = "slower"
+    else:
+        word = "a tie within noise"
+    return Verdict(statistics.median(ratios), low, high, 1 - 2 * below, n, word)
 
 
 def _start(folder: Path, name: str, args: list[str]) -> tuple[subprocess.Popen, str]:
@@ -84,8 +138,9 @@ def run(args: argparse.Namespace) -> int:
                 clients = {"packrat": fast, "single": base}
                 for client in clients.values():
                     client.infer(batch)  # warm-up: first calls build oneDNN primitives for this shape
-                for _ in range(args.requests):
-                    for name, client in clients.items():
+                for round_ in range(args.requests):
+                    for name in ("packrat", "single") if round_ % 2 == 0 else ("single", "packrat"):
+                        client = clients[name]
                         start = time.perf_counter()
                         client.infer(batch)
                         times[name].append((time.perf_counter() - start) * 1000.0)
@@ -100,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     plan = info["plan"]
     parts = ", ".join(f"{i['threads']} thread(s) × {i['batch']} input(s)" for i in plan["instances"])
     packrat_ms, single_ms = statistics.median(times["packrat"]), statistics.median(times["single"])
-    print(f"model: {args.model}, batch {args.batch}, {args.requests} requests each (interleaved)")
+    print(f"model: {args.model}, batch {args.batch}, {args.requests} requests each (paired rounds)")
     print(f"packrat plan: {len(plan['instances'])} instance(s): {parts}")
     predicted = plan.get("predicted_latency_ms")
     if predicted is not None:
@@ -108,7 +163,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"  why: {plan['reason']}")
     print(f"median latency  packrat: {packrat_ms:8.1f} ms")
     print(f"median latency  single : {single_ms:8.1f} ms   (one instance, all cores: PyTorch's default)")
-    print(f"speed-up of packrat over single: {single_ms / packrat_ms:.2f}×")
+    judged = verdict(times["packrat"], times["single"], args.tie_within)
+    print(f"speed-up of packrat over single: {judged.speedup:.2f}× (median of {judged.rounds} paired rounds)")
+    if judged.high < math.inf:
+        interval = f"{judged.low:.2f}×–{judged.high:.2f}×"
+        print(f"  {judged.confidence:.0%} confidence interval: {interval}")
+    else:
+        print("  too few rounds to bound it: use --requests 6 or more")
+    closer = f"a speed-up within {args.tie_within:.0%} of 1 counts as a tie"
+    if judged.word == "a tie within noise":
+        print(f"verdict: a tie within noise ({closer})")
+    else:
+        print(f"verdict: packrat is {judged.word} than single")
     for name, served in (("packrat", info), ("single", single_info)):
         guard = served.get("accuracy_guard")
         measured = "" if not guard else f" (accuracy guard: max relative error {guard['max_rel_error']:.2e})"
