@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
-from packrat_daemon.accuracy import DEFAULT_MAX_REL_ERROR
+from packrat_daemon.accuracy import DEFAULT_MAX_REL_ERROR, TOP1_CHOICES
 from packrat_daemon.wire.errors import ConfigError
 from policies.packrat import MIN_SPLIT_GAIN
 from workers.spec import PRECISION_CHOICES
@@ -220,7 +220,8 @@ SETTINGS: tuple[Setting, ...] = (
         _choice(*PRECISION_CHOICES),
         DEFAULT_PRECISION,
         "fp32, bf16 (under the accuracy guard), or auto: also measure bf16 where the CPU has bf16 units and "
-        "the guard passes, and serve the fastest",
+        "the guard passes, and serve the fastest; int8 (runtime openvino, quantized on --calibration; "
+        "never chosen by auto)",
         MODEL,
     ),
     Setting(
@@ -235,9 +236,18 @@ SETTINGS: tuple[Setting, ...] = (
         "calibration",
         OPTIONAL_TEXT,
         None,
-        "accuracy guard: a .npy file of your own inputs (N x the model's input) checked besides the samples",
+        "accuracy guard: a .npy file of your own inputs (N x the model's input) checked besides the samples; "
+        "int8 is quantized on them",
         MODEL,
         unset="sample inputs only",
+    ),
+    Setting(
+        "accuracy_top1",
+        _choice(*TOP1_CHOICES),
+        "auto",
+        "accuracy guard: hold the output to top-1 agreement (class scores): on, off, or auto: a 2-D output "
+        "of probabilities or of scores not all within [-1, 1] (embeddings stay within it)",
+        MODEL,
     ),
     Setting("allocator", _choice("system", "jemalloc", "tcmalloc"), "system", "malloc to preload", MODEL),
     Setting("endpoint", TEXT, "tcp://127.0.0.1:5555", "where clients connect (tcp:// or ipc://)", SERVING),
@@ -311,6 +321,32 @@ SETTINGS: tuple[Setting, ...] = (
         "instance this many interleaved rounds and plan on what was measured (0: off)",
         PLANNING,
     ),
+    Setting(
+        "profile_budget",
+        TEXT,
+        "0.25",
+        "without a profile, a large grid is measured by the adaptive (Bayesian) search within this "
+        "budget: a fraction of the grid's cells like 0.25, or seconds like 300s (1: always the full grid); "
+        "the plan's own cells are always measured (docs/profiling.md)",
+        PLANNING,
+    ),
+    Setting(
+        "state_dir",
+        OPTIONAL_TEXT,
+        None,
+        "folder where the learned profile (cells measured at start, production's timings, the plan) is kept "
+        "across restarts, written atomically (docs/state.md); systemd's StateDirectory= gives one",
+        PLANNING,
+        unset="none: a restart measures again",
+    ),
+    Setting(
+        "emulate_measure",
+        SWITCH,
+        False,
+        "runtime emulated: measure the start-up profile on the emulated workers, as a daemon without a "
+        "profile does, instead of planning on the profile they wait",
+        MODEL,
+    ),
     Setting("adapt", SWITCH, True, "re-plan when the live batch sizes move and that is predicted to pay", ADAPTATION),
     Setting("adapt_interval_s", SECONDS, 5.0, "how often the live batch sizes are looked at", ADAPTATION),
     Setting("adapt_min_batches", POSITIVE_INT, 50, "batches seen since the last plan before re-planning", ADAPTATION),
@@ -381,6 +417,13 @@ SETTINGS: tuple[Setting, ...] = (
         _choice("debug", "info", "warning", "error"),
         "info",
         "show log lines of this level and above",
+        OBSERVING,
+    ),
+    Setting(
+        "log_format",
+        _choice("text", "json"),
+        "text",
+        "text: one line per record for people; json: one JSON object per line for log shippers",
         OBSERVING,
     ),
 )

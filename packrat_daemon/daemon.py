@@ -98,6 +98,7 @@ class Daemon:
         self.frontend = Frontend(context, config, self.info, metrics, self.batcher, self.dispatcher, self.reconciler)
         self.frontend.status = lambda: live_status(self)
         self.adaptation = OnlineAdaptation(config, self.policy, self.profile, self.topology)
+        self.state = started.state.attach(self.adaptation)  # production's estimates from --state-dir, if any
         self.supervisor = Supervisor(self.reconciler, self.dispatcher, self.frontend, metrics, self.adaptation)
         self.drain_deadline: float | None = None  # set by the first stop signal
         self.watchdog = Watchdog.from_environment(config.startup_timeout_s)  # systemd's WatchdogSec=, if set
@@ -189,6 +190,7 @@ class Daemon:
             self.metrics.batch_size.observe(rows)
         self.watchdog.tick(now, self.metrics.ready)
         self.control.tick()
+        self.state.tick(self, now)
         if now >= self.adaptation.due:
             plan = self.adaptation.propose(self.plan, self.profile, now)
             if plan is not None:
@@ -202,6 +204,7 @@ class Daemon:
         self.reconciler.set_plan(plan, reason, self.adaptation.predicted(self.reconciler.plan, plan, time.monotonic()))
         self.dispatcher.splitter = self._splitter(self.adaptation.planning_profile(self.profile), plan)
         self.supervisor.changed = True
+        self.state.save(self, reason)
 
     def _splitter(self, profile: Profile | None, plan: Plan) -> Splitter:
         """How each batch is divided under `plan`: its layouts as the reconciler keeps them warm."""
@@ -233,6 +236,7 @@ class Daemon:
         learned = self.adaptation.learned(self.profile, self.plan, self.config.model, self.info.runtime)
         if learned is not None and self.profiles.save(learned):
             log.info("profile with production timings saved to %s (%d cells)", self.profiles.path, len(learned))
+        self.state.save(self, "stop")
         # The template stops its children in order (SIGTERM, then SIGKILL after a grace period).
         self.backend.close()
 

@@ -42,9 +42,8 @@ NUMBERS_FILE = "emulation.json"
 def check(config: ServeConfig) -> bool:
     """Whether `config` emulates; ConfigError when the emulate settings come without the emulated runtime
     or the emulated runtime without a profile."""
-    flags = [f"--{name.replace('_', '-')}" for name in ("emulate_cores", "emulate_interference")]
-    given = [flag for flag, value in zip(flags, (config.emulate_cores, config.emulate_interference), strict=True)
-             if value is not None]  # fmt: skip
+    names = ("emulate_cores", "emulate_interference", "emulate_measure")
+    given = [f"--{name.replace('_', '-')}" for name in names if getattr(config, name) not in (None, False)]
     if config.runtime != EMULATED:
         if given:
             raise ConfigError(

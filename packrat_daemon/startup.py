@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,19 +22,20 @@ from packrat_daemon import accuracy, emulation
 from packrat_daemon.backend import Backend, ModelInfo
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.hardening import check_endpoint, private_dir, warn_if_root
-from packrat_daemon.measure.bench import Bench, PlanTiming, default_grid
-from packrat_daemon.measure.split_check import SplitDecision, measured_profile, split_decisions
 from packrat_daemon.metrics import Metrics
-from packrat_daemon.progress import Progress
+from packrat_daemon.profiling import check_splits, measure_profile
 from packrat_daemon.runtime_choice import RuntimeOption, choose_runtime
+from packrat_daemon.search.budget import Budget
+from packrat_daemon.state import Entry, ProfileFile, StateKeeper, identity
 from packrat_daemon.wire.curve import FrontendSecurity
+from packrat_daemon.wire.errors import ProfileError
 from policies.base import Plan, Policy, PolicySettings
 from policies.planning.distribution import BatchDistribution
 from policies.planning.layouts import LayoutTable
-from policies.planning.profile import Cell, Profile, profile_key, write_profiles
+from policies.planning.profile import Profile, profile_key
 from policies.planning.topology import Topology
 from policies.registry import policy_from_settings
-from workers.precision import cpu_units
+from workers.precision import cpu_units, template_precision
 from workers.spec import EMULATED, PRECISIONS, available_runtimes, check_precision, runtime_precisions
 
 log = logging.getLogger("packrat.daemon")
@@ -42,8 +44,10 @@ Interrupted = Callable[[], bool]  # True once a stop signal has arrived
 
 # What a reload cannot change in a running daemon: these take a restart.
 RESTART_ONLY = (
-    "model", "input", "endpoint", "runtime", "precision", "max_rel_error", "calibration", "allocator", "run_dir",
-    "control", "server_key", "allowed_clients", "insecure_public", "emulate_cores", "emulate_interference",
+    "model", "input", "endpoint", "runtime", "precision", "max_rel_error", "calibration", "accuracy_top1",
+    "allocator", "run_dir", "control",
+    "server_key", "allowed_clients", "insecure_public", "emulate_cores", "emulate_interference",
+    "emulate_measure", "state_dir",
 )  # fmt: skip
 
 
@@ -55,34 +59,11 @@ class RuntimeCandidate:
     info: ModelInfo
     profile: Profile | None
     plan: Plan
+    restored: bool = False  # the plan is the one the state file says was served: no split check
 
     @property
     def key(self) -> str:
         return profile_key(self.info.runtime, self.info.precision)
-
-
-class ProfileFile:
-    """The --save-profile file: every runtime's rows this daemon knows, one runtime's rows replaced at a time.
-
-    Start-up measurements, the split check and the timings learned in production all save through
-    `save`, so writing one runtime's rows never drops another runtime's.
-    """
-
-    def __init__(self, path: str | None) -> None:
-        self.path = path
-        self.known: dict[str, Profile] = {}
-
-    def know(self, profile: Profile) -> None:
-        """Rows read from --profile: not written now, but kept in every later write."""
-        self.known[profile_key(profile.runtime, profile.precision)] = profile
-
-    def save(self, profile: Profile) -> bool:
-        """Write `profile` in place of its runtime's rows at its precision; False when no --save-profile was given."""
-        self.known[profile_key(profile.runtime, profile.precision)] = profile
-        if self.path is None:
-            return False
-        write_profiles(self.path, list(self.known.values()))
-        return True
 
 
 @dataclass(frozen=True)
@@ -93,6 +74,7 @@ class Started:
     policy: Policy
     served: RuntimeCandidate
     profiles: ProfileFile
+    state: StateKeeper
 
 
 def start_up(
@@ -121,14 +103,17 @@ def start_up(
     if emulating:
         log.warning("%s", emulation.describe(config, topology.usable_cores)["note"])
     policy = policy_for(config)
+    check_cores(config, policy, topology)  # before the model loads: a plan or profile beyond the cores fails now
+    Budget.parse(config.profile_budget, "--profile-budget")
     pairs = candidate_pairs(config.runtime, config.precision)
     measure = policy.needs_profile or len(pairs) > 1
     profiles = ProfileFile(config.save_profile)
+    state = StateKeeper(config.state_dir)
     candidates: list[RuntimeCandidate] = []
     try:
         for runtime, precision in pairs:
             candidate = prepare_runtime(
-                runtime, config, topology, context, policy, profiles, measure, interrupted, precision, metrics
+                runtime, config, topology, context, policy, profiles, measure, interrupted, precision, metrics, state
             )
             if candidate is not None:
                 candidates.append(candidate)
@@ -140,16 +125,56 @@ def start_up(
     for candidate in candidates:
         if candidate is not served:
             candidate.backend.close()
-    if policy.checks_splits and config.split_check_rounds > 0 and served.profile is not None:
+    served = resume(served, state, policy, config, topology)
+    if policy.checks_splits and config.split_check_rounds > 0 and served.profile is not None and not served.restored:
         try:
-            served = check_splits(served, policy, config, topology, profiles, interrupted)
+            distribution = distribution_for(config)
+            profile, plan = check_splits(
+                served.backend, served.info, served.profile, served.plan, config, topology, distribution,
+                lambda p: policy.plan(p, topology, distribution), interrupted,
+            )  # fmt: skip
+            if profiles.save(profile):
+                log.info("profile saved to %s", config.save_profile)
+            served = dataclasses.replace(served, profile=profile, plan=plan)
         except BaseException:
             served.backend.close()
             raise
+    if served.profile is not None and served.key in state.entries:
+        state.entries[served.key].profile = served.profile
     guard = "not needed" if served.info.guard is None else "passed"
     metrics.served(served.info.runtime, served.info.precision, guard)
     log.info("serving %s at %s (accuracy guard: %s)", served.info.runtime, served.info.precision, guard)
-    return Started(topology, policy, served, profiles)
+    return Started(topology, policy, served, profiles, state)
+
+
+def check_cores(config: ServeConfig, policy: Policy, topology: Topology) -> None:
+    """What asks for more cores than are usable fails before the model loads (minutes): a plan the policy
+    makes without a profile (a fixed plan), and a profile file none of whose rows fits."""
+    if not policy.needs_profile:
+        policy.plan(None, topology, distribution_for(config))  # raises, naming the cores asked for and usable
+    cores = topology.usable_cores
+    if config.profile and not config.emulate_measure:
+        fitting = [t for p in Profile.read_all(config.profile).values() for t in p.threads() if t <= cores]
+        if not fitting:
+            raise ProfileError(
+                f"every thread count in {config.profile} exceeds the {cores} usable cores; give a profile measured "
+                f"with at most {cores} threads, or none (the daemon then measures one here)"
+            )
+
+
+def resume(
+    served: RuntimeCandidate, state: StateKeeper, policy: Policy, config: ServeConfig, topology: Topology
+) -> RuntimeCandidate:
+    """The state file's plan for the served runtime, when it holds one this daemon can serve as it is."""
+    state.served_key = served.key
+    if not served.restored:
+        return served
+    plan = state.resumed_plan(served.key, policy.name, topology.usable_cores, config.max_batch)
+    if plan is None:
+        log.info("state: no saved plan fits this configuration; planning on the saved profile")
+        return dataclasses.replace(served, restored=False)
+    log.info("state: serving the learned plan %s; no profiling", plan.describe())
+    return dataclasses.replace(served, plan=plan)
 
 
 def candidate_pairs(runtime: str, precision: str, flags: frozenset[str] | None = None) -> list[tuple[str, str]]:
@@ -185,6 +210,7 @@ def prepare_runtime(
     interrupted: Interrupted,
     precision: str = "fp32",
     metrics: Metrics | None = None,
+    state: StateKeeper | None = None,
 ) -> RuntimeCandidate | None:
     """Start a template for `runtime` at `precision`, run the accuracy guard on a reduced precision, get the
     profile (file or measured) and the policy's plan. None: `--precision auto` and the guard refused it."""
@@ -200,8 +226,9 @@ def prepare_runtime(
             else runtime
         )
         backend.start_template(
-            config.model, input_override=config.input, runtime=started, allocator=config.allocator, precision=precision
-        )
+            config.model, input_override=config.input, runtime=started, allocator=config.allocator,
+            precision=template_precision(precision, config.calibration),
+        )  # fmt: skip
         info = backend.wait_template(config.startup_timeout_s)
         log.info("model %s: input %s %s per sample", config.model, info.dtype, list(info.shape))
         if precision != "fp32":
@@ -210,21 +237,40 @@ def prepare_runtime(
                 backend.close()
                 return None
             info = dataclasses.replace(info, guard=guard.to_json())
-        if config.profile:
+        state = state or StateKeeper(None)
+        ident = identity(config, info.runtime, info.precision, topology.usable_cores)
+        saved = state.restore(key, ident) if state.path is not None else None
+        entry = None
+        if config.profile and not config.emulate_measure:
             profile: Profile | None = read_profile(config.profile, info.runtime, info.precision)
             log.info("profile %s: %d cells for %s", config.profile, len(profile), info.runtime)
             profiles.know(profile)
+        elif saved is not None:
+            profile, entry = saved.profile, saved
+            age = (time.time() - saved.measured_unix) / 3600
+            log.info("state: %s profile from %s (%d cells measured %.1f h ago); not measured again",
+                     key, state.path, len(profile), age)  # fmt: skip
+            profiles.know(profile)
         elif measure:
-            profile = measure_profile(backend, info, config, topology, interrupted)
+            distribution = distribution_for(config)
+            profile, estimated = measure_profile(
+                backend, info, config, topology, distribution, lambda p: policy.plan(p, topology, distribution),
+                interrupted,
+            )  # fmt: skip
+            entry = Entry(ident, profile, estimated)
             if profiles.save(profile):
                 log.info("profile saved to %s", config.save_profile)
         else:
             profile = None
+        if profile is not None:
+            state.record(key, entry or Entry(ident, profile))
         plan = policy.plan(profile, topology, distribution_for(config))
     except BaseException:
         backend.close()
         raise
-    return RuntimeCandidate(backend, info, profile, plan)
+    if saved is not None:
+        state.restored_from = str(state.path)
+    return RuntimeCandidate(backend, info, profile, plan, restored=saved is not None)
 
 
 def run_guard(
@@ -236,6 +282,7 @@ def run_guard(
     guard = accuracy.check(
         config.model, info.input, info.runtime, precision,
         input_override=config.input, calibration=config.calibration, tolerance=config.max_rel_error,
+        top1=config.accuracy_top1,
     )  # fmt: skip
     if metrics is not None:
         metrics.guarded(guard.runtime, guard.precision, guard.max_rel_error, guard.top1_agreement)
@@ -246,63 +293,6 @@ def run_guard(
         raise accuracy.refused(guard)
     log.warning("accuracy guard: %s; %s is not served at %s", guard.describe(), info.runtime, precision)
     return None
-
-
-def measure_profile(
-    backend: Backend, info: ModelInfo, config: ServeConfig, topology: Topology, interrupted: Interrupted
-) -> Profile:
-    """Measure every cell of the default grid on real workers forked from `backend`'s template."""
-    threads, batches = default_grid(topology.usable_cores, max(config.batches or [config.max_batch]))
-    cells = [(t, b) for t in threads for b in batches]
-    progress = Progress(len(cells), f"profiling {profile_key(info.runtime, info.precision)}")
-    profiler = Bench(backend, topology, info)
-    measured: dict[tuple[int, int], Cell] = {}
-    try:
-        profiler.measure_cells(cells, measured, progress, interrupted)  # SIGTERM or Ctrl-C: stop between cells
-    finally:
-        profiler.close()
-        progress.close()
-    return Profile(measured, model=config.model, runtime=info.runtime, precision=info.precision)
-
-
-def check_splits(
-    served: RuntimeCandidate,
-    policy: Policy,
-    config: ServeConfig,
-    topology: Topology,
-    profiles: ProfileFile,
-    interrupted: Interrupted,
-) -> RuntimeCandidate:
-    """Run each batch size the plan would split both ways side by side; plan again on what was measured."""
-    assert served.profile is not None
-    distribution = distribution_for(config)
-    cores = topology.usable_cores
-    decisions = split_decisions(served.profile, served.plan, distribution, cores, config.min_split_gain)
-    if not decisions:
-        return served
-    bench = Bench(served.backend, topology, served.info)
-    progress = Progress(len(decisions), "checking splits side by side")
-
-    def measured(decision: SplitDecision, split: PlanTiming, alone: PlanTiming) -> None:
-        log.info(
-            "split check at %s: split %.1f ms, one instance %.1f ms (medians of %d interleaved rounds)",
-            decision.describe(), split.latency_ms, alone.latency_ms, split.rounds,
-        )  # fmt: skip
-        progress.advance(f"batch {decision.batch}: split {split.latency_ms:.1f} ms, alone {alone.latency_ms:.1f} ms")
-        if interrupted():  # SIGTERM or Ctrl-C during start-up: stop between checks
-            raise KeyboardInterrupt
-
-    try:
-        profile = measured_profile(served.profile, decisions, bench.compare, config.split_check_rounds, measured)
-    finally:
-        bench.close()
-        progress.close()
-    plan = policy.plan(profile, topology, distribution)
-    if plan.layouts != served.plan.layouts:
-        log.info("split check changed the plan: %s → %s", served.plan.describe(), plan.describe())
-    if profiles.save(profile):
-        log.info("profile saved to %s", config.save_profile)
-    return dataclasses.replace(served, profile=profile, plan=plan)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import logging
 import time
 
 from packrat_daemon.adapt.estimator import BatchSizeEstimator
-from packrat_daemon.adapt.production import ProductionProfile
+from packrat_daemon.adapt.production import ProductionProfile, revert_plan, slow_splits
 from packrat_daemon.adapt.tuner import Tuner, TunerSettings
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.wire.errors import PackratError
@@ -30,11 +30,13 @@ class OnlineAdaptation:
         self.tuner: Tuner | None = None
         self.interval_s = config.adapt_interval_s
         self.due = 0.0  # time.monotonic() of the next look at the live batch sizes
+        self.splitting = profile  # what the dispatcher splits by (the production guard judges its splits)
         self.retune(config, policy, profile)
 
     def retune(self, config: ServeConfig, policy: Policy, profile: Profile | None) -> None:
         """A new configuration or policy (start, reload): only a policy that adapts, with a profile, gets a tuner."""
         self.interval_s = config.adapt_interval_s
+        self.min_split_gain = config.min_split_gain
         if config.adapt and policy.adapts and profile is not None:
             self.tuner = Tuner(policy, profile, self.topology, TunerSettings.of(config))
         else:
@@ -42,7 +44,8 @@ class OnlineAdaptation:
 
     def planning_profile(self, offline: Profile | None) -> Profile | None:
         """The profile plans are divided by: the tuner's (production's timings folded in) once there is one."""
-        return self.tuner.profile if self.tuner is not None else offline
+        self.splitting = self.tuner.profile if self.tuner is not None else offline
+        return self.splitting
 
     def propose(self, plan: Plan, offline: Profile | None, now: float) -> Plan | None:
         """A plan for the batch sizes clients actually send, if the tuner predicts it pays; else None."""
@@ -54,6 +57,14 @@ class OnlineAdaptation:
             return None
         # Plan on what production has measured, interference included, over the offline profile.
         self.tuner.profile = self.production.merged_into(offline, now) or self.tuner.profile
+        learned, cores = self.production.learned(now), self.topology.usable_cores
+        slow = slow_splits(plan, self.splitting, self.tuner.profile, learned, distribution, cores, self.min_split_gain)
+        if slow:  # a measurement, not a prediction: past the hysteresis and the cool-down
+            reverted = revert_plan(self.tuner.policy, self.tuner.profile, learned, distribution, self.topology,
+                                   self.min_split_gain, slow)  # fmt: skip
+            log.warning("%s; plan %s", reverted.reason, reverted.describe())
+            self.tuner.last_switch = now
+            return reverted
         try:
             decision = self.tuner.consider(plan, distribution, self.estimator.observed, now)
         except PackratError as exc:

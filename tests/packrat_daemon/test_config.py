@@ -25,6 +25,7 @@ SAMPLE: dict[str, Any] = {
     "precision": "bf16",
     "max_rel_error": 0.01,
     "calibration": "calibration.npy",
+    "accuracy_top1": "off",
     "allocator": "jemalloc",
     "endpoint": "ipc:///tmp/packrat-test.ipc",
     "server_key": "server.key_secret",
@@ -41,6 +42,9 @@ SAMPLE: dict[str, Any] = {
     "batches": [1, 4],
     "min_split_gain": 0.1,
     "split_check_rounds": 0,
+    "profile_budget": "300s",
+    "state_dir": "/var/lib/packrat/test",
+    "emulate_measure": True,
     "adapt": False,
     "adapt_interval_s": 2.0,
     "adapt_min_batches": 7,
@@ -56,6 +60,7 @@ SAMPLE: dict[str, Any] = {
     "metrics_port": 9464,
     "metrics_address": "0.0.0.0",
     "log_level": "debug",
+    "log_format": "json",
 }
 
 

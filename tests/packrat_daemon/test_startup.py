@@ -16,7 +16,8 @@ import zmq
 from conftest import daemon_env
 
 from packrat_daemon.config import ServeConfig
-from packrat_daemon.startup import ProfileFile, read_profile, replan
+from packrat_daemon.startup import read_profile, replan
+from packrat_daemon.state import ProfileFile
 from packrat_daemon.wire.errors import PackratError
 from policies.planning.profile import Profile
 from policies.planning.topology import Topology
@@ -149,3 +150,24 @@ def test_an_unusable_endpoint_is_refused_before_the_model_loads(in_use: bool) ->
     errors = [line for line in done.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and f"cannot serve on endpoint '{endpoint}'" in errors[0]
     assert "loading builtin:tiny-mlp" not in done.stderr
+
+
+@pytest.mark.slow
+def test_a_grid_above_the_threshold_is_measured_by_the_adaptive_search_at_start(tmp_path: Path) -> None:
+    import re
+
+    from conftest import REPO, running_daemon
+
+    # EMULATION: 16 made-up cores whose workers wait the Inception-v3 table, scaled to a hundredth so the
+    # start-up takes seconds; --emulate-measure makes the daemon measure it as it would a model.
+    table = Profile.read_csv(REPO / "bench" / "profiles" / "inception3-cloudlab16.csv")
+    scaled = tmp_path / "scaled.csv"
+    Profile.from_latencies({key: cell.latency_ms / 100 for key, cell in table.items()}).write_csv(scaled)
+    args = ("--runtime", "emulated", "--emulate-cores", "16", "--emulate-measure", "--profile", str(scaled),
+            "--model", "builtin:tiny-mlp", "--max-batch", "64", "--emulate-interference", "none")  # fmt: skip
+    with running_daemon(tmp_path, *args):
+        pass
+    log = (tmp_path / "daemon.log").read_text()
+    assert "profiling emulated adaptively (at most 28 of 112 cells)" in log
+    found = re.search(r"adaptive: (\d+) of 112 cells measured", log)
+    assert found is not None and int(found.group(1)) <= 28, log[-3000:]
