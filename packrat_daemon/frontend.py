@@ -23,6 +23,7 @@ from packrat_daemon.batcher import Batcher, Request
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.dispatcher import Completed, Dispatcher
 from packrat_daemon.hardening import claim_ipc
+from packrat_daemon.logs import log_request
 from packrat_daemon.metrics import Metrics
 from packrat_daemon.reconciler import Reconciler
 from packrat_daemon.wire.codec import (
@@ -249,8 +250,9 @@ class Frontend:
             done.queue_ms, done.compute_ms, total_ms, done.instances,
         )  # fmt: skip
         self.send(request.identity, request.delimiter, [header, payload], output.nbytes >= ZERO_COPY_MIN_BYTES)
-        self.metrics.answered_ok(total_ms, done.queue_ms)
+        self.metrics.answered(done, total_ms)
         self.batcher.served((total_ms - done.queue_ms - done.compute_ms) / 1000.0)  # what batching waits for
+        log_request(done, total_ms)
 
     def max_message_bytes(self) -> int:
         return self.batcher.max_batch * self.sample_bytes + MAX_HEADER_BYTES + 1024

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import logging
 from collections.abc import Callable
 
 from packrat_daemon.commands.options import add_settings, typed_settings
 from packrat_daemon.config import ServeConfig, load_config
+from packrat_daemon.logs import setup_logging
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -21,13 +21,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s packrat[%(process)d] %(levelname)s %(name)s: %(message)s",
-    )
-
-
 def config_loader(args: argparse.Namespace) -> Callable[[], ServeConfig]:
     """The flags typed over the config file as it is at each call: at start, and again on SIGHUP."""
     flags = typed_settings(args)
@@ -39,5 +32,5 @@ def run(args: argparse.Namespace) -> int:
 
     load = config_loader(args)
     config = load()
-    setup_logging(config.log_level)
+    setup_logging(config.log_level, config.log_format)
     return serve(config, load)
