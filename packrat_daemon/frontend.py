@@ -73,6 +73,9 @@ CLOSE_LINGER_MS = 1000
 REFUSE_QUIET_S = 0.1
 # At most this long in all: a client flooding the socket must not keep the daemon from exiting.
 REFUSE_WAITING_S = 1.0
+# After the last call the socket is still read this long: a request sent just before it, still on its way
+# through the client's and the kernel's buffers, is answered too.
+REFUSE_GRACE_S = 0.05
 
 _recv = _CompiledSocket.recv
 
@@ -194,7 +197,8 @@ class Frontend:
 
     def refuse_waiting(self) -> None:
         """After the drain: answer every message that reaches the socket (SHUTTING_DOWN; `info` is still
-        answered) until it has been quiet for REFUSE_QUIET_S, at most REFUSE_WAITING_S in all."""
+        answered) until it has been quiet for REFUSE_QUIET_S, at most REFUSE_WAITING_S in all; log that
+        moment, the last call, and go on answering for REFUSE_GRACE_S."""
         self.accepting = False
         now = time.monotonic()
         stop, quiet_until = now + REFUSE_WAITING_S, now + REFUSE_QUIET_S
@@ -203,9 +207,15 @@ class Frontend:
                 self.read()
                 quiet_until = time.monotonic() + REFUSE_QUIET_S
             now = time.monotonic()
-        # The monotonic clock is the machine's: a client can tell which of its requests went before the close.
+        # The monotonic clock is the machine's: a client can tell which of its requests went before the last call.
         why = "a client still sending" if now >= stop else f"quiet for {REFUSE_QUIET_S * 1000:.0f} ms"
-        log.info("closing the frontend at monotonic %.6f (%s)", time.monotonic(), why)
+        log.info(
+            "last call at monotonic %.6f (%s); closing the frontend %.0f ms later", now, why, REFUSE_GRACE_S * 1000
+        )
+        grace_end = now + REFUSE_GRACE_S
+        while (left := grace_end - time.monotonic()) > 0:
+            if self.socket.poll(math.ceil(left * 1000)):
+                self.read()
 
     def describe(self) -> dict[str, Any]:
         """The `info` reply: the model, its input, the plan and the live workers."""

@@ -20,11 +20,16 @@ from packrat_daemon.pool import PoolEvent, WorkerHandle
 from packrat_daemon.reconciler import Reconciler
 from packrat_daemon.wire.codec import ErrorCode
 from packrat_daemon.wire.errors import ConfigError
+from workers.worker import HEARTBEAT_SECONDS
 
 log = logging.getLogger("packrat.daemon")
 
 RECONCILE_INTERVAL_S = 0.1  # job timeouts are seconds long, and the loop wakes twice per request
-HEARTBEAT_TIMEOUT_S = 10.0  # an idle worker silent this long is hung
+# An idle worker heartbeats every HEARTBEAT_SECONDS, even on a busy machine: three missed, it is hung. Longer,
+# and a worker stopped while idle goes unnoticed until a second fault finds no healthy worker to take over.
+HEARTBEAT_TIMEOUT_S = 3 * HEARTBEAT_SECONDS
+# A hedge goes only to an idle worker heard from within this (a heartbeat late at most): not to a hung one.
+HEDGE_FRESH_S = 2 * HEARTBEAT_SECONDS
 
 
 class TemplateLost(ConfigError):
@@ -117,9 +122,12 @@ class Supervisor:
         self.reconciler.step()
         self.serving = self.reconciler.serving()
         self.metrics.workers_serving({worker.id: worker.pid for worker in self.serving})
+        if self.dispatcher.late:  # a late slice waits for an idle worker: a new one may have come
+            self._hedge(now)
 
     def _hedge(self, now: float) -> None:
-        for copy in self.dispatcher.hedge(now, self.serving):
+        fresh = [worker for worker in self.serving if now - worker.last_seen <= HEDGE_FRESH_S]
+        for copy in self.dispatcher.hedge(now, fresh):
             late = copy.twin
             assert late is not None and late.predicted_ms is not None  # only a predicted slice is hedged
             log.info(
