@@ -216,6 +216,7 @@ class Metrics:
         self.queue_wait = Tally(LATENCY_BUCKETS)
         self.batch_size = Tally(BATCH_BUCKETS)
         self.compute: dict[int, Tally] = {}
+        self.buckets = LATENCY_BUCKETS  # the latency histograms' bounds: from the start plan's prediction
         self.layouts = LayoutTimes(LATENCY_BUCKETS)
         r.register(_RequestPathCollector(self))
         # Updated rarely: prometheus_client's own metrics.
@@ -291,7 +292,7 @@ class Metrics:
     def observe_compute(self, threads: int, compute_ms: float) -> None:
         tally = self.compute.get(threads)
         if tally is None:
-            tally = self.compute[threads] = Tally(LATENCY_BUCKETS)
+            tally = self.compute[threads] = Tally(self.buckets)
         tally.observe(compute_ms / 1000.0)
 
     def serve(self, port: int, address: str = "127.0.0.1") -> None:
@@ -312,8 +313,9 @@ class Metrics:
 
     def plan_changed(self, plan: Plan, reason: str) -> None:
         if reason == "start" and plan.predicted_latency_ms is not None and not any(self.latency.counts):
-            # Before the first answer only, so no observation is lost and no series changes its buckets later.
-            buckets = latency_buckets(plan.predicted_latency_ms / 1000.0)
+            # Before the first answer only, so no observation is lost and no series changes its buckets later
+            # (compute tallies are made at a worker's first answer, after this).
+            self.buckets = buckets = latency_buckets(plan.predicted_latency_ms / 1000.0)
             self.latency, self.queue_wait, self.layouts = Tally(buckets), Tally(buckets), LayoutTimes(buckets)
             debug.debug(
                 "latency buckets: %d bounds, %.3g s to %.3g s, 10%% apart around the predicted %.3g s",

@@ -269,3 +269,14 @@ def test_the_grafana_dashboard_queries_only_metrics_the_daemon_exports() -> None
     }
     assert queried and queried <= exported, queried - exported
     assert {"packrat_layout_compute_seconds_sum", "packrat_layout_predicted_seconds_total"} <= queried
+
+
+def test_compute_histograms_take_the_plans_buckets_too() -> None:
+    """A compute time between coarse bounds (25 and 50 ms) would read up to 2x off as a quantile."""
+    from packrat_daemon.metrics import Metrics, latency_buckets
+    from policies.base import InstancePlan, Plan
+
+    metrics = Metrics("m")
+    metrics.plan_changed(Plan((InstancePlan(1, 1),), "fixed", "test", 26.0), "start")
+    metrics.observe_compute(1, 26.0)
+    assert metrics.compute[1].bounds == latency_buckets(0.026) == metrics.latency.bounds
