@@ -6,7 +6,10 @@ describe the target, converge to it). Each plan is a new generation of slots (th
   2. other ready workers are re-threaded and re-pinned in place (no fork, no reload): they keep
      serving with their old threads until the switch is done;
   3. slots still empty get freshly forked workers;
-  4. workers the plan has no slot for are retired only once every slot is served.
+  4. workers the plan has no slot for stop serving only once every slot is served. They are parked, not
+     stopped: idle, pinned as they were, for PARK_S, so that a later plan with their slot (switching back
+     and forth between two plans, by hand or by adaptation) takes them at once instead of forking and
+     warming up a worker again. A parked worker that is not taken is stopped after PARK_S.
 Every ready worker takes batches meanwhile, so no request ever finds the pool empty. Workers that
 die after they were ready are replaced at once, within the current generation.
 
@@ -43,6 +46,10 @@ Slot = tuple[int, tuple[int, ...]]  # (threads, cores)
 MAX_BOOT_FAILURES = 5  # workers in a row that fail before they are ready; then the daemon stops
 BOOT_BACKOFF_FIRST_S = 0.25  # the pause after the first boot failure, doubled after each further one
 BOOT_BACKOFF_MAX_S = 8.0
+# A parked worker costs its private memory and a heartbeat a second, no CPU; a fork costs a model warm-up
+# (hundreds of milliseconds for ResNet-50) before the new plan serves. Parked workers never outnumber the
+# usable cores, the most workers a plan without oversubscription can have.
+PARK_S = 300.0
 HISTORY = 100  # plan changes kept for `packrat status` (a status reply stays far below any frame limit)
 
 
@@ -120,7 +127,8 @@ class Reconciler:
         self._complete_logged = -1
         self.history: deque[Reconfiguration] = deque(maxlen=HISTORY)
         self.on_measured = on_measured
-        self._changed: set[int] = set()  # workers re-threaded or forked for the current generation
+        self._changed: set[int] = set()  # workers re-threaded, forked or unparked for the current generation
+        self.parked: dict[int, float] = {}  # worker id -> time.monotonic() it was parked
 
     def set_plan(self, plan: Plan, reason: str = "start", predicted_ms: tuple[float, float] | None = None) -> None:
         """Converge to `plan` from now on; `reason` and `predicted_ms` (expected latency of the old and the
@@ -162,9 +170,12 @@ class Reconciler:
                 log.info("generation %d serves with %d worker(s)", self.generation, len(self._slots))
                 sd_notify(status(f"serving {self.plan.describe()} with {len(self._slots)} worker(s)"))
             old = False
-            for worker in self.pool.live():
+            live = self.pool.live()
+            if self.parked:  # a parked worker that died is gone from the pool: forget it
+                self.parked = {w.id: self.parked[w.id] for w in live if w.id in self.parked}
+            for worker in live:
                 if worker.pending is None and worker.generation != self.generation:
-                    self.pool.retire(worker)
+                    self._park_or_retire(worker)
                 elif worker.pending is not None and worker.pending[2] != self.generation:
                     old = True  # still switching for an older plan: retired once it has
             if record is not None and not record.done:
@@ -175,11 +186,12 @@ class Reconciler:
         self.pool.kill(worker)
 
     def serving(self) -> list[WorkerHandle]:
-        """Every ready worker takes batches; retired ones are no longer ready."""
-        return sorted(self.pool.ready(), key=lambda w: w.id)
+        """Every ready worker takes batches but the parked ones; retired ones are no longer ready."""
+        return sorted((w for w in self.pool.ready() if w.id not in self.parked), key=lambda w: w.id)
 
     def converged(self) -> bool:
-        return self.plan is not None and self._complete() and len(self.pool.live()) == len(self._slots)
+        live = [w for w in self.pool.live() if w.id not in self.parked]
+        return self.plan is not None and self._complete() and len(live) == len(self._slots)
 
     # -- internals --------------------------------------------------------------------------
     def _measured(self, record: Reconfiguration, old_left: bool) -> None:
@@ -198,6 +210,20 @@ class Reconciler:
         )  # fmt: skip
         if self.on_measured is not None and record.old is not None:  # the start is a boot, not a change
             self.on_measured(record)
+
+    def _park_or_retire(self, worker: WorkerHandle) -> None:
+        """A worker of an older plan, once the new one serves: park it, or stop it once parked long enough."""
+        now = time.monotonic()
+        if worker.id in self.parked:
+            if now - self.parked[worker.id] > PARK_S:
+                del self.parked[worker.id]
+                self.pool.retire(worker)
+        elif worker.state is WorkerState.READY and len(self.parked) < self.allocator.topology.usable_cores:
+            self.parked[worker.id] = now
+            log.info("worker %d (%d thread(s) on cores %s) parked for a later plan",
+                     worker.id, worker.threads, list(worker.cores))  # fmt: skip
+        else:
+            self.pool.retire(worker)
 
     def _fork(self, missing: list[Slot]) -> None:
         pool = self.pool
@@ -226,12 +252,18 @@ class Reconciler:
         self._changed.add(pool.spawn(threads, cores, self.generation).id)
 
     def _adopt_live_workers(self) -> None:
+        live = {w.id for w in self.pool.live()}
+        self.parked = {worker: since for worker, since in self.parked.items() if worker in live}  # the dead go
         free = Counter(self._slots)
         leftovers: list[WorkerHandle] = []
-        for worker in sorted(self.pool.live(), key=lambda w: w.id):
+        # Serving workers first: a parked worker is taken only for a slot no serving worker already has.
+        for worker in sorted(self.pool.live(), key=lambda w: (w.id in self.parked, w.id)):
             if worker.pending is None and free[(worker.threads, worker.cores)] > 0:
                 free[(worker.threads, worker.cores)] -= 1
                 worker.generation = self.generation
+                if self.parked.pop(worker.id, None) is not None:
+                    self._changed.add(worker.id)
+                    log.info("worker %d unparked: it has this plan's slot already", worker.id)
             elif worker.state is WorkerState.READY:
                 leftovers.append(worker)
             else:
@@ -247,6 +279,7 @@ class Reconciler:
             remaining.remove(slot)
             self.pool.reconfigure(match, slot[0], slot[1], self.generation)
             self._changed.add(match.id)
+            self.parked.pop(match.id, None)
             log.info("re-threading worker %d in place: %d→%d thread(s) on cores %s",
                      match.id, match.threads, slot[0], list(slot[1]))  # fmt: skip
 

@@ -158,7 +158,7 @@ def test_a_plan_change_is_measured_from_decision_to_new_pool_serving_and_old_wor
     summary = record.to_json()
     assert summary["reason"] == "control: --plan 2x2" and summary["to"] == one.describe()
     assert summary["serving_s"] == pytest.approx(0.05) and summary["predicted_gain"] == pytest.approx(0.2)
-    assert [w.threads for w in reconciler.serving()] == [2]  # the other one-thread worker was retired
+    assert [w.threads for w in reconciler.serving()] == [2]  # the other one-thread worker no longer serves
 
 
 def test_a_plan_replaced_before_it_served_is_marked_superseded(clock: Clock) -> None:
@@ -166,3 +166,42 @@ def test_a_plan_replaced_before_it_served_is_marked_superseded(clock: Clock) -> 
     reconciler.set_plan(Plan((InstancePlan(2, 2),), "fixed", "one two-thread instance"), "adapt")
     assert reconciler.history[0].superseded and reconciler.history[0].to_json()["serving_s"] is None
     assert not reconciler.history[1].done
+
+
+def test_a_worker_the_plan_no_longer_needs_is_parked_and_taken_back_without_a_fork(clock: Clock) -> None:
+    reconciler, backend = two_slot_reconciler()
+    reconciler.step()
+    for worker in starting(reconciler):
+        ready(reconciler.pool, worker)
+    reconciler.step()
+    forks = spawned(backend)
+
+    reconciler.set_plan(Plan((InstancePlan(2, 2),), "fixed", "one two-thread instance"))
+    rethreaded = next(w for w in reconciler.pool.live() if w.pending is not None)
+    configured(reconciler, rethreaded)
+    reconciler.step()
+    (parked,) = [w for w in reconciler.pool.live() if w.id in reconciler.parked]
+    assert parked.state is WorkerState.READY and reconciler.serving() == [rethreaded]
+    assert not any(kind == messages.STOP for _, kind, _ in backend.sent)
+
+    reconciler.set_plan(Plan((InstancePlan(1, 1), InstancePlan(1, 1)), "fixed", "two one-thread instances"))
+    assert reconciler.parked == {}  # taken back as it is: it still has its slot's thread and core
+    configured(reconciler, rethreaded)
+    reconciler.step()
+    assert spawned(backend) == forks and reconciler.converged()
+    assert sorted(w.id for w in reconciler.serving()) == sorted([rethreaded.id, parked.id])
+
+
+def test_a_parked_worker_is_stopped_after_the_parking_time(clock: Clock) -> None:
+    reconciler, backend = two_slot_reconciler()
+    reconciler.step()
+    for worker in starting(reconciler):
+        ready(reconciler.pool, worker)
+    reconciler.set_plan(Plan((InstancePlan(2, 2),), "fixed", "one two-thread instance"))
+    configured(reconciler, next(w for w in reconciler.pool.live() if w.pending is not None))
+    reconciler.step()
+    assert len(reconciler.parked) == 1
+    clock.now += reconciler_module.PARK_S + 1
+    reconciler.step()
+    assert reconciler.parked == {} and [kind for _, kind, _ in backend.sent].count(messages.STOP) == 1
+    assert reconciler.converged()
