@@ -71,7 +71,7 @@ def test_the_config_map_is_a_config_the_daemon_loads(tmp_path: Path) -> None:
     container = pod["containers"][0]
     mounts = {mount["name"]: mount["mountPath"] for mount in container["volumeMounts"]}
     assert container["command"][-1] == f"{mounts['config']}/packrat.toml"
-    assert config.save_profile.startswith(mounts["state"] + "/"), "the profile is saved on the state volume"
+    assert config.state_dir == mounts["state"], "the learned profile is kept on the state volume"
     assert pod["terminationGracePeriodSeconds"] > config.drain_timeout_s
 
 
