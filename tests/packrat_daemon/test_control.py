@@ -100,8 +100,10 @@ def test_reconfigure_and_status_on_a_real_daemon(tmp_path: Path, capsys: pytest.
         assert code == 0
         status = client.status()
         assert status["plan"]["policy"] == "single" and status["planning"]["override"] == "--policy single"
-        assert [w["threads"] for w in status["workers"]] == [2]
-        assert {"pid", "runtime", "threads", "cores", "state", "batches_served"} <= set(status["workers"][0])
+        serving = [w for w in status["workers"] if w["serving"]]
+        assert [w["threads"] for w in serving] == [2]
+        assert [w["state"] for w in status["workers"] if not w["serving"]] == ["parked"]  # kept for a switch back
+        assert {"pid", "runtime", "threads", "cores", "state", "batches_served"} <= set(serving[0])
         assert status["traffic"]["batch_sizes"] == [[3, 1.0]] and status["traffic"]["inputs_per_s"] > 0
         assert status["queue"]["requests"] == 0 and status["queue"]["accepting"]
         assert {"measured_offline", "estimated", "learned_in_production"} <= set(status["profile"])
@@ -112,7 +114,7 @@ def test_reconfigure_and_status_on_a_real_daemon(tmp_path: Path, capsys: pytest.
 
         code, out, _ = reconfigure(capsys, run_dir, "--auto")
         assert code == 0 and "to fixed: 1×⟨2 threads, batch 4⟩" in out  # the configured policy again
-        assert [w["pid"] for w in client.info()["workers"]] == [status["workers"][0]["pid"]]  # same slot: kept
+        assert [w["pid"] for w in client.info()["workers"]] == [serving[0]["pid"]]  # same slot: kept
         assert main(["status", "--endpoint", endpoint]) == 0
         human = capsys.readouterr().out
         assert "plan history:" in human and "control: --auto" in human and "batches" in human
