@@ -3,12 +3,18 @@ with the daemon's own settings (the TOML loads; the probes, annotations and Serv
 
 from __future__ import annotations
 
+import os
+import socket
+import time
 import tomllib
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import pytest
+from conftest import running_daemon
 
 from packrat_daemon.config import load_config
 
@@ -94,3 +100,34 @@ def test_probes_annotations_and_service_name_the_daemons_ports(tmp_path: Path) -
     labels = template["metadata"]["labels"]
     assert service["selector"].items() <= labels.items()
     assert resources["NetworkPolicy"]["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs for the daemon's plan")
+def test_the_config_map_starts_a_daemon_on_every_address_with_the_probes_answering(tmp_path: Path) -> None:
+    """The pod's settings, less the model, ports and state folder, start a real daemon: the plaintext bind
+    on every address is allowed (insecure_public), and the probes' paths answer on the metrics address."""
+    config_path = tmp_path / "packrat.toml"
+    config_path.write_text(manifests()["ConfigMap"]["data"]["packrat.toml"])
+    port, metrics = free_port(), free_port()
+    small = ["--model", "builtin:tiny-mlp", "--max-batch", "4", "--batches", "1,4", "--split-check-rounds", "0"]
+    args = ["--config", str(config_path), *small, "--metrics-port", str(metrics), "--state-dir", str(tmp_path)]
+    with running_daemon(tmp_path, *args, bind=f"tcp://0.0.0.0:{port}", endpoint=f"tcp://127.0.0.1:{port}"):
+        for path in ("/healthz", "/readyz"):
+            deadline = time.monotonic() + 30
+            while (status := probe(metrics, path)) != 200 and time.monotonic() < deadline:
+                time.sleep(0.2)  # /readyz answers 503 until the planned workers serve
+            assert status == 200, path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def probe(port: int, path: str) -> int:
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5).status
+    except urllib.error.HTTPError as error:
+        return error.code
