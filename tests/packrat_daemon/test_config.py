@@ -35,6 +35,7 @@ SAMPLE: dict[str, Any] = {
     "max_delay_ms": 2.5,
     "max_queue": 64,
     "run_dir": "/tmp/packrat-run",
+    "control": "tcp://127.0.0.1:7001",
     "policy": "fixed",
     "plan": "2*1x8",
     "profile": "profile.csv",
