@@ -1,7 +1,7 @@
-"""Start-up's pure parts: the --save-profile file, reading a runtime's rows, and a reload's re-planning.
+"""Start-up: the --save-profile file, reading a runtime's rows, a reload's re-planning, the checks before the
+model loads, and (real daemons) the adaptive search above the threshold.
 
-Preparing runtimes, measuring and the split check run on real workers in test_daemon.py and
-measure/test_split_check.py.
+The split check runs on real workers in measure/test_split_check.py; the state file in test_state.py.
 """
 
 from __future__ import annotations
@@ -171,3 +171,14 @@ def test_a_grid_above_the_threshold_is_measured_by_the_adaptive_search_at_start(
     assert "profiling emulated adaptively (at most 28 of 112 cells)" in log
     found = re.search(r"adaptive: (\d+) of 112 cells measured", log)
     assert found is not None and int(found.group(1)) <= 28, log[-3000:]
+
+
+@pytest.mark.slow
+def test_serve_refuses_a_plan_beyond_the_usable_cores_before_the_model_loads(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "packrat_daemon", "serve", "--model", "builtin:tiny-mlp", "--policy", "fixed",
+               "--plan", "4*1x8", "--endpoint", f"ipc://{tmp_path}/f.ipc"]  # fmt: skip
+    done = subprocess.run(command, env=daemon_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "needs 4 cores" in errors[0]
+    assert "loading builtin:tiny-mlp" not in done.stderr

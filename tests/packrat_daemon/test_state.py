@@ -9,14 +9,11 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import daemon_env
 
 from packrat_daemon.adapt.online import OnlineAdaptation
 from packrat_daemon.config import ServeConfig
@@ -181,14 +178,3 @@ def test_a_daemon_killed_with_sigkill_serves_its_learned_plan_again_without_prof
     assert "not measured again" in log and "state: serving the learned plan" in log
     served = first["served"]["plan"]["instances"]
     assert f"batch {served[0]['batch']}⟩" in log
-
-
-@pytest.mark.slow
-def test_serve_refuses_a_plan_beyond_the_usable_cores_before_the_model_loads(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "packrat_daemon", "serve", "--model", "builtin:tiny-mlp", "--policy", "fixed",
-               "--plan", "4*1x8", "--endpoint", f"ipc://{tmp_path}/f.ipc"]  # fmt: skip
-    done = subprocess.run(command, env=daemon_env(), capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    errors = [line for line in done.stderr.splitlines() if "error:" in line]
-    assert len(errors) == 1 and "needs 4 cores" in errors[0]
-    assert "loading builtin:tiny-mlp" not in done.stderr
