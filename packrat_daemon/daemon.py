@@ -188,7 +188,7 @@ class Daemon:
             rows = sum(r.samples for r in batch)  # bookkeeping after the send: the workers start meanwhile
             self.adaptation.estimator.observe(rows, now)
             self.metrics.batch_size.observe(rows)
-        self.watchdog.tick(now, self.metrics.ready)
+        self.watchdog.tick(now, self.reconciler.converged)
         self.control.tick()
         self.state.tick(self, now)
         if now >= self.adaptation.due:

@@ -6,9 +6,10 @@ systemd the variable is unset and every call is a no-op, so the daemon calls it 
 
 The watchdog (WatchdogSec= in the unit): systemd passes the interval in $WATCHDOG_USEC and kills and
 restarts a service that sends no WATCHDOG=1 within it. The daemon pings from its main loop, so a loop that
-stops turning stops the pings; and it withholds them while the worker pool has stayed below its plan for
-longer than the time start-up gives the workers to become ready, because a pool that has not recovered by
-then will not recover by itself, and a restart is the cure.
+stops turning stops the pings; and it withholds them while the worker pool has stayed off its plan (a
+worker missing, or one of an older plan not yet gone) for longer than the time start-up gives the workers
+to become ready, because a pool that has not recovered by then will not recover by itself, and a restart
+is the cure.
 """
 
 from __future__ import annotations
@@ -67,41 +68,41 @@ def watchdog_interval_s(environ: dict[str, str] | os._Environ[str], pid: int) ->
 class Watchdog:
     """WATCHDOG=1 every half interval from the main loop, while the pool is healthy.
 
-    Healthy: the loop turns (the pings come from it), and the pool has not stayed below its plan for longer
-    than `below_plan_bound_s`. The pool is sampled when a ping is due, so a pool that keeps dipping below
-    its plan and recovering between two samples counts as healthy, as it should: it serves.
+    Healthy: the loop turns (the pings come from it), and the pool has not stayed off its plan for longer
+    than `off_plan_bound_s`. The pool is sampled when a ping is due, so a pool that keeps losing a worker and
+    recovering between two samples counts as healthy, as it should: it serves.
     """
 
-    def __init__(self, interval_s: float | None, below_plan_bound_s: float) -> None:
+    def __init__(self, interval_s: float | None, off_plan_bound_s: float) -> None:
         self.interval_s = interval_s
-        self.below_plan_bound_s = below_plan_bound_s
+        self.off_plan_bound_s = off_plan_bound_s
         self.due = math.inf if interval_s is None else 0.0  # time.monotonic() of the next ping
-        self.below_since: float | None = None
-        self.starving = False  # pings withheld: the pool stayed below its plan too long
+        self.off_since: float | None = None
+        self.starving = False  # pings withheld: the pool stayed off its plan too long
 
     @classmethod
-    def from_environment(cls, below_plan_bound_s: float) -> Watchdog:
+    def from_environment(cls, off_plan_bound_s: float) -> Watchdog:
         interval = watchdog_interval_s(os.environ, os.getpid())
         if interval is not None:
             log.info("systemd watchdog: a ping every %.1f s while the pool is at its plan", interval / 2)
-        return cls(interval, below_plan_bound_s)
+        return cls(interval, off_plan_bound_s)
 
     def tick(self, now: float, at_plan: Callable[[], bool]) -> None:
-        """Called on every turn of the loop; cheap unless a ping is due. `at_plan`: no worker is missing."""
+        """Called on every turn of the loop; cheap unless a ping is due. `at_plan`: the pool is as planned."""
         if now < self.due:
             return
         assert self.interval_s is not None  # due is infinite otherwise
         self.due = now + self.interval_s / 2  # twice per interval, so one late turn is not a missed ping
         if at_plan():
-            self.below_since = None
-        elif self.below_since is None:
-            self.below_since = now
-        if self.below_since is not None and now - self.below_since > self.below_plan_bound_s:
+            self.off_since = None
+        elif self.off_since is None:
+            self.off_since = now
+        if self.off_since is not None and now - self.off_since > self.off_plan_bound_s:
             if not self.starving:
                 self.starving = True
                 message = (
-                    f"the pool has been below its plan for {now - self.below_since:.0f} s (more than the "
-                    f"{self.below_plan_bound_s:.0f} s start-up allows workers to become ready): withholding the "
+                    f"the pool has not matched its plan for {now - self.off_since:.0f} s (more than the "
+                    f"{self.off_plan_bound_s:.0f} s start-up allows workers to become ready): withholding the "
                     "watchdog's pings, so systemd restarts the daemon"
                 )
                 log.error("%s", message)

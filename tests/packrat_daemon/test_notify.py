@@ -91,21 +91,21 @@ def test_the_watchdog_interval_is_for_the_process_it_names(environ: dict[str, st
 
 
 def test_a_healthy_loop_pings_twice_per_interval(listening: socket.socket) -> None:
-    watchdog = Watchdog(interval_s=2.0, below_plan_bound_s=30.0)
+    watchdog = Watchdog(interval_s=2.0, off_plan_bound_s=30.0)
     for now in (100.0, 100.5, 100.99, 101.0, 101.5, 102.0):
         watchdog.tick(now, lambda: True)
     assert pending(listening) == [WATCHDOG] * 3  # at 100, 101 and 102 s
 
 
-def test_a_pool_below_its_plan_too_long_gets_no_ping_until_it_recovers(listening: socket.socket) -> None:
-    watchdog = Watchdog(interval_s=2.0, below_plan_bound_s=5.0)
+def test_a_pool_off_its_plan_too_long_gets_no_ping_until_it_recovers(listening: socket.socket) -> None:
+    watchdog = Watchdog(interval_s=2.0, off_plan_bound_s=5.0)
     watchdog.tick(0.0, lambda: False)  # a worker just died: its replacement is starting
     watchdog.tick(4.0, lambda: False)
     assert pending(listening) == [WATCHDOG] * 2  # within the bound: the pool is recovering
     watchdog.tick(6.0, lambda: False)
     watchdog.tick(7.0, lambda: False)
     withheld = pending(listening)
-    assert len(withheld) == 1 and withheld[0].startswith("STATUS=the pool has been below its plan for 6 s")
+    assert len(withheld) == 1 and withheld[0].startswith("STATUS=the pool has not matched its plan for 6 s")
     assert "systemd restarts the daemon" in withheld[0]
     watchdog.tick(8.0, lambda: True)
     assert pending(listening) == [WATCHDOG]
@@ -113,7 +113,7 @@ def test_a_pool_below_its_plan_too_long_gets_no_ping_until_it_recovers(listening
 
 def test_no_watchdog_means_no_ping_and_no_health_check(listening: socket.socket) -> None:
     asked = []
-    watchdog = Watchdog(interval_s=None, below_plan_bound_s=5.0)
+    watchdog = Watchdog(interval_s=None, off_plan_bound_s=5.0)
     watchdog.tick(1e9, lambda: asked.append(True) or True)
     assert pending(listening) == [] and asked == []
 
