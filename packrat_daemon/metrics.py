@@ -87,27 +87,47 @@ class LayoutTimes:
         self.observed: dict[str, Tally] = {}
         self.predicted_s: dict[str, float] = {}
         self.predicted_batches: dict[str, int] = {}
+        # The workers' thread counts as the batch came (one int for one worker) -> label: this runs on the
+        # daemon's loop once per batch, and building the label each time cost more than the rest together.
+        self._labels: dict[Any, str] = {}
 
     def observe(self, done: Completed) -> None:
-        label = layout_label([job.worker.threads for job in done.jobs])
-        if label not in self.observed:
-            if len(self.observed) >= MAX_LAYOUT_LABELS:
-                label = OTHER_LAYOUT
-            if label not in self.observed:
-                debug.debug("first batch on layout %s", label)
-                self.observed[label] = Tally(self.bounds)
+        jobs = done.jobs
+        if len(jobs) == 1:
+            key: Any = jobs[0].worker.threads
+            predicted_ms = jobs[0].predicted_ms
+        else:
+            key = tuple([job.worker.threads for job in jobs])
+            predicted_ms = batch_predicted_ms(done)
+        label = self._labels.get(key)
+        if label is None:
+            label = self._labels[key] = self._label(layout_label([key] if len(jobs) == 1 else key))
         self.observed[label].observe(done.compute_ms / 1000.0)
-        predicted_ms = batch_predicted_ms(done)
         if predicted_ms is not None:  # without a profile row there is nothing to compare
             self.predicted_s[label] = self.predicted_s.get(label, 0.0) + predicted_ms / 1000.0
             self.predicted_batches[label] = self.predicted_batches.get(label, 0) + 1
+
+    def _label(self, label: str) -> str:
+        """`label`, or "other" once MAX_LAYOUT_LABELS layouts have their own series; its series made."""
+        if label not in self.observed and len(self.observed) >= MAX_LAYOUT_LABELS:
+            label = OTHER_LAYOUT
+        if label not in self.observed:
+            debug.debug("first batch on layout %s", label)
+            self.observed[label] = Tally(self.bounds)
+        return label
 
 
 def batch_predicted_ms(done: Completed) -> float | None:
     """The profile's prediction for the batch `done` was part of: its slowest slice's; None when a slice
     had no prediction (no profile, or no row for its threads)."""
-    predictions = [job.predicted_ms for job in done.jobs if job.predicted_ms is not None]
-    return max(predictions) if predictions and len(predictions) == len(done.jobs) else None
+    slowest = None
+    for job in done.jobs:
+        predicted = job.predicted_ms
+        if predicted is None:
+            return None
+        if slowest is None or predicted > slowest:
+            slowest = predicted
+    return slowest
 
 
 def first_of_batch(done: Completed) -> bool:
@@ -115,8 +135,10 @@ def first_of_batch(done: Completed) -> bool:
     (requests answered with a result are never marked, so every reply of the batch agrees on which)."""
     if not done.jobs:
         return False
-    first = next((r for r in done.jobs[0].batch.requests if not r.answered), None)
-    return first is done.request
+    requests = done.jobs[0].batch.requests
+    if not requests[0].answered:  # nearly always: the generator below only when the first timed out
+        return requests[0] is done.request
+    return next((r for r in requests if not r.answered), None) is done.request
 
 
 class Tally:
