@@ -13,7 +13,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from packrat_daemon.metrics import batch_predicted_ms
+from packrat_daemon.tallies import batch_predicted_ms
 from packrat_daemon.wire.errors import ConfigError
 
 if TYPE_CHECKING:

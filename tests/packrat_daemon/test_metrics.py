@@ -215,7 +215,8 @@ def completed_batch(
 
 
 def test_each_layout_exports_its_measured_and_predicted_compute_once_per_batch() -> None:
-    from packrat_daemon.metrics import MAX_LAYOUT_LABELS, OTHER_LAYOUT, Metrics
+    from packrat_daemon.metrics import Metrics
+    from packrat_daemon.tallies import MAX_LAYOUT_LABELS, OTHER_LAYOUT
 
     metrics = Metrics("m")
     for done in completed_batch([1, 2], [2, 3], [4.0, 6.0], [5.0, 5.5]):  # one batch, two requests
