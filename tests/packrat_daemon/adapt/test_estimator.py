@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from packrat_daemon.adapt.estimator import BatchSizeEstimator
+from packrat_daemon.adapt.estimator import RECENT, SHIFT_SHARE, BatchSizeEstimator
 
 
 def test_nothing_observed_means_no_distribution() -> None:
@@ -47,3 +49,32 @@ def test_rates_are_not_diluted_before_a_half_life_has_passed() -> None:
     for k in range(50):  # 10 batches per second, for 5 s only
         estimator.observe(2, 100.0 + k / 10)
     assert estimator.rates(100.0 + 49 / 10)[0] == pytest.approx(10.0, rel=0.05)
+
+
+def test_a_change_of_the_batch_sizes_restarts_the_counts_from_the_recent_batches() -> None:
+    estimator = BatchSizeEstimator(half_life_s=60.0)
+    now = 0.0
+    for _ in range(1200):  # a minute of batches of 1 at 20/s
+        now += 0.05
+        estimator.observe(1, now)
+    assert dict(estimator.distribution(now).weights) == {1: 1.0}
+    for k in range(RECENT):  # then batches of 32 at 3/s: a decayed minute would still weigh them ~5%
+        now += 1 / 3
+        estimator.observe(32, now)
+        if k < RECENT * SHIFT_SHARE - 1:
+            assert dict(estimator.distribution(now).weights)[32] < 0.2
+    assert dict(estimator.distribution(now).weights) == {32: 1.0} and estimator.restarts == 1
+    assert estimator.rates(now)[0] > 10  # the rates are not restarted: they are what the window saw
+
+
+def test_steady_traffic_with_a_rare_size_never_restarts() -> None:
+    rng = random.Random(3)
+    estimator = BatchSizeEstimator(half_life_s=60.0)
+    now = 0.0
+    for _ in range(50_000):  # Poisson arrivals, batches of 1 (90%) or 32 (10%), looked at every 5 s
+        now += rng.expovariate(10.0)
+        estimator.observe(32 if rng.random() < 0.1 else 1, now)
+        if int(now) % 5 == 0:
+            estimator.distribution(now)
+    assert estimator.restarts == 0
+    assert dict(estimator.distribution(now).weights)[32] == pytest.approx(0.1, abs=0.03)
