@@ -32,6 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from workers.arena import Inbox
+
 if TYPE_CHECKING:
     from packrat_daemon.pool import WorkerHandle
     from packrat_daemon.splitter import Splitter
@@ -77,6 +79,9 @@ class Batcher:
         self.overhead_s = 0.0  # the daemon's own cost per batch, beyond the workers' compute
         self._last_arrival: float | None = None
         self._holding = False  # the last `due` chose to wait for the next arrival
+        # Big payloads are copied into shared memory as they are queued, so that a worker reads its slice
+        # there and dispatch copies nothing (workers.arena).
+        self.inbox = Inbox()
 
     def configure(self, max_batch: int, max_delay_s: float, max_queued_inputs: int) -> None:
         """The limits; a reload changes them between two loop wakes, what is queued stays queued."""
@@ -88,6 +93,9 @@ class Batcher:
         """Queue a request; False when the queue is full (the caller answers OVERLOADED)."""
         if self.queued_inputs + request.samples > self.max_queued_inputs:
             return False
+        placed = self.inbox.place(request.payload, request)
+        if placed is not None:
+            request.payload = placed
         self.queue.append(request)
         self.queued_inputs += request.samples
         if request.deadline is not None and request.deadline < self._earliest_deadline:

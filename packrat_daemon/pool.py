@@ -26,7 +26,7 @@ import numpy as np
 
 from packrat_daemon.backend import Backend, TemplateError
 from workers import messages
-from workers.arena import SHARED_MIN_BYTES, Arena, Location, PeerArena
+from workers.arena import SHARED_MIN_BYTES, Arena, Location, PeerArena, locate
 
 log = logging.getLogger("packrat.pool")
 
@@ -131,16 +131,21 @@ class Pool:
     def run(self, worker: WorkerHandle, header: dict[str, Any], frames: list[memoryview]) -> bool:
         """Send a job ({"job", "dtype", "shape"}; the input as C-contiguous byte views); False if the worker is gone.
 
-        The input goes through the worker's arena when it is big and the worker has nothing outstanding
-        (so it is reading no earlier input, and every earlier output of its arena has been copied out);
-        otherwise, a re-sent slice to a busy worker included, as frames.
+        A big input that lies in the daemon's inbox (one request's payload, copied there on arrival) is
+        read there in place: only a header is sent. Another big input goes through the worker's arena
+        when the worker has nothing outstanding (so it is reading no earlier input, and every earlier
+        output of its arena has been copied out); otherwise, a re-sent slice to a busy worker included,
+        as frames.
         """
         nbytes = frames[0].nbytes if len(frames) == 1 else sum([frame.nbytes for frame in frames])
         shared = worker.shared
-        if shared is not None and nbytes >= SHARED_MIN_BYTES and not worker.outstanding:
-            location = shared.inputs.write(frames, nbytes)
+        placed = locate(frames) if shared is not None and nbytes >= SHARED_MIN_BYTES else None
+        if placed is None and shared is not None and nbytes >= SHARED_MIN_BYTES and not worker.outstanding:
+            placed = shared.inputs.write(frames, nbytes), 0
+        if placed is not None:
+            location, offset = placed
             header = {**header, "pid": location.pid, "fd": location.fd, "serial": location.serial,
-                      "size": location.size}  # fmt: skip
+                      "size": location.size, "offset": offset}  # fmt: skip
             sent = self.backend.send(worker.identity, messages.RUN_SHARED, header)
         else:
             sent = self.backend.send(worker.identity, messages.RUN, header, frames, nbytes)

@@ -10,6 +10,12 @@ whenever the owner replaces the arena with a bigger one, and its size.
 Who may write when is the daemon's rule (``packrat_daemon.pool``): it writes a worker's input only
 while that worker has no job outstanding, and a worker writes its output into its own arena only for
 a job that came through shared memory, which the daemon copies out before it sends that worker more.
+
+A big request's payload is copied once, on arrival, into the daemon's ``Inbox``: shared memory that
+any worker may read. A slice that lies within one such payload then goes to its worker as a header
+only (``locate``), with no copy at dispatch, whichever worker takes it and whether or not it is busy.
+A payload's memory is reused only once its request object is gone, so no worker reads it after that
+except for an abandoned job, whose answer the daemon drops.
 This module must not import torch: the daemon uses it too.
 """
 
@@ -19,6 +25,8 @@ import contextlib
 import itertools
 import mmap
 import os
+import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -85,37 +93,121 @@ class Arena:
 
 
 class PeerArena:
-    """The peer's arena as mapped here, remapped when the peer replaces it."""
+    """The peer's arenas as mapped here: the last `keep` of them, so that a worker reading from its own
+    input arena and from several inbox payloads maps each once (a fresh mapping page-faults on every
+    page it reads)."""
 
-    def __init__(self) -> None:
-        self._key: tuple[int, int, int] | None = None
-        self._map: mmap.mmap | None = None
+    def __init__(self, keep: int = 1) -> None:
+        self.keep = keep
+        self._maps: OrderedDict[tuple[int, int, int], mmap.mmap] = OrderedDict()
 
-    def array(self, location: Location, dtype: np.dtype, shape: Sequence[int]) -> np.ndarray:
-        """A view of the tensor at the start of the peer's arena (valid until the peer writes again)."""
-        key = location[:3]
-        if key != self._key or self._map is None:
-            self._remap(location)
+    def array(self, location: Location, dtype: np.dtype, shape: Sequence[int], offset: int = 0) -> np.ndarray:
+        """A view of the tensor at `offset` in the peer's arena (valid until the peer writes there again)."""
+        key = (location.pid, location.fd, location.serial)
+        mapped = self._maps.get(key)
+        if mapped is None:
+            mapped = self._map(location)
+        elif self.keep > 1:
+            self._maps.move_to_end(key)
         count = 1
         for extent in shape:
             count *= extent
-        return np.frombuffer(self._map, dtype=dtype, count=count).reshape(shape)
+        return np.frombuffer(mapped, dtype=dtype, count=count, offset=offset).reshape(shape)
 
-    def _remap(self, location: Location) -> None:
-        pid, fd, _, size = location
+    def _map(self, location: Location) -> mmap.mmap:
+        pid, fd, serial, size = location
         handle = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
         try:
             mapped = mmap.mmap(handle, size)
         finally:
             os.close(handle)
-        self.close()
-        self._key, self._map = (location.pid, location.fd, location.serial), mapped
+        while len(self._maps) >= self.keep:
+            _unmap(self._maps.popitem(last=False)[1])
+        self._maps[(pid, fd, serial)] = mapped
+        return mapped
 
     def close(self) -> None:
-        if self._map is not None:
-            # A view still alive (a tensor the runtime holds on to) keeps the mapping; dropping our
-            # reference lets it go with the last view.
-            with contextlib.suppress(BufferError):
-                self._map.close()
-            self._map = None
-        self._key = None
+        while self._maps:
+            _unmap(self._maps.popitem()[1])
+
+
+def _unmap(mapped: mmap.mmap) -> None:
+    # A view still alive (a tensor the runtime holds on to) keeps the mapping; dropping our reference
+    # lets it go with the last view.
+    with contextlib.suppress(BufferError):
+        mapped.close()
+
+
+class _Slab:
+    """One payload's place in the inbox: a memfd of a power-of-two size, reused from payload to payload."""
+
+    def __init__(self, size: int, label: str) -> None:
+        self.arena = Arena(label)
+        self.arena.write((), size)  # creates it at `size`: a payload that fits never replaces it
+        assert self.arena._map is not None
+        self.view = memoryview(self.arena._map)  # exported from now on; see Inbox.close
+        self.base = _address(self.view)
+        self.size = self.arena.location.size
+
+    def close(self) -> None:
+        self.view.release()
+        self.arena.close()
+
+
+def _address(view: memoryview) -> int:
+    return int(np.frombuffer(view, dtype=np.uint8, count=1).ctypes.data)
+
+
+_SLABS: list[_Slab] = []  # every inbox slab of this process, for `locate`
+
+
+class Inbox:
+    """The daemon's shared memory for big request payloads (see the module's docstring)."""
+
+    def __init__(self, label: str = "inbox") -> None:
+        self.label = label
+        self._free: dict[int, list[_Slab]] = {}  # by size: slabs whose payload's request is gone
+
+    def place(self, payload: Any, owner: object) -> memoryview | None:
+        """Copy `payload` into a free slab and return it there (bytes), for as long as `owner` lives; None
+        (leave it where it is) below SHARED_MIN_BYTES or when it is not one contiguous buffer."""
+        if payload is None:
+            return None
+        data = memoryview(payload)
+        nbytes = data.nbytes
+        if nbytes < SHARED_MIN_BYTES or not data.c_contiguous:
+            return None
+        size = max(MIN_ARENA_BYTES, 1 << (nbytes - 1).bit_length())
+        free = self._free.setdefault(size, [])
+        if free:
+            slab = free.pop()
+        else:
+            slab = _Slab(size, f"{self.label}-{size >> 10}k")
+            _SLABS.append(slab)
+        slab.view[:nbytes] = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+        weakref.finalize(owner, free.append, slab)
+        return slab.view[:nbytes]
+
+    def close(self) -> None:
+        """Free every slab of this inbox (at exit: a payload still referenced keeps its mapping alive)."""
+        for free in self._free.values():
+            for slab in free:
+                with contextlib.suppress(ValueError):
+                    _SLABS.remove(slab)
+                with contextlib.suppress(BufferError):
+                    slab.close()
+        self._free.clear()
+
+
+def locate(frames: Sequence[Any]) -> tuple[Location, int] | None:
+    """Where a slice lies in this process's inbox: (the slab's location, the slice's offset in it), or
+    None when it is not one frame inside one slab."""
+    if len(frames) != 1 or not _SLABS:
+        return None
+    frame = frames[0]
+    start = _address(frame)
+    end = start + frame.nbytes
+    for slab in _SLABS:
+        if slab.base <= start and end <= slab.base + slab.size:
+            return slab.arena.location, start - slab.base
+    return None

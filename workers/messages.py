@@ -21,7 +21,7 @@ import numpy as np
 SPAWN = b"spawn"  # {"worker", "threads", "cores", "warmup"}
 # daemon → worker
 RUN = b"run"  # {"job", "dtype", "shape"} + input payload frames (joined in order)
-RUN_SHARED = b"run-shared"  # RUN's header and ARENA_FIELDS, no payload: the input is in the daemon's arena
+RUN_SHARED = b"run-shared"  # RUN's header, ARENA_FIELDS and "offset", no payload: the input is in a daemon's arena
 CONFIGURE = b"configure"  # {"threads", "cores"}: re-thread and re-pin in place
 STOP = b"stop"  # {}
 # template/worker → daemon
@@ -99,7 +99,7 @@ _SHAPES = [struct.Struct(f"<{ndim}q") for ndim in range(256)]
 _PACKERS = {
     RUN: _Packer(("job",), "Q"),
     RESULT: _Packer(("job", "compute_ms", "threads", "batch"), "QdII"),
-    RUN_SHARED: _Packer(("job", "pid", "fd", "serial", "size"), "QiiQQ"),
+    RUN_SHARED: _Packer(("job", "pid", "fd", "serial", "size", "offset"), "QiiQQQ"),
     RESULT_SHARED: _Packer(("job", "compute_ms", "threads", "batch", "pid", "fd", "serial", "size"), "QdIIiiQQ"),
 }
 

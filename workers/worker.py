@@ -29,6 +29,9 @@ PREPARE_POLL_MS = 20  # how often the main loop checks whether a background re-t
 # How long a booted worker may take to reach the daemon's socket. Connecting to a local ipc socket is
 # immediate; one that never answers (a run dir moved or deleted) must fail the boot, not hang unseen.
 CONNECT_DEADLINE_S = 10.0
+# The daemon's arenas a worker keeps mapped: its own input arena and the inbox's payload slabs, which the
+# daemon reuses, so that each is mapped (and page-faulted in) once rather than per job.
+INPUT_MAPPINGS = 16
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,7 @@ class SharedTensors:
     """This worker's shared memory: the daemon's input arena as mapped here, and its own output arena."""
 
     def __init__(self, worker_id: int) -> None:
-        self.inputs = PeerArena()
+        self.inputs = PeerArena(keep=INPUT_MAPPINGS)
         self.output = Arena(f"w{worker_id}-out")
 
     def close(self) -> None:
@@ -194,7 +197,7 @@ def _run_job(runtime: Runtime, kind: bytes, header: dict, payload: list, threads
         dtype = messages.numpy_dtype(header["dtype"])
         if kind == messages.RUN_SHARED:
             location = Location(*[header[name] for name in messages.ARENA_FIELDS])
-            batch = shared.inputs.array(location, dtype, header["shape"])
+            batch = shared.inputs.array(location, dtype, header["shape"], header["offset"])
         else:
             data = payload[0].buffer if len(payload) == 1 else b"".join(bytes(frame.buffer) for frame in payload)
             batch = np.frombuffer(data, dtype=dtype).reshape(header["shape"])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workers.arena import MIN_ARENA_BYTES, Arena, PeerArena
+from workers.arena import MIN_ARENA_BYTES, SHARED_MIN_BYTES, Arena, Inbox, PeerArena, locate
 
 
 def memfds(label: str) -> list[str]:
@@ -66,3 +66,77 @@ def test_closed_arenas_leave_no_fd_and_nothing_in_dev_shm() -> None:
     assert memfds("test-c") == []
     after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     assert after == before  # memfds have no name to leak
+
+
+class Owner:
+    """Stands for a request: the inbox keeps a payload's place while its owner lives."""
+
+
+def test_an_inbox_payload_is_read_in_place_by_a_peer_at_any_rows_offset() -> None:
+    inbox, peer = Inbox("test-inbox"), PeerArena(keep=4)
+    try:
+        x = np.random.default_rng(1).standard_normal((8, 4096), dtype=np.float32)  # 128 KiB
+        owner = Owner()
+        placed = inbox.place(x, owner)
+        assert placed is not None and placed.tobytes() == x.tobytes()
+        rows = memoryview(placed)[3 * 16384 : 7 * 16384]  # rows 3..6, as the dispatcher slices a split
+        where = locate([rows])
+        assert where is not None
+        location, offset = where
+        assert offset == 3 * 16384 and location.pid == os.getpid()
+        np.testing.assert_array_equal(peer.array(location, x.dtype, (4, 4096), offset), x[3:7])
+        # Not in the inbox: a private array, or a slice made of several requests' frames.
+        assert locate([memoryview(x).cast("B")]) is None
+        assert locate([rows, rows]) is None
+    finally:
+        peer.close()
+        inbox.close()
+
+
+def test_an_inbox_place_is_reused_only_once_its_owner_is_gone() -> None:
+    inbox = Inbox("test-reuse")
+    try:
+        x = np.ones((2, SHARED_MIN_BYTES), dtype=np.uint8)
+        first, second = Owner(), Owner()
+        where_first = locate([inbox.place(x, first)])
+        where_second = locate([inbox.place(x, second)])
+        assert where_first is not None and where_second is not None
+        assert where_first[0] != where_second[0]  # both owners alive: two places
+        del first
+        where_third = locate([inbox.place(x * 2, Owner())])
+        assert where_third is not None and where_third[0] == where_first[0]  # the first's place, reused
+        assert inbox.place(np.ones(SHARED_MIN_BYTES - 1, dtype=np.uint8), Owner()) is None  # small: stays put
+        del second
+        assert memfds("test-reuse-1024k")
+    finally:
+        inbox.close()
+    assert not memfds("test-reuse-1024k")  # every owner gone: closing the inbox frees every place
+
+
+def test_a_peer_keeps_its_last_mappings_and_drops_older_ones() -> None:
+    owners = [Arena(f"test-keep{k}") for k in range(3)]
+    peer = PeerArena(keep=2)
+    try:
+        locations = [arena.write([b"x" * 10], 10) for arena in owners]
+
+        def address(k: int) -> int:
+            return int(peer.array(locations[k], np.dtype(np.uint8), (10,)).ctypes.data)
+
+        first = address(0)
+        address(1)
+        assert address(0) == first  # still mapped: the same mapping
+        address(2)  # a third evicts the least recently used: the second
+        assert address(0) == first
+        assert mappings("test-keep1") == 1  # the owner's own; the peer's is gone
+        assert mappings("test-keep0") == mappings("test-keep2") == 2
+        assert address(1) and mappings("test-keep1") == 2  # mapped again on demand
+
+    finally:
+        peer.close()
+        for arena in owners:
+            arena.close()
+
+
+def mappings(label: str) -> int:
+    lines = Path("/proc/self/maps").read_text().splitlines()
+    return sum(1 for line in lines if f"/memfd:packrat-{label} " in line)

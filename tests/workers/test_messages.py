@@ -25,7 +25,7 @@ def test_result_header_round_trips_in_binary() -> None:
 
 def test_shared_headers_round_trip_in_binary_with_the_arenas_location() -> None:
     where = {"pid": 4_000_000, "fd": 17, "serial": 3, "size": 1 << 33}
-    run = {"job": 5, "dtype": "float32", "shape": [16, 3, 224, 224], **where}
+    run = {"job": 5, "dtype": "float32", "shape": [16, 3, 224, 224], **where, "offset": 1 << 32}
     result = {"job": 5, "dtype": "float32", "shape": [16, 1000], "compute_ms": 1.5, "threads": 2, "batch": 16, **where}
     for kind, header in ((messages.RUN_SHARED, run), (messages.RESULT_SHARED, result)):
         frames = messages.encode(kind, header)
