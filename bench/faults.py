@@ -251,13 +251,17 @@ def sigterm_under_load(daemon: DaemonProcess, in_flight: int = 8) -> dict[str, A
             daemon.process.send_signal(signal.SIGTERM)
             signalled = time.monotonic()
         if signalled is not None or sent_open - replies < in_flight:
-            socket.send_multipart(encode_infer_request(sent_open + sent_after, x), copy=False)
-            sent_at[sent_open + sent_after] = time.monotonic()
-            unanswered.add(sent_open + sent_after)
-            if closed:
-                sent_after += 1
+            try:
+                socket.send_multipart(encode_infer_request(sent_open + sent_after, x), zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                pass  # closed, and the client's queue is full: a blocking send would wait for ever
             else:
-                sent_open += 1
+                sent_at[sent_open + sent_after] = time.monotonic()
+                unanswered.add(sent_open + sent_after)
+                if closed:
+                    sent_after += 1
+                else:
+                    sent_open += 1
         receive(2)
     receive(500)  # replies still in flight when the process exited
     socket.close()
