@@ -46,15 +46,17 @@ SETTINGS = ["--model", MODEL, "--policy", "packrat", "--max-batch", "8", "--log-
 class Served:
     """A daemon of one tree, a DEALER socket to it, and its metrics port."""
 
-    def __init__(self, name: str, tree: Path, folder: Path) -> None:
+    def __init__(
+        self, name: str, tree: Path, folder: Path, settings: list[str] = SETTINGS, env: dict | None = None
+    ) -> None:
         self.name = name
         self.endpoint = f"ipc://{folder}/{name}.ipc"
         self.port = _free_port()
         command = [sys.executable, "-m", "packrat_daemon", "serve", "--endpoint", self.endpoint]
-        command += ["--metrics-port", str(self.port), *SETTINGS]
+        command += ["--metrics-port", str(self.port), *settings]
         self.log = folder / f"{name}.log"
         with open(self.log, "wb") as log:
-            self.process = subprocess.Popen(command, cwd=tree, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(command, cwd=tree, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.socket = zmq.Context.instance().socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.connect(self.endpoint)
