@@ -52,9 +52,11 @@ class OnlineAdaptation:
         self.due = now + self.interval_s
         if self.tuner is None:
             return None
+        restarts = self.estimator.restarts
         distribution = self.estimator.distribution(now)
         if distribution is None:
             return None
+        moved = self.estimator.restarts != restarts  # the traffic moved: say what the tuner makes of it
         # Plan on what production has measured, interference included, over the offline profile.
         self.tuner.profile = self.production.merged_into(offline, now) or self.tuner.profile
         learned, cores = self.production.learned(now), self.topology.usable_cores
@@ -70,9 +72,11 @@ class OnlineAdaptation:
         except PackratError as exc:
             log.warning("adaptation skipped: %s", exc)
             return None
-        if decision is None:
-            return None
         sizes = ", ".join(f"{b}: {w:.0%}" for b, w in distribution.weights)
+        if decision is None:
+            if moved:
+                log.info("the batch sizes moved (%s), the plan stays: %s", sizes, self.tuner.declined)
+            return None
         log.info(
             "adapting to the live batch sizes (%s): predicted %.1f → %.1f ms (offline cells ×%.2f for "
             "production's conditions); plan %s",

@@ -44,14 +44,23 @@ class Tuner:
         self.topology = topology
         self.settings = settings
         self.last_switch = float("-inf")
+        self.declined = ""  # why the last look kept the plan, for the log after a change of the traffic
 
     def consider(self, current: Plan, distribution: BatchDistribution, observed: int, now: float) -> Decision | None:
-        if observed < self.settings.min_batches or now - self.last_switch < self.settings.cooldown_s:
+        if observed < self.settings.min_batches:
+            self.declined = f"{observed} batches since the last plan, {self.settings.min_batches} needed"
+            return None
+        if now - self.last_switch < self.settings.cooldown_s:
+            self.declined = f"the last plan change was {now - self.last_switch:.0f} s ago, the cool-down is longer"
             return None
         proposed = self.policy.plan(self.profile, self.topology, distribution)
         current_ms = self.expected_latency(current, distribution)
         proposed_ms = self.expected_latency(proposed, distribution)
         if not proposed_ms < current_ms * (1.0 - self.settings.min_gain):
+            self.declined = (
+                f"the plan served is predicted at {current_ms:.1f} ms, the best one for it at {proposed_ms:.1f} ms: "
+                f"less than the {self.settings.min_gain:.0%} gain needed to switch"
+            )
             return None
         self.last_switch = now
         return Decision(proposed, current_ms, proposed_ms)

@@ -73,3 +73,13 @@ def test_a_policy_that_adapts_without_a_prediction_is_told_what_to_implement() -
     settings = TunerSettings(min_batches=10, min_gain=0.05, cooldown_s=30.0)
     with pytest.raises(PolicyError, match="expected_latency"):
         Tuner(NoPrediction(), PROFILE, TOPOLOGY, settings).consider(plan_for(ONES), FOURS, observed=50, now=100.0)
+
+
+def test_a_declined_look_says_why() -> None:
+    patient = tuner(min_gain=0.5)
+    assert patient.consider(plan_for(ONES), FOURS, observed=5, now=100.0) is None
+    assert patient.declined == "5 batches since the last plan, 10 needed"
+    assert patient.consider(plan_for(FOURS), ONES, observed=50, now=100.0) is None
+    assert patient.declined == (
+        "the plan served is predicted at 1.0 ms, the best one for it at 0.6 ms: less than the 50% gain needed to switch"
+    )
