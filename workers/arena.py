@@ -159,6 +159,9 @@ def _address(view: memoryview) -> int:
 
 
 _SLABS: list[_Slab] = []  # every inbox slab of this process, for `locate`
+# Free slabs an inbox keeps per size for the next payloads; more are closed, so that a burst of queued
+# requests does not hold its memory for good.
+KEEP_FREE_SLABS = 4
 
 
 class Inbox:
@@ -185,18 +188,29 @@ class Inbox:
             slab = _Slab(size, f"{self.label}-{size >> 10}k")
             _SLABS.append(slab)
         slab.view[:nbytes] = data.cast("B") if data.format != "B" or data.ndim != 1 else data
-        weakref.finalize(owner, free.append, slab)
+        weakref.finalize(owner, _release, free, slab)
         return slab.view[:nbytes]
 
     def close(self) -> None:
         """Free every slab of this inbox (at exit: a payload still referenced keeps its mapping alive)."""
         for free in self._free.values():
-            for slab in free:
+            while free:
+                slab = free.pop()
                 with contextlib.suppress(ValueError):
                     _SLABS.remove(slab)
                 with contextlib.suppress(BufferError):
                     slab.close()
-        self._free.clear()
+
+
+def _release(free: list[_Slab], slab: _Slab) -> None:
+    """A payload's request is gone: its slab is free for the next payload of its size, or closed."""
+    if len(free) < KEEP_FREE_SLABS:
+        free.append(slab)
+        return
+    with contextlib.suppress(ValueError):
+        _SLABS.remove(slab)
+    with contextlib.suppress(BufferError):  # a view still alive keeps the mapping until it goes
+        slab.close()
 
 
 def locate(frames: Sequence[Any]) -> tuple[Location, int] | None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from workers.arena import MIN_ARENA_BYTES, SHARED_MIN_BYTES, Arena, Inbox, PeerArena, locate
+from workers.arena import KEEP_FREE_SLABS, MIN_ARENA_BYTES, SHARED_MIN_BYTES, Arena, Inbox, PeerArena, locate
 
 
 def memfds(label: str) -> list[str]:
@@ -140,3 +140,19 @@ def test_a_peer_keeps_its_last_mappings_and_drops_older_ones() -> None:
 def mappings(label: str) -> int:
     lines = Path("/proc/self/maps").read_text().splitlines()
     return sum(1 for line in lines if f"/memfd:packrat-{label} " in line)
+
+
+def test_an_inbox_keeps_a_few_free_places_and_closes_the_rest() -> None:
+    inbox = Inbox("test-burst")
+    try:
+        x = np.ones(SHARED_MIN_BYTES, dtype=np.uint8)
+        owners = [Owner() for _ in range(KEEP_FREE_SLABS + 3)]
+        for owner in owners:  # a burst: every request queued at once, each in its own place
+            inbox.place(x, owner)
+        del owner
+        assert len(memfds("test-burst-1024k")) == 2 * len(owners)  # a memfd and the mapping's own fd each
+        owners.clear()
+        assert len(memfds("test-burst-1024k")) == 2 * KEEP_FREE_SLABS
+    finally:
+        inbox.close()
+    assert not memfds("test-burst-1024k")
