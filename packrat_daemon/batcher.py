@@ -54,7 +54,7 @@ class Request:
     request_id: Any
     dtype: str
     shape: tuple[int, ...]
-    payload: Any  # buffer of the raw rows (a ZeroMQ frame's memoryview: no copy)
+    payload: Any  # the raw rows: a ZeroMQ frame's memoryview, or once queued, if big, a view of the inbox
     arrived: float = field(default_factory=time.monotonic)
     deadline: float | None = None  # monotonic time (from timeout_ms) past which it is answered TIMEOUT
     answered: bool = False  # answered (TIMEOUT) while its batch was in flight: the result skips it
