@@ -2,11 +2,11 @@
 
     .venv/bin/python bench/load_rate.py [--rates 10,50,100,200,400] [--duration 15] [--seeds 0,1,2,3,4]
 
-Two errors are told apart. A Poisson schedule of R·D expected arrivals holds a random count (standard
-deviation sqrt(R·D)), so even a perfect sender misses R by about 1/sqrt(R·D); that is the schedule's
-error, known before anything is sent (`open_loop_schedule` with the same seed). The generator's own error
-is what it sent per second against what its schedule held per second. Prints one JSON object; the
-daemon's log and each run's progress go to stderr.
+Two errors are told apart: the schedule's, known before anything is sent (`open_loop_schedule` with the
+same seed), and the generator's own, what it sent per second against what its schedule held per second.
+With `packrat load`'s default fixed count the schedule holds exactly R·D arrivals; a drawn Poisson count
+(`--poisson-count drawn`) would stray by about 1/sqrt(R·D), `schedule_sd_expected` below. Prints one JSON
+object; the daemon's log and each run's progress go to stderr.
 """
 
 from __future__ import annotations

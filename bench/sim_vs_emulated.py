@@ -1,27 +1,42 @@
 """`packrat simulate` against `packrat serve --runtime emulated` at 16 cores, on the same inputs.
 
-    .venv/bin/python bench/sim_vs_emulated.py [--duration 60] [--seed 3]
+    .venv/bin/python bench/sim_vs_emulated.py [--duration 40] [--seed 3] [--loads 0.3,0.5]
 
-For each shipped 16-core table (bench/profiles/) and policy (packrat, single): an emulated daemon with 16
-emulated cores and the default interference under `packrat load` (Poisson at half of what one 16-thread
-instance computes at max_batch, a mix of request sizes), and the simulation with the same profile,
-settings, traffic and seed, in two variants of what the daemon itself costs, both measured on an emulated
-daemon with the table scaled by 1e-6 (compute that costs nothing):
-- per request: that daemon's p50 under the same traffic, less the batching wait the simulation has itself,
-  added to every request's latency (as bench/stand_ins.py does);
-- per batch: its p50 with one client at batch 1 and at batch 16 give a fixed and a per-input cost,
-  charged to every batch while it is in flight (so it delays the next batch too).
-Both are stand-ins; this checks that they agree, not that either matches a real machine. Prints JSON;
+For each shipped 16-core table (bench/profiles/), policy (packrat, single) and load (Poisson at a fraction
+of what one 16-thread instance computes at max_batch; requests of 1, 4 or 16 inputs): an emulated daemon
+with 16 emulated cores and the default interference under `packrat load --warmup 0`, then the simulation
+with the same profile, settings, traffic and seed, twice:
+- bare: the simulation with nothing of the daemon's own cost, only when its traffic started (the daemon's
+  uptime: its adaptation looks count from its own start);
+- modelled: with what the daemon costs, each measured, never fitted to the latencies it is compared with:
+  - transport (per request, client to daemon and back): the same run's client mean latency less the
+    daemon's own mean from receipt to reply (its /metrics, scraped before and after the run). Measured in
+    the run itself because on this shared machine it moved fourfold (7 to 29 ms) between runs minutes apart;
+  - the daemon's work per batch (send the slices, gather, reply), which keeps the batch in flight: right
+    after each emulated run, on an emulated daemon of the table scaled by 1e-6 (compute that costs nothing),
+    closed loop at batch 1 and at max_batch, the daemon's mean from a batch's start to its reply (receipt
+    to reply less the queue wait, from /metrics): a fixed and a per-input cost;
+  - the reconciler's switch time: from the emulated daemon's own log (from "reconciling to generation N"
+    to "generation N serves"), the time the old plan kept serving after the decision;
+  - the uptime: the daemon's "serving on" log line to the load's first request (`started_unix_s`).
+The daemon's own mean from receipt to reply is also set beside the simulation's (its latency less the
+transport), which leaves the transport out of the comparison altogether.
+The warm-up is off so that the daemon's batch-size estimator sees only the traffic the simulation sees.
+Both are stand-ins: this checks that they agree, not that either matches a real machine. Prints JSON;
 progress on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import re
+import socket
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from harness import DaemonProcess  # noqa: E402
-from stand_ins import TRANSPORT_SCALE, error, load, scaled  # noqa: E402
+from stand_ins import TRANSPORT_SCALE, error, scaled  # noqa: E402
 
 from packrat_daemon.config import ServeConfig  # noqa: E402
 from packrat_daemon.emulation import Interference  # noqa: E402
@@ -41,96 +56,187 @@ MODEL = "builtin:resnet50"  # its input stands in for the tables' models (as in 
 CORES = 16
 MIX = "1:0.4,4:0.3,16:0.3"
 MAX_BATCH = 16
-LOAD = 0.5
 INTERFERENCE = "default"
 POLICIES = ("packrat", "single")
+COST_CLOSED_S = 8.0  # each closed-loop run on the zero-compute daemon, for the work per batch
+LOG_TIME = "%Y-%m-%d %H:%M:%S,%f"  # the daemon's log lines start with this (packrat_daemon.logs.TEXT_FORMAT)
+# The daemon's log lines that say how it came to the plan it serves (the production guard's is a warning).
+PLAN_LINES = ("packrat.daemon: plan ", "adapting to the live batch sizes", "production timings reverted the plan")
+METRIC = re.compile(r"^(packrat_\w+?)_(sum|count)(\{[^}]*\})? (\S+)$")
+
+Means = dict[str, tuple[float, float]]  # metric (with labels) → (sum, count)
 
 
-def load_mix(endpoint: str, rate: float, args: argparse.Namespace) -> dict[str, Any]:
-    return load(endpoint, argparse.Namespace(rate=rate, duration=args.duration, seed=args.seed), mix=MIX)
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def scrape(port: int) -> Means:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    totals: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        match = METRIC.match(line)
+        if match:
+            name, kind, labels, value = match.groups()
+            totals.setdefault(name + (labels or ""), [0.0, 0.0])[kind == "count"] = float(value)
+    return {name: (total[0], total[1]) for name, total in totals.items()}
+
+
+def mean_ms(before: Means, after: Means, name: str) -> float:
+    """The daemon's mean of histogram `name` over what it observed between two scrapes, in ms."""
+    total = after[name][0] - before.get(name, (0.0, 0.0))[0]
+    count = after[name][1] - before.get(name, (0.0, 0.0))[1]
+    if count <= 0:
+        raise RuntimeError(f"the daemon observed no {name} between the two scrapes")
+    return 1000.0 * total / count
+
+
+def log_time(line: str) -> float:
+    return datetime.datetime.strptime(line[:23], LOG_TIME).timestamp()
+
+
+def served_since(log: str) -> float:
+    """When the daemon's loop started: its "serving on" line."""
+    return log_time(next(line for line in log.splitlines() if " serving on " in line))
+
+
+def switch_times_ms(log: str) -> list[float]:
+    """Each re-plan's time from the reconciler's start to the new generation serving (generation 1 is start-up)."""
+    started: dict[str, float] = {}
+    times = []
+    for line in log.splitlines():
+        if (match := re.search(r"reconciling to generation (\d+)", line)) and match.group(1) != "1":
+            started[match.group(1)] = log_time(line)
+        elif (match := re.search(r"generation (\d+) serves", line)) and match.group(1) in started:
+            times.append(1000.0 * (log_time(line) - started[match.group(1)]))
+    return times
+
+
+def load(endpoint: str, *args: str) -> dict[str, Any]:
+    command = [sys.executable, "-m", "packrat_daemon", "load", "--endpoint", endpoint, "--warmup", "0", "--quiet",
+               "--json", *args]  # fmt: skip
+    return json.loads(subprocess.run(command, cwd=REPO, check=True, capture_output=True, text=True).stdout)
+
+
+def poisson(endpoint: str, rate: float, duration: float, seed: int) -> dict[str, Any]:
+    return load(endpoint, "--rate", str(rate), "--batches", MIX, "--duration", str(duration), "--seed", str(seed))
+
+
+def batch_costs(daemon: DaemonProcess, port: int) -> dict[str, Any]:
+    """The work per batch, on a daemon whose compute costs nothing (see the docstring)."""
+    in_flight = {}
+    for batch in (1, MAX_BATCH):
+        before = scrape(port)
+        load(daemon.endpoint, "--batch", str(batch), "--concurrency", "1", "--duration", str(COST_CLOSED_S))
+        after = scrape(port)
+        in_flight[batch] = mean_ms(before, after, "packrat_request_latency_seconds") - mean_ms(
+            before, after, "packrat_queue_wait_seconds"
+        )
+    per_input = max(0.0, (in_flight[MAX_BATCH] - in_flight[1]) / (MAX_BATCH - 1))
+    return {
+        "batch_overhead_ms": [round(max(0.0, in_flight[1] - per_input), 3), round(per_input, 4)],
+        "in_flight_ms": {str(batch): round(ms, 3) for batch, ms in in_flight.items()},
+    }
 
 
 def simulate(
-    table: Profile,
-    policy: str,
-    rate: float,
-    args: argparse.Namespace,
-    transport_ms: float,
-    overhead: tuple[float, float] = (0.0, 0.0),
-) -> dict:
+    table: Profile, policy: str, rate: float, args: argparse.Namespace, uptime_s: float, costs: dict[str, Any] | None
+) -> dict[str, Any]:
     config = ServeConfig(policy=policy, max_batch=MAX_BATCH, batches=[MAX_BATCH], max_delay_ms=1.0)
-    traffic = Traffic(BatchMix.parse(MIX), process=Poisson(rate), duration_s=args.duration, seed=args.seed)
+    traffic = Traffic(
+        BatchMix.parse(MIX), process=Poisson(rate), duration_s=args.duration, seed=args.seed, uptime_s=uptime_s
+    )
     interference = Interference.named(INTERFERENCE)
-    return Simulation(config, table, CORES, interference, transport_ms, overhead).run(traffic).to_json()
+    if costs is None:
+        return Simulation(config, table, CORES, interference).run(traffic).to_json()
+    overhead = (costs["batch_overhead_ms"][0], costs["batch_overhead_ms"][1])
+    simulation = Simulation(
+        config, table, CORES, interference, costs["transport_ms"], overhead, costs.get("switch_ms", 0.0)
+    )
+    return simulation.run(traffic).to_json()
 
 
-def closed_loop_p50(endpoint: str, batch: int) -> float:
-    command = [
-        sys.executable, "-m", "packrat_daemon", "load", "--endpoint", endpoint, "--batch", str(batch),
-        "--concurrency", "1", "--duration", "8", "--quiet", "--json",
-    ]  # fmt: skip
-    report = json.loads(subprocess.run(command, cwd=REPO, check=True, capture_output=True, text=True).stdout)
-    return float(report["latency_ms"]["p50"])
+def quantiles(report: dict[str, Any]) -> dict[str, float]:
+    return {q: report["latency_ms"][q] for q in ("p50", "p99")}
+
+
+def compare(name: str, table: Profile, policy: str, rate: float, load_share: float, args: argparse.Namespace,
+            emulated: dict[str, Any], log: str, costs: dict[str, Any], daemon_ms: float) -> dict[str, Any]:  # fmt: skip
+    """`daemon_ms`: the emulated daemon's mean from receipt to reply over the run."""
+    uptime_s = emulated["started_unix_s"] - served_since(log)
+    switches = switch_times_ms(log)
+    transport_ms = max(0.0, emulated["latency_mean_ms"] - daemon_ms)
+    costs = {**costs, "transport_ms": round(transport_ms, 3),
+             "switch_ms": round(sum(switches) / len(switches), 3) if switches else 0.0}  # fmt: skip
+    bare = simulate(table, policy, rate, args, uptime_s, None)
+    modelled = simulate(table, policy, rate, args, uptime_s, costs)
+    simulated_daemon_ms = modelled["latency_mean_ms"] - transport_ms
+    return {
+        "table": name, "policy": policy, "load": load_share, "rate_rps": rate, "uptime_s": round(uptime_s, 3),
+        "costs": costs, "switch_ms_measured": [round(ms, 1) for ms in switches],
+        "emulated_ms": quantiles(emulated), "simulated_ms": quantiles(modelled), "bare_ms": quantiles(bare),
+        "error": {q: error(modelled["latency_ms"][q], emulated["latency_ms"][q]) for q in ("p50", "p99")},
+        "error_bare": {q: error(bare["latency_ms"][q], emulated["latency_ms"][q]) for q in ("p50", "p99")},
+        "daemon_mean_ms": {"emulated": round(daemon_ms, 3), "simulated": round(simulated_daemon_ms, 3),
+                           "error": error(simulated_daemon_ms, daemon_ms)},  # fmt: skip
+        "emulated_sent_ok_errors": [emulated["sent"], emulated["ok"], emulated["errors"]],
+        "simulated_sent_ok_errors": [modelled["sent"], modelled["ok"], modelled["errors"]],
+        "emulated_plan_log": emulated["plan_log"], "simulated_plan_changes": modelled["plan_changes"],
+    }  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds of traffic per run")
+    parser.add_argument("--duration", type=float, default=40.0, help="seconds of traffic per emulated run")
     parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--loads", default="0.3,0.5", help="offered load, over one 16-thread instance at max_batch")
+    parser.add_argument("--tables", default="inception3,bert")
     args = parser.parse_args()
+    loads = [float(share) for share in args.loads.split(",")]
     rows = []
-    for name in ("inception3", "bert"):
+    for name in args.tables.split(","):
         path = REPO / "bench" / "profiles" / f"{name}-cloudlab16.csv"
         table = Profile.read_csv(path)
         alone_ms = table.lhat(CORES, MAX_BATCH)
         assert alone_ms is not None
-        rate = round(LOAD * MAX_BATCH / (alone_ms / 1000.0) / BatchMix.parse(MIX).mean, 3)
+        rates = {share: round(share * MAX_BATCH / (alone_ms / 1000.0) / BatchMix.parse(MIX).mean, 3) for share in loads}
         with tempfile.TemporaryDirectory(prefix="packrat-sim-vs-emulated-") as folder:
             work = Path(folder)
             tiny = work / "tiny.csv"
             scaled(table, TRANSPORT_SCALE).write_csv(tiny)
             for policy in POLICIES:
+                port = free_port()
                 common = [
                     "--model", MODEL, "--policy", policy, "--max-batch", str(MAX_BATCH), "--max-delay-ms", "1.0",
                     "--split-check-rounds", "0", "--runtime", "emulated", "--emulate-cores", str(CORES),
-                    "--emulate-interference", INTERFERENCE,
+                    "--emulate-interference", INTERFERENCE, "--metrics-port", str(port), "--log-level", "info",
                 ]  # fmt: skip
-                reports = {}
-                for label, profile in (("emulated", path), ("transport", tiny)):
-                    daemon = DaemonProcess(f"{label}-{policy}", work, [*common, "--profile", str(profile)])
+                for share in loads:
+                    daemon = DaemonProcess(f"emulated-{policy}-{share}", work, [*common, "--profile", str(path)])
                     try:
                         daemon.wait()
-                        reports[label] = load_mix(daemon.endpoint, rate, args)
-                        reports[label]["plan_log"] = daemon.plan_log()
-                        if label == "transport":
-                            one, full = closed_loop_p50(daemon.endpoint, 1), closed_loop_p50(daemon.endpoint, MAX_BATCH)
+                        before = scrape(port)
+                        emulated = poisson(daemon.endpoint, rates[share], args.duration, args.seed)
+                        daemon_ms = mean_ms(before, scrape(port), "packrat_request_latency_seconds")
                     finally:
                         daemon.close()
-                batching = simulate(scaled(table, TRANSPORT_SCALE), policy, rate, args, 0.0)["latency_ms"]["p50"]
-                transport_ms = max(0.0, reports["transport"]["latency_ms"]["p50"] - batching)
-                simulated = simulate(table, policy, rate, args, transport_ms)
-                per_input = max(0.0, (full - one) / (MAX_BATCH - 1))
-                overhead = (max(0.0, one - per_input), per_input)
-                per_batch = simulate(table, policy, rate, args, 0.0, overhead)
-                emulated = reports["emulated"]
-                row = {
-                    "table": name, "policy": policy, "rate_rps": rate, "transport_ms": round(transport_ms, 3),
-                    "emulated_ms": {q: emulated["latency_ms"][q] for q in ("p50", "p99")},
-                    "simulated_ms": {q: simulated["latency_ms"][q] for q in ("p50", "p99")},
-                    "error": {q: error(simulated["latency_ms"][q], emulated["latency_ms"][q]) for q in ("p50", "p99")},
-                    "batch_overhead_ms": [round(overhead[0], 3), round(overhead[1], 4)],
-                    "simulated_per_batch_ms": {q: per_batch["latency_ms"][q] for q in ("p50", "p99")},
-                    "error_per_batch": {
-                        q: error(per_batch["latency_ms"][q], emulated["latency_ms"][q]) for q in ("p50", "p99")
-                    },
-                    "emulated_sent_ok_errors": [emulated["sent"], emulated["ok"], emulated["errors"]],
-                    "simulated_sent_ok_errors": [simulated["sent"], simulated["ok"], simulated["errors"]],
-                    "emulated_plan_log": emulated["plan_log"], "simulated_plan_changes": simulated["plan_changes"],
-                }  # fmt: skip
-                rows.append(row)
-                print(f"{name} {policy}: error {row['error']}, per batch {row['error_per_batch']}", file=sys.stderr)
+                    log = daemon.log_path.read_text(errors="replace")
+                    emulated["plan_log"] = [line.split(": ", 1)[-1] for line in log.splitlines()
+                                            if any(marker in line for marker in PLAN_LINES)]  # fmt: skip
+                    daemon = DaemonProcess(f"costs-{policy}-{share}", work, [*common, "--profile", str(tiny)])
+                    try:
+                        daemon.wait()
+                        costs = batch_costs(daemon, port)
+                    finally:
+                        daemon.close()
+                    row = compare(name, table, policy, rates[share], share, args, emulated, log, costs, daemon_ms)
+                    rows.append(row)
+                    print(f"{name} {policy} load {share}: error {row['error']}, bare {row['error_bare']}, daemon "
+                          f"mean {row['daemon_mean_ms']}, costs {row['costs']}", file=sys.stderr)  # fmt: skip
     print(json.dumps({
-        "traffic": f"poisson at {LOAD:.0%} of one {CORES}-thread instance's capacity at max_batch, batch {MIX}",
+        "traffic": f"poisson at each load × one {CORES}-thread instance's capacity at max_batch, batch {MIX}",
         "cores": CORES, "interference": INTERFERENCE, "duration_s": args.duration, "seed": args.seed, "rows": rows,
     }, indent=1))  # fmt: skip
 

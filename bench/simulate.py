@@ -130,8 +130,8 @@ def table_a(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def shifting_trace(capacity: float, duration_s: float, seed: int) -> Trace:
-    """Poisson phases of SHIFT_PHASE_S seconds, each with its own request sizes, cycled over the duration."""
+def shifting_trace(capacity: float, duration_s: float, seed: int, phase_s: float = SHIFT_PHASE_S) -> Trace:
+    """Poisson phases of `phase_s` seconds, each with its own request sizes, cycled over the duration."""
     rng = random.Random(seed)
     rows: list[tuple[float, int]] = []
     start = 0.0
@@ -140,7 +140,7 @@ def shifting_trace(capacity: float, duration_s: float, seed: int) -> Trace:
         text, load = SHIFT_PHASES[phase % len(SHIFT_PHASES)]
         mix = BatchMix.parse(text)
         process = Poisson(load * capacity / mix.mean)
-        length = min(SHIFT_PHASE_S, duration_s - start)
+        length = min(phase_s, duration_s - start)
         rows += [(start + t, samples) for t, samples in open_loop_schedule(process, mix, duration_s=length, rng=rng)]
         start += length
         phase += 1
