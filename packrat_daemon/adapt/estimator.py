@@ -35,6 +35,7 @@ class BatchSizeEstimator:
         self._weights: dict[int, float] = {}
         self._last = 0.0
         self._first: float | None = None  # the first batch seen (the rate's window is shorter until a while after)
+        self._total = 0.0  # the sum of _weights (restarted with them)
         self._batches = 0.0  # decayed counts of batches and inputs, for the rates (never restarted)
         self._inputs = 0.0
         self._recent: deque[tuple[int, bool]] = deque(maxlen=RECENT)  # (size, new when it came)
@@ -46,12 +47,13 @@ class BatchSizeEstimator:
         self._decay(now)
         if self._first is None:
             self._first = now
-        novel = self._weights.get(batch, 0.0) < NOVEL_SHARE * self._batches
+        novel = self._weights.get(batch, 0.0) < NOVEL_SHARE * self._total
         if len(self._recent) == RECENT:
             self._novel -= self._recent[0][1]
         self._recent.append((batch, novel))
         self._novel += novel
         self._weights[batch] = self._weights.get(batch, 0.0) + 1.0
+        self._total += 1.0
         self._batches += 1.0
         self._inputs += batch
         self.observed += 1
@@ -84,6 +86,7 @@ class BatchSizeEstimator:
         self._weights = {}
         for batch, _ in self._recent:
             self._weights[batch] = self._weights.get(batch, 0.0) + 1.0
+        self._total = float(len(self._recent))
         self._recent = deque(((batch, False) for batch, _ in self._recent), maxlen=RECENT)
         self._novel = 0
         self.restarts += 1
@@ -98,5 +101,6 @@ class BatchSizeEstimator:
         if factor < 1.0:
             # Sizes that faded below a hundredth of a batch are forgotten, so the map stays small.
             self._weights = {b: w * factor for b, w in self._weights.items() if w * factor >= 0.01}
+            self._total *= factor
             self._batches *= factor
             self._inputs *= factor

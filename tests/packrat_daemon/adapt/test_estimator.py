@@ -65,6 +65,11 @@ def test_a_change_of_the_batch_sizes_restarts_the_counts_from_the_recent_batches
             assert dict(estimator.distribution(now).weights)[32] < 0.2
     assert dict(estimator.distribution(now).weights) == {32: 1.0} and estimator.restarts == 1
     assert estimator.rates(now)[0] > 10  # the rates are not restarted: they are what the window saw
+    for _ in range(300):  # the new traffic goes on: it is not new any more, nothing restarts again
+        now += 1 / 3
+        estimator.observe(32, now)
+        estimator.distribution(now)
+    assert estimator.restarts == 1
 
 
 def test_steady_traffic_with_a_rare_size_never_restarts() -> None:
