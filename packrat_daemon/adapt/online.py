@@ -68,7 +68,7 @@ class OnlineAdaptation:
             self.tuner.last_switch = now
             return reverted
         try:
-            decision = self.tuner.consider(plan, distribution, self.estimator.observed, now)
+            decision = self.tuner.consider(plan, distribution, self.estimator.observed, now, moved)
         except PackratError as exc:
             log.warning("adaptation skipped: %s", exc)
             return None

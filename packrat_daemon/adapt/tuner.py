@@ -46,11 +46,16 @@ class Tuner:
         self.last_switch = float("-inf")
         self.declined = ""  # why the last look kept the plan, for the log after a change of the traffic
 
-    def consider(self, current: Plan, distribution: BatchDistribution, observed: int, now: float) -> Decision | None:
-        if observed < self.settings.min_batches:
+    def consider(
+        self, current: Plan, distribution: BatchDistribution, observed: int, now: float, moved: bool = False
+    ) -> Decision | None:
+        """A plan to switch to, or None. `moved`: the batch sizes just changed (the estimator restarted its
+        counts): the wait for batches and the cool-down, which keep noise in a steady stream from switching
+        the plan, are skipped once, since the traffic itself has changed; the gain is still required."""
+        if not moved and observed < self.settings.min_batches:
             self.declined = f"{observed} batches since the last plan, {self.settings.min_batches} needed"
             return None
-        if now - self.last_switch < self.settings.cooldown_s:
+        if not moved and now - self.last_switch < self.settings.cooldown_s:
             self.declined = f"the last plan change was {now - self.last_switch:.0f} s ago, the cool-down is longer"
             return None
         proposed = self.policy.plan(self.profile, self.topology, distribution)

@@ -83,3 +83,11 @@ def test_a_declined_look_says_why() -> None:
     assert patient.declined == (
         "the plan served is predicted at 1.0 ms, the best one for it at 0.6 ms: less than the 50% gain needed to switch"
     )
+
+
+def test_after_the_batch_sizes_moved_the_wait_and_cool_down_are_skipped_once_but_not_the_gain() -> None:
+    patient = tuner()
+    assert patient.consider(plan_for(ONES), FOURS, observed=50, now=100.0) is not None
+    assert patient.consider(plan_for(FOURS), ONES, observed=5, now=101.0) is None  # within the cool-down
+    assert patient.consider(plan_for(FOURS), ONES, observed=5, now=101.0, moved=True) is not None
+    assert patient.consider(plan_for(ONES), ONES, observed=5, now=102.0, moved=True) is None  # no gain, no switch
