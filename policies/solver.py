@@ -386,6 +386,10 @@ def split_batch(profile: Profile, pool_threads: Sequence[int], batch: int) -> tu
             largest_servable_batch=largest,
         )
     members = [k for k, t in enumerate(pool_threads) if t in rows]
+    split = [0] * len(pool_threads)
+    if len(members) == 1:  # one instance takes the whole batch: what the search below ends with, without it
+        split[members[0]] = batch
+        return rows[pool_threads[members[0]]].lhat(batch), split
     latencies = sorted({lat for row in rows.values() for lat in row.latencies})
 
     def feasible(bound: float) -> bool:
@@ -398,7 +402,6 @@ def split_batch(profile: Profile, pool_threads: Sequence[int], batch: int) -> tu
     algebra = _algebra_for(rows, latencies[_first_feasible(latencies, feasible)], batch)
     chosen = _tie_break_bounded(algebra, [(k, pool_threads[k]) for k in members], batch)
     sizes = algebra.sizes([pool_threads[k] for k in chosen], batch)
-    split = [0] * len(pool_threads)
     for k, size in zip(chosen, sizes, strict=True):
         split[k] = size
     latency = max(rows[pool_threads[k]].lhat(size) for k, size in enumerate(split) if size)
