@@ -81,6 +81,8 @@ def identity(config: ServeConfig, runtime: str, precision: str, cores: int) -> d
     return {
         "model": config.model,
         "model_sha256": model_file,
+        # A --profile file's cells are the offline half of what was learned: another file, another start.
+        "profile_sha256": _sha256(config.profile) if config.profile else None,
         "runtime": runtime,
         "precision": precision,
         "versions": versions,
@@ -90,10 +92,10 @@ def identity(config: ServeConfig, runtime: str, precision: str, cores: int) -> d
 
 def mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
     """Why a profile saved for `saved` cannot serve `current`, or None."""
-    for key in ("model", "model_sha256", "runtime", "precision", "usable_cores"):
+    changed = {"model_sha256": "the model file changed", "profile_sha256": "the --profile file changed"}
+    for key in ("model", "model_sha256", "profile_sha256", "runtime", "precision", "usable_cores"):
         if saved.get(key) != current[key]:
-            what = "the model file changed" if key == "model_sha256" else f"{key} {saved.get(key)!r} → {current[key]!r}"
-            return what
+            return changed.get(key, f"{key} {saved.get(key)!r} → {current[key]!r}")
     old = saved.get("versions") or {}
     for name, version in current["versions"].items():
         if old.get(name) != version:

@@ -115,6 +115,7 @@ def test_a_corrupt_file_is_set_aside_and_never_stops_a_start(
     [
         ("model", "builtin:resnet50", "model 'builtin:resnet50' → 'builtin:tiny-mlp'"),
         ("model_sha256", "0" * 64, "the model file changed"),
+        ("profile_sha256", "0" * 64, "the --profile file changed"),
         ("runtime", "openvino", "runtime"),
         ("precision", "bf16", "precision 'bf16' → 'fp32'"),
         ("usable_cores", 16, "usable_cores 16 → 2"),
