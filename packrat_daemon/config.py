@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
 from packrat_daemon.accuracy import DEFAULT_MAX_REL_ERROR, TOP1_CHOICES
-from packrat_daemon.wire.errors import ConfigError
+from packrat_daemon.wire.errors import ConfigError, ProfileError
 from policies.packrat import MIN_SPLIT_GAIN
 from workers.spec import PRECISION_CHOICES
 
@@ -123,6 +123,23 @@ def _sizes_from_toml(value: object) -> list[int]:
     return sorted({_exactly(int)(item) for item in value})
 
 
+def _budget_from_toml(value: object) -> str:
+    """A TOML budget: a number (0.25) or a string ("0.25", "300s")."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return _exactly(str)(value)
+
+
+def _budget_allowed(text: str) -> bool:
+    from packrat_daemon.search.budget import Budget  # the one home of the budget's syntax (no scikit-optimize)
+
+    try:
+        Budget.parse(text)
+    except ProfileError:
+        return False
+    return True
+
+
 POSITIVE_INT = _integer("a positive integer", lambda value: value >= 1)
 COUNT = _integer("an integer, 0 or more", lambda value: value >= 0)
 PORT = _integer("a port number from 0 to 65535", lambda value: 0 <= value <= 65535)
@@ -132,6 +149,9 @@ FRACTION = _number("a fraction from 0 up to (not including) 1, e.g. 0.05 for 5%"
 TEXT = _text("a string", optional=False)
 OPTIONAL_TEXT = _text("a string", optional=True)
 SWITCH = Kind("true or false", bool, lambda text: {"true": True, "false": False}[text], _exactly(bool))
+BUDGET = Kind(
+    'a fraction of the grid in (0, 1] like 0.25, or seconds like "300s"', str, str, _budget_from_toml, _budget_allowed
+)
 SIZES = Kind(
     'positive integers: "1,4,8", "1-8" or a list [1, 4, 8]',
     list[int],
@@ -323,7 +343,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "profile_budget",
-        TEXT,
+        BUDGET,
         "0.25",
         "without a profile, a large grid is measured by the adaptive (Bayesian) search within this "
         "budget: a fraction of the grid's cells like 0.25, or seconds like 300s (1: always the full grid); "

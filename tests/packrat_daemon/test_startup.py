@@ -182,3 +182,16 @@ def test_serve_refuses_a_plan_beyond_the_usable_cores_before_the_model_loads(tmp
     errors = [line for line in done.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "needs 4 cores" in errors[0]
     assert "loading builtin:tiny-mlp" not in done.stderr
+
+
+def test_the_profile_budget_is_a_toml_number_or_string_and_a_bad_one_fails_when_read() -> None:
+    from packrat_daemon.config import BY_NAME
+    from packrat_daemon.wire.errors import ConfigError
+
+    kind = BY_NAME["profile_budget"].kind
+    assert kind.parse_toml("profile_budget", 0.1, "serve.toml") == "0.1"
+    assert kind.parse_toml("profile_budget", "300s", "serve.toml") == "300s"
+    with pytest.raises(ConfigError, match="profile_budget = 2 is not allowed; expected a fraction"):
+        kind.parse_toml("profile_budget", 2, "serve.toml")
+    with pytest.raises(ValueError, match="got '-5s'"):
+        kind.parse_text("-5s")
