@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from packrat_daemon.adapt.production import LearnedCell
 from packrat_daemon.config import ServeConfig
-from packrat_daemon.wire.errors import PackratError
+from packrat_daemon.wire.errors import ConfigError, PackratError
 from policies.base import InstancePlan, Plan
 from policies.planning.distribution import BatchDistribution
 from policies.planning.profile import Cell, Profile, profile_key, write_profiles
@@ -155,7 +155,7 @@ class StateKeeper:
         self.served_key: str | None = None
         self.last_saved = -math.inf  # the first tick writes: a SIGKILL right after start keeps the start-up profile
         if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _writable(self.path.parent)
             self._load()
 
     # -- start ----------------------------------------------------------------------------------
@@ -367,6 +367,20 @@ def _resumed(served: dict[str, Any], saved_unix: float) -> Resumed:
     distribution = None if not sizes else BatchDistribution.from_counts({int(b): float(w) for b, w in sizes})
     plan = None if served.get("plan") is None else plan_from_json(served["plan"])
     return Resumed(str(served["key"]), production, distribution, plan, saved_unix)
+
+
+def _writable(folder: Path) -> None:
+    """The state folder exists (made private if new) and this user may write it: ConfigError before the model
+    loads otherwise, since a daemon that cannot keep what it learns should not find out after measuring."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise ConfigError(
+            f"--state-dir {folder}: cannot create it ({exc.strerror}); give a folder this user can write "
+            "(under systemd, StateDirectory= makes one)"
+        ) from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"--state-dir {folder}: this user cannot write it; give a folder it can write")
 
 
 def _sha256(path: str) -> str:

@@ -179,3 +179,12 @@ def test_a_daemon_killed_with_sigkill_serves_its_learned_plan_again_without_prof
     assert "not measured again" in log and "state: serving the learned plan" in log
     served = first["served"]["plan"]["instances"]
     assert f"batch {served[0]['batch']}⟩" in log
+
+
+def test_a_state_dir_that_cannot_be_made_fails_before_anything_loads(tmp_path: Path) -> None:
+    from packrat_daemon.wire.errors import ConfigError
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ConfigError, match="--state-dir .*cannot create it"):
+        StateKeeper(str(blocker / "state"))
