@@ -9,14 +9,21 @@ latency weighs the largest batches most, so a runtime can win it while being cle
 batches (measured here: ONNX Runtime won ResNet-50's expected latency over B ∈ {1,4,8,16} by 1%
 while it is 8% slower than OpenVINO at B=1). Among runtimes within the tie, the one least behind the
 fastest runtime at its worst batch size is served.
+
+A policy that checks its splits revises a plan's prediction after measuring it (`choose_checked`): the
+profile can overrate a split, never underrate it by much, so a runtime chosen on a split that then measured
+slower may no longer be the fastest. The choice is made again until the one chosen has been checked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 NEAR_TIE = 0.02  # expected latencies within 2% are a tie
+
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,17 @@ def choose_runtime(options: Sequence[RuntimeOption], near_tie: float = NEAR_TIE)
         f"{predicted}; within {near_tie:.0%} of each other, so the one least behind the fastest runtime at "
         f"its worst batch size ({behind})",
     )
+
+
+def choose_checked(choose: Callable[[], K], check: Callable[[K], None]) -> K:
+    """Choose, check the one chosen (which may revise its prediction), and choose again, until the one chosen
+    has been checked. Each candidate is checked at most once, so this ends after as many checks as there
+    are candidates at worst; usually after one."""
+    checked: set[K] = set()
+    while (chosen := choose()) not in checked:
+        check(chosen)
+        checked.add(chosen)
+    return chosen
 
 
 def worst_lag(option: RuntimeOption, options: Sequence[RuntimeOption]) -> tuple[float, int] | None:

@@ -24,7 +24,7 @@ from packrat_daemon.config import ServeConfig
 from packrat_daemon.hardening import check_endpoint, private_dir, warn_if_root
 from packrat_daemon.metrics import Metrics
 from packrat_daemon.profiling import check_splits, measure_profile
-from packrat_daemon.runtime_choice import RuntimeOption, choose_runtime
+from packrat_daemon.runtime_choice import RuntimeOption, choose_checked, choose_runtime
 from packrat_daemon.search.budget import Budget
 from packrat_daemon.state import Entry, ProfileFile, StateKeeper, identity
 from packrat_daemon.wire.curve import FrontendSecurity
@@ -117,7 +117,8 @@ def start_up(
             )
             if candidate is not None:
                 candidates.append(candidate)
-        served = _choose(candidates, config)
+        # The split check runs before the other candidates' templates stop: it may make another one fastest.
+        served = _settle(candidates, config, policy, topology, profiles, state, interrupted)
     except BaseException:
         for candidate in candidates:
             candidate.backend.close()
@@ -125,26 +126,43 @@ def start_up(
     for candidate in candidates:
         if candidate is not served:
             candidate.backend.close()
-    served = resume(served, state, policy, config, topology)
-    if policy.checks_splits and config.split_check_rounds > 0 and served.profile is not None and not served.restored:
-        try:
-            distribution = distribution_for(config)
-            profile, plan = check_splits(
-                served.backend, served.info, served.profile, served.plan, config, topology, distribution,
-                lambda p: policy.plan(p, topology, distribution), interrupted,
-            )  # fmt: skip
-            if profiles.save(profile):
-                log.info("profile saved to %s", config.save_profile)
-            served = dataclasses.replace(served, profile=profile, plan=plan)
-        except BaseException:
-            served.backend.close()
-            raise
     if served.profile is not None and served.key in state.entries:
         state.entries[served.key].profile = served.profile
     guard = "not needed" if served.info.guard is None else "passed"
     metrics.served(served.info.runtime, served.info.precision, guard)
     log.info("serving %s at %s (accuracy guard: %s)", served.info.runtime, served.info.precision, guard)
     return Started(topology, policy, served, profiles, state)
+
+
+def _settle(
+    candidates: list[RuntimeCandidate], config: ServeConfig, policy: Policy, topology: Topology,
+    profiles: ProfileFile, state: StateKeeper, interrupted: Interrupted,
+) -> RuntimeCandidate:  # fmt: skip
+    """The candidate to serve: chosen, resumed from the state file, its splits checked, and chosen again
+    while the check made another candidate fastest (runtime_choice.choose_checked)."""
+    at = {candidate.key: k for k, candidate in enumerate(candidates)}
+    distribution = distribution_for(config)
+    chosen: list[str] = []
+
+    def choose() -> str:
+        served = resume(_choose(candidates, config, chosen[-1] if chosen else None), state, policy, config, topology)
+        candidates[at[served.key]] = served
+        chosen.append(served.key)
+        return served.key
+
+    def check(key: str) -> None:
+        served = candidates[at[key]]
+        if not policy.checks_splits or config.split_check_rounds <= 0 or served.profile is None or served.restored:
+            return
+        profile, plan = check_splits(
+            served.backend, served.info, served.profile, served.plan, config, topology, distribution,
+            lambda p: policy.plan(p, topology, distribution), interrupted,
+        )  # fmt: skip
+        if profiles.save(profile):
+            log.info("profile saved to %s", config.save_profile)
+        candidates[at[key]] = dataclasses.replace(served, profile=profile, plan=plan)
+
+    return candidates[at[choose_checked(choose, check)]]
 
 
 def check_cores(config: ServeConfig, policy: Policy, topology: Topology) -> None:
@@ -347,12 +365,14 @@ def distribution_for(config: ServeConfig) -> BatchDistribution:
     return BatchDistribution.from_counts({b: 1.0 for b in (config.batches or [config.max_batch])})
 
 
-def _choose(candidates: list[RuntimeCandidate], config: ServeConfig) -> RuntimeCandidate:
-    """--runtime auto, --precision auto: the candidate whose plan predicts the lowest latency (see runtime_choice)."""
+def _choose(candidates: list[RuntimeCandidate], config: ServeConfig, checked: str | None = None) -> RuntimeCandidate:
+    """--runtime auto, --precision auto: the candidate whose plan predicts the lowest latency (see runtime_choice).
+    `checked`: the candidate chosen before, whose splits were just checked (logged again only on a change)."""
     choice = choose_runtime([_runtime_option(candidate, config) for candidate in candidates])
     served = next(c for c in candidates if c.key == choice.runtime)
-    if len(candidates) > 1:
-        log.info("runtime auto: chose %s (%s)", served.key, choice.reason)
+    if len(candidates) > 1 and served.key != checked:
+        after = "" if checked is None else f"; after the split check of {checked}"
+        log.info("runtime auto: chose %s (%s%s)", served.key, choice.reason, after)
     return served
 
 
