@@ -110,6 +110,23 @@ def test_split_matches_brute_force(profile: Profile, pool: list[int], batch: int
     assert (actual, len(busy), sum(t for t, _ in busy)) == expected
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    profile=tables(),
+    pool=st.lists(st.integers(1, 4), min_size=1, max_size=6),
+    batch=st.integers(1, 12),
+)
+def test_split_keeps_the_earliest_of_interchangeable_instances_busy(profile: Profile, pool: list[int], batch: int):
+    # Ties go to earlier instances in pool order: of the instances with one thread count, those busy come first.
+    try:
+        _, sizes = split_batch(profile, pool, batch)
+    except InfeasibleError:
+        return
+    for threads in set(pool):
+        busy = [sizes[k] > 0 for k, t in enumerate(pool) if t == threads]
+        assert busy == sorted(busy, reverse=True)
+
+
 def amdahl(threads: int, batch: int, serial: float = 0.1, per_input: float = 10.0, fixed: float = 2.0) -> float:
     return fixed + per_input * batch * (serial + (1 - serial) / threads)
 
