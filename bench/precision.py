@@ -18,8 +18,8 @@ on the same sample inputs (a batch of the largest B) against in-process PyTorch 
 (what it checked before serving) is in `daemon_auto.guard`.
 
 int8 rows are reported but are no peer of the targets: `--precision auto` never serves int8, whose error
-is of another order. The int8 daemon runs `--max-rel-error` at `--int8-tolerance`, so its guard reports what
-it measured instead of stopping it.
+depends on its calibration inputs. The int8 daemon runs `--max-rel-error` at `--int8-tolerance`, so its
+guard reports what it measured instead of stopping it.
 
 Where the daemon's time goes: each daemon reply carries the daemon's own timing (queue wait, the workers'
 compute, the daemon's total), so `gap` splits each daemon's round trip into client-to-daemon transport,
