@@ -179,6 +179,7 @@ TINY_CNN_INPUT = InputSpec("float32", (3, 16, 16))
 
 
 @NEEDS_NNCF
+@pytest.mark.slow
 def test_the_guard_measures_int8_on_the_calibration_it_was_quantized_on(tmp_path: Path) -> None:
     mine = tmp_path / "mine.npy"
     np.save(mine, np.random.default_rng(5).standard_normal((10, 3, 16, 16), dtype=np.float32))

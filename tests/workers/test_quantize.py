@@ -48,6 +48,7 @@ def test_int8_units_and_openvino_hint() -> None:
 
 
 @NEEDS_NNCF
+@pytest.mark.slow
 def test_int8_is_quantized_once_per_calibration_and_stays_close_to_fp32(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
