@@ -5,7 +5,7 @@ Poisson stream does not make the plan flap). But when the traffic itself changes
 only as fast as that half-life: ten seconds after a change of the batch sizes, the new ones would still
 weigh about a tenth, and the tuner would plan for the traffic that is gone. So the estimator also
 watches the last RECENT batches: when most of them are of sizes that held under NOVEL_SHARE of the
-counts, the traffic has moved, and the counts restart from those recent batches alone. A size that is
+counts, the traffic has moved, and the counts restart from those new batches alone. A size that is
 merely rare cannot trigger it (a size with a tenth of the traffic fills 12 of 16 batches in a row about
 once in a billion), so under steady traffic nothing restarts.
 """
@@ -52,6 +52,9 @@ class BatchSizeEstimator:
             self._novel -= self._recent[0][1]
         self._recent.append((batch, novel))
         self._novel += novel
+        if self._novel >= SHIFT_SHARE * RECENT:
+            # Judged as each batch comes: at a high rate, the new sizes stop being new within a second.
+            self._restart()
         self._weights[batch] = self._weights.get(batch, 0.0) + 1.0
         self._total += 1.0
         self._batches += 1.0
@@ -61,8 +64,6 @@ class BatchSizeEstimator:
     def distribution(self, now: float) -> BatchDistribution | None:
         """The most frequent batch sizes with their weights, or None before any batch was seen."""
         self._decay(now)
-        if len(self._recent) == RECENT and self._novel >= SHIFT_SHARE * RECENT:
-            self._restart()
         ranked = sorted(self._weights.items(), key=lambda item: -item[1])[: self.top]
         if not ranked:
             return None
@@ -84,14 +85,15 @@ class BatchSizeEstimator:
         before = ", ".join(f"{b}" for b, _ in sorted(self._weights.items(), key=lambda item: -item[1])[:4])
         novel = self._novel
         self._weights = {}
-        for batch, _ in self._recent:
-            self._weights[batch] = self._weights.get(batch, 0.0) + 1.0
-        self._total = float(len(self._recent))
+        for batch, new in self._recent:
+            if new:  # the old traffic's last batches are left out
+                self._weights[batch] = self._weights.get(batch, 0.0) + 1.0
+        self._total = float(novel)
         self._recent = deque(((batch, False) for batch, _ in self._recent), maxlen=RECENT)
         self._novel = 0
         self.restarts += 1
-        log.info("the traffic moved: %d of the last %d batches were of sizes seldom seen before (mostly %s); "
-                 "the batch sizes restart from them", novel, RECENT, before)  # fmt: skip
+        log.info("the traffic moved: %d of the last %d batches were of sizes seldom seen before (the counts were "
+                 "mostly of %s); the batch sizes restart from those", novel, len(self._recent), before)  # fmt: skip
 
     def _decay(self, now: float) -> None:
         if now <= self._last:

@@ -30,6 +30,7 @@ class OnlineAdaptation:
         self.tuner: Tuner | None = None
         self.interval_s = config.adapt_interval_s
         self.due = 0.0  # time.monotonic() of the next look at the live batch sizes
+        self.restarts_seen = 0  # the estimator's restarts as of the last look
         self.splitting = profile  # what the dispatcher splits by (the production guard judges its splits)
         self.retune(config, policy, profile)
 
@@ -52,11 +53,11 @@ class OnlineAdaptation:
         self.due = now + self.interval_s
         if self.tuner is None:
             return None
-        restarts = self.estimator.restarts
         distribution = self.estimator.distribution(now)
         if distribution is None:
             return None
-        moved = self.estimator.restarts != restarts  # the traffic moved: say what the tuner makes of it
+        # The traffic moved since the last look (the estimator restarted its counts): say what the tuner makes of it.
+        moved, self.restarts_seen = self.estimator.restarts != self.restarts_seen, self.estimator.restarts
         # Plan on what production has measured, interference included, over the offline profile.
         self.tuner.profile = self.production.merged_into(offline, now) or self.tuner.profile
         learned, cores = self.production.learned(now), self.topology.usable_cores

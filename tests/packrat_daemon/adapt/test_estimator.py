@@ -83,3 +83,18 @@ def test_steady_traffic_with_a_rare_size_never_restarts() -> None:
             estimator.distribution(now)
     assert estimator.restarts == 0
     assert dict(estimator.distribution(now).weights)[32] == pytest.approx(0.1, abs=0.03)
+
+
+def test_a_move_to_a_busier_traffic_is_caught_between_two_looks() -> None:
+    # At 20 batches/s the new size holds a tenth of the counts within a second: the move is judged as the
+    # batches come, not at the next look five seconds later, when the last 16 batches are no longer new.
+    estimator = BatchSizeEstimator(half_life_s=60.0)
+    now = 0.0
+    for _ in range(180):  # a minute of batches of 32 at 3/s
+        now += 1 / 3
+        estimator.observe(32, now)
+    estimator.distribution(now)
+    for _ in range(100):  # five seconds of batches of 1 at 20/s, then a look
+        now += 0.05
+        estimator.observe(1, now)
+    assert estimator.restarts == 1 and dict(estimator.distribution(now).weights) == {1: 1.0}
