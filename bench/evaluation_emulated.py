@@ -12,8 +12,8 @@ EMULATION: each run is `packrat serve --runtime emulated --emulate-cores 16` (de
   capacity during a burst) for `--burst-s`.
 These runs are shorter than the simulated table's 600 s (real time here), so each row also has the
 simulation of the very same traffic, seed and daemon uptime (bench/sim_vs_emulated.py's way, without the
-daemon's own costs) beside it. Reconfigurations: the daemon's "adapting" log lines. Prints JSON; progress
-on stderr.
+daemon's own costs) beside it. Reconfigurations: the daemon's log lines of the tuner's re-plans and the
+production guard's reverts. Prints JSON; progress on stderr.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from policies.planning.profile import Profile  # noqa: E402
 
 MODEL = "builtin:resnet50"  # its input stands in for the tables' models (as in bench/emulated.py)
 CORES = 16
-ADAPTING = "packrat.daemon: adapting to the live batch sizes"
+# A reconfiguration in the daemon's log: the tuner's re-plan, or the production guard's revert (a warning).
+RECONFIGURED = ("packrat.daemon: adapting to the live batch sizes", "production timings reverted the plan")
 
 
 def serve_flags(settings: dict[str, Any]) -> list[str]:
@@ -120,7 +121,7 @@ def main() -> None:
                     row = {
                         "table": name, "traffic": pattern, "described": traffic.describe(), "policy": label,
                         "uptime_s": round(uptime_s, 3),
-                        "emulated": figures(report, log.count(ADAPTING)),
+                        "emulated": figures(report, sum(log.count(marker) for marker in RECONFIGURED)),
                         "simulated": figures(simulation, len(simulation["plan_changes"]) - 1),
                         "emulated_plan_log": plan_log, "simulated_plan_changes": simulation["plan_changes"],
                     }  # fmt: skip
