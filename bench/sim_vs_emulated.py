@@ -20,7 +20,8 @@ with the same profile, settings, traffic and seed, twice:
     to "generation N serves"), the time the old plan kept serving after the decision;
   - the uptime: the daemon's "serving on" log line to the load's first request (`started_unix_s`).
 The daemon's own mean from receipt to reply is also set beside the simulation's (its latency less the
-transport), which leaves the transport out of the comparison altogether.
+transport), which leaves the transport out of the comparison altogether, and split in two as the
+daemon's /metrics split it: the queue wait, and the rest (the batch in flight).
 The warm-up is off so that the daemon's batch-size estimator sees only the traffic the simulation sees.
 Both are stand-ins: this checks that they agree, not that either matches a real machine. Prints JSON;
 progress on stderr.
@@ -163,8 +164,10 @@ def quantiles(report: dict[str, Any]) -> dict[str, float]:
 
 
 def compare(name: str, table: Profile, policy: str, rate: float, load_share: float, args: argparse.Namespace,
-            emulated: dict[str, Any], log: str, costs: dict[str, Any], daemon_ms: float) -> dict[str, Any]:  # fmt: skip
-    """`daemon_ms`: the emulated daemon's mean from receipt to reply over the run."""
+            emulated: dict[str, Any], log: str, costs: dict[str, Any],
+            daemon: tuple[float, float]) -> dict[str, Any]:  # fmt: skip
+    """`daemon`: the emulated daemon's means over the run, from receipt to reply and of the queue wait (ms)."""
+    daemon_ms, queue_ms = daemon
     uptime_s = emulated["started_unix_s"] - served_since(log)
     switches = switch_times_ms(log)
     transport_ms = max(0.0, emulated["latency_mean_ms"] - daemon_ms)
@@ -180,7 +183,11 @@ def compare(name: str, table: Profile, policy: str, rate: float, load_share: flo
         "error": {q: error(modelled["latency_ms"][q], emulated["latency_ms"][q]) for q in ("p50", "p99")},
         "error_bare": {q: error(bare["latency_ms"][q], emulated["latency_ms"][q]) for q in ("p50", "p99")},
         "daemon_mean_ms": {"emulated": round(daemon_ms, 3), "simulated": round(simulated_daemon_ms, 3),
-                           "error": error(simulated_daemon_ms, daemon_ms)},  # fmt: skip
+                           "error": error(simulated_daemon_ms, daemon_ms)},
+        # The daemon's time in two: waiting to be batched, then its batch in flight (sent, computed, gathered).
+        "queue_wait_mean_ms": {"emulated": round(queue_ms, 3), "simulated": modelled["queue_wait_mean_ms"]},
+        "in_flight_mean_ms": {"emulated": round(daemon_ms - queue_ms, 3),
+                              "simulated": round(simulated_daemon_ms - modelled["queue_wait_mean_ms"], 3)},  # fmt: skip
         "emulated_sent_ok_errors": [emulated["sent"], emulated["ok"], emulated["errors"]],
         "simulated_sent_ok_errors": [modelled["sent"], modelled["ok"], modelled["errors"]],
         "emulated_plan_log": emulated["plan_log"], "simulated_plan_changes": modelled["plan_changes"],
@@ -219,7 +226,9 @@ def main() -> None:
                         daemon.wait()
                         before = scrape(port)
                         emulated = poisson(daemon.endpoint, rates[share], args.duration, args.seed)
-                        daemon_ms = mean_ms(before, scrape(port), "packrat_request_latency_seconds")
+                        after = scrape(port)
+                        daemon_ms = mean_ms(before, after, "packrat_request_latency_seconds")
+                        queue_ms = mean_ms(before, after, "packrat_queue_wait_seconds")
                     finally:
                         daemon.close()
                     log = daemon.log_path.read_text(errors="replace")
@@ -231,7 +240,9 @@ def main() -> None:
                         costs = batch_costs(daemon, port)
                     finally:
                         daemon.close()
-                    row = compare(name, table, policy, rates[share], share, args, emulated, log, costs, daemon_ms)
+                    row = compare(
+                        name, table, policy, rates[share], share, args, emulated, log, costs, (daemon_ms, queue_ms)
+                    )
                     rows.append(row)
                     print(f"{name} {policy} load {share}: error {row['error']}, bare {row['error_bare']}, daemon "
                           f"mean {row['daemon_mean_ms']}, costs {row['costs']}", file=sys.stderr)  # fmt: skip

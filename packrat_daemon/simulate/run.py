@@ -89,14 +89,17 @@ class SimulationResult:
     batches: int
     batch_inputs: int
     plan_changes: list[dict[str, Any]]
+    queue_wait_s: float = 0.0  # summed over the requests batched: what the daemon's packrat_queue_wait_seconds sums
 
     def to_json(self) -> dict[str, Any]:
         """`packrat load`'s report (its one home: load.report.summarize), then the simulation's own fields."""
+        batched = self.tally.ok  # every answered request was batched; refusals never wait
         return summarize(
             self.tally,
             simulated=True,
             batches=self.batches,
             mean_batch=round(self.batch_inputs / self.batches, 4) if self.batches else 0.0,
+            queue_wait_mean_ms=round(1000.0 * self.queue_wait_s / batched, 3) if batched else None,
             plan_changes=self.plan_changes,
         )
 
@@ -134,6 +137,7 @@ class Simulation:
         self.busy = False
         self.tally = Tally(started=0.0)
         self.batches = self.batch_inputs = 0
+        self.queue_wait_s = 0.0  # from each request's arrival at the frontend until its batch starts
         self.last_send = 0.0
         self.adapt_wall_s: list[float] = []  # wall time of each look of online adaptation (outside the result)
         self._senders = 0  # arrival sources still sending (1 open-loop process, or N closed-loop clients)
@@ -166,7 +170,7 @@ class Simulation:
             self.tally.send_window_s = max(self.last_send, traffic.duration_s or 0.0)
         else:
             self.tally.send_window_s = self.tally.last_done
-        return SimulationResult(self.tally, self.batches, self.batch_inputs, self.plan_changes)
+        return SimulationResult(self.tally, self.batches, self.batch_inputs, self.plan_changes, self.queue_wait_s)
 
     def _may_send(self, traffic: Traffic, when: float) -> bool:
         if traffic.requests is not None and self.tally.sent >= traffic.requests:
@@ -220,6 +224,7 @@ class Simulation:
                 self.loop.at(self._tick_at, self._tick)
             return
         batch = self.batcher.take()
+        self.queue_wait_s += sum(now - request.arrived for request in batch)
         rows = sum(request.samples for request in batch)
         chosen = self.splitter.choose(self.workers, rows)
         slices = [(worker.threads, part) for worker, part in chosen]

@@ -137,3 +137,13 @@ def test_the_looks_count_from_the_daemons_start_and_a_switch_takes_the_reconcile
     assert changes(2.0, switch_ms=400.0) == [0.0, pytest.approx(3.4)]
     with pytest.raises(ConfigError, match="uptime"):
         Traffic(BatchMix.single(1), concurrency=1, duration_s=1.0, uptime_s=-1.0)
+
+
+def test_the_queue_wait_is_reported_as_the_daemons_metric_counts_it():
+    # A lone request starts at once; one arriving 1 ms later waits for the first batch to finish.
+    config = ServeConfig(policy="single", max_batch=64, batches=[8], max_delay_ms=0.0)
+    traffic = Traffic(BatchMix.single(8), process=Trace(((0.0, 8), (0.001, 8))))
+    result = Simulation(config, amdahl_profile(), CORES).run(traffic).to_json()
+    alone = amdahl_profile().lhat(CORES, 8)
+    assert alone is not None
+    assert result["queue_wait_mean_ms"] == pytest.approx((0.0 + alone - 1.0) / 2, abs=1e-3)
