@@ -124,14 +124,16 @@ def interleaved(endpoints: dict[str, str], batch: int, requests: int, rounds: in
     return outcome
 
 
-def sweep(work: Path, batches: list[int], policies: list[str], requests: int, rounds: int) -> list[dict[str, Any]]:
+def sweep(
+    work: Path, batches: list[int], policies: list[str], requests: int, rounds: int, serve_args: list[str]
+) -> list[dict[str, Any]]:
     rows = []
     for name, model in TABLES.items():
         table = REPO / "bench" / "profiles" / f"{name}.csv"
         tiny = scaled(table, work / f"{name}-scaled.csv")
         for policy in policies:
             for batch in batches:
-                flags = ["--policy", policy, "--max-batch", str(batch), "--batches", str(batch)]
+                flags = ["--policy", policy, "--max-batch", str(batch), "--batches", str(batch), *serve_args]
                 runs = {"real": Path(tempfile.mkdtemp(dir=work)), "transport": Path(tempfile.mkdtemp(dir=work))}
                 with contextlib.ExitStack() as stack:
                     endpoints = {
@@ -174,6 +176,9 @@ def main() -> int:
     for flag, kind, default in (("--rounds", int, 4), ("--poisson-s", float, 600.0), ("--poisson-rate", float, 40.0)):
         parser.add_argument(flag, type=kind, default=default)
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: sweep, poisson, workers64")
+    parser.add_argument(
+        "--serve-args", default="", help="more `packrat serve` options for the sweep's daemons: --serve-args='--opt v'"
+    )
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     result: dict[str, Any] = {"emulated": True, "note": "EMULATION: workers compute nothing (docs/emulation.md)"}
@@ -182,7 +187,10 @@ def main() -> int:
         work = Path(folder)
         if "sweep" not in skip:
             batches = [int(b) for b in args.batches.split(",")]
-            result["closed_loop"] = sweep(work, batches, args.policies.split(","), args.requests, args.rounds)
+            serve_args = args.serve_args.split()
+            result["serve_args"] = serve_args
+            policies = args.policies.split(",")
+            result["closed_loop"] = sweep(work, batches, policies, args.requests, args.rounds, serve_args)
         table = REPO / "bench" / "profiles" / "inception3-cloudlab16.csv"
         if "poisson" not in skip:
             run = Path(tempfile.mkdtemp(dir=work))
