@@ -108,7 +108,7 @@ class Daemon:
         """Wait for the plan's workers, then open the frontend and tell systemd."""
         log.info("plan %s — %s", self.plan.describe(), self.plan.reason)
         self.supervisor.wait_converged(self.config.startup_timeout_s, lambda: bool(self.signals.events))
-        self.metrics.plan_changed(self.plan, "start")
+        self.metrics.plan_changed(self.plan, "start", self.reconciler.planned_workers)
         self.frontend.open()
         log.info("serving on %s with %d worker(s)", self.config.endpoint, len(self.reconciler.serving()))
         sd_notify(READY)
@@ -199,9 +199,9 @@ class Daemon:
     # -- reconfiguration ---------------------------------------------------------------------
     def _switch(self, plan: Plan, reason: str) -> None:
         """Hand a new plan to the reconciler; the dispatcher splits by its layouts from now on."""
-        self.metrics.plan_changed(plan, reason)
         self.plan = plan
         self.reconciler.set_plan(plan, reason, self.adaptation.predicted(self.reconciler.plan, plan, time.monotonic()))
+        self.metrics.plan_changed(plan, reason, self.reconciler.planned_workers)
         self.dispatcher.splitter = self._splitter(self.adaptation.planning_profile(self.profile), plan)
         self.supervisor.changed = True
         self.state.save(self, reason)

@@ -229,7 +229,8 @@ class Metrics:
                 address, port,
             )  # fmt: skip
 
-    def plan_changed(self, plan: Plan, reason: str) -> None:
+    def plan_changed(self, plan: Plan, reason: str, workers: int) -> None:
+        """A new plan, served by `workers` processes (the reconciler's count: layouts may share a worker)."""
         if reason == "start" and plan.predicted_latency_ms is not None and not any(self.latency.counts):
             # Before the first answer only, so no observation is lost and no series changes its buckets later
             # (compute tallies are made at a worker's first answer, after this).
@@ -240,7 +241,7 @@ class Metrics:
                 len(buckets), buckets[0], buckets[-1], plan.predicted_latency_ms / 1000.0,
             )  # fmt: skip
         self.switches.labels(reason).inc()
-        self.planned_workers = sum(len(layout) for layout in plan.layouts)
+        self.planned_workers = workers
         if plan.predicted_latency_ms is not None:
             self.predicted.set(plan.predicted_latency_ms / 1000.0)
         layouts = ["+".join(str(i.threads) for i in layout) for layout in plan.layouts]

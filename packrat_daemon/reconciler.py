@@ -189,6 +189,11 @@ class Reconciler:
         """Every ready worker takes batches but the parked ones; retired ones are no longer ready."""
         return sorted((w for w in self.pool.ready() if w.id not in self.parked), key=lambda w: w.id)
 
+    @property
+    def planned_workers(self) -> int:
+        """Processes the plan needs: layouts that ask for the same threads on the same cores share one."""
+        return len(self._slots)
+
     def converged(self) -> bool:
         live = [w for w in self.pool.live() if w.id not in self.parked]
         return self.plan is not None and self._complete() and len(live) == len(self._slots)

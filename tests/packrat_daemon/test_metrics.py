@@ -166,7 +166,7 @@ def test_readyz_is_503_until_the_workers_serve_and_while_the_pool_is_below_its_p
     metrics.serve(port)
     try:
         two = (InstancePlan(threads=1, batch=1), InstancePlan(threads=1, batch=1))
-        metrics.plan_changed(Plan(instances=two, policy="fixed", reason="test"), "start")
+        metrics.plan_changed(Plan(instances=two, policy="fixed", reason="test"), "start", 2)
         assert (http_status(port, "/healthz"), http_status(port, "/readyz")) == (200, 503)
         metrics.workers_serving({1: None})  # one of the plan's two instances: below the plan
         assert http_status(port, "/readyz") == 503
@@ -253,7 +253,7 @@ def test_the_grafana_dashboard_queries_only_metrics_the_daemon_exports() -> None
     from policies.base import InstancePlan, Plan
 
     metrics = Metrics("m")
-    metrics.plan_changed(Plan((InstancePlan(1, 1), InstancePlan(1, 1)), "fixed", "test", 2.0), "start")
+    metrics.plan_changed(Plan((InstancePlan(1, 1), InstancePlan(1, 1)), "fixed", "test", 2.0), "start", 2)
     metrics.workers_serving({1: os.getpid()})
     for done in completed_batch([1, 1], [1, 1], [2.0, 2.0], [2.0, 2.0]):
         metrics.answered(done, 3.0)
@@ -278,6 +278,6 @@ def test_compute_histograms_take_the_plans_buckets_too() -> None:
     from policies.base import InstancePlan, Plan
 
     metrics = Metrics("m")
-    metrics.plan_changed(Plan((InstancePlan(1, 1),), "fixed", "test", 26.0), "start")
+    metrics.plan_changed(Plan((InstancePlan(1, 1),), "fixed", "test", 26.0), "start", 1)
     metrics.observe_compute(1, 26.0)
     assert metrics.compute[1].bounds == latency_buckets(0.026) == metrics.latency.bounds

@@ -205,3 +205,13 @@ def test_a_parked_worker_is_stopped_after_the_parking_time(clock: Clock) -> None
     reconciler.step()
     assert reconciler.parked == {} and [kind for _, kind, _ in backend.sent].count(messages.STOP) == 1
     assert reconciler.converged()
+
+
+def test_layouts_that_share_a_worker_count_it_once_in_the_planned_workers() -> None:
+    # On 4 cores, [2, 2] and [2, 1, 1] both hold a 2-thread instance on the first two cores: 4 processes, not 5,
+    # so /readyz (which compares the serving workers with this count) can turn ready.
+    reconciler = Reconciler(Pool(RecordingBackend()), Topology.synthetic(4))
+    two_twos = (InstancePlan(2, 8), InstancePlan(2, 8))
+    two_one_one = (InstancePlan(2, 8), InstancePlan(1, 4), InstancePlan(1, 4))
+    reconciler.set_plan(Plan(two_twos, "fixed", "shared slot", alternatives=(two_one_one,)))
+    assert reconciler.planned_workers == 4
