@@ -221,7 +221,10 @@ class Dispatcher:
         hedge_after = math.inf
         if predicted is not None:
             allowed = min(allowed, max(self.deadline_floor_s, self.deadline_margin * predicted / 1000.0))
-            hedge_after = max(self.hedge_floor_s, self.hedge_margin * predicted / 1000.0)
+            # Instances that share cores run slower than their profiled cells by a factor nobody predicts, and a
+            # hedge would only put more work on the same cores: such plans are never hedged.
+            if not self.splitter.oversubscribed:
+                hedge_after = max(self.hedge_floor_s, self.hedge_margin * predicted / 1000.0)
         start = max([now] + [job.deadline for job in self.jobs.values() if job.worker.id == worker.id])
         return (start + hedge_after if hedge_after < allowed else math.inf), start + allowed, predicted
 

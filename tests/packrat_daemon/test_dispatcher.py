@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from packrat_daemon.batcher import Request
@@ -267,6 +269,20 @@ def test_a_late_slice_is_hedged_on_an_idle_worker_and_the_first_answer_is_used()
     assert {identity for identity, _, _ in recorder.sent[3:]} == {pool[1].identity, pool[2].identity}
     assert answer(dispatcher, pool, recorder.sent[0]) == []  # its late answer is dropped
     assert late.id not in dispatcher.jobs
+
+
+def test_slices_of_instances_that_share_cores_are_never_hedged_but_keep_their_deadline() -> None:
+    # TorchServe-like plans put every instance on every core: their cells do not predict a slice's time.
+    recorder, pool = Recorder(), workers(1, 1, 1)
+    splitter = Splitter(Profile.from_latencies({(1, 2): 400.0}), "even", oversubscribed=True)
+    dispatcher = Dispatcher(
+        recorder, splitter, job_timeout_s=60, deadline_margin=3.0, deadline_floor_s=0.2, hedge_margin=1.5,
+        hedge_floor_s=0.1,
+    )  # fmt: skip
+    dispatcher.dispatch(requests(2, 2)[0], pool[:2])
+    for job in dispatcher.jobs.values():
+        assert job.hedge_at == math.inf and abs(job.deadline - job.sent_at - 1.2) < 1e-9
+    assert dispatcher.hedge(1e9, pool) == []
 
 
 def test_a_late_slice_waits_for_a_worker_to_become_idle_and_the_original_may_still_win() -> None:
