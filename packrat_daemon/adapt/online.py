@@ -61,7 +61,11 @@ class OnlineAdaptation:
         # Plan on what production has measured, interference included, over the offline profile.
         self.tuner.profile = self.production.merged_into(offline, now) or self.tuner.profile
         learned, cores = self.production.learned(now), self.topology.usable_cores
-        slow = slow_splits(plan, self.splitting, self.tuner.profile, learned, distribution, cores, self.min_split_gain)
+        # The production half of the split check guards the policies whose splits the start-up check guards; a
+        # baseline that does not (the paper's estimator) is served as it decides, or it would flap against the guard.
+        slow = self.tuner.policy.checks_splits and slow_splits(
+            plan, self.splitting, self.tuner.profile, learned, distribution, cores, self.min_split_gain
+        )
         if slow:  # a measurement, not a prediction: past the hysteresis and the cool-down
             reverted = revert_plan(self.tuner.policy, self.tuner.profile, learned, distribution, self.topology,
                                    self.min_split_gain, slow)  # fmt: skip

@@ -167,3 +167,19 @@ def test_the_daemon_reverts_a_split_timed_slower_at_once_past_the_hysteresis_and
         reverted = adaptation.propose(plan, SPLITS, now=5.0)
     assert reverted is not None and reverted.thread_counts == [2]
     assert "production timings reverted the plan: batch 4: split 1t×2 + 1t×2 measured 7.0 ms" in caplog.text
+
+
+def test_a_baseline_policy_whose_splits_are_not_checked_is_served_as_it_decides() -> None:
+    # The paper's estimator is a baseline: reverting its splits would only make it flap against the guard.
+    from packrat_daemon.adapt.online import OnlineAdaptation
+    from packrat_daemon.config import ServeConfig
+    from policies.paper_estimator import PaperEstimatorPolicy
+
+    config = ServeConfig(adapt_min_gain=0.9, adapt_cooldown_s=3600.0, adapt_min_batches=10**6, min_split_gain=0.05)
+    adaptation = OnlineAdaptation(config, PaperEstimatorPolicy(), SPLITS, Topology.synthetic(2))
+    for k in range(5):
+        adaptation.estimator.observe(4, now=float(k))
+        adaptation.production.observe(2, 4, 6.0, now=float(k))
+        adaptation.production.observe(1, 2, 7.0, now=float(k))
+    proposed = adaptation.propose(split_plan(), SPLITS, now=5.0)
+    assert proposed is None or not proposed.reason.startswith("production timings reverted")
