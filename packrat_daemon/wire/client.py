@@ -120,7 +120,7 @@ class Client(ClientBase):
             except ClientTimeout:
                 self._ring.timed_out(index)
                 raise
-            self._ring.answered(index)
+            self._ring.answered(index, reply[0])
             return reply
 
     def _send(self, index: int, frames: list[Any], deadline: float) -> None:
@@ -247,7 +247,7 @@ class AsyncClient(ClientBase):
             raise self._no_reply(index) from None
         finally:
             self._pending.pop(request_id, None)
-        self._ring.answered(index)
+        self._ring.answered(index, result[0])
         return result
 
     def _start_readers(self) -> None:

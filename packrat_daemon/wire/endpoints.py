@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import time
+from typing import Any
+
+from packrat_daemon.wire.codec import ErrorCode
 
 
 class EndpointRing:
-    """Round-robin over endpoints, skipping those in back-off after a timeout while others remain."""
+    """Round-robin over endpoints, skipping those in back-off (after a timeout, or a SHUTTING_DOWN reply: that
+    daemon is draining) while others remain."""
 
     def __init__(self, count: int, backoff: float) -> None:
         self._backoff = backoff
@@ -31,5 +35,8 @@ class EndpointRing:
     def timed_out(self, index: int) -> None:
         self._skip_until[index] = time.monotonic() + self._backoff
 
-    def answered(self, index: int) -> None:
-        self._skip_until[index] = 0.0
+    def answered(self, index: int, header: dict[str, Any]) -> None:
+        """A reply came; one that says the daemon is draining sends the next requests to the others first."""
+        error = header.get("error")
+        draining = isinstance(error, dict) and error.get("code") == ErrorCode.SHUTTING_DOWN
+        self._skip_until[index] = time.monotonic() + self._backoff if draining else 0.0

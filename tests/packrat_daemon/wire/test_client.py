@@ -269,6 +269,17 @@ def test_endpoint_that_timed_out_is_skipped_while_others_remain(context: zmq.Con
     assert len(silent.received) == 1
 
 
+def test_an_endpoint_that_is_shutting_down_is_skipped_while_others_remain(context: zmq.Context, serve: Serve) -> None:
+    # A draining daemon answers SHUTTING_DOWN until it closes: the next requests go to the others meanwhile.
+    alive, draining = serve(filled(0.0)), serve(failing(ErrorCode.SHUTTING_DOWN))
+    with Client([draining.endpoint, alive.endpoint], context=context, timeout=5, backoff=60) as client:
+        with pytest.raises(ShuttingDown):
+            client.infer(np.ones((1, 3), np.float32))
+        served_by = [client.infer(np.ones((1, 3), np.float32))[0, 0] for _ in range(3)]
+    assert served_by == [0.0, 0.0, 0.0]
+    assert len(draining.received) == 1
+
+
 def test_the_only_endpoint_is_used_even_in_back_off(context: zmq.Context, serve: Serve) -> None:
     calls: list[Request] = []
 
