@@ -22,6 +22,11 @@ class InstancePlan:
     batch: int  # inputs this instance is expected to take at the plan's reference batch
 
 
+def format_ms(ms: float) -> str:
+    """A latency with three significant digits: a small model's 0.0312 ms must not read "0.0 ms"."""
+    return f"{ms:.3g} ms" if ms < 100 else f"{ms:.0f} ms"
+
+
 @dataclass(frozen=True)
 class Plan:
     instances: tuple[InstancePlan, ...]
@@ -62,7 +67,10 @@ class Plan:
             key = (instance.threads, instance.batch)
             groups[key] = groups.get(key, 0) + 1
         parts = [f"{n}×⟨{t} thread{'s' if t > 1 else ''}, batch {b}⟩" for (t, b), n in groups.items()]
-        latency = "" if self.predicted_latency_ms is None else f", predicted {self.predicted_latency_ms:.1f} ms"
+        if self.predicted_latency_ms is not None:
+            latency = f", predicted {format_ms(self.predicted_latency_ms)}"
+        else:
+            latency = ", latency not predicted (its instances share cores)" if self.oversubscribed else ""
         spare = f" (+{len(self.alternatives)} spare layout(s) for other batch sizes)" if self.alternatives else ""
         return f"{self.policy}: {' + '.join(parts)}{latency}{spare}"
 

@@ -103,7 +103,7 @@ class PackratPolicy(Policy):
             expected = improved
         reason = (
             f"best expected latency over {len(distribution.weights)} batch sizes on {cores} cores "
-            f"(main pool proposed by batch {pools[main].batch}"
+            f"(main layout: the optimum for batch {pools[main].batch}"
             + (f", {len(layouts) - 1} spare layout(s)" if len(layouts) > 1 else "")
             + ")"
         )

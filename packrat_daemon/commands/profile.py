@@ -55,6 +55,14 @@ def run_grid(args: argparse.Namespace) -> int:
     from policies.planning.profile import Profile, profile_key, write_profiles
     from policies.planning.topology import Topology
 
+    if args.cores:
+        # The full grid measures this machine: planning for other cores is what the adaptive search does.
+        print(
+            "packrat profile: error: --cores plans the adaptive search (--adaptive or --replay); the full grid "
+            "measures this machine's cores: choose them with --threads",
+            file=sys.stderr,
+        )
+        return 2
     topology = Topology.detect()
     threads = args.threads or list(range(1, topology.usable_cores + 1))
     too_many = [t for t in threads if t > topology.usable_cores]

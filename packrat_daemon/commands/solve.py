@@ -67,11 +67,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"{args.policy} plans on {topology.usable_cores} cores ({args.profile})")
     print(f"{'batch':>7}  {'latency ms':>11}  instances (threads×inputs)")
     for plan in plans:
-        latency = "?" if plan["latency_ms"] is None else f"{plan['latency_ms']:.2f}"
+        ms = plan["latency_ms"]
+        latency = "shared" if ms is None else f"{ms:.2f}" if ms >= 1 else f"{ms:.3g}"  # a small model is not "0.00"
         groups: dict[tuple[int, int], int] = {}
         for inst in plan["instances"]:
             key = (inst["threads"], inst["batch"])
             groups[key] = groups.get(key, 0) + 1
         text = ", ".join(f"{n}× {t}t×{b}" for (t, b), n in groups.items())
         print(f"{plan['batch']:>7}  {latency:>11}  {len(plan['instances'])} instance(s): {text}")
+    if any(plan["latency_ms"] is None for plan in plans):
+        print("note: latency 'shared': the instances share cores, so their cells do not predict it")
+    if args.cores and args.cores > Topology.detect().usable_cores:
+        print(f"note: planned for {args.cores} cores; this machine has {Topology.detect().usable_cores} usable")
     return 0

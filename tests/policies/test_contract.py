@@ -332,3 +332,11 @@ def test_the_margin_applies_to_a_distribution_and_its_spare_layouts() -> None:
 def test_an_impossible_margin_is_refused(gain: float) -> None:
     with pytest.raises(PolicyError, match="min_split_gain"):
         get_policy("packrat", min_split_gain=gain)
+
+
+def test_a_plan_shows_a_small_models_prediction_and_says_when_there_is_none() -> None:
+    from policies.base import InstancePlan, Plan
+
+    assert "predicted 0.0312 ms" in Plan((InstancePlan(1, 1),), "single", "test", 0.03124).describe()
+    shared = Plan((InstancePlan(2, 1), InstancePlan(2, 1)), "torchserve", "test", oversubscribed=True)
+    assert "latency not predicted (its instances share cores)" in shared.describe()

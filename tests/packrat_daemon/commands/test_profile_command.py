@@ -83,3 +83,13 @@ def test_too_many_threads_are_refused_before_anything_loads(tmp_path: Path) -> N
     assert "Traceback" not in done.stderr
     assert "exceed the" in done.stderr and "loading" not in done.stderr
     assert not out.exists()
+
+
+def test_cores_outside_the_adaptive_search_are_refused_not_ignored(tmp_path: Path) -> None:
+    out = tmp_path / "profile.csv"
+    command = [sys.executable, "-m", "packrat_daemon", "profile", "--model", "builtin:tiny-mlp", "--cores", "64"]
+    done = subprocess.run(
+        [*command, "--batches", "1", "--out", str(out)], env=daemon_env(), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--cores plans the adaptive search" in done.stderr and not out.exists()
