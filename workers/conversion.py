@@ -124,13 +124,7 @@ def ensure_quantized(spec: str, input_override: str | None, calibration: str | N
         np.save(staging / "calibration.npy", inputs)
         args = ["--source", str(source.path), "--inputs", str(staging / "calibration.npy"),
                 "--out", str(staging / ARTIFACTS["openvino"]), "--report", str(staging / "report.json")]  # fmt: skip
-        try:
-            done = run_module("workers.quantize", args, CONVERT_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise ConversionError(f"quantizing {spec} to int8 took over {CONVERT_TIMEOUT_S:.0f} s") from None
-        if done.returncode != 0:
-            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
-            raise ConversionError(f"quantizing {spec} to int8 with NNCF failed:\n{tail}")
+        run_step("workers.quantize", args, f"quantizing {spec} to int8 with NNCF")
         (staging / "calibration.npy").unlink()
         report = json.loads((staging / "report.json").read_text())
         quantization = {**report, "calibration": origin, "inputs": len(inputs)}
@@ -180,13 +174,19 @@ def run_converter(spec: str, input_override: str | None, runtime: str, out: Path
     args = ["--model", spec, "--runtime", runtime, "--out", str(out)]
     if input_override:
         args += ["--input", input_override]
+    run_step("workers.convert", args, f"converting {spec} for {runtime}")
+
+
+def run_step(module: str, args: list[str], what: str) -> None:
+    """Run `python -m module args` (conversion and quantization run the model: never in the daemon's process);
+    a ConversionError names `what` and ends with the child's last lines when it fails or overruns."""
     try:
-        done = run_module("workers.convert", args, CONVERT_TIMEOUT_S)
+        done = run_module(module, args, CONVERT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise ConversionError(f"converting {spec} for {runtime} took over {CONVERT_TIMEOUT_S:.0f} s") from None
+        raise ConversionError(f"{what} took over {CONVERT_TIMEOUT_S:.0f} s") from None
     if done.returncode != 0:
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
-        raise ConversionError(f"converting {spec} for {runtime} failed:\n{tail}")
+        raise ConversionError(f"{what} failed:\n{tail}")
 
 
 def _make_into(entry: Path, make: Callable[[Path], None], what: str) -> None:
