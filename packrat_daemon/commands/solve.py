@@ -77,6 +77,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{plan['batch']:>7}  {latency:>11}  {len(plan['instances'])} instance(s): {text}")
     if any(plan["latency_ms"] is None for plan in plans):
         print("note: latency 'shared': the instances share cores, so their cells do not predict it")
-    if args.cores and args.cores > Topology.detect().usable_cores:
-        print(f"note: planned for {args.cores} cores; this machine has {Topology.detect().usable_cores} usable")
+    if args.cores and args.cores > (usable := Topology.detect().usable_cores):
+        print(f"note: planned for {args.cores} cores; this machine has {usable} usable")
     return 0
