@@ -15,9 +15,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from packrat_daemon.measure.split_check import dispatched_splits
 from policies.base import InstancePlan, Plan, Policy
 from policies.planning.distribution import BatchDistribution
-from policies.planning.layouts import best_one_instance, fastest, split_on
+from policies.planning.layouts import best_one_instance
 from policies.planning.profile import Cell, Profile
 from policies.planning.topology import Topology
 
@@ -150,12 +151,7 @@ def slow_splits(
     if splitting is None or plan.split != "exact" or plan.oversubscribed:
         return []
     found = []
-    for batch in distribution.batches:
-        options = [(layout, split) for layout in plan.layout_threads if (split := split_on(splitting, layout, batch))]
-        if not options:
-            continue
-        layout, split = options[fastest([split for _, split in options], min_split_gain)]
-        busy = tuple((t, rows) for t, rows in zip(layout, split.rows, strict=True) if rows)
+    for batch, busy in dispatched_splits(splitting, plan, distribution, min_split_gain):
         if len(busy) < 2 or any(key not in learned for key in busy):
             continue
         alone = best_one_instance(merged, cores, BatchDistribution.single(batch))

@@ -10,7 +10,7 @@ replace the profiled ones and the policy plans again on them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from packrat_daemon.measure.bench import Instances, PlanTiming
@@ -35,21 +35,30 @@ class SplitDecision:
         return f"batch {self.batch}: {parts} against {self.alone[0]}t×{self.alone[1]}"
 
 
-def split_decisions(
-    profile: Profile, plan: Plan, distribution: BatchDistribution, cores: int, min_split_gain: float
-) -> list[SplitDecision]:
-    """The batch sizes of `distribution` that `plan` would split, each with its one-instance rival."""
-    decisions = []
+def dispatched_splits(
+    profile: Profile, plan: Plan, distribution: BatchDistribution, min_split_gain: float
+) -> Iterator[tuple[int, tuple[tuple[int, int], ...]]]:
+    """Each batch size of `distribution` with the (threads, rows) of each busy instance `plan` runs it on,
+    split on `profile` as the dispatcher splits it (the fastest of the plan's layouts); sizes no layout
+    splits are left out."""
     for batch in distribution.batches:
         splits = [(threads, split_on(profile, threads, batch)) for threads in plan.layout_threads]
         options = [(threads, split) for threads, split in splits if split is not None]
         if not options:
             continue
         threads, split = options[fastest([split for _, split in options], min_split_gain)]
-        chosen = [(t, rows) for t, rows in zip(threads, split.rows, strict=True) if rows]
+        yield batch, tuple((t, rows) for t, rows in zip(threads, split.rows, strict=True) if rows)
+
+
+def split_decisions(
+    profile: Profile, plan: Plan, distribution: BatchDistribution, cores: int, min_split_gain: float
+) -> list[SplitDecision]:
+    """The batch sizes of `distribution` that `plan` would split, each with its one-instance rival."""
+    decisions = []
+    for batch, chosen in dispatched_splits(profile, plan, distribution, min_split_gain):
         alone = best_one_instance(profile, cores, BatchDistribution.single(batch))
         if len(chosen) > 1 and alone is not None:
-            decisions.append(SplitDecision(batch, tuple(chosen), (alone[0], batch)))
+            decisions.append(SplitDecision(batch, chosen, (alone[0], batch)))
     return decisions
 
 
