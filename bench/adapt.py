@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import importlib.util
 import json
 import os
@@ -35,6 +34,7 @@ from typing import Any
 
 import numpy as np
 from harness import REPO, DaemonProcess
+from sim_vs_emulated import log_time
 
 from packrat_daemon.control import request as control_request
 from packrat_daemon.load.arrivals import BatchMix, Poisson, open_loop_schedule
@@ -239,7 +239,7 @@ def _shift_summary(results: dict[str, list[tuple[float, float, str]]], history: 
                    shifts: list[float], phase_s: float, log: list[str]) -> dict[str, Any]:  # fmt: skip
     changes = [h for h in history if h["reason"] != "start"]
     # The looks at which the daemon found the plan it served already fit for the traffic (within adapt_min_gain).
-    fits = [_log_time(line) for line in log if "the plan stays: the plan served is predicted" in line]
+    fits = [log_time(line) for line in log if "the plan stays: the plan served is predicted" in line]
     phases = []
     for k, (name, samples, rate) in enumerate(PHASES):
         begin, end = shifts[k], shifts[k] + phase_s
@@ -275,11 +275,6 @@ def _shift_summary(results: dict[str, list[tuple[float, float, str]]], history: 
             if row[2] != "ok":
                 failed[name][row[2]] = failed[name].get(row[2], 0) + 1
     return {"phases": phases, "failed": failed, "history": history}
-
-
-def _log_time(line: str) -> float:
-    """The Unix time of a daemon log line (its first 23 characters are the local time, as logging writes it)."""
-    return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 def _mean(values: list[float]) -> float | None:
