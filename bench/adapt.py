@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import os
 import random
@@ -316,14 +315,9 @@ def _loaded(run: Any, *args: Any) -> dict[str, Any]:
 
 def _startup() -> dict[str, Any]:
     """Parts 3 and 4 (start-up at 16 emulated cores, restart) are bench/adapt_startup.py's."""
-    path = Path(__file__).with_name("adapt_startup.py")
-    if not path.exists():
-        return {"missing": "bench/adapt_startup.py is not there yet"}
-    spec = importlib.util.spec_from_file_location("adapt_startup", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.measure()
+    from adapt_startup import measure
+
+    return measure()
 
 
 if __name__ == "__main__":
