@@ -19,8 +19,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from packrat_daemon.commands.options import positive_int
-from packrat_daemon.config import BY_NAME
+from packrat_daemon.commands.options import add_client_options, positive_int
 from packrat_daemon.load.arrivals import ArrivalProcess, BatchMix, Burst, Poisson, Trace
 from packrat_daemon.wire.errors import ConfigError
 
@@ -73,8 +72,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="send traffic to a running daemon and report its latency and throughput",
         description="Open-loop (Poisson, bursty, trace) or closed-loop traffic against a running daemon.",
     )
-    endpoint = BY_NAME["endpoint"].default
-    parser.add_argument("--endpoint", default=endpoint, help=f"the daemon's endpoint (default {endpoint})")
+    add_client_options(parser)
     traffic = parser.add_mutually_exclusive_group()
     traffic.add_argument("--rate", type=_positive_float, help="open loop: Poisson arrivals at R requests/s")
     traffic.add_argument(
@@ -107,8 +105,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the arrivals and sizes (default 0)")
     parser.add_argument("--sweep", type=_rates, metavar="R1,R2,…", help="one run per rate: a latency–throughput curve")
     parser.add_argument("--plot", metavar="FILE.png", help="draw the sweep (needs matplotlib: .[plot])")
-    parser.add_argument("--key", help="a daemon serving CURVE: this client's .key_secret file (docs/security.md)")
-    parser.add_argument("--server-key", help="a daemon serving CURVE: the server's public .key file")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--quiet", action="store_true", help="no progress line on stderr")
     parser.set_defaults(run=run)

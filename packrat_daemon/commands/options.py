@@ -52,6 +52,14 @@ def add_settings(
             )
 
 
+def add_client_options(parser: argparse.ArgumentParser) -> None:
+    """The flags of a command that talks to a running daemon: where it serves, and its CURVE keys."""
+    endpoint = BY_NAME["endpoint"].default
+    parser.add_argument("--endpoint", default=endpoint, help=f"the daemon's endpoint (default {endpoint})")
+    parser.add_argument("--key", help="a daemon serving CURVE: this client's .key_secret file (docs/security.md)")
+    parser.add_argument("--server-key", help="a daemon serving CURVE: its public .key file")
+
+
 def typed_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The settings whose flags were typed, from a namespace parsed with add_settings(typed_only=True)."""
     return {name: value for name, value in vars(args).items() if name in BY_NAME}

@@ -12,7 +12,7 @@ import datetime
 import json
 from typing import Any
 
-from packrat_daemon.config import BY_NAME
+from packrat_daemon.commands.options import add_client_options
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -21,10 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="show a running daemon's plan, workers, traffic, queue, profile and plan history",
         description="Ask a running daemon for its live state (the protocol's `status` op, read-only).",
     )
-    endpoint = BY_NAME["endpoint"].default
-    parser.add_argument("--endpoint", default=endpoint, help=f"the daemon's endpoint (default {endpoint})")
-    parser.add_argument("--key", help="a daemon serving CURVE: this client's .key_secret file (docs/security.md)")
-    parser.add_argument("--server-key", help="a daemon serving CURVE: its public .key file")
+    add_client_options(parser)
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer (default 5)")
     parser.add_argument("--json", action="store_true", help="print the whole reply as JSON")
     parser.set_defaults(run=run)
