@@ -33,7 +33,6 @@ import argparse
 import datetime
 import json
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from harness import DaemonProcess  # noqa: E402
+from prometheus_scrape import free_port  # noqa: E402
 from stand_ins import TRANSPORT_SCALE, error, scaled  # noqa: E402
 
 from packrat_daemon.config import ServeConfig  # noqa: E402
@@ -66,12 +66,6 @@ PLAN_LINES = ("packrat.daemon: plan ", "adapting to the live batch sizes", "prod
 METRIC = re.compile(r"^(packrat_\w+?)_(sum|count)(\{[^}]*\})? (\S+)$")
 
 Means = dict[str, tuple[float, float]]  # metric (with labels) → (sum, count)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def scrape(port: int) -> Means:
