@@ -19,7 +19,6 @@ def live_status(daemon: Daemon) -> dict[str, Any]:
     reconciler, adaptation, batcher = daemon.reconciler, daemon.adaptation, daemon.batcher
     distribution = adaptation.estimator.distribution(now)
     batches_per_s, inputs_per_s = adaptation.estimator.rates(now)
-    control = getattr(daemon, "control", None)
     serving = {w.id for w in reconciler.serving()}
     reply = daemon.frontend.describe()
     reply["workers"] = [
@@ -41,7 +40,7 @@ def live_status(daemon: Daemon) -> dict[str, Any]:
         "policy": daemon.policy.name,
         "adapting": adaptation.tuner is not None,
         "adapt_interval_s": adaptation.interval_s,
-        "override": None if control is None else control.override,
+        "override": daemon.control.override,
     }
     reply["traffic"] = {
         "batch_sizes": [] if distribution is None else [[b, w] for b, w in distribution.weights],
@@ -56,28 +55,6 @@ def live_status(daemon: Daemon) -> dict[str, Any]:
         "batch_in_flight": daemon.dispatcher.busy,
         "accepting": daemon.frontend.accepting,
     }
-    reply["profile"] = provenance(daemon, now)
+    reply["profile"] = daemon.state.provenance(daemon, now)  # the state keeper's account, with or without a file
     reply["history"] = [record.to_json() for record in reconciler.history]
     return reply
-
-
-def provenance(daemon: Daemon, now: float) -> dict[str, Any]:
-    """Where the profile's cells come from: the state keeper's account when it has one (packrat_daemon.state),
-    else what the profile and production's learner know by themselves."""
-    state = getattr(daemon, "state", None)
-    if state is not None:
-        return state.provenance(daemon, now)
-    learned = daemon.adaptation.production.learned(now)
-    return {
-        "measured_offline": 0 if daemon.profile is None else len(daemon.profile),
-        "offline_age_s": None,
-        "estimated": 0,
-        "learned_in_production": len(learned),
-        "production": [
-            {"threads": t, "batch": b, "latency_ms": cell.latency_ms, "weight": cell.samples, "age_s": None}
-            for (t, b), cell in sorted(learned.items())
-        ],
-        "restored_from": None,
-        "state_file": None,
-        "saved_age_s": None,
-    }
