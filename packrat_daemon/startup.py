@@ -26,7 +26,7 @@ from packrat_daemon.metrics import Metrics
 from packrat_daemon.profiling import check_splits, measure_profile
 from packrat_daemon.runtime_choice import RuntimeOption, choose_checked, choose_runtime
 from packrat_daemon.search.budget import Budget
-from packrat_daemon.state import Entry, ProfileFile, StateKeeper, identity
+from packrat_daemon.state import Entry, ProfileFile, StateKeeper
 from packrat_daemon.wire.curve import FrontendSecurity
 from packrat_daemon.wire.errors import ProfileError
 from policies.base import Plan, Policy, PolicySettings
@@ -256,8 +256,8 @@ def prepare_runtime(
                 return None
             info = dataclasses.replace(info, guard=guard.to_json())
         state = state or StateKeeper(None)
-        ident = identity(config, info.runtime, info.precision, topology.usable_cores)
-        saved = state.restore(key, ident) if state.path is not None else None
+        ident = state.identity(config, info.runtime, info.precision, topology.usable_cores)
+        saved = state.restore(key, ident)
         entry = None
         if config.profile and not config.emulate_measure:
             profile: Profile | None = read_profile(config.profile, info.runtime, info.precision)

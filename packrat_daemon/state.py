@@ -19,6 +19,7 @@ is set aside, renamed with the time, and the log line says why; it never stops a
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -26,6 +27,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -66,23 +68,27 @@ class StateError(ValueError):
     """A state file that cannot be used as it is (it is set aside)."""
 
 
-def identity(config: ServeConfig, runtime: str, precision: str, cores: int) -> dict[str, Any]:
-    """What a saved profile must match to be served again."""
+def identity(
+    config: ServeConfig, runtime: str, precision: str, cores: int, digest: Callable[[str], str] | None = None
+) -> dict[str, Any]:
+    """What a saved profile must match to be served again. `digest`: a file's SHA-256 (a cache of `_sha256`)."""
+    digest = digest or _sha256
     model_file = None
     if os.path.isfile(config.model):
-        model_file = _sha256(config.model)
+        model_file = digest(config.model)
+    # A --profile file's cells are the offline half of what was learned: another file, another start.
+    profile_file = digest(config.profile) if config.profile else None
     versions = {name: _version(name) for name in LIBRARIES.get(runtime, ())}
     if runtime == EMULATED and config.profile:
         # An emulation's "library" is the table its workers wait and the interference they add.
         versions = {
-            "emulated profile": _sha256(config.profile),
+            "emulated profile": profile_file,
             "interference": config.emulate_interference or "default",
         }
     return {
         "model": config.model,
         "model_sha256": model_file,
-        # A --profile file's cells are the offline half of what was learned: another file, another start.
-        "profile_sha256": _sha256(config.profile) if config.profile else None,
+        "profile_sha256": profile_file,
         "runtime": runtime,
         "precision": precision,
         "versions": versions,
@@ -154,6 +160,7 @@ class StateKeeper:
         self.restored_from: str | None = None  # the file a plan was restored from
         self.served_key: str | None = None
         self.last_saved = -math.inf  # the first tick writes: a SIGKILL right after start keeps the start-up profile
+        self._digest = functools.cache(_sha256)  # the model is hashed once, not once per runtime candidate
         if self.path is not None:
             _writable(self.path.parent)
             self._load()
@@ -184,6 +191,10 @@ class StateKeeper:
         except PackratError as exc:  # a bad cell (ProfileError): still never a reason not to start
             self.saved, self.resumed = {}, None
             self.set_aside(f"it holds an unusable profile ({exc})")
+
+    def identity(self, config: ServeConfig, runtime: str, precision: str, cores: int) -> dict[str, Any]:
+        """`identity` for this start; empty without --state-dir (nothing is kept to match, no file is hashed)."""
+        return {} if self.path is None else identity(config, runtime, precision, cores, self._digest)
 
     def restore(self, key: str, current: dict[str, Any]) -> Entry | None:
         """The saved profile of `key` when its identity matches `current`; a mismatch sets the file aside."""
