@@ -77,6 +77,10 @@ def cache_key(spec: str, input_override: str | None, runtime: str) -> str:
         # torch exports the model; the runtime's own packages convert and run it.
         "versions": {name: _version(name) for name in ("torch", *RUNTIME_REQUIREMENTS[runtime].packages)},
     }
+    return _digest(parts)
+
+
+def _digest(parts: dict) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
@@ -118,7 +122,7 @@ def ensure_quantized(spec: str, input_override: str | None, calibration: str | N
         "shape": list(inputs.shape),
         "nncf": _version("nncf"),
     }
-    entry = cache_dir() / f"openvino-int8-{hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]}"
+    entry = cache_dir() / f"openvino-int8-{_digest(parts)[:32]}"
 
     def quantize(staging: Path) -> None:
         np.save(staging / "calibration.npy", inputs)
