@@ -126,8 +126,6 @@ def start_up(
     for candidate in candidates:
         if candidate is not served:
             candidate.backend.close()
-    if served.profile is not None and served.key in state.entries:
-        state.entries[served.key].profile = served.profile
     guard = "not needed" if served.info.guard is None else "passed"
     metrics.served(served.info.runtime, served.info.precision, guard)
     log.info("serving %s at %s (accuracy guard: %s)", served.info.runtime, served.info.precision, guard)
