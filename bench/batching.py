@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import socket as sockets
 import statistics
 import subprocess
 import sys
@@ -33,11 +32,9 @@ from typing import Any
 
 import numpy as np
 import zmq
+from harness import REPO, free_port, stop, unpack_revision
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from packrat_daemon.wire import client_side  # noqa: E402
+from packrat_daemon.wire import client_side
 
 MODEL = "builtin:tiny-mlp"
 SETTINGS = ["--model", MODEL, "--policy", "packrat", "--max-batch", "8", "--log-level", "warning"]
@@ -51,7 +48,7 @@ class Served:
     ) -> None:
         self.name = name
         self.endpoint = f"ipc://{folder}/{name}.ipc"
-        self.port = _free_port()
+        self.port = free_port()
         command = [sys.executable, "-m", "packrat_daemon", "serve", "--endpoint", self.endpoint]
         command += ["--metrics-port", str(self.port), *settings]
         self.log = folder / f"{name}.log"
@@ -94,17 +91,7 @@ class Served:
 
     def close(self) -> None:
         self.socket.close()
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-
-
-def _free_port() -> int:
-    with sockets.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+        stop(self.process, 30)
 
 
 def idle(daemons: list[Served], x: np.ndarray, count: int, pause_s: float) -> dict[str, Any]:
@@ -200,15 +187,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each loaded phase")
     parser.add_argument("--rounds", type=int, default=3, help="loaded phases per daemon, alternating")
     args = parser.parse_args()
-    revision = subprocess.run(["git", "rev-parse", "--verify", args.base], cwd=REPO, capture_output=True,
-                              text=True, check=True).stdout.strip()  # fmt: skip
     x = np.random.default_rng(0).standard_normal((1, 16), dtype=np.float32)
     with tempfile.TemporaryDirectory(prefix="packrat-batching-") as tmp:
         folder = Path(tmp)
         base_tree = folder / "base"
-        base_tree.mkdir()
-        archive = subprocess.run(["git", "archive", revision], cwd=REPO, capture_output=True, check=True).stdout
-        subprocess.run(["tar", "x", "-C", str(base_tree)], input=archive, check=True)
+        revision = unpack_revision(args.base, base_tree)
         daemons = [Served("old_rule", base_tree, folder), Served("new_rule", REPO, folder)]
         try:
             for daemon in daemons:

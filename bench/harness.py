@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -30,6 +31,33 @@ def use_packrat_malloc_tuning() -> None:
 
     for variable, value in GLIBC_MALLOC_TUNING.items():
         os.environ.setdefault(variable, value)
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def stop(process: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM `process`, and SIGKILL it if it has not exited within `timeout` seconds."""
+    process.terminate()
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+def unpack_revision(revision: str, into: Path) -> str:
+    """The code of `revision` of this repository unpacked into the new folder `into` (`git archive`: no
+    worktree to remove); its full commit hash."""
+    commit = subprocess.run(["git", "rev-parse", "--verify", revision], cwd=REPO, capture_output=True,
+                            text=True, check=True).stdout.strip()  # fmt: skip
+    into.mkdir()
+    archive = subprocess.run(["git", "archive", commit], cwd=REPO, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "x", "-C", str(into)], input=archive, check=True)
+    return commit
 
 
 R = TypeVar("R", bound="SpawnedRunner")
@@ -116,11 +144,7 @@ class DaemonProcess:
 
     def close(self) -> None:
         self.client.close()
-        self.process.terminate()
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        stop(self.process, 60)
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 from batching import REPO, Served  # noqa: E402
+from harness import unpack_revision  # noqa: E402
 
 MODEL = "transport:resnet50_sized_head"
 PLANS = {"one worker": "1x16", "split in two": "2*1x8"}
@@ -73,16 +73,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=40, help="requests per daemon and plan")
     parser.add_argument("--pause-ms", type=float, default=20.0)
     args = parser.parse_args()
-    revision = subprocess.run(["git", "rev-parse", "--verify", args.base], cwd=REPO, capture_output=True,
-                              text=True, check=True).stdout.strip()  # fmt: skip
     x = np.random.default_rng(0).standard_normal((16, 3, 224, 224), dtype=np.float32)
-    result: dict[str, Any] = {"model": MODEL, "batch": 16, "base": revision, "pause_ms": args.pause_ms}
     with tempfile.TemporaryDirectory(prefix="packrat-inbox-") as tmp:
         folder = Path(tmp)
         base_tree = folder / "base"
-        base_tree.mkdir()
-        archive = subprocess.run(["git", "archive", revision], cwd=REPO, capture_output=True, check=True).stdout
-        subprocess.run(["tar", "x", "-C", str(base_tree)], input=archive, check=True)
+        revision = unpack_revision(args.base, base_tree)
+        result: dict[str, Any] = {"model": MODEL, "batch": 16, "base": revision, "pause_ms": args.pause_ms}
         for label, plan in PLANS.items():
             settings = ["--model", MODEL, "--policy", "fixed", "--plan", plan, "--max-batch", "16"]
             settings += ["--max-delay-ms", "0", "--log-level", "warning"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,12 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from harness import REPO, DaemonProcess, free_port, stop
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from packrat_daemon.wire.client import Client  # noqa: E402
+from packrat_daemon.wire.client import Client
 
 PACED_MODEL = "model_factories:paced_mlp"  # tests/model_factories.py: 25 ms a batch, asleep
 QUANTILES = (0.5, 0.9, 0.99)
@@ -44,12 +40,6 @@ def missing_binaries() -> str | None:
     if missing:
         return f"{' and '.join(missing)} not on PATH: install the Debian package (apt-get install prometheus)"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Prometheus:
@@ -111,12 +101,8 @@ class Prometheus:
         self._wait(lambda: self.value(expression) == expected, timeout, f"{expression} did not reach {expected}")
 
     def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop(self.process, 30)
+        self.process.wait()
 
 
 def closed_loop(endpoint: str, clients: int, seconds: float, samples: int = 1) -> list[float]:
@@ -184,8 +170,6 @@ def main() -> None:
     reason = missing_binaries()
     if reason:
         sys.exit(reason)
-    from harness import DaemonProcess
-
     sys.path.insert(0, str(REPO / "tests"))
     from conftest import daemon_env  # the daemon imports the paced model from tests/
 
