@@ -164,10 +164,6 @@ class Poisson:
             t += rng.expovariate(self.rate_rps)
             yield t, mix.draw(rng)
 
-    def within(self, duration_s: float) -> ArrivalProcess:
-        """The arrivals of a run of `duration_s`: with a fixed count, exactly round(rate × duration) of them."""
-        return PoissonCount(self.rate_rps, duration_s) if self.fixed_count else self
-
     def describe(self) -> str:
         return f"poisson {self.rate_rps:g}/s" + ("" if self.fixed_count else " (count drawn)")
 
@@ -208,9 +204,10 @@ class PoissonCount:
 
 
 def within(process: ArrivalProcess, duration_s: float | None) -> ArrivalProcess:
-    """The process a run of `duration_s` draws from (a Poisson's fixed count needs the duration)."""
-    if duration_s is not None and isinstance(process, Poisson):
-        return process.within(duration_s)
+    """The process a run of `duration_s` draws from: a Poisson with a fixed count, exactly round(rate × duration)
+    arrivals (the count needs the duration)."""
+    if duration_s is not None and isinstance(process, Poisson) and process.fixed_count:
+        return PoissonCount(process.rate_rps, duration_s)
     return process
 
 
