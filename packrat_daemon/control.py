@@ -141,18 +141,17 @@ class Control:
             return
         self.override = None if request.get("auto") else pending.what
         log.info("control: %s → plan %s", pending.what, plan.describe())
-        old = daemon.plan
-        if plan == old:
-            daemon.policy = policy
-            daemon.adaptation.retune(daemon.config, policy, daemon.profile)
-            self._reply(pending.identity, {"ok": True, "done": f"already serving {old.describe()}; nothing to change",
-                                           "plan": old.to_json()})  # fmt: skip
-            return
-        daemon._switch(plan, f"control: {pending.what}")
+        changed = plan != daemon.plan
+        if changed:
+            daemon._switch(plan, f"control: {pending.what}")
         # After the switch: the history's predicted gain is the previous policy's view of the change.
         daemon.policy = policy
         daemon.adaptation.retune(daemon.config, policy, daemon.profile)
-        self.waiting.setdefault(daemon.reconciler.generation, []).append(pending)
+        if changed:
+            self.waiting.setdefault(daemon.reconciler.generation, []).append(pending)
+        else:
+            done = f"already serving {daemon.plan.describe()}; nothing to change"
+            self._reply(pending.identity, {"ok": True, "done": done, "plan": daemon.plan.to_json()})
 
     def _policy(self, request: dict[str, Any]) -> Policy:
         config = self.daemon.config
