@@ -19,6 +19,7 @@ production guard's reverts. Prints JSON; progress on stderr.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -56,9 +57,8 @@ def write_trace(trace: Trace, path: Path) -> Path:
 
 def simulated(table: Profile, settings: dict[str, Any], traffic: Traffic, uptime_s: float) -> dict[str, Any]:
     config = ServeConfig(max_batch=tables.B_MAX_BATCH, batches=[tables.B_MAX_BATCH], **settings)
-    traffic = Traffic(traffic.mix, traffic.process, traffic.concurrency, traffic.duration_s, traffic.requests,
-                      traffic.seed, uptime_s)  # fmt: skip
-    return Simulation(config, table, CORES, Interference.named(tables.INTERFERENCE)).run(traffic).to_json()
+    simulation = Simulation(config, table, CORES, Interference.named(tables.INTERFERENCE))
+    return simulation.run(dataclasses.replace(traffic, uptime_s=uptime_s)).to_json()
 
 
 def figures(report: dict[str, Any], reconfigurations: int) -> dict[str, Any]:
