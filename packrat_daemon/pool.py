@@ -139,9 +139,11 @@ class Pool:
         """
         nbytes = frames[0].nbytes if len(frames) == 1 else sum([frame.nbytes for frame in frames])
         shared = worker.shared
-        placed = locate(frames) if shared is not None and nbytes >= SHARED_MIN_BYTES else None
-        if placed is None and shared is not None and nbytes >= SHARED_MIN_BYTES and not worker.outstanding:
-            placed = shared.inputs.write(frames, nbytes), 0
+        placed = None
+        if shared is not None and nbytes >= SHARED_MIN_BYTES:
+            placed = locate(frames)
+            if placed is None and not worker.outstanding:
+                placed = shared.inputs.write(frames, nbytes), 0
         if placed is not None:
             location, offset = placed
             header = {**header, "pid": location.pid, "fd": location.fd, "serial": location.serial,
