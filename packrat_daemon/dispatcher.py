@@ -68,8 +68,12 @@ class Completed:
     output: np.ndarray
     queue_ms: float
     compute_ms: float
-    instances: int  # how many workers shared the batch
-    jobs: Sequence[Job] = ()  # the batch's slices (worker, rows, predicted and measured ms): the request log, metrics
+    jobs: Sequence[Job]  # the batch's slices (worker, rows, predicted and measured ms): the request log, metrics
+
+    @property
+    def instances(self) -> int:
+        """How many workers shared the batch."""
+        return len(self.jobs)
 
 
 class Dispatcher:
@@ -276,7 +280,7 @@ class Dispatcher:
             if not request.answered:  # answered TIMEOUT while in flight: its rows go nowhere
                 rows = _gather(jobs, offset, request.samples)
                 queue_ms = (batch.started - request.arrived) * 1000.0
-                completed.append(Completed(request, rows, queue_ms, compute_ms, len(jobs), jobs))
+                completed.append(Completed(request, rows, queue_ms, compute_ms, jobs))
             offset += request.samples
         return completed
 

@@ -211,7 +211,7 @@ def completed_batch(
         jobs.append(Job(k + 1, batch, offset, n, worker, 0.0, 0.0, predicted, compute_ms=measured))
         offset += n
     slowest = max(compute_ms)
-    return [Completed(r, np.zeros((r.samples, 4), np.float32), 0.5, slowest, len(jobs), jobs) for r in requests]
+    return [Completed(r, np.zeros((r.samples, 4), np.float32), 0.5, slowest, jobs) for r in requests]
 
 
 def test_each_layout_exports_its_measured_and_predicted_compute_once_per_batch() -> None:
