@@ -25,7 +25,6 @@ from packrat_daemon.hardening import check_endpoint, private_dir, warn_if_root
 from packrat_daemon.metrics import Metrics
 from packrat_daemon.profiling import check_splits, measure_profile
 from packrat_daemon.runtime_choice import RuntimeOption, choose_checked, choose_runtime
-from packrat_daemon.search.budget import Budget
 from packrat_daemon.state import Entry, ProfileFile, StateKeeper
 from packrat_daemon.wire.curve import FrontendSecurity
 from packrat_daemon.wire.errors import ProfileError
@@ -104,7 +103,6 @@ def start_up(
         log.warning("%s", emulation.describe(config, topology.usable_cores)["note"])
     policy = policy_for(config)
     check_cores(config, policy, topology)  # before the model loads: a plan or profile beyond the cores fails now
-    Budget.parse(config.profile_budget, "--profile-budget")
     pairs = candidate_pairs(config.runtime, config.precision)
     measure = policy.needs_profile or len(pairs) > 1
     profiles = ProfileFile(config.save_profile)
