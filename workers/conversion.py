@@ -37,7 +37,7 @@ import numpy as np
 
 from packrat_daemon.wire.errors import ConfigError, ModelSpecError
 from workers.precision import read_calibration
-from workers.spec import RUNTIME_REQUIREMENTS, InputSpec, sample_input
+from workers.spec import RUNTIME_REQUIREMENTS, InputSpec, installed, sample_input
 from workers.subprocesses import run_module
 
 # Bump when the converter changes what it writes, so old cache entries are no longer used.
@@ -111,7 +111,7 @@ def calibration_inputs(spec: InputSpec, calibration: str | None) -> tuple[np.nda
 
 def ensure_quantized(spec: str, input_override: str | None, calibration: str | None) -> Converted:
     """The OpenVINO model quantized to int8 by NNCF on `calibration`'s inputs (else samples), cached."""
-    if not _installed("nncf"):
+    if not installed("nncf"):
         raise ConfigError("int8 needs NNCF to quantize the model: pip install -e '.[openvino]' (or pip install nncf)")
     source = ensure_converted(spec, input_override, "openvino")
     inputs, origin = calibration_inputs(source.input, calibration)
@@ -235,15 +235,6 @@ def _source_fingerprint(spec: str) -> list | None:
         return None
     stat = Path(path).stat()
     return [str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns]
-
-
-def _installed(package: str) -> bool:
-    # find_spec, not import: importing NNCF loads torch and OpenVINO. sys.modules[name] = None (how tests hide
-    # a package) counts as missing.
-    try:
-        return importlib.util.find_spec(package) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def _version(package: str) -> str | None:

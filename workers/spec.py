@@ -127,18 +127,20 @@ def check_precision(runtime: str, precision: str) -> None:
         raise ConfigError(f"runtime {runtime} cannot serve {precision}: {why}; or serve --precision fp32")
 
 
+def installed(package: str) -> bool:
+    """Whether `package` can be imported, without importing it."""
+    # find_spec instead of import: importing onnxruntime, openvino or NNCF starts threads or loads torch, and
+    # this runs in the template before it forks and in the daemon, which has no use for them.
+    # sys.modules[name] = None (how tests hide a package) counts as missing.
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def missing_package(runtime: str) -> str | None:
     """The first package `runtime` needs that is not installed; None when it can start."""
-    # find_spec instead of import: importing onnxruntime or openvino starts threads, and this runs in the
-    # template before it forks and in the daemon, which has no use for them. sys.modules[name] = None
-    # (how tests hide a package) counts as missing.
-    for package in RUNTIME_REQUIREMENTS[runtime].packages:
-        try:
-            if importlib.util.find_spec(package) is None:
-                return package
-        except (ImportError, ValueError):
-            return package
-    return None
+    return next((package for package in RUNTIME_REQUIREMENTS[runtime].packages if not installed(package)), None)
 
 
 def available_runtimes() -> list[str]:
