@@ -43,8 +43,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from harness import DaemonProcess  # noqa: E402
-from prometheus_scrape import free_port  # noqa: E402
+from harness import DaemonProcess, free_port  # noqa: E402
 from stand_ins import TRANSPORT_SCALE, error, scaled  # noqa: E402
 
 from packrat_daemon.config import ServeConfig  # noqa: E402
