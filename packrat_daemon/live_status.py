@@ -28,7 +28,7 @@ def live_status(daemon: Daemon) -> dict[str, Any]:
             "runtime": daemon.info.runtime,
             "threads": w.threads,
             "cores": list(w.cores),
-            "state": "switching" if w.pending is not None else "parked" if w.id in reconciler.parked else w.state.value,
+            "state": "switching" if w.pending is not None else w.state.value if w.parked_since is None else "parked",
             "serving": w.id in serving,
             "generation": w.generation,
             "batches_served": w.served,

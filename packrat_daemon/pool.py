@@ -55,6 +55,7 @@ class WorkerHandle:
     pending: tuple[int, tuple[int, ...], int] | None = None
     outstanding: int = 0  # jobs sent and not answered (a late answer to an abandoned job counts too)
     served: int = 0  # slices answered, for `packrat status`
+    parked_since: float | None = None  # time.monotonic() the reconciler parked it (no batches until taken back)
     shared: SharedArenas | None = None  # None: this worker's tensors travel as frames
 
     @property

@@ -128,7 +128,6 @@ class Reconciler:
         self.history: deque[Reconfiguration] = deque(maxlen=HISTORY)
         self.on_measured = on_measured
         self._changed: set[int] = set()  # workers re-threaded, forked or unparked for the current generation
-        self.parked: dict[int, float] = {}  # worker id -> time.monotonic() it was parked
 
     def set_plan(self, plan: Plan, reason: str = "start", predicted_ms: tuple[float, float] | None = None) -> None:
         """Converge to `plan` from now on; `reason` and `predicted_ms` (expected latency of the old and the
@@ -171,8 +170,6 @@ class Reconciler:
                 sd_notify(status(f"serving {self.plan.describe()} with {len(self._slots)} worker(s)"))
             old = False
             live = self.pool.live()
-            if self.parked:  # a parked worker that died is gone from the pool: forget it
-                self.parked = {w.id: self.parked[w.id] for w in live if w.id in self.parked}
             for worker in live:
                 if worker.pending is None and worker.generation != self.generation:
                     self._park_or_retire(worker)
@@ -187,7 +184,12 @@ class Reconciler:
 
     def serving(self) -> list[WorkerHandle]:
         """Every ready worker takes batches but the parked ones; retired ones are no longer ready."""
-        return sorted((w for w in self.pool.ready() if w.id not in self.parked), key=lambda w: w.id)
+        return sorted((w for w in self.pool.ready() if w.parked_since is None), key=lambda w: w.id)
+
+    @property
+    def parked(self) -> dict[int, float]:
+        """The live parked workers: worker id -> time.monotonic() it was parked (a dead one is gone with it)."""
+        return {w.id: w.parked_since for w in self.pool.live() if w.parked_since is not None}
 
     @property
     def planned_workers(self) -> int:
@@ -195,7 +197,7 @@ class Reconciler:
         return len(self._slots)
 
     def converged(self) -> bool:
-        live = [w for w in self.pool.live() if w.id not in self.parked]
+        live = [w for w in self.pool.live() if w.parked_since is None]
         return self.plan is not None and self._complete() and len(live) == len(self._slots)
 
     # -- internals --------------------------------------------------------------------------
@@ -219,12 +221,12 @@ class Reconciler:
     def _park_or_retire(self, worker: WorkerHandle) -> None:
         """A worker of an older plan, once the new one serves: park it, or stop it once parked long enough."""
         now = time.monotonic()
-        if worker.id in self.parked:
-            if now - self.parked[worker.id] > PARK_S:
-                del self.parked[worker.id]
+        if worker.parked_since is not None:
+            if now - worker.parked_since > PARK_S:
+                worker.parked_since = None
                 self.pool.retire(worker)
         elif worker.state is WorkerState.READY and len(self.parked) < self.allocator.topology.usable_cores:
-            self.parked[worker.id] = now
+            worker.parked_since = now
             log.info("worker %d (%d thread(s) on cores %s) parked for a later plan",
                      worker.id, worker.threads, list(worker.cores))  # fmt: skip
         else:
@@ -257,16 +259,15 @@ class Reconciler:
         self._changed.add(pool.spawn(threads, cores, self.generation).id)
 
     def _adopt_live_workers(self) -> None:
-        live = {w.id for w in self.pool.live()}
-        self.parked = {worker: since for worker, since in self.parked.items() if worker in live}  # the dead go
         free = Counter(self._slots)
         leftovers: list[WorkerHandle] = []
         # Serving workers first: a parked worker is taken only for a slot no serving worker already has.
-        for worker in sorted(self.pool.live(), key=lambda w: (w.id in self.parked, w.id)):
+        for worker in sorted(self.pool.live(), key=lambda w: (w.parked_since is not None, w.id)):
             if worker.pending is None and free[(worker.threads, worker.cores)] > 0:
                 free[(worker.threads, worker.cores)] -= 1
                 worker.generation = self.generation
-                if self.parked.pop(worker.id, None) is not None:
+                if worker.parked_since is not None:
+                    worker.parked_since = None
                     self._changed.add(worker.id)
                     log.info("worker %d unparked: it has this plan's slot already", worker.id)
             elif worker.state is WorkerState.READY:
@@ -284,7 +285,7 @@ class Reconciler:
             remaining.remove(slot)
             self.pool.reconfigure(match, slot[0], slot[1], self.generation)
             self._changed.add(match.id)
-            self.parked.pop(match.id, None)
+            match.parked_since = None
             log.info("re-threading worker %d in place: %d→%d thread(s) on cores %s",
                      match.id, match.threads, slot[0], list(slot[1]))  # fmt: skip
 
