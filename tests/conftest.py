@@ -59,14 +59,19 @@ def running_daemon(
                         raise AssertionError(f"daemon not ready:\n{(tmp_path / 'daemon.log').read_text()}") from None
         yield endpoint, process
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process, 30)
         log.close()
+
+
+def stop_process(process: subprocess.Popen[Any], grace_s: float) -> None:
+    """SIGTERM, and SIGKILL if it has not exited within `grace_s`; nothing if it has exited already."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import stop_process
 
 from packrat_daemon.wire.client import Client
 from packrat_daemon.wire.errors import InternalError
@@ -98,12 +99,7 @@ def manager(tmp_path: Path) -> Iterator[tuple[Systemctl, Path]]:
             time.sleep(0.2)
         yield systemctl, runtime
     finally:
-        process.terminate()  # the manager stops its services first
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, 60)  # the manager stops its services first
         log.close()
 
 
