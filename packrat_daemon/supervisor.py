@@ -12,8 +12,10 @@ import logging
 import time
 from collections.abc import Callable
 
+import psutil
+
 from packrat_daemon.adapt.online import OnlineAdaptation
-from packrat_daemon.dispatcher import Dispatcher
+from packrat_daemon.dispatcher import Dispatcher, Job
 from packrat_daemon.frontend import MAX_READS_PER_WAKE, Frontend
 from packrat_daemon.metrics import Metrics
 from packrat_daemon.pool import PoolEvent, WorkerHandle
@@ -30,6 +32,23 @@ RECONCILE_INTERVAL_S = 0.1  # job timeouts are seconds long, and the loop wakes 
 HEARTBEAT_TIMEOUT_S = 3 * HEARTBEAT_SECONDS
 # A hedge goes only to an idle worker heard from within this (a heartbeat late at most): not to a hung one.
 HEDGE_FRESH_S = 2 * HEARTBEAT_SECONDS
+# A worker past its slice's deadline is hung only if it has stopped computing. One whose CPU time still advances
+# is slow (a machine busy with other work), and replacing it would only add a fork and a warm-up to the wait (on a
+# one-worker plan, twice over, until every worker "died"). It keeps its slice for another look this much later,
+# while it used at least MIN_PROGRESS_CPU_S meanwhile, up to the job timeout. A stopped or deadlocked one uses none.
+PROGRESS_LOOK_S = 0.2
+MIN_PROGRESS_CPU_S = 0.01
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User plus system CPU time of a process and all its threads; None when it cannot be read (gone)."""
+    if pid is None:
+        return None
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return times.user + times.system
 
 
 class TemplateLost(ConfigError):
@@ -58,6 +77,7 @@ class Supervisor:
         # list is refreshed there rather than rebuilt for every batch.
         self.serving: list[WorkerHandle] = []
         self._next_template_check = 0.0
+        self._cpu_at_look: dict[int, float] = {}  # job id -> its worker's CPU seconds when last found overdue
 
     def pump(self, timeout_ms: int, waiting: bool = False) -> None:
         """Handle what the workers and template sent; `waiting`: a poll has just reported a message."""
@@ -104,6 +124,8 @@ class Supervisor:
         self.due = now + RECONCILE_INTERVAL_S
         for job in self.dispatcher.overdue(now):
             worker = job.worker
+            if self._still_computing(job, now):
+                continue
             predicted = "no prediction" if job.predicted_ms is None else f"predicted {job.predicted_ms:.0f} ms"
             log.warning(
                 "worker %d (pid %s, %d threads) has not answered its %d rows in %.0f ms (%s): presumed hung, "
@@ -124,6 +146,25 @@ class Supervisor:
         self.metrics.workers_serving({worker.id: worker.pid for worker in self.serving})
         if self.dispatcher.late:  # a late slice waits for an idle worker: a new one may have come
             self._hedge(now)
+
+    def _still_computing(self, job: Job, now: float) -> bool:
+        """True, with the job's deadline moved PROGRESS_LOOK_S on, while its worker's CPU time advances."""
+        # Looks of answered jobs are dropped here, so the table holds only overdue ones.
+        self._cpu_at_look = {i: cpu for i, cpu in self._cpu_at_look.items() if i in self.dispatcher.jobs}
+        cpu, before = cpu_seconds(job.worker.pid), self._cpu_at_look.get(job.id)
+        if cpu is None or now - job.sent_at >= self.dispatcher.job_timeout_s:
+            return False
+        if before is not None and cpu - before < MIN_PROGRESS_CPU_S:
+            return False
+        if before is None:
+            log.info(
+                "worker %d has not answered its %d rows in %.0f ms; replaced only if its CPU time stops advancing",
+                job.worker.id, job.rows, (now - job.sent_at) * 1000.0,
+            )  # fmt: skip
+        self._cpu_at_look[job.id] = cpu
+        job.deadline = now + PROGRESS_LOOK_S
+        self.dispatcher.next_deadline = min(self.dispatcher.next_deadline, job.deadline)
+        return True
 
     def _hedge(self, now: float) -> None:
         fresh = [worker for worker in self.serving if now - worker.last_seen <= HEDGE_FRESH_S]
