@@ -1,4 +1,5 @@
-"""Start-up's measurements on real workers: the profile, and the split check of the plan made on it.
+"""Start-up's measurements on real workers: the profile, the split check of the plan made on it, and the
+--save-profile file they are written to.
 
 - `measure_profile`: the default grid (threads 1..cores × batches up to the largest planned), every cell
   when the grid is small, else the adaptive search within `--profile-budget` (`search/start_profile.py`:
@@ -22,7 +23,7 @@ from packrat_daemon.progress import Progress
 from packrat_daemon.search.budget import Budget, StepReport
 from policies.base import Plan
 from policies.planning.distribution import BatchDistribution
-from policies.planning.profile import Cell, Profile, profile_key
+from policies.planning.profile import Cell, Profile, profile_key, write_profiles
 from policies.planning.topology import Topology
 
 log = logging.getLogger("packrat.daemon")
@@ -106,3 +107,27 @@ def check_splits(
     if new.layouts != plan.layouts:
         log.info("split check changed the plan: %s → %s", plan.describe(), new.describe())
     return checked, new
+
+
+class ProfileFile:
+    """The --save-profile file: every runtime's rows this daemon knows, one runtime's rows replaced at a time.
+
+    Start-up measurements, the split check and the timings learned in production all save through
+    `save`, so writing one runtime's rows never drops another runtime's.
+    """
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.known: dict[str, Profile] = {}
+
+    def know(self, profile: Profile) -> None:
+        """Rows read from --profile: not written now, but kept in every later write."""
+        self.known[profile_key(profile.runtime, profile.precision)] = profile
+
+    def save(self, profile: Profile) -> bool:
+        """Write `profile` in place of its runtime's rows at its precision; False when no --save-profile was given."""
+        self.known[profile_key(profile.runtime, profile.precision)] = profile
+        if self.path is None:
+            return False
+        write_profiles(self.path, list(self.known.values()))
+        return True

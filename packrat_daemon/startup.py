@@ -23,9 +23,9 @@ from packrat_daemon.backend import Backend, ModelInfo
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.hardening import check_endpoint, private_dir, warn_if_root
 from packrat_daemon.metrics import Metrics
-from packrat_daemon.profiling import check_splits, measure_profile
+from packrat_daemon.profiling import ProfileFile, check_splits, measure_profile
 from packrat_daemon.runtime_choice import RuntimeOption, choose_checked, choose_runtime
-from packrat_daemon.state import Entry, ProfileFile, StateKeeper
+from packrat_daemon.state import Entry, StateKeeper
 from packrat_daemon.wire.curve import FrontendSecurity
 from packrat_daemon.wire.errors import ProfileError
 from policies.base import Plan, Policy, PolicySettings

@@ -37,7 +37,7 @@ from packrat_daemon.config import ServeConfig
 from packrat_daemon.wire.errors import ConfigError, PackratError
 from policies.base import InstancePlan, Plan
 from policies.planning.distribution import BatchDistribution
-from policies.planning.profile import Cell, Profile, profile_key, write_profiles
+from policies.planning.profile import Cell, Profile
 from workers.spec import EMULATED
 
 if TYPE_CHECKING:
@@ -303,30 +303,6 @@ class StateKeeper:
             "state_file": None if self.path is None else str(self.path),
             "saved_age_s": None if self.path is None or self.last_saved < 0 else round(now - self.last_saved, 1),
         }
-
-
-class ProfileFile:
-    """The --save-profile file: every runtime's rows this daemon knows, one runtime's rows replaced at a time.
-
-    Start-up measurements, the split check and the timings learned in production all save through
-    `save`, so writing one runtime's rows never drops another runtime's.
-    """
-
-    def __init__(self, path: str | None) -> None:
-        self.path = path
-        self.known: dict[str, Profile] = {}
-
-    def know(self, profile: Profile) -> None:
-        """Rows read from --profile: not written now, but kept in every later write."""
-        self.known[profile_key(profile.runtime, profile.precision)] = profile
-
-    def save(self, profile: Profile) -> bool:
-        """Write `profile` in place of its runtime's rows at its precision; False when no --save-profile was given."""
-        self.known[profile_key(profile.runtime, profile.precision)] = profile
-        if self.path is None:
-            return False
-        write_profiles(self.path, list(self.known.values()))
-        return True
 
 
 def write_atomically(path: Path, data: bytes) -> None:

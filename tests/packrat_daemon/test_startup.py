@@ -16,8 +16,8 @@ import zmq
 from conftest import daemon_env
 
 from packrat_daemon.config import ServeConfig
+from packrat_daemon.profiling import ProfileFile
 from packrat_daemon.startup import read_profile, replan
-from packrat_daemon.state import ProfileFile
 from packrat_daemon.wire.errors import PackratError
 from policies.planning.profile import Profile
 from policies.planning.topology import Topology
