@@ -8,14 +8,17 @@ with 16 emulated cores and the default interference under `packrat load --warmup
 with the same profile, settings, traffic and seed, twice:
 - bare: the simulation with nothing of the daemon's own cost, only when its traffic started (the daemon's
   uptime: its adaptation looks count from its own start);
-- modelled: with what the daemon costs, each measured, never fitted to the latencies it is compared with:
+- modelled: with what the daemon costs (`DaemonCosts`), each measured, never fitted to the latencies it is
+  compared with:
+  - the work of the daemon's one loop, from the same run's /metrics (scraped before and after it), as the
+    daemon sums it by phase (`packrat_loop_seconds` and `packrat_loop_events`): starting a batch, answering
+    one, and taking in a request, less the copy of its rows, whose cost per sample comes from an emulated
+    daemon of the table scaled by 1e-6 (compute that costs nothing) right after, closed loop at batch 1
+    and at max_batch: its read time per request, the difference over the samples between them;
+  - each slice's trip to its worker beyond its compute (`packrat_worker_hop_seconds`), from the same run;
   - transport (per request, client to daemon and back): the same run's client mean latency less the
-    daemon's own mean from receipt to reply (its /metrics, scraped before and after the run). Measured in
-    the run itself because on this shared machine it moved fourfold (7 to 29 ms) between runs minutes apart;
-  - the daemon's work per batch (send the slices, gather, reply), which keeps the batch in flight: right
-    after each emulated run, on an emulated daemon of the table scaled by 1e-6 (compute that costs nothing),
-    closed loop at batch 1 and at max_batch, the daemon's mean from a batch's start to its reply (receipt
-    to reply less the queue wait, from /metrics): a fixed and a per-input cost;
+    daemon's own mean from receipt to reply. Costs are measured in the run itself because on this shared
+    machine they move between runs minutes apart (the transport fourfold, 7 to 29 ms);
   - the reconciler's switch time: from the emulated daemon's own log (from "reconciling to generation N"
     to "generation N serves"), the time the old plan kept serving after the decision;
   - the uptime: the daemon's "serving on" log line to the load's first request (`started_unix_s`).
@@ -49,7 +52,8 @@ from stand_ins import TRANSPORT_SCALE, error, scaled  # noqa: E402
 from packrat_daemon.config import ServeConfig  # noqa: E402
 from packrat_daemon.emulation import Interference  # noqa: E402
 from packrat_daemon.load.arrivals import BatchMix, Poisson  # noqa: E402
-from packrat_daemon.simulate import Simulation, Traffic  # noqa: E402
+from packrat_daemon.simulate import DaemonCosts, Simulation, Traffic  # noqa: E402
+from packrat_daemon.simulate.run import FREE  # noqa: E402
 from policies.planning.profile import Profile  # noqa: E402
 
 MODEL = "builtin:resnet50"  # its input stands in for the tables' models (as in bench/emulated.py)
@@ -58,33 +62,56 @@ MIX = "1:0.4,4:0.3,16:0.3"
 MAX_BATCH = 16
 INTERFERENCE = "default"
 POLICIES = ("packrat", "single")
-COST_CLOSED_S = 8.0  # each closed-loop run on the zero-compute daemon, for the work per batch
+COST_CLOSED_S = 8.0  # each closed-loop run on the zero-compute daemon, for the read cost per sample
 LOG_TIME = "%Y-%m-%d %H:%M:%S,%f"  # the daemon's log lines start with this (packrat_daemon.logs.TEXT_FORMAT)
 # The daemon's log lines that say how it came to the plan it serves (the production guard's is a warning).
 PLAN_LINES = ("packrat.daemon: plan ", "adapting to the live batch sizes", "production timings reverted the plan")
-METRIC = re.compile(r"^(packrat_\w+?)_(sum|count)(\{[^}]*\})? (\S+)$")
+SAMPLE = re.compile(r"^(packrat_\w+(?:\{[^}]*\})?) (\S+)$")
 
-Means = dict[str, tuple[float, float]]  # metric (with labels) → (sum, count)
+Scrape = dict[str, float]  # one /metrics sample (name with its labels) → value
 
 
-def scrape(port: int) -> Means:
+def scrape(port: int) -> Scrape:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    totals: dict[str, list[float]] = {}
-    for line in text.splitlines():
-        match = METRIC.match(line)
-        if match:
-            name, kind, labels, value = match.groups()
-            totals.setdefault(name + (labels or ""), [0.0, 0.0])[kind == "count"] = float(value)
-    return {name: (total[0], total[1]) for name, total in totals.items()}
+    return {match.group(1): float(match.group(2)) for line in text.splitlines() if (match := SAMPLE.match(line))}
 
 
-def mean_ms(before: Means, after: Means, name: str) -> float:
-    """The daemon's mean of histogram `name` over what it observed between two scrapes, in ms."""
-    total = after[name][0] - before.get(name, (0.0, 0.0))[0]
-    count = after[name][1] - before.get(name, (0.0, 0.0))[1]
+def delta(before: Scrape, after: Scrape, name: str) -> float:
+    return after.get(name, 0.0) - before.get(name, 0.0)
+
+
+def mean_ms(before: Scrape, after: Scrape, name: str) -> float:
+    """The daemon's mean of histogram or summary `name` over what it observed between two scrapes, in ms."""
+    count = delta(before, after, f"{name}_count")
     if count <= 0:
         raise RuntimeError(f"the daemon observed no {name} between the two scrapes")
-    return 1000.0 * total / count
+    return 1000.0 * delta(before, after, f"{name}_sum") / count
+
+
+def loop_ms(before: Scrape, after: Scrape, phase: str) -> tuple[float, float]:
+    """The loop's time in `phase` between two scrapes (ms), and how many events it handled."""
+    labels = f'{{phase="{phase}"}}'
+    seconds = delta(before, after, f"packrat_loop_seconds_total{labels}")
+    return 1000.0 * seconds, delta(before, after, f"packrat_loop_events_total{labels}")
+
+
+def per_event_ms(before: Scrape, after: Scrape, phase: str) -> float:
+    total_ms, events = loop_ms(before, after, phase)
+    if events <= 0:
+        raise RuntimeError(f"the daemon's loop handled no {phase} between the two scrapes")
+    return total_ms / events
+
+
+def run_costs(before: Scrape, after: Scrape, read_per_sample_ms: float) -> dict[str, Any]:
+    """The daemon's own costs over one run, from its /metrics (see the docstring)."""
+    read_ms, messages = loop_ms(before, after, "read")
+    samples = delta(before, after, "packrat_batch_size_sum")
+    return {
+        "read_ms": [round(max(0.0, read_ms - read_per_sample_ms * samples) / messages, 4), read_per_sample_ms],
+        "dispatch_ms": round(per_event_ms(before, after, "dispatch"), 4),
+        "answer_ms": [round(per_event_ms(before, after, "answer"), 4), 0.0],
+        "hop_ms": round(mean_ms(before, after, "packrat_worker_hop_seconds"), 4),
+    }
 
 
 def log_time(line: str) -> float:
@@ -118,21 +145,15 @@ def poisson(endpoint: str, rate: float, duration: float, seed: int) -> dict[str,
     return load(endpoint, "--rate", str(rate), "--batches", MIX, "--duration", str(duration), "--seed", str(seed))
 
 
-def batch_costs(daemon: DaemonProcess, port: int) -> dict[str, Any]:
-    """The work per batch, on a daemon whose compute costs nothing (see the docstring)."""
-    in_flight = {}
+def read_per_sample_ms(daemon: DaemonProcess, port: int) -> float:
+    """The loop's cost per sample of taking a request in (the copy of its rows), on a daemon whose compute
+    costs nothing (see the docstring)."""
+    per_request = {}
     for batch in (1, MAX_BATCH):
         before = scrape(port)
         load(daemon.endpoint, "--batch", str(batch), "--concurrency", "1", "--duration", str(COST_CLOSED_S))
-        after = scrape(port)
-        in_flight[batch] = mean_ms(before, after, "packrat_request_latency_seconds") - mean_ms(
-            before, after, "packrat_queue_wait_seconds"
-        )
-    per_input = max(0.0, (in_flight[MAX_BATCH] - in_flight[1]) / (MAX_BATCH - 1))
-    return {
-        "batch_overhead_ms": [round(max(0.0, in_flight[1] - per_input), 3), round(per_input, 4)],
-        "in_flight_ms": {str(batch): round(ms, 3) for batch, ms in in_flight.items()},
-    }
+        per_request[batch] = per_event_ms(before, scrape(port), "read")
+    return round(max(0.0, (per_request[MAX_BATCH] - per_request[1]) / (MAX_BATCH - 1)), 5)
 
 
 def simulate(
@@ -143,13 +164,9 @@ def simulate(
         BatchMix.parse(MIX), process=Poisson(rate), duration_s=args.duration, seed=args.seed, uptime_s=uptime_s
     )
     interference = Interference.named(INTERFERENCE)
-    if costs is None:
-        return Simulation(config, table, CORES, interference).run(traffic).to_json()
-    overhead = (costs["batch_overhead_ms"][0], costs["batch_overhead_ms"][1])
-    simulation = Simulation(
-        config, table, CORES, interference, costs["transport_ms"], overhead, costs.get("switch_ms", 0.0)
-    )
-    return simulation.run(traffic).to_json()
+    daemon_costs = FREE if costs is None else DaemonCosts(**{k: tuple(v) if isinstance(v, list) else v
+                                                             for k, v in costs.items()})  # fmt: skip
+    return Simulation(config, table, CORES, interference, daemon_costs).run(traffic).to_json()
 
 
 def quantiles(report: dict[str, Any]) -> dict[str, float]:
@@ -230,7 +247,7 @@ def main() -> None:
                     daemon = DaemonProcess(f"costs-{policy}-{share}", work, [*common, "--profile", str(tiny)])
                     try:
                         daemon.wait()
-                        costs = batch_costs(daemon, port)
+                        costs = run_costs(before, after, read_per_sample_ms(daemon, port))
                     finally:
                         daemon.close()
                     row = compare(

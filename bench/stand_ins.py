@@ -35,7 +35,7 @@ from harness import DaemonProcess  # noqa: E402
 from packrat_daemon.config import ServeConfig  # noqa: E402
 from packrat_daemon.emulation import Interference  # noqa: E402
 from packrat_daemon.load.arrivals import BatchMix, Poisson  # noqa: E402
-from packrat_daemon.simulate import Simulation, Traffic  # noqa: E402
+from packrat_daemon.simulate import DaemonCosts, Simulation, Traffic  # noqa: E402
 from policies.planning.profile import Cell, Profile  # noqa: E402
 from policies.planning.topology import Topology  # noqa: E402
 
@@ -69,7 +69,8 @@ def load(endpoint: str, args: argparse.Namespace, mix: str = MIX) -> dict[str, A
 
 def simulate(profile: Profile, cores: int, args: argparse.Namespace, transport_ms: float) -> dict[str, Any]:
     traffic = Traffic(BatchMix.parse(MIX), process=Poisson(args.rate), duration_s=args.duration, seed=args.seed)
-    simulation = Simulation(ServeConfig(**SETTINGS), profile, cores, Interference.named("none"), transport_ms)
+    costs = DaemonCosts(transport_ms=transport_ms)
+    simulation = Simulation(ServeConfig(**SETTINGS), profile, cores, Interference.named("none"), costs)
     return simulation.run(traffic).to_json()
 
 

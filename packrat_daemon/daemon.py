@@ -93,6 +93,7 @@ class Daemon:
         deadline = (config.job_timeout_s, config.slice_deadline_margin, config.slice_deadline_floor_ms / 1000.0)
         deadline += (config.slice_hedge_margin, config.slice_hedge_floor_ms / 1000.0)
         self.dispatcher = Dispatcher(self.reconciler.pool.run, self._splitter(self.profile, self.plan), *deadline)
+        self.dispatcher.own_times = metrics.own_times
         self.batcher = Batcher(config.max_batch, config.max_delay_ms / 1000.0, config.max_queue)
         self.batcher.predict = plan_latency(lambda: self.dispatcher.splitter, lambda: self.supervisor.serving)
         self.frontend = Frontend(context, config, self.info, metrics, self.batcher, self.dispatcher, self.reconciler)
@@ -120,6 +121,7 @@ class Daemon:
         events = self.signals.events
         # zmq_poll itself, not zmq.Poller: the loop wakes twice per request and Poller.poll adds a layer.
         control = self.control.socket  # `packrat reconfigure`: its requests are queued, acted on in _tick
+        own = self.metrics.own_times  # where the loop's time goes, phase by phase (docs/metrics.md)
         items = [(frontend, zmq.POLLIN), (backend, zmq.POLLIN), (wake, zmq.POLLIN), (control, zmq.POLLIN)]
         while True:
             ready = {item for item, _ in zmq.zmq_poll(items, self._poll_timeout_ms())}
@@ -129,9 +131,13 @@ class Daemon:
                 if not self._on_signal(events.popleft()):
                     return
             if frontend in ready:
-                self.frontend.read()
+                started = time.perf_counter()
+                messages = self.frontend.read()
+                own.add("read", time.perf_counter() - started, messages)
             if backend in ready:
+                started, busy = time.perf_counter(), self.dispatcher.busy
                 self.supervisor.pump(0, waiting=True)
+                own.add("answer" if busy and not self.dispatcher.busy else "workers", time.perf_counter() - started)
             if control in ready:
                 self.control.read()
             self._tick()
@@ -183,11 +189,13 @@ class Daemon:
             supervisor.check(now)
             self.metrics.queued.set(self.batcher.queued_inputs)
         if not self.dispatcher.busy and self.batcher.due(now) and supervisor.serving:
+            started = time.perf_counter()
             batch = self.batcher.take()
             self.dispatcher.dispatch(batch, supervisor.serving)
             rows = sum(r.samples for r in batch)  # bookkeeping after the send: the workers start meanwhile
             self.adaptation.estimator.observe(rows, now)
             self.metrics.batch_size.observe(rows)
+            self.metrics.own_times.add("dispatch", time.perf_counter() - started)
         self.watchdog.tick(now, self.reconciler.converged)
         self.control.tick()
         self.state.tick(self, now)

@@ -20,6 +20,7 @@ import numpy as np
 from packrat_daemon.batcher import Request
 from packrat_daemon.pool import WorkerHandle
 from packrat_daemon.splitter import Splitter
+from packrat_daemon.tallies import HOP, OwnTimes
 from packrat_daemon.wire.codec import DTYPES
 from workers.messages import numpy_name
 
@@ -102,6 +103,7 @@ class Dispatcher:
         # No job's or in-flight request's deadline is earlier (it may be stale-early once a job is answered:
         # the next check then finds nothing and recomputes it). Lets the loop skip the check on most wakes.
         self.next_deadline = math.inf
+        self.own_times: OwnTimes | None = None  # where each slice's trip to its worker is summed, if anywhere
 
     @property
     def busy(self) -> bool:
@@ -139,6 +141,8 @@ class Dispatcher:
             _put_in_place_of(batch.jobs, twin, job)
         job.output = payload[0]  # the output array, as the pool decoded it (a copy if it came shared)
         job.compute_ms = float(header["compute_ms"])
+        if self.own_times is not None:
+            self.own_times.add(HOP, time.monotonic() - job.sent_at - job.compute_ms / 1000.0)
         batch.unanswered -= 1
         return self._finish() if batch.done() else []
 

@@ -125,21 +125,22 @@ class Frontend:
         log.info("frontend %s: %s", self.endpoint, self.security.describe())
         self.accepting = True
 
-    def read(self) -> None:
-        """Parse and queue what clients sent; answer malformed requests and `info` at once."""
+    def read(self) -> int:
+        """Parse and queue what clients sent; answer malformed requests and `info` at once. Returns how
+        many messages it took in."""
         limit = self.max_message_bytes()  # max_batch changes only on reload, between wakes
         for reads in range(MAX_READS_PER_WAKE):
             # The poll reported the first message; after it, EVENTS is far cheaper than a receive that
             # raises zmq.Again once the queue is empty.
             if reads and not readable(self.socket):
-                return
+                return reads
             try:
                 frames, size, count = _recv_bounded(self.socket)
             except zmq.Again:
-                return
+                return reads
             try:
                 if self._handle(frames, size, count, limit):
-                    return  # a full batch can start now; the loop reads the rest right after dispatching it
+                    return reads + 1  # a full batch can start now; the loop reads the rest right after it starts
             except Exception:
                 # The last resort: no message may stop the daemon. Logged with what it was, answered INTERNAL.
                 log.exception("internal error on a message of %d bytes in %d frames; answered INTERNAL", size, count)
@@ -147,6 +148,7 @@ class Frontend:
                 delimiter = b"" if len(frames) > 1 and len(frames[1]) == 0 else None
                 reply = encode_error(None, ErrorCode.INTERNAL, "the server failed on this message; it is logged")
                 self.send(frames[0].bytes, delimiter, reply)
+        return MAX_READS_PER_WAKE
 
     def _handle(self, frames: list[zmq.Frame], size: int, count: int, limit: int) -> bool:
         """Answer or queue one message; True when a full batch is waiting to start."""

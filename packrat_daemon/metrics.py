@@ -25,10 +25,15 @@ from prometheus_client import (
     Info,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    SummaryMetricFamily,
+)
 from prometheus_client.registry import Collector
 
-from packrat_daemon.tallies import LayoutTimes, Tally, first_of_batch
+from packrat_daemon.tallies import HOP, LOOP_PHASES, LayoutTimes, OwnTimes, Tally, first_of_batch
 from packrat_daemon.wire.curve import is_loopback_address
 from packrat_daemon.wire.errors import ConfigError
 from policies.base import Plan
@@ -98,6 +103,7 @@ class _RequestPathCollector(Collector):
             compute.add_metric([str(threads)], tally.cumulative(), tally.sum)
         yield compute
         yield from _layout_families(m.layouts)
+        yield from _own_time_families(m.own_times)
 
 
 def _layout_families(layouts: LayoutTimes) -> Iterator[Any]:
@@ -124,6 +130,25 @@ def _layout_families(layouts: LayoutTimes) -> Iterator[Any]:
     yield predicted_batches
 
 
+def _own_time_families(own: OwnTimes) -> Iterator[Any]:
+    seconds = CounterMetricFamily(
+        "packrat_loop_seconds", "Time the daemon's one loop spent in each phase (docs/metrics.md)", labels=["phase"]
+    )
+    events = CounterMetricFamily(
+        "packrat_loop_events", "What the loop's phases handled: messages read, batches, wakes", labels=["phase"]
+    )
+    for phase in LOOP_PHASES:
+        seconds.add_metric([phase], own.seconds[phase])
+        events.add_metric([phase], own.events[phase])
+    yield seconds
+    yield events
+    hop = SummaryMetricFamily(
+        "packrat_worker_hop_seconds", "A slice's trip to its worker and back, beyond the worker's compute"
+    )
+    hop.add_metric([], own.events[HOP], own.seconds[HOP])
+    yield hop
+
+
 class Metrics:
     def __init__(self, model: str) -> None:
         self.registry = CollectorRegistry()
@@ -136,6 +161,7 @@ class Metrics:
         self.compute: dict[int, Tally] = {}
         self.buckets = LATENCY_BUCKETS  # the latency histograms' bounds: from the start plan's prediction
         self.layouts = LayoutTimes(LATENCY_BUCKETS)
+        self.own_times = OwnTimes()
         r.register(_RequestPathCollector(self))
         # Updated rarely: prometheus_client's own metrics.
         self.queued = Gauge("packrat_queued_inputs", "Inputs waiting to be batched", registry=r)

@@ -1,7 +1,8 @@
 """The request path's tallies: plain counts the daemon's loop updates and the metrics export at scrape time.
 
 `Tally` is one histogram; `LayoutTimes` keeps, per layout (the workers' thread counts), the measured
-compute of each batch and the profile's prediction for it. Both live apart from metrics.py, which turns
+compute of each batch and the profile's prediction for it; `OwnTimes` sums where the daemon's own time
+goes (its loop's phases, and the trip to the workers). They live apart from metrics.py, which turns
 them into Prometheus families, so that the loop's side stays small and cheap.
 """
 
@@ -99,6 +100,32 @@ class LayoutTimes:
             debug.debug("first batch on layout %s", label)
             self.observed[label] = Tally(self.bounds)
         return label
+
+
+# The daemon's loop works in these phases (one thread: while it does one, the others wait):
+LOOP_PHASES = (
+    "read",  # taking in requests (receive, parse, copy big rows into shared memory); events: messages
+    "dispatch",  # starting a batch (split it, send the slices); events: batches
+    "answer",  # the workers' messages that finished a batch (gather, reply); events: batches
+    "workers",  # the workers' other messages (a slice that was not a batch's last, heartbeats); events: wakes
+)
+HOP = "hop"  # not loop time: a slice's trip to its worker and back beyond its compute; events: slices
+
+
+class OwnTimes:
+    """Where the daemon's own time goes, summed: seconds and events per loop phase and for the hop.
+
+    What each costs per event is what `packrat simulate` charges the simulated daemon (docs/evaluation.md).
+    Two clock reads per phase: cheap next to the work each one times.
+    """
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys((*LOOP_PHASES, HOP), 0.0)
+        self.events = dict.fromkeys((*LOOP_PHASES, HOP), 0)
+
+    def add(self, part: str, seconds: float, events: int = 1) -> None:
+        self.seconds[part] += seconds
+        self.events[part] += events
 
 
 def batch_predicted_ms(done: Completed) -> float | None:

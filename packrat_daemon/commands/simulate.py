@@ -59,17 +59,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "times; drawn lets the count vary as a Poisson process's does (docs/load.md)",
     )  # fmt: skip
     traffic.add_argument("--seed", type=int, default=0, help="seed of the arrivals and sample counts (default 0)")
-    parser.add_argument(
-        "--transport-ms", type=float, default=0.0, help="per-request client↔daemon cost to add (measured elsewhere)"
+    costs = parser.add_argument_group(
+        "the daemon's own costs in ms, 0 unless given (measured on a running daemon: docs/evaluation.md)"
     )
-    parser.add_argument(
-        "--batch-overhead-ms",
-        type=_overhead,
-        default=(0.0, 0.0),
-        metavar="FIXED[:PER_INPUT]",
-        help="the daemon's own work per batch (send, gather), which keeps the batch in flight (measured elsewhere)",
-    )
-    parser.add_argument(
+    costs.add_argument("--transport-ms", type=float, default=0.0, help="per request, client to daemon and back")
+    costs.add_argument(
+        "--read-ms", type=_pair, default=(0.0, 0.0), metavar="FIXED[:PER_SAMPLE]",
+        help="the daemon's loop taking in one request (receive, parse, copy its rows)",
+    )  # fmt: skip
+    costs.add_argument("--dispatch-ms", type=float, default=0.0, help="the loop starting a batch (split, send)")
+    costs.add_argument(
+        "--answer-ms", type=_pair, default=(0.0, 0.0), metavar="FIXED[:PER_REQUEST]",
+        help="the loop answering a batch once its last slice is back (gather, reply)",
+    )  # fmt: skip
+    costs.add_argument("--hop-ms", type=float, default=0.0, help="a slice's trip to its worker beyond its compute")
+    costs.add_argument(
         "--switch-ms", type=float, default=0.0,
         help="the reconciler's time from a re-plan until the new plan serves (the old one serves meanwhile)",
     )  # fmt: skip
@@ -81,14 +85,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def _overhead(text: str) -> tuple[float, float]:
-    fixed, _, per_input = text.partition(":")
+def _pair(text: str) -> tuple[float, float]:
+    first, _, second = text.partition(":")
     try:
-        return float(fixed), float(per_input or 0.0)
+        return float(first), float(second or 0.0)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected FIXED or FIXED:PER_INPUT in ms, e.g. 0.5:0.2; got {text!r}"
+            f"expected FIXED or FIXED:PER_UNIT in ms, e.g. 0.5:0.2; got {text!r}"
         ) from None
+
+
+def costs_from(args: argparse.Namespace) -> Any:
+    """The daemon's costs from the flags (DaemonCosts refuses a negative one)."""
+    from packrat_daemon.simulate import DaemonCosts
+
+    return DaemonCosts(args.transport_ms, args.read_ms, args.dispatch_ms, args.answer_ms, args.hop_ms, args.switch_ms)
 
 
 def traffic_from(args: argparse.Namespace) -> Any:
@@ -106,12 +117,6 @@ def traffic_from(args: argparse.Namespace) -> Any:
         process = None
     if args.duration is not None and not args.duration > 0:
         raise ConfigError(f"--duration must be a positive number of seconds, got {args.duration}")
-    if args.transport_ms < 0:
-        raise ConfigError(f"--transport-ms must be zero or more, got {args.transport_ms}")
-    if min(args.batch_overhead_ms) < 0:
-        raise ConfigError(f"--batch-overhead-ms must be zero or more, got {args.batch_overhead_ms}")
-    if args.switch_ms < 0:
-        raise ConfigError(f"--switch-ms must be zero or more, got {args.switch_ms}")
     return Traffic(mix, process, args.concurrency, args.duration, args.requests, args.seed, args.uptime_s)
 
 
@@ -126,15 +131,13 @@ def run(args: argparse.Namespace) -> int:
     config = ServeConfig(batches=args.batches, **{name: getattr(args, name) for name in SERVE_SETTINGS})
     traffic = traffic_from(args)
     started = time.monotonic()
-    simulation = Simulation(
-        config, profile, cores, interference, args.transport_ms, args.batch_overhead_ms, args.switch_ms
-    )
+    costs = costs_from(args)
+    simulation = Simulation(config, profile, cores, interference, costs)
     report = simulation.run(traffic).to_json()
     report["traffic"] = traffic.describe()
     report["inputs"] = {
         "profile": args.profile, "cores": cores, "policy": args.policy, "seed": args.seed,
-        "interference": interference.describe(), "transport_ms": args.transport_ms,
-        "batch_overhead_ms": list(args.batch_overhead_ms), "switch_ms": args.switch_ms, "uptime_s": args.uptime_s,
+        "interference": interference.describe(), "costs": costs.to_json(), "uptime_s": args.uptime_s,
     }  # fmt: skip
     wall = time.monotonic() - started
     if args.json:

@@ -6,14 +6,10 @@ What is the daemon's code and what is modelled:
   queue), `Splitter` (which layout takes a batch, the exact per-batch split), the policy's start-up plan,
   `OnlineAdaptation` (the live batch sizes, production timings, the tuner's hysteresis and cool-down), and
   the reconciler's core allocation of each plan;
-- modelled: each slice's compute time (`service.ServiceModel`: the emulated workers' L̂ × slow-down), a
-  fixed transport cost per request (`transport_ms`), the daemon's work per batch (`batch_overhead_ms`:
-  fixed + per input, for sending the slices and gathering the answers; it keeps the batch in flight, so
-  it delays the next batch too), and the reconciler's switch time (`switch_ms`: the old plan serves from
-  the decision until the new one's workers are ready), all 0 unless given;
-- as the daemon does it: the adaptation looks come every adapt_interval_s from the daemon's start, which
-  is `Traffic.uptime_s` before the first request (so the same traffic can meet its first switch a whole
-  interval later).
+- modelled: each slice's compute time (`service.ServiceModel`: the emulated workers' L̂ × slow-down), and
+  what the daemon itself costs (`costs.DaemonCosts`: the transport to and from the client, and the work of
+  its one loop, which reads requests, starts batches and answers them one piece at a time, so a batch
+  waits while the loop takes in a large request, and the reconciler's switch time), all 0 unless given;
 One batch is in flight at a time, as in the daemon's loop.
 """
 
@@ -37,6 +33,7 @@ from packrat_daemon.load.report import Tally, summarize
 from packrat_daemon.pool import WorkerHandle, WorkerState
 from packrat_daemon.reconciler import plan_slots
 from packrat_daemon.simulate.clock import EventLoop, VirtualClock
+from packrat_daemon.simulate.costs import DaemonCosts, LoopModel
 from packrat_daemon.simulate.service import ServiceModel
 from packrat_daemon.startup import distribution_for, policy_for
 from packrat_daemon.wire.codec import ErrorCode
@@ -49,6 +46,7 @@ from policies.planning.topology import Topology
 log = logging.getLogger("packrat.simulate")
 
 NO_INTERFERENCE = Interference.named("none")
+FREE = DaemonCosts()  # the daemon itself costs nothing: the bare simulation
 MAX_EVENTS = 200_000_000  # bounds a run: about an hour of simulation time on this machine's slowest case
 
 
@@ -113,17 +111,15 @@ class Simulation:
         profile: Profile,
         cores: int,
         interference: Interference = NO_INTERFERENCE,
-        transport_ms: float = 0.0,
-        batch_overhead_ms: tuple[float, float] = (0.0, 0.0),
-        switch_ms: float = 0.0,
+        costs: DaemonCosts = FREE,
     ) -> None:
         self.config = config
         self.profile = profile
         self.topology = Topology.synthetic(cores)
         self.service = ServiceModel.of(profile, cores, config.max_batch, interference)
-        self.transport_s = transport_ms / 1000.0
-        self.batch_overhead_ms = batch_overhead_ms  # (fixed, per input)
-        self.switch_s = switch_ms / 1000.0
+        self.costs = costs
+        self.transport_s = costs.transport_ms / 1000.0
+        self.daemon_loop = LoopModel()
         self.clock = VirtualClock()
         self.loop = EventLoop(self.clock)
         self.policy = policy_for(config)
@@ -137,7 +133,8 @@ class Simulation:
         self.busy = False
         self.tally = Tally(started=0.0)
         self.batches = self.batch_inputs = 0
-        self.queue_wait_s = 0.0  # from each request's arrival at the frontend until its batch starts
+        self.queue_wait_s = 0.0  # from each request's receipt by the daemon until its batch starts
+        self._sent_at: dict[int, float] = {}  # each request in the daemon (by id) → when its client sent it
         self.last_send = 0.0
         self.adapt_wall_s: list[float] = []  # wall time of each look of online adaptation (outside the result)
         self._senders = 0  # arrival sources still sending (1 open-loop process, or N closed-loop clients)
@@ -199,10 +196,16 @@ class Simulation:
         self._offer(traffic.mix.draw(rng), lambda: self._client_send(traffic, rng))
 
     def _offer(self, samples: int, answered: Any) -> None:
-        """A request reaches the frontend (after half the transport cost) and is queued, or refused at once."""
+        """A request reaches the daemon after half the transport cost; the loop takes it in when free (its
+        receipt time, from which the daemon counts), then queues it or refuses it at once."""
         self.tally.sent += 1
-        now = self.last_send = self.clock.now
-        request = Request(b"", None, answered, "float32", (samples,), None, arrived=now + self.transport_s / 2)
+        sent = self.last_send = self.clock.now
+        request = Request(b"", None, answered, "float32", (samples,), None, arrived=sent + self.transport_s / 2)
+        self._sent_at[id(request)] = sent
+
+        def read() -> None:
+            request.arrived, taken_in = self.daemon_loop.take(self.clock.now, self.costs.read_s(samples))
+            self.loop.at(taken_in, queue)
 
         def queue() -> None:
             if not self.batcher.offer(request):
@@ -210,18 +213,18 @@ class Simulation:
                 return
             self._tick()
 
-        self.loop.at(request.arrived, queue)
+        self.loop.at(request.arrived, read)
 
     # -- the daemon's tick, on the virtual clock -------------------------------------------------------
     def _tick(self) -> None:
         now = self.clock.now
+        if self.daemon_loop.free_at > now:
+            self._wake_at(self.daemon_loop.free_at)  # the loop is still reading or answering
+            return
         if self.busy or not self.batcher.due(now):
             due = None if self.busy else self.batcher.next_due()
-            if due is not None and (self._tick_at is None or self._tick_at <= now or due < self._tick_at):
-                # A batch due "now" by the clock but not by the batcher's subtraction (float rounding)
-                # is looked at again a nanosecond later rather than left waiting for the next event.
-                self._tick_at = due if due > now else now + 1e-9
-                self.loop.at(self._tick_at, self._tick)
+            if due is not None:
+                self._wake_at(due)
             return
         batch = self.batcher.take()
         self.queue_wait_s += sum(now - request.arrived for request in batch)
@@ -233,25 +236,38 @@ class Simulation:
         self.batches += 1
         self.batch_inputs += rows
         self.adaptation.estimator.observe(rows, now)
-        overhead_ms = self.batch_overhead_ms[0] + self.batch_overhead_ms[1] * rows
-        done = now + (max(compute_ms) + overhead_ms) / 1000.0
+        _, sent = self.daemon_loop.take(now, self.costs.dispatch_ms / 1000.0)
+        done = sent + (max(compute_ms) + self.costs.hop_ms) / 1000.0
         self.loop.at(done, lambda: self._finish(batch, slices, compute_ms))
 
+    def _wake_at(self, when: float) -> None:
+        """Tick again at `when`, unless an earlier tick is already due. A batch due "now" by the clock but not
+        by the batcher's subtraction (float rounding) is looked at again a nanosecond later rather than left
+        waiting for the next event."""
+        now = self.clock.now
+        if self._tick_at is None or self._tick_at <= now or when < self._tick_at:
+            self._tick_at = when if when > now else now + 1e-9
+            self.loop.at(self._tick_at, self._tick)
+
     def _finish(self, batch: list[Request], slices: list[tuple[int, int]], compute_ms: list[float]) -> None:
+        """The last slice is back: the loop answers the batch's requests one after another when it is free."""
         now = self.clock.now
         self.busy = False
-        for request in batch:
-            self._answered(request)
+        started, _ = self.daemon_loop.take(now, self.costs.answer_s(len(batch)))
+        fixed_ms, per_request_ms = self.costs.answer_ms
+        for k, request in enumerate(batch, start=1):
+            self._answered(request, at=started + (fixed_ms + per_request_ms * k) / 1000.0)
         for (threads, rows), ms in zip(slices, compute_ms, strict=True):
             self.adaptation.production.observe(threads, rows, ms, now)
         self._tick()
 
-    def _answered(self, request: Request, error: str | None = None) -> None:
+    def _answered(self, request: Request, error: str | None = None, at: float | None = None) -> None:
         """The client has its answer (after the other half of the transport cost), counted as packrat load
-        counts it; a closed-loop client then sends again."""
-        when = self.clock.now + self.transport_s / 2
+        counts it; a closed-loop client then sends again. `at`: when the daemon replied (default now)."""
+        when = (self.clock.now if at is None else at) + self.transport_s / 2
+        sent = self._sent_at.pop(id(request))
         if error is None:
-            self.tally.answered(when - (request.arrived - self.transport_s / 2), request.samples, when)
+            self.tally.answered(when - sent, request.samples, when)
         else:
             self.tally.failed(error, when)
         if request.request_id is not None:
@@ -265,7 +281,8 @@ class Simulation:
         if plan is not None:
             # The reconciler's switch: the old plan's workers serve until the new plan's are ready (the
             # tuner's cool-down keeps a second decision from coming meanwhile).
-            self.loop.at(self.clock.now + self.switch_s, lambda: self._switch(plan, "adapt"))
+            switch_s = self.costs.switch_ms / 1000.0
+            self.loop.at(self.clock.now + switch_s, lambda: self._switch(plan, "adapt"))
         # Real seconds, not virtual: what each look costs the daemon's loop, which the virtual clock hides.
         self.adapt_wall_s.append(time.perf_counter() - started)
         self.loop.at(self.adaptation.due, self._adapt)

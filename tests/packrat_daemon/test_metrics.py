@@ -69,6 +69,18 @@ def test_metrics_count_requests_batches_errors_and_describe_the_plan(tmp_path: P
     layouts = {dict(labels)["layout"]: value for (name, labels), value in metrics.items()
                if name == "packrat_layout_compute_seconds_count"}  # fmt: skip
     assert sum(layouts.values()) == metrics[("packrat_batch_size_count", ())] and set(layouts) <= {"1", "1+1"}
+    # Where the daemon's own time went: every message read, every batch started and answered, every slice's trip.
+    batches = metrics[("packrat_batch_size_count", ())]
+    events = {dict(labels)["phase"]: value for (name, labels), value in metrics.items()
+              if name == "packrat_loop_events_total"}  # fmt: skip
+    assert events["read"] >= 6 and events["dispatch"] == events["answer"] == batches
+    assert all(
+        metrics[("packrat_loop_seconds_total", (("phase", phase),))] > 0 for phase in ("read", "dispatch", "answer")
+    )
+    assert metrics[("packrat_worker_hop_seconds_count", ())] == sum(
+        count * (1 if layout == "1" else 2) for layout, count in layouts.items()
+    )
+    assert metrics[("packrat_worker_hop_seconds_sum", ())] > 0
 
 
 def test_metrics_port_in_use_is_a_clear_error(tmp_path: Path) -> None:

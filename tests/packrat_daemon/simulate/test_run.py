@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.load.arrivals import BatchMix, Burst, Poisson, Trace, open_loop_schedule
-from packrat_daemon.simulate import Simulation, Traffic
+from packrat_daemon.simulate import DaemonCosts, Simulation, Traffic
 from packrat_daemon.wire.errors import ConfigError
 from policies.planning.distribution import BatchDistribution
 from policies.planning.profile import Profile
@@ -104,20 +105,49 @@ def test_open_loop_traffic_is_the_schedule_packrat_load_sends_for_the_same_seed(
     assert result["samples_per_s"] * result["window_s"] == pytest.approx(sum(s for _, s in schedule), rel=1e-4)
 
 
-def test_the_daemons_work_per_batch_keeps_the_batch_in_flight():
+def test_the_daemons_costs_add_to_a_lone_request_and_keep_each_batch_in_flight():
     profile = amdahl_profile()
     config = ServeConfig(policy="single", max_batch=64, batches=[8], max_delay_ms=0.0)
     alone = profile.lhat(CORES, 8)
     assert alone is not None
+    costs = DaemonCosts(transport_ms=1.0, read_ms=(0.2, 0.1), dispatch_ms=0.3, answer_ms=(0.4, 0.05), hop_ms=0.6)
 
-    def p50(concurrency: int, overhead: tuple[float, float]) -> float:
-        traffic = Traffic(BatchMix.single(8), concurrency=concurrency, requests=40)
-        simulation = Simulation(config, profile, CORES, batch_overhead_ms=overhead)
-        return simulation.run(traffic).to_json()["latency_ms"]["p50"]
+    # One client: each request pays the transport, its read (0.2 + 0.1 per sample), the batch's start, the
+    # trip to the worker and the answer (0.4 + 0.05 for its one request) on top of the compute.
+    one_client = Traffic(BatchMix.single(8), concurrency=1, requests=40)
+    p50 = Simulation(config, profile, CORES, costs=costs).run(one_client).to_json()["latency_ms"]["p50"]
+    assert p50 == pytest.approx(alone + 1.0 + (0.2 + 0.8) + 0.3 + 0.6 + 0.45, abs=5e-4)
+    # A second request that comes while the first computes waits for its whole cycle: the start, the trip to
+    # the worker and the answer keep the worker from the next batch as the compute does.
+    second = Traffic(BatchMix.single(8), process=Trace(((0.0, 8), (0.001, 8))))
+    cycle = 0.3 + 0.6 + 0.45 + alone
+    latencies = Simulation(config, profile, CORES, costs=replace(costs, read_ms=(0.0, 0.0))).run(second).tally
+    assert [1000.0 * s for s in latencies.latencies_s] == pytest.approx([1.0 + cycle, 1.0 + 2 * cycle - 1.0])
 
-    assert p50(1, (2.0, 0.5)) == pytest.approx(alone + 2.0 + 0.5 * 8, abs=5e-4)
-    # Two clients: each request waits for the other's batch, overhead included, when they alternate.
-    assert p50(2, (2.0, 0.5)) - p50(2, (0.0, 0.0)) == pytest.approx(2 * (2.0 + 0.5 * 8), abs=0.5)
+
+def test_the_daemons_one_loop_reads_what_has_come_before_it_starts_a_batch():
+    # Two single-input requests 1 ms apart, each taking the loop 5 ms to read. The second comes while the
+    # loop reads the first, so it is read next (5 to 10 ms), and only then does the loop start a batch: both
+    # together at 10 ms, as the daemon reads every waiting message before its tick.
+    profile = amdahl_profile()
+    config = ServeConfig(policy="single", max_batch=64, batches=[1], max_delay_ms=0.0)
+    together = profile.lhat(CORES, 2)
+    assert together is not None
+    traffic = Traffic(BatchMix.single(1), process=Trace(((0.0, 1), (0.001, 1))))
+    result = Simulation(config, profile, CORES, costs=DaemonCosts(read_ms=(5.0, 0.0))).run(traffic)
+    assert [1000.0 * latency for latency in result.tally.latencies_s] == pytest.approx(
+        [10.0 + together, 10.0 + together - 1.0]
+    )
+    assert result.batches == 1
+    # The daemon counts the wait from each read's start: 10 ms for the first, 5 ms for the second.
+    assert result.to_json()["queue_wait_mean_ms"] == pytest.approx(7.5)
+
+
+def test_the_daemons_costs_cannot_be_negative():
+    with pytest.raises(ConfigError, match="hop_ms must be zero or more"):
+        DaemonCosts(hop_ms=-1.0)
+    with pytest.raises(ConfigError, match="read_ms must be zero or more"):
+        DaemonCosts(read_ms=(0.5, -0.1))
 
 
 def test_the_looks_count_from_the_daemons_start_and_a_switch_takes_the_reconcilers_time():
@@ -127,7 +157,9 @@ def test_the_looks_count_from_the_daemons_start_and_a_switch_takes_the_reconcile
     def changes(uptime_s: float, switch_ms: float = 0.0) -> list[float]:
         traffic = Traffic(BatchMix.single(1), concurrency=1, duration_s=9.0, uptime_s=uptime_s)
         config = ServeConfig(max_batch=64, batches=[64])
-        result = Simulation(config, amdahl_profile(), CORES, switch_ms=switch_ms).run(traffic).to_json()
+        result = (
+            Simulation(config, amdahl_profile(), CORES, costs=DaemonCosts(switch_ms=switch_ms)).run(traffic).to_json()
+        )
         return [change["t_s"] for change in result["plan_changes"]]
 
     assert changes(0.0) == [0.0, 5.0]
