@@ -25,6 +25,9 @@ with the same profile, settings, traffic and seed, twice:
 The daemon's own mean from receipt to reply is also set beside the simulation's (its latency less the
 transport), which leaves the transport out of the comparison altogether, and split in two as the
 daemon's /metrics split it: the queue wait, and the rest (the batch in flight).
+Where the emulated median falls among the simulated latencies is given too (as a percentile): where a
+median lies on the gap between two modes, one request more on one side moves it by many ms.
+`--rescore FILE` simulates a saved run's rows again from their inputs, without the emulated runs.
 The warm-up is off so that the daemon's batch-size estimator sees only the traffic the simulation sees.
 Both are stand-ins: this checks that they agree, not that either matches a real machine. Prints JSON;
 progress on stderr.
@@ -33,6 +36,7 @@ progress on stderr.
 from __future__ import annotations
 
 import argparse
+import bisect
 import datetime
 import json
 import re
@@ -52,7 +56,7 @@ from stand_ins import TRANSPORT_SCALE, error, scaled  # noqa: E402
 from packrat_daemon.config import ServeConfig  # noqa: E402
 from packrat_daemon.emulation import Interference  # noqa: E402
 from packrat_daemon.load.arrivals import BatchMix, Poisson  # noqa: E402
-from packrat_daemon.simulate import DaemonCosts, Simulation, Traffic  # noqa: E402
+from packrat_daemon.simulate import DaemonCosts, Simulation, SimulationResult, Traffic  # noqa: E402
 from packrat_daemon.simulate.run import FREE  # noqa: E402
 from policies.planning.profile import Profile  # noqa: E402
 
@@ -158,7 +162,7 @@ def read_per_sample_ms(daemon: DaemonProcess, port: int) -> float:
 
 def simulate(
     table: Profile, policy: str, rate: float, args: argparse.Namespace, uptime_s: float, costs: dict[str, Any] | None
-) -> dict[str, Any]:
+) -> SimulationResult:
     config = ServeConfig(policy=policy, max_batch=MAX_BATCH, batches=[MAX_BATCH], max_delay_ms=1.0)
     traffic = Traffic(
         BatchMix.parse(MIX), process=Poisson(rate), duration_s=args.duration, seed=args.seed, uptime_s=uptime_s
@@ -166,7 +170,15 @@ def simulate(
     interference = Interference.named(INTERFERENCE)
     daemon_costs = FREE if costs is None else DaemonCosts(**{k: tuple(v) if isinstance(v, list) else v
                                                              for k, v in costs.items()})  # fmt: skip
-    return Simulation(config, table, CORES, interference, daemon_costs).run(traffic).to_json()
+    return Simulation(config, table, CORES, interference, daemon_costs).run(traffic)
+
+
+def percentile_of(result: SimulationResult, latency_ms: float) -> float:
+    """Which percentile of the simulation's latencies `latency_ms` is: where the emulated median falls in the
+    simulated distribution. Near a gap between two modes a median moves by many ms for one request; this
+    says by how many requests."""
+    latencies = sorted(1000.0 * latency for latency in result.tally.latencies_s)
+    return round(100.0 * bisect.bisect_left(latencies, latency_ms) / len(latencies), 2)
 
 
 def quantiles(report: dict[str, Any]) -> dict[str, float]:
@@ -183,25 +195,56 @@ def compare(name: str, table: Profile, policy: str, rate: float, load_share: flo
     transport_ms = max(0.0, emulated["latency_mean_ms"] - daemon_ms)
     costs = {**costs, "transport_ms": round(transport_ms, 3),
              "switch_ms": round(sum(switches) / len(switches), 3) if switches else 0.0}  # fmt: skip
-    bare = simulate(table, policy, rate, args, uptime_s, None)
-    modelled = simulate(table, policy, rate, args, uptime_s, costs)
-    simulated_daemon_ms = modelled["latency_mean_ms"] - transport_ms
-    return {
+    row = {
         "table": name, "policy": policy, "load": load_share, "rate_rps": rate, "uptime_s": round(uptime_s, 3),
-        "costs": costs, "switch_ms_measured": [round(ms, 1) for ms in switches],
-        "emulated_ms": quantiles(emulated), "simulated_ms": quantiles(modelled), "bare_ms": quantiles(bare),
-        "error": {q: error(modelled["latency_ms"][q], emulated["latency_ms"][q]) for q in ("p50", "p99")},
-        "error_bare": {q: error(bare["latency_ms"][q], emulated["latency_ms"][q]) for q in ("p50", "p99")},
-        "daemon_mean_ms": {"emulated": round(daemon_ms, 3), "simulated": round(simulated_daemon_ms, 3),
-                           "error": error(simulated_daemon_ms, daemon_ms)},
+        "costs": costs, "switch_ms_measured": [round(ms, 1) for ms in switches], "emulated_ms": quantiles(emulated),
+        "daemon_mean_ms": {"emulated": round(daemon_ms, 3)},
         # The daemon's time in two: waiting to be batched, then its batch in flight (sent, computed, gathered).
-        "queue_wait_mean_ms": {"emulated": round(queue_ms, 3), "simulated": modelled["queue_wait_mean_ms"]},
-        "in_flight_mean_ms": {"emulated": round(daemon_ms - queue_ms, 3),
-                              "simulated": round(simulated_daemon_ms - modelled["queue_wait_mean_ms"], 3)},  # fmt: skip
+        "queue_wait_mean_ms": {"emulated": round(queue_ms, 3)},
+        "in_flight_mean_ms": {"emulated": round(daemon_ms - queue_ms, 3)},
         "emulated_sent_ok_errors": [emulated["sent"], emulated["ok"], emulated["errors"]],
-        "simulated_sent_ok_errors": [modelled["sent"], modelled["ok"], modelled["errors"]],
-        "emulated_plan_log": emulated["plan_log"], "simulated_plan_changes": modelled["plan_changes"],
+        "emulated_plan_log": emulated["plan_log"],
     }  # fmt: skip
+    return simulated_side(row, table, args)
+
+
+def simulated_side(row: dict[str, Any], table: Profile, args: argparse.Namespace) -> dict[str, Any]:
+    """The simulation of one emulated run, bare and modelled, set beside it (every field it adds is made
+    here, so --rescore remakes them all from a saved run's inputs)."""
+    policy, rate, uptime_s, costs = row["policy"], row["rate_rps"], row["uptime_s"], row["costs"]
+    emulated = row["emulated_ms"]
+    bare = simulate(table, policy, rate, args, uptime_s, None).to_json()
+    result = simulate(table, policy, rate, args, uptime_s, costs)
+    modelled = result.to_json()
+    daemon_ms = row["daemon_mean_ms"]["emulated"]
+    simulated_daemon_ms = modelled["latency_mean_ms"] - costs["transport_ms"]
+    simulated_queue_ms = modelled["queue_wait_mean_ms"]
+    return {
+        **row, "simulated_ms": quantiles(modelled), "bare_ms": quantiles(bare),
+        "error": {q: error(modelled["latency_ms"][q], emulated[q]) for q in ("p50", "p99")},
+        "error_bare": {q: error(bare["latency_ms"][q], emulated[q]) for q in ("p50", "p99")},
+        "emulated_p50_is_simulated_percentile": percentile_of(result, emulated["p50"]),
+        "daemon_mean_ms": {"emulated": daemon_ms, "simulated": round(simulated_daemon_ms, 3),
+                           "error": error(simulated_daemon_ms, daemon_ms)},
+        "queue_wait_mean_ms": {**row["queue_wait_mean_ms"], "simulated": simulated_queue_ms},
+        "in_flight_mean_ms": {**row["in_flight_mean_ms"],
+                              "simulated": round(simulated_daemon_ms - simulated_queue_ms, 3)},
+        "simulated_sent_ok_errors": [modelled["sent"], modelled["ok"], modelled["errors"]],
+        "simulated_plan_changes": modelled["plan_changes"],
+    }  # fmt: skip
+
+
+def profile_of(name: str) -> Profile:
+    return Profile.read_csv(REPO / "bench" / "profiles" / f"{name}-cloudlab16.csv")
+
+
+def rescore(path: str) -> dict[str, Any]:
+    """A saved run's simulated side made again from its inputs (the simulation is deterministic), for when
+    the simulation's code changed and the emulated runs need not."""
+    saved = json.loads(Path(path).read_text())
+    args = argparse.Namespace(duration=saved["duration_s"], seed=saved["seed"])
+    saved["rows"] = [simulated_side(row, profile_of(row["table"]), args) for row in saved["rows"]]
+    return saved
 
 
 def main() -> None:
@@ -210,12 +253,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--loads", default="0.3,0.5", help="offered load, over one 16-thread instance at max_batch")
     parser.add_argument("--tables", default="inception3,bert")
+    parser.add_argument("--rescore", metavar="FILE.json", help="only simulate again a saved run's rows")
     args = parser.parse_args()
+    if args.rescore:
+        print(json.dumps(rescore(args.rescore), indent=1))
+        return
     loads = [float(share) for share in args.loads.split(",")]
     rows = []
     for name in args.tables.split(","):
         path = REPO / "bench" / "profiles" / f"{name}-cloudlab16.csv"
-        table = Profile.read_csv(path)
+        table = profile_of(name)
         alone_ms = table.lhat(CORES, MAX_BATCH)
         assert alone_ms is not None
         rates = {share: round(share * MAX_BATCH / (alone_ms / 1000.0) / BatchMix.parse(MIX).mean, 3) for share in loads}
