@@ -1,7 +1,7 @@
 """The stand-ins checked against the real thing on this machine: the real daemon, the emulated daemon and
 the simulation, side by side on the same profile and the same traffic.
 
-    .venv/bin/python bench/stand_ins.py [--rate 5] [--duration 45] [--rounds 2] [--seed 3]
+    .venv/bin/python bench/stand_ins.py [--rate R] [--duration 45] [--rounds 2] [--seed 3]
 
 1. A real daemon (built-in ResNet-50, fp32, packrat policy, every usable core) measures its profile at
    start-up and saves it (--save-profile); the split check is off, so all three start from the policy's plan.
