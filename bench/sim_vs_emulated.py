@@ -22,6 +22,9 @@ with the same profile, settings, traffic and seed, twice:
   - the reconciler's switch time: from the emulated daemon's own log (from "reconciling to generation N"
     to "generation N serves"), the time the old plan kept serving after the decision;
   - the uptime: the daemon's "serving on" log line to the load's first request (`started_unix_s`).
+The simulation is sent the requests as `packrat load` sent them (its `--save-trace`: the Poisson schedule,
+each request as late as the client's loop let it leave, kept in the row as "sent_trace"), so that two
+requests that left together in the run arrive together in the simulation too.
 The daemon's own mean from receipt to reply is also set beside the simulation's (its latency less the
 transport), which leaves the transport out of the comparison altogether, and split in two as the
 daemon's /metrics split it: the queue wait, and the rest (the batch in flight).
@@ -55,7 +58,7 @@ from stand_ins import TRANSPORT_SCALE, error, scaled  # noqa: E402
 
 from packrat_daemon.config import ServeConfig  # noqa: E402
 from packrat_daemon.emulation import Interference  # noqa: E402
-from packrat_daemon.load.arrivals import BatchMix, Poisson  # noqa: E402
+from packrat_daemon.load.arrivals import BatchMix, Poisson, Trace  # noqa: E402
 from packrat_daemon.simulate import DaemonCosts, Simulation, SimulationResult, Traffic  # noqa: E402
 from packrat_daemon.simulate.run import FREE  # noqa: E402
 from policies.planning.profile import Profile  # noqa: E402
@@ -145,8 +148,12 @@ def load(endpoint: str, *args: str) -> dict[str, Any]:
     return json.loads(subprocess.run(command, cwd=REPO, check=True, capture_output=True, text=True).stdout)
 
 
-def poisson(endpoint: str, rate: float, duration: float, seed: int) -> dict[str, Any]:
-    return load(endpoint, "--rate", str(rate), "--batches", MIX, "--duration", str(duration), "--seed", str(seed))
+def poisson(endpoint: str, rate: float, duration: float, seed: int, trace: Path) -> dict[str, Any]:
+    """`packrat load`'s report, with the requests as they left (its --save-trace) in "sent_trace"."""
+    report = load(endpoint, "--rate", str(rate), "--batches", MIX, "--duration", str(duration), "--seed", str(seed),
+                  "--save-trace", str(trace))  # fmt: skip
+    report["sent_trace"] = [[round(t_s, 5), samples] for t_s, samples in Trace.read(trace).rows]
+    return report
 
 
 def read_per_sample_ms(daemon: DaemonProcess, port: int) -> float:
@@ -161,12 +168,18 @@ def read_per_sample_ms(daemon: DaemonProcess, port: int) -> float:
 
 
 def simulate(
-    table: Profile, policy: str, rate: float, args: argparse.Namespace, uptime_s: float, costs: dict[str, Any] | None
+    table: Profile, policy: str, row: dict[str, Any], args: argparse.Namespace, costs: dict[str, Any] | None
 ) -> SimulationResult:
+    """The simulation of `row`'s run: the requests as its load sent them when the row has them, else the
+    Poisson schedule they were sent on (rows saved before the trace was kept)."""
     config = ServeConfig(policy=policy, max_batch=MAX_BATCH, batches=[MAX_BATCH], max_delay_ms=1.0)
-    traffic = Traffic(
-        BatchMix.parse(MIX), process=Poisson(rate), duration_s=args.duration, seed=args.seed, uptime_s=uptime_s
-    )
+    mix, uptime_s = BatchMix.parse(MIX), row["uptime_s"]
+    if "sent_trace" in row:
+        sent = Trace(tuple((t_s, samples) for t_s, samples in row["sent_trace"]))
+        traffic = Traffic(mix, process=sent, seed=args.seed, uptime_s=uptime_s)
+    else:
+        traffic = Traffic(mix, process=Poisson(row["rate_rps"]), duration_s=args.duration, seed=args.seed,
+                          uptime_s=uptime_s)  # fmt: skip
     interference = Interference.named(INTERFERENCE)
     daemon_costs = FREE if costs is None else DaemonCosts(**{k: tuple(v) if isinstance(v, list) else v
                                                              for k, v in costs.items()})  # fmt: skip
@@ -204,6 +217,7 @@ def compare(name: str, table: Profile, policy: str, rate: float, load_share: flo
         "in_flight_mean_ms": {"emulated": round(daemon_ms - queue_ms, 3)},
         "emulated_sent_ok_errors": [emulated["sent"], emulated["ok"], emulated["errors"]],
         "emulated_plan_log": emulated["plan_log"],
+        "sent_trace": emulated["sent_trace"],  # what the simulation is sent: the load's requests as they left
     }  # fmt: skip
     return simulated_side(row, table, args)
 
@@ -211,10 +225,10 @@ def compare(name: str, table: Profile, policy: str, rate: float, load_share: flo
 def simulated_side(row: dict[str, Any], table: Profile, args: argparse.Namespace) -> dict[str, Any]:
     """The simulation of one emulated run, bare and modelled, set beside it (every field it adds is made
     here, so --rescore remakes them all from a saved run's inputs)."""
-    policy, rate, uptime_s, costs = row["policy"], row["rate_rps"], row["uptime_s"], row["costs"]
+    policy, costs = row["policy"], row["costs"]
     emulated = row["emulated_ms"]
-    bare = simulate(table, policy, rate, args, uptime_s, None).to_json()
-    result = simulate(table, policy, rate, args, uptime_s, costs)
+    bare = simulate(table, policy, row, args, None).to_json()
+    result = simulate(table, policy, row, args, costs)
     modelled = result.to_json()
     daemon_ms = row["daemon_mean_ms"]["emulated"]
     simulated_daemon_ms = modelled["latency_mean_ms"] - costs["transport_ms"]
@@ -282,7 +296,8 @@ def main() -> None:
                     try:
                         daemon.wait()
                         before = scrape(port)
-                        emulated = poisson(daemon.endpoint, rates[share], args.duration, args.seed)
+                        sent = work / f"sent-{policy}-{share}.csv"
+                        emulated = poisson(daemon.endpoint, rates[share], args.duration, args.seed, sent)
                         after = scrape(port)
                         daemon_ms = mean_ms(before, after, "packrat_request_latency_seconds")
                         queue_ms = mean_ms(before, after, "packrat_queue_wait_seconds")

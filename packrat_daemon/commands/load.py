@@ -17,6 +17,7 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from packrat_daemon.commands.options import add_client_options, positive_int
@@ -105,6 +106,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the arrivals and sizes (default 0)")
     parser.add_argument("--sweep", type=_rates, metavar="R1,R2,…", help="one run per rate: a latency–throughput curve")
     parser.add_argument("--plot", metavar="FILE.png", help="draw the sweep (needs matplotlib: .[plot])")
+    parser.add_argument(
+        "--save-trace", metavar="F.csv",
+        help="write the requests as they left (t_s,samples, the format --trace reads): what the daemon was sent, "
+        "late sends included, for packrat simulate --trace",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--quiet", action="store_true", help="no progress line on stderr")
     parser.set_defaults(run=run)
@@ -144,6 +150,10 @@ def _check(args: argparse.Namespace) -> None:
         )
     if args.plot and not args.sweep:
         raise ConfigError("--plot draws a --sweep; add --sweep R1,R2,…")
+    if args.save_trace and args.sweep:
+        raise ConfigError("--save-trace writes one run's requests; a --sweep makes several: run each rate alone")
+    if args.save_trace and not Path(args.save_trace).resolve().parent.is_dir():
+        raise ConfigError(f"--save-trace {args.save_trace}: its folder does not exist")
     if args.plot:
         from packrat_daemon.load.plot import check_plotting
 
@@ -227,4 +237,9 @@ def run(args: argparse.Namespace) -> int:
         print(format_sweep(reports))
     else:
         print(format_report(reports[0]))
+    if args.save_trace and tallies[0].sends:  # after the report: a file that cannot be written loses nothing
+        try:
+            Trace(tuple(sorted(tallies[0].sends))).write(args.save_trace)
+        except OSError as exc:
+            raise ConfigError(f"cannot write the trace to {args.save_trace}: {exc.strerror}") from None
     return 130 if tallies[-1].interrupted else 0  # the shell's status for an interrupted command

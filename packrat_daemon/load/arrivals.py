@@ -308,6 +308,13 @@ class Trace:
                 rows.append((t_s, samples))
         return cls(tuple(rows), str(path))
 
+    def write(self, path: str | Path) -> None:
+        """The CSV `read` reads (the header t_s,samples, in time order), to microseconds."""
+        with Path(path).open("w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(("t_s", "samples"))
+            writer.writerows((f"{t_s:.6f}", samples) for t_s, samples in self.rows)
+
     @property
     def mean_rate_rps(self) -> float:
         span = self.rows[-1][0]

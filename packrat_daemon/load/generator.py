@@ -104,6 +104,7 @@ class Generator:
         # The caller counts the request as sent when it decides to send it, so one cancelled before it
         # ran is still sent and then counted UNFINISHED: sent = ok + errors holds in every case.
         began = time.perf_counter()
+        tally.sends.append((began - tally.started, samples))
         if due is not None:
             tally.lags_s.append(max(0.0, began - due))
         try:

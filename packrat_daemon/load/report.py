@@ -33,6 +33,7 @@ class Tally:
     errors: Counter[str] = field(default_factory=Counter)
     latencies_s: list[float] = field(default_factory=list)
     lags_s: list[float] = field(default_factory=list)  # how late each open-loop request left its schedule
+    sends: list[tuple[float, int]] = field(default_factory=list)  # each request as it left: (s after started, samples)
     send_window_s: float = 0.0  # from the start to the end of the sending (at least the asked duration)
     last_done: float = 0.0
     interrupted: bool = False  # cancelled before the end (Ctrl-C); what it counted still adds up

@@ -19,7 +19,7 @@ from conftest import REPO, running_daemon
 
 from packrat_daemon.cli import main
 from packrat_daemon.commands import load as load_command
-from packrat_daemon.load.arrivals import BatchMix, Poisson, open_loop_schedule
+from packrat_daemon.load.arrivals import BatchMix, Poisson, Trace, open_loop_schedule
 
 FIXED_KEYS = ["sent", "ok", "errors", "throughput_rps", "latency_ms"]
 MAX_QUEUE = 64
@@ -88,10 +88,15 @@ def test_a_trace_is_replayed_as_recorded(endpoint, capsys, tmp_path: Path):
     rows = [(i * 0.05, 1 + i % 4) for i in range(20)]
     trace = tmp_path / "trace.csv"
     trace.write_text("t_s,samples\n" + "".join(f"{t},{s}\n" for t, s in rows))
-    report = load(capsys, "--endpoint", endpoint, "--trace", str(trace), "--warmup", "0")
+    saved = tmp_path / "sent.csv"
+    report = load(capsys, "--endpoint", endpoint, "--trace", str(trace), "--warmup", "0", "--save-trace", str(saved))
     check_fixed_fields(report)
     assert report["sent"] == report["ok"] == 20
     assert "samples as recorded" in report["traffic"]
+    # The requests as they left, in the format --trace reads: the same sizes, each at or just after its time.
+    sent = Trace.read(saved).rows
+    assert [samples for _, samples in sent] == [samples for _, samples in rows]
+    assert all(0.0 <= left - t < 0.05 for (left, _), (t, _) in zip(sent, rows, strict=True))
 
 
 @pytest.mark.slow
@@ -178,6 +183,8 @@ def test_a_remote_endpoint_is_warned_about(capsys, monkeypatch: pytest.MonkeyPat
         (["--sweep", "1,2", "--rate", "3"], "--sweep gives the rates"),
         (["--sweep", "1,2", "--concurrency", "3"], "--sweep gives the rates"),
         (["--key", "client.key_secret"], "CURVE needs both"),
+        (["--sweep", "1,2", "--save-trace", "t.csv"], "--save-trace writes one run's requests"),
+        (["--save-trace", "/nonexistent/t.csv"], "its folder does not exist"),
     ],
 )
 def test_contradictory_options_are_refused(capsys, args: list[str], match: str):
