@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from packrat_daemon.commands.options import add_client_options, positive_int
+from packrat_daemon.commands.options import add_client_options, add_poisson_count, positive_int
 from packrat_daemon.load.arrivals import ArrivalProcess, BatchMix, Burst, Poisson, Trace
 from packrat_daemon.wire.errors import ConfigError
 
@@ -96,11 +96,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help=f"seconds of traffic (default {DEFAULT_DURATION_S:g} without --requests)",
     )
     parser.add_argument("--requests", type=positive_int, help="requests to send (with --duration: whichever first)")
-    parser.add_argument(
-        "--poisson-count", choices=("fixed", "drawn"), default="fixed",
-        help="with --rate and --duration: fixed (default) sends exactly rate × duration requests at Poisson "
-        "times; drawn lets the count vary as a Poisson process's does (docs/load.md)",
-    )  # fmt: skip
+    add_poisson_count(parser)
     parser.add_argument("--warmup", type=_seconds_or_zero, default=1.0, help="seconds of uncounted warm-up (default 1)")
     parser.add_argument("--timeout", type=_positive_float, default=30.0, help="seconds per request (default 30)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the arrivals and sizes (default 0)")

@@ -63,3 +63,12 @@ def add_client_options(parser: argparse.ArgumentParser) -> None:
 def typed_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The settings whose flags were typed, from a namespace parsed with add_settings(typed_only=True)."""
     return {name: value for name, value in vars(args).items() if name in BY_NAME}
+
+
+def add_poisson_count(group: Any) -> None:
+    """--poisson-count, as `packrat load` and `packrat simulate` both take it (a parser or an argument group)."""
+    group.add_argument(
+        "--poisson-count", choices=("fixed", "drawn"), default="fixed",
+        help="with --rate and --duration: fixed (default) sends exactly rate × duration requests at Poisson "
+        "times; drawn lets the count vary as a Poisson process's does (docs/load.md)",
+    )  # fmt: skip

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from packrat_daemon.commands.options import add_settings, argument_type, positive_int
+from packrat_daemon.commands.options import add_poisson_count, add_settings, argument_type, positive_int
 from packrat_daemon.config import BY_NAME, SIZES, ServeConfig
 from packrat_daemon.wire.errors import ConfigError
 
@@ -53,11 +53,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sizes.add_argument("--batches", dest="mix", metavar="B:W,…", help="weighted samples per request, e.g. 1:0.5,8:0.5")
     traffic.add_argument("--duration", type=float, help="seconds of virtual time to send for")
     traffic.add_argument("--requests", type=positive_int, help="requests to send")
-    traffic.add_argument(
-        "--poisson-count", choices=("fixed", "drawn"), default="fixed",
-        help="with --rate and --duration: fixed (default) sends exactly rate × duration requests at Poisson "
-        "times; drawn lets the count vary as a Poisson process's does (docs/load.md)",
-    )  # fmt: skip
+    add_poisson_count(traffic)
     traffic.add_argument("--seed", type=int, default=0, help="seed of the arrivals and sample counts (default 0)")
     costs = parser.add_argument_group(
         "the daemon's own costs in ms, 0 unless given (measured on a running daemon: docs/evaluation.md)"
