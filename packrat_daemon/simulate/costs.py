@@ -36,7 +36,9 @@ class DaemonCosts:
         for spec in fields(self):
             value = getattr(self, spec.name)
             if min(value if isinstance(value, tuple) else (value,)) < 0:
-                raise ConfigError(f"the daemon's cost {spec.name} must be zero or more, got {value}")
+                raise ConfigError(
+                    f"the daemon's cost {spec.name} (--{spec.name.replace('_', '-')}) must be zero or more, got {value}"
+                )
 
     def to_json(self) -> dict[str, Any]:
         return {spec.name: list(value) if isinstance(value := getattr(self, spec.name), tuple) else value

@@ -144,9 +144,9 @@ def test_the_daemons_one_loop_reads_what_has_come_before_it_starts_a_batch():
 
 
 def test_the_daemons_costs_cannot_be_negative():
-    with pytest.raises(ConfigError, match="hop_ms must be zero or more"):
+    with pytest.raises(ConfigError, match=r"hop_ms \(--hop-ms\) must be zero or more"):
         DaemonCosts(hop_ms=-1.0)
-    with pytest.raises(ConfigError, match="read_ms must be zero or more"):
+    with pytest.raises(ConfigError, match=r"read_ms \(--read-ms\) must be zero or more"):
         DaemonCosts(read_ms=(0.5, -0.1))
 
 
