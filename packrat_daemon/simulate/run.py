@@ -10,6 +10,9 @@ What is the daemon's code and what is modelled:
   what the daemon itself costs (`costs.DaemonCosts`: the transport to and from the client, and the work of
   its one loop, which reads requests, starts batches and answers them one piece at a time, so a batch
   waits while the loop takes in a large request, and the reconciler's switch time), all 0 unless given;
+- as the daemon does it: the adaptation looks come every adapt_interval_s from the daemon's start, which
+  is `Traffic.uptime_s` before the first request (so the same traffic can meet its first switch a whole
+  interval later).
 One batch is in flight at a time, as in the daemon's loop.
 """
 
