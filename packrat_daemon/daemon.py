@@ -110,6 +110,10 @@ class Daemon:
         log.info("plan %s — %s", self.plan.describe(), self.plan.reason)
         self.supervisor.wait_converged(self.config.startup_timeout_s, lambda: bool(self.signals.events))
         self.metrics.plan_changed(self.plan, "start", self.reconciler.planned_workers)
+        reserved = self.batcher.reserve_inbox(self.frontend.sample_bytes)
+        if reserved:
+            log.info("inbox: %.0f MiB of shared memory paged in for requests of up to %d inputs",
+                     reserved / 2**20, self.batcher.max_batch)  # fmt: skip
         self.frontend.open()
         log.info("serving on %s with %d worker(s)", self.config.endpoint, len(self.reconciler.serving()))
         sd_notify(READY)

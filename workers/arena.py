@@ -15,7 +15,10 @@ A big request's payload is copied once, on arrival, into the daemon's ``Inbox``:
 any worker may read. A slice that lies within one such payload then goes to its worker as a header
 only (``locate``), with no copy at dispatch, whichever worker takes it and whether or not it is busy.
 A payload's memory is reused only once its request object is gone, so no worker reads it after that
-except for an abandoned job, whose answer the daemon drops.
+except for an abandoned job, whose answer the daemon drops. The daemon reserves one place per payload
+size it can be sent before it opens (``Inbox.reserve``), paged in: the first payload of a size would
+otherwise pay a page fault per 4 KiB page while the daemon's one loop waits, several milliseconds for a
+batch of images.
 This module must not import torch: the daemon uses it too.
 """
 
@@ -27,7 +30,7 @@ import mmap
 import os
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -36,6 +39,8 @@ import numpy as np
 # arena plus the header, and tiny models must not get slower.
 SHARED_MIN_BYTES = 64 * 1024
 MIN_ARENA_BYTES = 1 << 20  # an arena grows by doubling from here; untouched pages cost no memory
+# madvise's "fault every page in for writing" (Linux 5.14 and later); Python 3.11's mmap lacks the name.
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
 _serials = itertools.count(1)  # unique within a process, so a reused fd number is never mistaken
 
@@ -149,9 +154,22 @@ class _Slab:
         self.base = _address(self.view)
         self.size = self.arena.location.size
 
+    def page_in(self) -> None:
+        """Fault every page in now, so that the first payload copied here pays only the copy."""
+        assert self.arena._map is not None
+        try:
+            self.arena._map.madvise(MADV_POPULATE_WRITE)
+        except OSError:  # an older kernel: one write per page faults each in
+            np.frombuffer(self.view, dtype=np.uint8)[:: mmap.PAGESIZE] = 0
+
     def close(self) -> None:
         self.view.release()
         self.arena.close()
+
+
+def _slab_size(nbytes: int) -> int:
+    """The power-of-two size of the place a payload of `nbytes` goes to."""
+    return max(MIN_ARENA_BYTES, 1 << (nbytes - 1).bit_length())
 
 
 def _address(view: memoryview) -> int:
@@ -180,7 +198,7 @@ class Inbox:
         nbytes = data.nbytes
         if nbytes < SHARED_MIN_BYTES or not data.c_contiguous:
             return None
-        size = max(MIN_ARENA_BYTES, 1 << (nbytes - 1).bit_length())
+        size = _slab_size(nbytes)
         free = self._free.setdefault(size, [])
         if free:
             slab = free.pop()
@@ -190,6 +208,21 @@ class Inbox:
         slab.view[:nbytes] = data.cast("B") if data.format != "B" or data.ndim != 1 else data
         weakref.finalize(owner, _release, free, slab)
         return slab.view[:nbytes]
+
+    def reserve(self, payload_bytes: Iterable[int]) -> int:
+        """Make sure a paged-in free place waits for a payload of each of these sizes; returns the bytes
+        newly reserved. A place stays reserved until a burst needs more than KEEP_FREE_SLABS of its size."""
+        reserved = 0
+        for size in sorted({_slab_size(nbytes) for nbytes in payload_bytes if nbytes >= SHARED_MIN_BYTES}):
+            free = self._free.setdefault(size, [])
+            if free:
+                continue
+            slab = _Slab(size, f"{self.label}-{size >> 10}k")
+            slab.page_in()
+            _SLABS.append(slab)
+            free.append(slab)
+            reserved += slab.size
+        return reserved
 
     def close(self) -> None:
         """Free every slab of this inbox (at exit: a payload still referenced keeps its mapping alive)."""

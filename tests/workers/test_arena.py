@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -156,3 +157,33 @@ def test_an_inbox_keeps_a_few_free_places_and_closes_the_rest() -> None:
     finally:
         inbox.close()
     assert not memfds("test-burst-1024k")
+
+
+def resident_bytes(label: str) -> int:
+    """How much of this process's mappings of arenas labelled `label` is in memory (smaps' Rss)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):  # a mapping's first line; its fields follow
+            inside = f"/memfd:packrat-{label} " in line
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1]) * 1024
+    return total
+
+
+def test_a_reserved_inbox_place_is_paged_in_and_taken_by_the_first_payload_of_its_size() -> None:
+    inbox = Inbox("test-reserve")
+    try:
+        sample = 500 * 1024  # one input's bytes: 1 and 2 inputs go to 1 MiB places, 3 and 4 to 2 MiB
+        reserved = inbox.reserve(samples * sample for samples in (1, 2, 3, 4))
+        assert reserved == (1 << 20) + (2 << 20)
+        assert resident_bytes("test-reserve-1024k") == 1 << 20
+        assert resident_bytes("test-reserve-2048k") == 2 << 20
+        assert inbox.reserve([sample, 4 * sample]) == 0  # both sizes already wait in a free place
+        fds = len(memfds("test-reserve"))
+        owner = Owner()
+        placed = inbox.place(np.ones(3 * sample, dtype=np.uint8), owner)
+        assert placed is not None and len(memfds("test-reserve")) == fds  # no new place was made
+        assert inbox.reserve([3 * sample]) == 2 << 20  # the 2 MiB place is taken: another one waits
+        assert inbox.reserve([SHARED_MIN_BYTES - 1]) == 0  # a small payload never goes to the inbox
+    finally:
+        inbox.close()
