@@ -267,6 +267,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--loads", default="0.3,0.5", help="offered load, over one 16-thread instance at max_batch")
     parser.add_argument("--tables", default="inception3,bert")
+    parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--rescore", metavar="FILE.json", help="only simulate again a saved run's rows")
     args = parser.parse_args()
     if args.rescore:
@@ -284,7 +285,7 @@ def main() -> None:
             work = Path(folder)
             tiny = work / "tiny.csv"
             scaled(table, TRANSPORT_SCALE).write_csv(tiny)
-            for policy in POLICIES:
+            for policy in args.policies.split(","):
                 port = free_port()
                 common = [
                     "--model", MODEL, "--policy", policy, "--max-batch", str(MAX_BATCH), "--max-delay-ms", "1.0",
