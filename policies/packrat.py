@@ -90,7 +90,8 @@ class PackratPolicy(Policy):
             )
         main = min(carrying, key=lambda pool: (table.expected([pool]), len(pool), sum(pool)))
         layouts = [main]
-        expected = table.expected(layouts)
+        alone = expected = table.expected(layouts)
+        refused = ""  # the next spare's gain when it was too small: a near tie shows in the log
         while len(layouts) < MAX_LAYOUTS:
             spare = min((p for p in pools if p not in layouts), default=None,
                         key=lambda p: table.expected([*layouts, p]))  # fmt: skip
@@ -98,14 +99,14 @@ class PackratPolicy(Policy):
                 break
             improved = table.expected([*layouts, spare])
             if improved > expected * (1 - MIN_LAYOUT_GAIN):
+                refused = f"; another layout would cut {1 - improved / expected:.1%}, under {MIN_LAYOUT_GAIN:.0%}"
                 break
             layouts.append(spare)
             expected = improved
+        spares = f", {len(layouts) - 1} spare layout(s) cutting {1 - expected / alone:.1%}" if len(layouts) > 1 else ""
         reason = (
             f"best expected latency over {len(distribution.weights)} batch sizes on {cores} cores "
-            f"(main layout: the optimum for batch {pools[main].batch}"
-            + (f", {len(layouts) - 1} spare layout(s)" if len(layouts) > 1 else "")
-            + ")"
+            f"(main layout: the optimum for batch {pools[main].batch}{spares}{refused})"
         )
         return _plan_from(pools[main], expected, reason, [pools[p] for p in layouts[1:]])
 

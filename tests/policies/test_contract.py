@@ -283,6 +283,17 @@ def test_packrat_keeps_a_spare_layout_when_batch_sizes_disagree() -> None:
     # Expected latency: each batch size on its best layout: (60 + 600) / 2.
     assert plan.predicted_latency_ms == pytest.approx(330.0)
     assert plan.to_json()["alternatives"]
+    assert "1 spare layout(s) cutting 5.7%" in plan.reason  # against (100 + 600) / 2 on two 1-thread instances
+
+
+def test_packrat_says_how_much_a_refused_spare_layout_would_cut() -> None:
+    # The 2-thread instance is now barely faster for one input: (99 + 600) / 2 against (100 + 600) / 2.
+    profile = Profile.from_latencies(
+        {(1, 1): 100.0, (1, 8): 600.0, (2, 1): 99.0, (2, 16): 1300.0, (2, 8): 700.0, (1, 16): 1250.0}
+    )
+    plan = get_policy("packrat").plan(profile, Topology.synthetic(2), BatchDistribution.from_counts({1: 1, 16: 1}))
+    assert plan.alternatives == () and plan.predicted_latency_ms == pytest.approx(350.0)
+    assert "another layout would cut 0.1%, under 2%" in plan.reason
 
 
 def test_packrat_keeps_one_layout_when_it_serves_every_batch_best() -> None:
