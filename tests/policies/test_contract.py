@@ -293,7 +293,7 @@ def test_packrat_says_how_much_a_refused_spare_layout_would_cut() -> None:
     )
     plan = get_policy("packrat").plan(profile, Topology.synthetic(2), BatchDistribution.from_counts({1: 1, 16: 1}))
     assert plan.alternatives == () and plan.predicted_latency_ms == pytest.approx(350.0)
-    assert "another layout would cut 0.1%, under 2%" in plan.reason
+    assert "another layout would cut 0.1%, under 1%" in plan.reason
 
 
 def test_packrat_keeps_one_layout_when_it_serves_every_batch_best() -> None:
