@@ -218,8 +218,15 @@ def compare(name: str, table: Profile, policy: str, rate: float, load_share: flo
         "emulated_sent_ok_errors": [emulated["sent"], emulated["ok"], emulated["errors"]],
         "emulated_plan_log": emulated["plan_log"],
         "sent_trace": emulated["sent_trace"],  # what the simulation is sent: the load's requests as they left
+        "emulated_by_samples": by_samples(emulated),
     }  # fmt: skip
     return simulated_side(row, table, args)
+
+
+def by_samples(report: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per request size, its count, p50 and p99 (`packrat load`'s `latency_ms_by_samples`)."""
+    return {size: {"ok": sizes["ok"], "p50": sizes["p50"], "p99": sizes["p99"]}
+            for size, sizes in report.get("latency_ms_by_samples", {}).items()}  # fmt: skip
 
 
 def simulated_side(row: dict[str, Any], table: Profile, args: argparse.Namespace) -> dict[str, Any]:
@@ -244,6 +251,10 @@ def simulated_side(row: dict[str, Any], table: Profile, args: argparse.Namespace
         "in_flight_mean_ms": {**row["in_flight_mean_ms"],
                               "simulated": round(simulated_daemon_ms - simulated_queue_ms, 3)},
         "simulated_sent_ok_errors": [modelled["sent"], modelled["ok"], modelled["errors"]],
+        # Each size's own median: the sizes form separate modes, and the overall one can sit on a gap.
+        "simulated_by_samples": by_samples(modelled),
+        "error_by_samples": {size: {q: error(by_samples(modelled)[size][q], emulated_size[q]) for q in ("p50", "p99")}
+                             for size, emulated_size in row.get("emulated_by_samples", {}).items()},
         "simulated_plan_changes": modelled["plan_changes"],
     }  # fmt: skip
 

@@ -3,6 +3,8 @@
 The JSON always holds `sent`, `ok`, `errors` (by code), `throughput_rps` and `latency_ms` with exactly
 `p50`, `p90`, `p99` and `p999`; everything else sits beside them. Latencies are of answered requests
 only, from just before the client sends to the reply; an error is counted under its code, never timed.
+With requests of several sizes, `latency_ms_by_samples` gives each size's own count and percentiles: the
+sizes' latencies form separate modes, and a median over all of them can fall on a gap between two.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Tally:
     samples_ok: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     latencies_s: list[float] = field(default_factory=list)
+    samples_answered: list[int] = field(default_factory=list)  # each answered request's size, as latencies_s
     lags_s: list[float] = field(default_factory=list)  # how late each open-loop request left its schedule
     sends: list[tuple[float, int]] = field(default_factory=list)  # each request as it left: (s after started, samples)
     send_window_s: float = 0.0  # from the start to the end of the sending (at least the asked duration)
@@ -47,6 +50,7 @@ class Tally:
         self.ok += 1
         self.samples_ok += samples
         self.latencies_s.append(latency_s)
+        self.samples_answered.append(samples)
         self.last_done = max(self.last_done, now)
 
     def failed(self, code: str, now: float) -> None:
@@ -58,17 +62,18 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1000.0, 3)
 
 
+def _percentiles_ms(latencies: np.ndarray) -> dict[str, float | None]:
+    if not latencies.size:
+        return dict.fromkeys(PERCENTILES)
+    points = np.percentile(latencies, list(PERCENTILES.values()))
+    return {name: _ms(value) for name, value in zip(PERCENTILES, points.tolist(), strict=True)}
+
+
 def summarize(tally: Tally, **extra: Any) -> dict[str, Any]:
     """The report of one run: the fixed keys, then what the run adds (`extra`), then derived figures."""
     window_s = max(tally.last_done - tally.started, tally.send_window_s)
     latencies = np.asarray(tally.latencies_s, dtype=np.float64)
-    if latencies.size:
-        points = np.percentile(latencies, list(PERCENTILES.values()))
-        latency_ms: dict[str, float | None] = {
-            name: _ms(value) for name, value in zip(PERCENTILES, points.tolist(), strict=True)
-        }
-    else:
-        latency_ms = dict.fromkeys(PERCENTILES)
+    latency_ms = _percentiles_ms(latencies)
     report: dict[str, Any] = {
         "sent": tally.sent,
         "ok": tally.ok,
@@ -86,6 +91,12 @@ def summarize(tally: Tally, **extra: Any) -> dict[str, Any]:
     report["window_s"] = round(window_s, 3)
     report["latency_mean_ms"] = _ms(float(latencies.mean())) if latencies.size else None
     report["latency_max_ms"] = _ms(float(latencies.max())) if latencies.size else None
+    sizes = np.asarray(tally.samples_answered, dtype=np.int64)
+    if len(np.unique(sizes)) > 1:
+        report["latency_ms_by_samples"] = {
+            str(size): {"ok": int((sizes == size).sum()), **_percentiles_ms(latencies[sizes == size])}
+            for size in np.unique(sizes).tolist()
+        }
     if tally.lags_s:
         lag_p50, lag_p99 = np.percentile(tally.lags_s, [50.0, 99.0]).tolist()
         report["send_lag_p50_ms"] = _ms(lag_p50)

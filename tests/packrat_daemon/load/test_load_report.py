@@ -39,6 +39,20 @@ def test_the_json_has_exactly_the_fixed_keys_and_values():
     json.dumps(report, allow_nan=False)  # plain JSON, no NaN
 
 
+def test_requests_of_several_sizes_get_their_own_percentiles_and_one_size_none():
+    tally = Tally(started=0.0)
+    for k in range(100):  # single inputs at 10–19.9 ms, sixteen at 200–209.9 ms: two modes
+        tally.answered((10.0 + k / 10.0) / 1000.0, 1, 1.0)
+        tally.answered((200.0 + k / 10.0) / 1000.0, 16, 1.0)
+    tally.sent = tally.ok
+    by_size = summarize(tally)["latency_ms_by_samples"]
+    assert list(by_size) == ["1", "16"]
+    assert by_size["1"]["ok"] == by_size["16"]["ok"] == 100
+    assert by_size["1"]["p50"] == pytest.approx(14.95) and by_size["16"]["p50"] == pytest.approx(204.95)
+    assert set(by_size["16"]) == {"ok", "p50", "p90", "p99", "p999"}
+    assert "latency_ms_by_samples" not in summarize(tally_of([5.0, 6.0], {}, window_s=1.0))
+
+
 def test_errors_are_not_timed_and_no_answer_gives_null_latencies():
     report = summarize(tally_of([], {"INTERNAL": 2}, window_s=1.0))
     assert report["ok"] == 0 and report["throughput_rps"] == 0.0
