@@ -16,9 +16,11 @@ with the same profile, settings, traffic and seed, twice:
     daemon of the table scaled by 1e-6 (compute that costs nothing) right after, closed loop at batch 1
     and at max_batch: its read time per request, the difference over the samples between them;
   - each slice's trip to its worker beyond its compute (`packrat_worker_hop_seconds`), from the same run;
-  - transport (per request, client to daemon and back): the same run's client mean latency less the
-    daemon's own mean from receipt to reply. Costs are measured in the run itself because on this shared
-    machine they move between runs minutes apart (the transport fourfold, 7 to 29 ms);
+  - transport (client to daemon and back): the same run's client mean latency less the daemon's own mean
+    from receipt to reply, split into a part per sample (the same difference on the zero-compute daemon,
+    closed loop at batch 1 and at max_batch, over the samples between them) and the rest per request.
+    Costs are measured in the run itself because on this shared machine they move between runs minutes
+    apart (the transport fourfold, 7 to 29 ms);
   - the reconciler's switch time: from the emulated daemon's own log (from "reconciling to generation N"
     to "generation N serves"), the time the old plan kept serving after the decision;
   - the uptime: the daemon's "serving on" log line to the load's first request (`started_unix_s`).
@@ -109,8 +111,10 @@ def per_event_ms(before: Scrape, after: Scrape, phase: str) -> float:
     return total_ms / events
 
 
-def run_costs(before: Scrape, after: Scrape, read_per_sample_ms: float) -> dict[str, Any]:
-    """The daemon's own costs over one run, from its /metrics (see the docstring)."""
+def run_costs(before: Scrape, after: Scrape, per_sample: dict[str, float]) -> dict[str, Any]:
+    """The daemon's own costs over one run, from its /metrics (see the docstring); the transport is added by
+    `compare`, from the client's side."""
+    read_per_sample_ms = per_sample["read"]
     read_ms, messages = loop_ms(before, after, "read")
     samples = delta(before, after, "packrat_batch_size_sum")
     return {
@@ -118,6 +122,7 @@ def run_costs(before: Scrape, after: Scrape, read_per_sample_ms: float) -> dict[
         "dispatch_ms": round(per_event_ms(before, after, "dispatch"), 4),
         "answer_ms": [round(per_event_ms(before, after, "answer"), 4), 0.0],
         "hop_ms": round(mean_ms(before, after, "packrat_worker_hop_seconds"), 4),
+        "transport_per_sample_ms": per_sample["transport"],
     }
 
 
@@ -156,15 +161,29 @@ def poisson(endpoint: str, rate: float, duration: float, seed: int, trace: Path)
     return report
 
 
-def read_per_sample_ms(daemon: DaemonProcess, port: int) -> float:
-    """The loop's cost per sample of taking a request in (the copy of its rows), on a daemon whose compute
-    costs nothing (see the docstring)."""
-    per_request = {}
+def per_sample_ms(daemon: DaemonProcess, port: int) -> dict[str, float]:
+    """Per sample, on a daemon whose compute costs nothing (see the docstring): the loop's cost of taking a
+    request in (the copy of its rows), and the transport (the client's mean less the daemon's own)."""
+    read, transport = {}, {}
     for batch in (1, MAX_BATCH):
         before = scrape(port)
-        load(daemon.endpoint, "--batch", str(batch), "--concurrency", "1", "--duration", str(COST_CLOSED_S))
-        per_request[batch] = per_event_ms(before, scrape(port), "read")
-    return round(max(0.0, (per_request[MAX_BATCH] - per_request[1]) / (MAX_BATCH - 1)), 5)
+        report = load(daemon.endpoint, "--batch", str(batch), "--concurrency", "1", "--duration", str(COST_CLOSED_S))
+        after = scrape(port)
+        read[batch] = per_event_ms(before, after, "read")
+        transport[batch] = report["latency_mean_ms"] - mean_ms(before, after, "packrat_request_latency_seconds")
+    return {name: round(max(0.0, (by_batch[MAX_BATCH] - by_batch[1]) / (MAX_BATCH - 1)), 5)
+            for name, by_batch in (("read", read), ("transport", transport))}  # fmt: skip
+
+
+def mean_samples(row: dict[str, Any]) -> float:
+    """Inputs per request over the run's requests as they left."""
+    return sum(samples for _, samples in row["sent_trace"]) / len(row["sent_trace"])
+
+
+def transport_pair(costs: dict[str, Any]) -> tuple[float, float]:
+    """(fixed, per sample) ms; rows saved before the transport had a part per sample have one figure."""
+    transport = costs["transport_ms"]
+    return (float(transport), 0.0) if isinstance(transport, int | float) else (transport[0], transport[1])
 
 
 def simulate(
@@ -181,8 +200,9 @@ def simulate(
         traffic = Traffic(mix, process=Poisson(row["rate_rps"]), duration_s=args.duration, seed=args.seed,
                           uptime_s=uptime_s)  # fmt: skip
     interference = Interference.named(INTERFERENCE)
-    daemon_costs = FREE if costs is None else DaemonCosts(**{k: tuple(v) if isinstance(v, list) else v
-                                                             for k, v in costs.items()})  # fmt: skip
+    daemon_costs = FREE if costs is None else DaemonCosts(**{
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in costs.items() if k != "transport_per_sample_ms"},
+        "transport_ms": transport_pair(costs)})  # fmt: skip
     return Simulation(config, table, CORES, interference, daemon_costs).run(traffic)
 
 
@@ -205,8 +225,12 @@ def compare(name: str, table: Profile, policy: str, rate: float, load_share: flo
     daemon_ms, queue_ms = daemon
     uptime_s = emulated["started_unix_s"] - served_since(log)
     switches = switch_times_ms(log)
+    # The run's mean transport, split as the zero-compute daemon's sizes split it: a part per sample, the
+    # rest fixed.
     transport_ms = max(0.0, emulated["latency_mean_ms"] - daemon_ms)
-    costs = {**costs, "transport_ms": round(transport_ms, 3),
+    per_sample = costs.pop("transport_per_sample_ms")
+    fixed = max(0.0, transport_ms - per_sample * mean_samples(emulated))
+    costs = {**costs, "transport_ms": [round(fixed, 3), per_sample],
              "switch_ms": round(sum(switches) / len(switches), 3) if switches else 0.0}  # fmt: skip
     row = {
         "table": name, "policy": policy, "load": load_share, "rate_rps": rate, "uptime_s": round(uptime_s, 3),
@@ -238,7 +262,8 @@ def simulated_side(row: dict[str, Any], table: Profile, args: argparse.Namespace
     result = simulate(table, policy, row, args, costs)
     modelled = result.to_json()
     daemon_ms = row["daemon_mean_ms"]["emulated"]
-    simulated_daemon_ms = modelled["latency_mean_ms"] - costs["transport_ms"]
+    fixed, per_sample = transport_pair(costs)
+    simulated_daemon_ms = modelled["latency_mean_ms"] - (fixed + per_sample * mean_samples(row))
     simulated_queue_ms = modelled["queue_wait_mean_ms"]
     return {
         **row, "simulated_ms": quantiles(modelled), "bare_ms": quantiles(bare),
@@ -321,7 +346,7 @@ def main() -> None:
                     daemon = DaemonProcess(f"costs-{policy}-{share}", work, [*common, "--profile", str(tiny)])
                     try:
                         daemon.wait()
-                        costs = run_costs(before, after, read_per_sample_ms(daemon, port))
+                        costs = run_costs(before, after, per_sample_ms(daemon, port))
                     finally:
                         daemon.close()
                     row = compare(

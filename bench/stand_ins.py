@@ -69,7 +69,7 @@ def load(endpoint: str, args: argparse.Namespace, mix: str = MIX) -> dict[str, A
 
 def simulate(profile: Profile, cores: int, args: argparse.Namespace, transport_ms: float) -> dict[str, Any]:
     traffic = Traffic(BatchMix.parse(MIX), process=Poisson(args.rate), duration_s=args.duration, seed=args.seed)
-    costs = DaemonCosts(transport_ms=transport_ms)
+    costs = DaemonCosts(transport_ms=(transport_ms, 0.0))
     simulation = Simulation(ServeConfig(**SETTINGS), profile, cores, Interference.named("none"), costs)
     return simulation.run(traffic).to_json()
 

@@ -58,7 +58,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     costs = parser.add_argument_group(
         "the daemon's own costs in ms, 0 unless given (measured on a running daemon: docs/evaluation.md)"
     )
-    costs.add_argument("--transport-ms", type=float, default=0.0, help="per request, client to daemon and back")
+    costs.add_argument(
+        "--transport-ms", type=_pair, default=(0.0, 0.0), metavar="FIXED[:PER_SAMPLE]",
+        help="a request's trip from the client to the daemon and back",
+    )  # fmt: skip
     costs.add_argument(
         "--read-ms", type=_pair, default=(0.0, 0.0), metavar="FIXED[:PER_SAMPLE]",
         help="the daemon's loop taking in one request (receive, parse, copy its rows)",

@@ -18,8 +18,9 @@ from packrat_daemon.wire.errors import ConfigError
 
 @dataclass(frozen=True)
 class DaemonCosts:
-    # Client to daemon and back, per request, outside the daemon: half on the way in, half on the way out.
-    transport_ms: float = 0.0
+    # Client to daemon and back, outside the daemon: fixed, per sample (a request's rows travel both ways'
+    # worth of bytes in, its outputs out). Half on the way in, half on the way out.
+    transport_ms: tuple[float, float] = (0.0, 0.0)
     # Taking in one request (receive, parse, copy its rows into shared memory): fixed, per sample. The
     # daemon's queue wait counts it, as it stamps a request on receipt.
     read_ms: tuple[float, float] = (0.0, 0.0)
@@ -43,6 +44,9 @@ class DaemonCosts:
     def to_json(self) -> dict[str, Any]:
         return {spec.name: list(value) if isinstance(value := getattr(self, spec.name), tuple) else value
                 for spec in fields(self)}  # fmt: skip
+
+    def transport_s(self, samples: int) -> float:
+        return (self.transport_ms[0] + self.transport_ms[1] * samples) / 1000.0
 
     def read_s(self, samples: int) -> float:
         return (self.read_ms[0] + self.read_ms[1] * samples) / 1000.0

@@ -121,7 +121,6 @@ class Simulation:
         self.topology = Topology.synthetic(cores)
         self.service = ServiceModel.of(profile, cores, config.max_batch, interference)
         self.costs = costs
-        self.transport_s = costs.transport_ms / 1000.0
         self.daemon_loop = LoopModel()
         self.clock = VirtualClock()
         self.loop = EventLoop(self.clock)
@@ -203,7 +202,9 @@ class Simulation:
         receipt time, from which the daemon counts), then queues it or refuses it at once."""
         self.tally.sent += 1
         sent = self.last_send = self.clock.now
-        request = Request(b"", None, answered, "float32", (samples,), None, arrived=sent + self.transport_s / 2)
+        request = Request(
+            b"", None, answered, "float32", (samples,), None, arrived=sent + self.costs.transport_s(samples) / 2
+        )
         self._sent_at[id(request)] = sent
 
         def read() -> None:
@@ -267,7 +268,7 @@ class Simulation:
     def _answered(self, request: Request, error: str | None = None, at: float | None = None) -> None:
         """The client has its answer (after the other half of the transport cost), counted as packrat load
         counts it; a closed-loop client then sends again. `at`: when the daemon replied (default now)."""
-        when = (self.clock.now if at is None else at) + self.transport_s / 2
+        when = (self.clock.now if at is None else at) + self.costs.transport_s(request.samples) / 2
         sent = self._sent_at.pop(id(request))
         if error is None:
             self.tally.answered(when - sent, request.samples, when)

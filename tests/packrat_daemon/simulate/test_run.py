@@ -110,10 +110,11 @@ def test_the_daemons_costs_add_to_a_lone_request_and_keep_each_batch_in_flight()
     config = ServeConfig(policy="single", max_batch=64, batches=[8], max_delay_ms=0.0)
     alone = profile.lhat(CORES, 8)
     assert alone is not None
-    costs = DaemonCosts(transport_ms=1.0, read_ms=(0.2, 0.1), dispatch_ms=0.3, answer_ms=(0.4, 0.05), hop_ms=0.6)
+    costs = DaemonCosts(transport_ms=(0.2, 0.1), read_ms=(0.2, 0.1), dispatch_ms=0.3, answer_ms=(0.4, 0.05), hop_ms=0.6)
 
-    # One client: each request pays the transport, its read (0.2 + 0.1 per sample), the batch's start, the
-    # trip to the worker and the answer (0.4 + 0.05 for its one request) on top of the compute.
+    # One client: each request pays the transport (0.2 + 0.1 per sample), its read (0.2 + 0.1 per sample),
+    # the batch's start, the trip to the worker and the answer (0.4 + 0.05 for its one request) on top of
+    # the compute.
     one_client = Traffic(BatchMix.single(8), concurrency=1, requests=40)
     p50 = Simulation(config, profile, CORES, costs=costs).run(one_client).to_json()["latency_ms"]["p50"]
     assert p50 == pytest.approx(alone + 1.0 + (0.2 + 0.8) + 0.3 + 0.6 + 0.45, abs=5e-4)
