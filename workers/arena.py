@@ -200,14 +200,15 @@ class Inbox:
             return None
         size = _slab_size(nbytes)
         free = self._free.setdefault(size, [])
-        if free:
-            slab = free.pop()
-        else:
-            slab = _Slab(size, f"{self.label}-{size >> 10}k")
-            _SLABS.append(slab)
+        slab = free.pop() if free else self._new_slab(size)
         slab.view[:nbytes] = data.cast("B") if data.format != "B" or data.ndim != 1 else data
         weakref.finalize(owner, _release, free, slab)
         return slab.view[:nbytes]
+
+    def _new_slab(self, size: int) -> _Slab:
+        slab = _Slab(size, f"{self.label}-{size >> 10}k")
+        _SLABS.append(slab)
+        return slab
 
     def reserve(self, payload_bytes: Iterable[int]) -> int:
         """Make sure a paged-in free place waits for a payload of each of these sizes; returns the bytes
@@ -217,9 +218,8 @@ class Inbox:
             free = self._free.setdefault(size, [])
             if free:
                 continue
-            slab = _Slab(size, f"{self.label}-{size >> 10}k")
+            slab = self._new_slab(size)
             slab.page_in()
-            _SLABS.append(slab)
             free.append(slab)
             reserved += slab.size
         return reserved

@@ -92,10 +92,11 @@ def summarize(tally: Tally, **extra: Any) -> dict[str, Any]:
     report["latency_mean_ms"] = _ms(float(latencies.mean())) if latencies.size else None
     report["latency_max_ms"] = _ms(float(latencies.max())) if latencies.size else None
     sizes = np.asarray(tally.samples_answered, dtype=np.int64)
-    if len(np.unique(sizes)) > 1:
+    distinct = np.unique(sizes).tolist()
+    if len(distinct) > 1:
         report["latency_ms_by_samples"] = {
             str(size): {"ok": int((sizes == size).sum()), **_percentiles_ms(latencies[sizes == size])}
-            for size in np.unique(sizes).tolist()
+            for size in distinct
         }
     if tally.lags_s:
         lag_p50, lag_p99 = np.percentile(tally.lags_s, [50.0, 99.0]).tolist()

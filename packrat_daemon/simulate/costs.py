@@ -18,8 +18,8 @@ from packrat_daemon.wire.errors import ConfigError
 
 @dataclass(frozen=True)
 class DaemonCosts:
-    # Client to daemon and back, outside the daemon: fixed, per sample (a request's rows travel both ways'
-    # worth of bytes in, its outputs out). Half on the way in, half on the way out.
+    # Client to daemon and back, outside the daemon: fixed, per sample (a request's rows travel in and its
+    # outputs out, so a bigger request's trip is longer). Half on the way in, half on the way out.
     transport_ms: tuple[float, float] = (0.0, 0.0)
     # Taking in one request (receive, parse, copy its rows into shared memory): fixed, per sample. The
     # daemon's queue wait counts it, as it stamps a request on receipt.
