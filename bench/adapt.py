@@ -35,7 +35,7 @@ import numpy as np
 from harness import REPO, DaemonProcess
 from sim_vs_emulated import log_time
 
-from packrat_daemon.control import request as control_request
+from packrat_daemon.control.server import request as control_request
 from packrat_daemon.load.arrivals import BatchMix, Poisson, open_loop_schedule
 from packrat_daemon.wire.client import AsyncClient, Client, ServerError
 from packrat_daemon.wire.errors import ClientTimeout

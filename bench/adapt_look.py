@@ -40,8 +40,8 @@ def measure(table_name: str, cores: int, duration: float, seed: int) -> dict[str
     import simulate as tables
 
     from packrat_daemon.config import ServeConfig
-    from packrat_daemon.emulation import Interference
     from packrat_daemon.load.arrivals import BatchMix, Poisson
+    from packrat_daemon.measure.emulation import Interference
     from packrat_daemon.simulate import Simulation, Traffic
     from policies.planning.profile import Profile
 

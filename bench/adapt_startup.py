@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from harness import DaemonProcess  # noqa: E402  (bench/ is on sys.path when this script runs)
 
-from packrat_daemon.state import STATE_FILE, Entry, plan_from_json  # noqa: E402
+from packrat_daemon.ops.state import STATE_FILE, Entry, plan_from_json  # noqa: E402
 from policies.packrat import PackratPolicy  # noqa: E402
 from policies.planning.distribution import BatchDistribution  # noqa: E402
 

@@ -84,8 +84,8 @@ def main() -> None:
         sys.exit(reason)
     from harness import DaemonProcess
 
-    sys.path.insert(0, str(REPO / "tests"))
-    from conftest import daemon_env  # the daemon imports the paced model from tests/
+    sys.path.insert(0, str(REPO))
+    from tests.helpers.daemons import daemon_env  # the daemon imports the paced model from tests/
 
     os.environ.update(daemon_env())
     dashboard = json.loads(DASHBOARD.read_text())

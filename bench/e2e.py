@@ -51,8 +51,8 @@ SETTLE_S = 0.02
 def _runner(conn: Any, spec: str, threads: int, cores: list[int] | None) -> None:
     import torch
 
-    from workers.models import load_model
-    from workers.spec import sample_input
+    from workers.models.loading import load_model
+    from workers.models.spec import sample_input
 
     if cores is not None:
         os.sched_setaffinity(0, cores)
@@ -249,7 +249,7 @@ def _relay(front: str, back: str) -> None:
 def _relay_worker(back: str, cores: list[int]) -> None:
     import torch
 
-    from workers.models import load_model
+    from workers.models.loading import load_model
 
     os.sched_setaffinity(0, cores)
     torch.set_num_threads(1)

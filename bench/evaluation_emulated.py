@@ -34,8 +34,8 @@ from harness import DaemonProcess  # noqa: E402
 from sim_vs_emulated import load, served_since  # noqa: E402
 
 from packrat_daemon.config import ServeConfig  # noqa: E402
-from packrat_daemon.emulation import Interference  # noqa: E402
 from packrat_daemon.load.arrivals import BatchMix, Burst, Trace  # noqa: E402
+from packrat_daemon.measure.emulation import Interference  # noqa: E402
 from packrat_daemon.simulate import Simulation, Traffic  # noqa: E402
 from policies.planning.profile import Profile  # noqa: E402
 

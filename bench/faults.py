@@ -10,7 +10,7 @@
 2. SIGTERM under load, on that daemon and on `--drains` fresh ones: requests keep coming through the
    drain; replies received against requests sent before the daemon stopped reading its socket (it logs
    when, on the machine's monotonic clock), and before the client's socket monitor saw it close.
-3. Hostile messages: tests/packrat_daemon/fuzz_frontend.py's generator (the fuzz test's) against a
+3. Hostile messages: tests/helpers/fuzz_frontend.py's generator (the fuzz test's) against a
    tiny-mlp daemon; it must stay up, answer every message exactly once, and still be right on a
    reference input.
 4. Multipart flood: clients send messages of 3 frames near the frame cap without reading replies; the
@@ -37,22 +37,21 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-TESTS = REPO / "tests"
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), str(REPO), os.environ.get("PYTHONPATH")]))
-sys.path[:0] = [str(REPO), str(TESTS), str(TESTS / "packrat_daemon")]
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 import numpy as np  # noqa: E402
 import zmq  # noqa: E402
-from fuzz_frontend import Model, PeakRss, fuzz, rss_bytes  # noqa: E402
 from harness import DaemonProcess  # noqa: E402
 from zmq.utils.monitor import recv_monitor_message  # noqa: E402
 
-from packrat_daemon.frontend import RECEIVE_HWM  # noqa: E402
+from packrat_daemon.requests.frontend import RECEIVE_HWM  # noqa: E402
 from packrat_daemon.wire.client import AsyncClient, ClientTimeout, ServerError  # noqa: E402
 from packrat_daemon.wire.client_side import encode_infer_request  # noqa: E402
 from policies.planning.profile import Profile  # noqa: E402
+from tests.helpers.fuzz_frontend import Model, PeakRss, fuzz, rss_bytes  # noqa: E402
 
-SLOW = "model_factories:slow_mlp"
+SLOW = "tests.model_factories:slow_mlp"
 MIB = 1 << 20
 
 

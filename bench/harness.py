@@ -27,7 +27,7 @@ def use_packrat_malloc_tuning() -> None:
     ratio measures the daemon and its plan, not the malloc. glibc reads them when a process starts;
     settings the user exported win, as in the daemon.
     """
-    from packrat_daemon.backend import GLIBC_MALLOC_TUNING
+    from packrat_daemon.fleet.backend import GLIBC_MALLOC_TUNING
 
     for variable, value in GLIBC_MALLOC_TUNING.items():
         os.environ.setdefault(variable, value)

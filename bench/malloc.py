@@ -5,7 +5,7 @@
 
 Spawned processes run built-in ResNet-50 with 2 threads under each setting: glibc's defaults; a
 32 MiB mmap threshold with trimming off (what Packrat used before); Packrat's tuning
-(packrat_daemon.backend.GLIBC_MALLOC_TUNING); and jemalloc and tcmalloc preloaded, where installed
+(packrat_daemon.fleet.backend.GLIBC_MALLOC_TUNING); and jemalloc and tcmalloc preloaded, where installed
 (`packrat serve --allocator`). Each setting runs in --copies identical processes,
 because page-fault counts and latency differ between processes. Calls go round all processes in turn
 with an idle pause before each, as sparse traffic does. Prints JSON: per process the median latency,
@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from packrat_daemon.backend import ALLOCATORS, GLIBC_MALLOC_TUNING, allocator_library
+from packrat_daemon.fleet.backend import ALLOCATORS, GLIBC_MALLOC_TUNING, allocator_library
 from packrat_daemon.wire.errors import ConfigError
 
 SETTINGS: dict[str, dict[str, str]] = {
@@ -48,8 +48,8 @@ MALLOC_VARIABLES = sorted({name for setting in SETTINGS.values() for name in set
 def _runner(conn: Any, batches: list[int]) -> None:
     import torch
 
-    from workers.models import load_model
-    from workers.spec import sample_input
+    from workers.models.loading import load_model
+    from workers.models.spec import sample_input
 
     torch.set_num_threads(2)
     model = load_model("builtin:resnet50")
@@ -76,7 +76,7 @@ def _creep(model: Any, calls: int) -> list[float]:
 
     import torch
 
-    from workers.spec import sample_input
+    from workers.models.spec import sample_input
 
     rng = random.Random(0)
     resident = []

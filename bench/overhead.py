@@ -37,8 +37,8 @@ SETTLE_S = 0.02
 
 
 def _runner(conn: Any, runtime_name: str, model: str, threads: int, cores: list[int]) -> None:
-    from workers.runtime import make_runtime
-    from workers.spec import sample_input
+    from workers.models.spec import sample_input
+    from workers.runtimes import make_runtime
 
     os.sched_setaffinity(0, cores)
     runtime = make_runtime(runtime_name)
@@ -60,7 +60,7 @@ def main() -> None:
     import zmq
 
     from packrat_daemon.wire.client_side import decode_reply, encode_infer_request
-    from workers.spec import InputSpec, sample_input
+    from workers.models.spec import InputSpec, sample_input
 
     cores = sorted(os.sched_getaffinity(0))[: args.threads]
     use_packrat_malloc_tuning()  # the in-process runner gets the worker's malloc settings

@@ -13,7 +13,7 @@ accuracy guard), and saves its profile; the fp32 daemon plans from that file's f
 both plan on the same measurements. Both daemons run with --no-adapt, so each is measured on one plan.
 In-process times are the runtime's compute time; the daemon's are client round trips (transport and
 batching included). "OpenVINO at its defaults" sets no precision hint: on a CPU with bf16 units OpenVINO
-then runs bf16. Every configuration's error is measured the guard's way (packrat_daemon.accuracy.compare)
+then runs bf16. Every configuration's error is measured the guard's way (packrat_daemon.measure.accuracy.compare)
 on the same sample inputs (a batch of the largest B) against in-process PyTorch fp32; the daemon's own guard report
 (what it checked before serving) is in `daemon_auto.guard`.
 
@@ -59,7 +59,7 @@ def _open(kind: str, spec: str, threads: int) -> tuple[Any, Any]:
     """(run(batch) -> (output, ms), input spec); imports happen here, in the spawned child."""
     if kind.startswith("ov_"):
         return _open_openvino(kind, spec)
-    from workers.runtime import make_runtime
+    from workers.runtimes import make_runtime
 
     runtime = make_runtime("torch", kind.removeprefix("torch_"))
     input_spec = runtime.load(spec)
@@ -72,7 +72,7 @@ def _open_openvino(kind: str, spec: str) -> tuple[Any, Any]:
     ov_int8: the same on the model NNCF quantized on the sample inputs (the int8 daemon's cache entry)."""
     import openvino as ov
 
-    from workers.conversion import ensure_converted, ensure_quantized
+    from workers.models.cache import ensure_converted, ensure_quantized
 
     converted = ensure_quantized(spec, None, None) if kind == "ov_int8" else ensure_converted(spec, None, "openvino")
     if kind in ("ov_latency", "ov_int8"):
@@ -104,7 +104,7 @@ def _open_openvino(kind: str, spec: str) -> tuple[Any, Any]:
 
 
 def _child(conn: Any, kind: str, spec: str, threads: int) -> None:
-    from workers.spec import sample_input
+    from workers.models.spec import sample_input
 
     try:
         run, input_spec = _open(kind, spec, threads)
@@ -151,7 +151,7 @@ class Daemon(DaemonProcess):
         self.info = self.wait(timeout)
 
     def _input(self, batch: int) -> np.ndarray:
-        from workers.spec import InputSpec, sample_input
+        from workers.models.spec import InputSpec, sample_input
 
         if batch not in self.inputs:
             declared = self.info["input"]
@@ -208,7 +208,7 @@ def errors_against_fp32(
 ) -> dict[str, dict[str, float | None]]:
     """Each target's error on the same `batch` sample inputs against `reference` (PyTorch fp32); a target
     that fails is reported in `errors` and left out of the rounds."""
-    from packrat_daemon.accuracy import compare
+    from packrat_daemon.measure.accuracy import compare
 
     expected = reference.output(batch)
     out: dict[str, dict[str, float | None]] = {}
@@ -337,7 +337,7 @@ def main() -> int:
     args = parser.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
     use_packrat_malloc_tuning()
-    from workers.precision import cpu_flags, cpu_units
+    from workers.models.precision import cpu_flags, cpu_units
 
     result: dict[str, Any] = {
         "command": "bench/precision.py " + " ".join(sys.argv[1:]),

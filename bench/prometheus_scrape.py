@@ -30,7 +30,7 @@ from harness import REPO, DaemonProcess, free_port, stop
 
 from packrat_daemon.wire.client import Client
 
-PACED_MODEL = "model_factories:paced_mlp"  # tests/model_factories.py: 25 ms a batch, asleep
+PACED_MODEL = "tests.model_factories:paced_mlp"  # tests/model_factories.py: 25 ms a batch, asleep
 QUANTILES = (0.5, 0.9, 0.99)
 
 
@@ -170,8 +170,8 @@ def main() -> None:
     reason = missing_binaries()
     if reason:
         sys.exit(reason)
-    sys.path.insert(0, str(REPO / "tests"))
-    from conftest import daemon_env  # the daemon imports the paced model from tests/
+    sys.path.insert(0, str(REPO))
+    from tests.helpers.daemons import daemon_env  # the daemon imports the paced model from tests/
 
     os.environ.update(daemon_env())
     with tempfile.TemporaryDirectory(prefix="packrat-prometheus-") as folder:

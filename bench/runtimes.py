@@ -50,7 +50,7 @@ SETTLE_S = 0.02
 # -- in-process runners ----------------------------------------------------------------------------
 def _open_runtime(kind: str, spec: str, threads: int) -> tuple[Any, Any]:
     """(run(batch) -> ms, input spec) for one configuration; imports happen here, in the spawned child."""
-    from workers.runtime import make_runtime
+    from workers.runtimes import make_runtime
 
     if kind == "ov_throughput":
         return _open_ov_throughput(spec, threads)
@@ -68,7 +68,7 @@ def _open_ov_throughput(spec: str, threads: int) -> tuple[Any, Any]:
     """OpenVINO's own answer to multi-core throughput: 2 streams, a batch split across 2 async requests."""
     import openvino as ov
 
-    from workers.conversion import ensure_converted
+    from workers.models.cache import ensure_converted
 
     converted = ensure_converted(spec, None, "openvino")
     config = {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": 2, "INFERENCE_NUM_THREADS": threads}
@@ -91,7 +91,7 @@ def _open_ov_throughput(spec: str, threads: int) -> tuple[Any, Any]:
 def _runner(conn: Any, kind: str, spec: str, threads: int, cores: list[int], env: dict[str, str]) -> None:
     os.environ.update(env)
     os.sched_setaffinity(0, cores)  # before any import: pools started later inherit it
-    from workers.spec import sample_input
+    from workers.models.spec import sample_input
 
     try:
         run, input_spec = _open_runtime(kind, spec, threads)
@@ -122,7 +122,7 @@ class Daemon(DaemonProcess):
         self.input_spec: Any = None
 
     def measure(self, batch: int) -> float:
-        from workers.spec import InputSpec, sample_input
+        from workers.models.spec import InputSpec, sample_input
 
         if batch not in self.inputs:
             if self.input_spec is None:

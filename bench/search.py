@@ -24,9 +24,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "packrat_daemon" / "search"))  # the tables the tests replay
 
-from replay_tables import (  # noqa: E402
+
+from packrat_daemon.search import STRATEGIES, Budget, Strategy  # noqa: E402
+from tests.helpers.replay_tables import (  # noqa: E402
     CASES,
     GRID,
     RESNET50_TARGETS,
@@ -37,8 +38,6 @@ from replay_tables import (  # noqa: E402
     replay,
     resnet50_table,
 )
-
-from packrat_daemon.search import STRATEGIES, Budget, Strategy  # noqa: E402
 
 BUDGET = Budget(fraction=0.25)
 GAP_CLAIM = 0.03  # the README's claim: plans within 3% of the full grid's optimum

@@ -59,8 +59,8 @@ from harness import DaemonProcess, free_port  # noqa: E402
 from stand_ins import TRANSPORT_SCALE, error, scaled  # noqa: E402
 
 from packrat_daemon.config import ServeConfig  # noqa: E402
-from packrat_daemon.emulation import Interference  # noqa: E402
 from packrat_daemon.load.arrivals import BatchMix, Poisson, Trace  # noqa: E402
+from packrat_daemon.measure.emulation import Interference  # noqa: E402
 from packrat_daemon.simulate import DaemonCosts, Simulation, SimulationResult, Traffic  # noqa: E402
 from packrat_daemon.simulate.run import FREE  # noqa: E402
 from policies.planning.profile import Profile  # noqa: E402
@@ -72,7 +72,7 @@ MAX_BATCH = 16
 INTERFERENCE = "default"
 POLICIES = ("packrat", "single")
 COST_CLOSED_S = 8.0  # each closed-loop run on the zero-compute daemon, for the read cost per sample
-LOG_TIME = "%Y-%m-%d %H:%M:%S,%f"  # the daemon's log lines start with this (packrat_daemon.logs.TEXT_FORMAT)
+LOG_TIME = "%Y-%m-%d %H:%M:%S,%f"  # the daemon's log lines start with this (packrat_daemon.ops.logs.TEXT_FORMAT)
 # The daemon's log lines that say how it came to the plan it serves (the production guard's is a warning).
 PLAN_LINES = ("packrat.daemon: plan ", "adapting to the live batch sizes", "production timings reverted the plan")
 SAMPLE = re.compile(r"^(packrat_\w+(?:\{[^}]*\})?) (\S+)$")

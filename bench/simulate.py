@@ -4,7 +4,7 @@
 
 Every number here is a simulation: the daemon's own batcher, splitter, policy and online adaptation on a
 virtual clock, each slice waiting as `packrat serve --runtime emulated`'s workers wait: its profile's
-L̂(threads, rows) times the emulated interference (packrat_daemon.emulation's `default`, fitted to
+L̂(threads, rows) times the emulated interference (packrat_daemon.measure.emulation's `default`, fitted to
 Inception-v3 side by side on 16 cores, for (b) and (c); none for (a)). They say what the daemon's logic does
 with those latencies, not what a real machine measures. Prints one JSON object; progress on stderr.
 
@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT))
 
 from packrat_daemon.commands.solve import solve_plans  # noqa: E402
 from packrat_daemon.config import ServeConfig  # noqa: E402
-from packrat_daemon.emulation import Interference  # noqa: E402
 from packrat_daemon.load.arrivals import BatchMix, Burst, Poisson, Trace, open_loop_schedule  # noqa: E402
+from packrat_daemon.measure.emulation import Interference  # noqa: E402
 from packrat_daemon.search.gp import physics  # noqa: E402
 from packrat_daemon.simulate import Simulation, Traffic  # noqa: E402
 from policies.planning.profile import Profile  # noqa: E402

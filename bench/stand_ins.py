@@ -33,8 +33,8 @@ sys.path.insert(0, str(REPO))
 from harness import DaemonProcess  # noqa: E402
 
 from packrat_daemon.config import ServeConfig  # noqa: E402
-from packrat_daemon.emulation import Interference  # noqa: E402
 from packrat_daemon.load.arrivals import BatchMix, Poisson  # noqa: E402
+from packrat_daemon.measure.emulation import Interference  # noqa: E402
 from packrat_daemon.simulate import DaemonCosts, Simulation, Traffic  # noqa: E402
 from policies.planning.profile import Cell, Profile  # noqa: E402
 from policies.planning.topology import Topology  # noqa: E402

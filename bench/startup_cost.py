@@ -26,14 +26,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "packrat_daemon" / "search"))  # the replay's gap rule
 
-from replay_tables import gaps  # noqa: E402
-
 from packrat_daemon.commands.adaptive_search import MODEL_NOISE  # noqa: E402
 from packrat_daemon.commands.solve import solve_plans  # noqa: E402
 from packrat_daemon.measure.bench import Bench, default_grid  # noqa: E402
 from packrat_daemon.search import Budget, adaptive_profile  # noqa: E402
 from policies.planning.profile import Profile  # noqa: E402
 from policies.planning.topology import Topology  # noqa: E402
+from tests.helpers.replay_tables import gaps  # noqa: E402
 
 TABLES = {"inception3": "bench/profiles/inception3-cloudlab16.csv", "bert": "bench/profiles/bert-cloudlab16.csv"}
 CORES = 16

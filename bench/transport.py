@@ -4,7 +4,7 @@
 
 One template loads a model with ResNet-50's input (float32 3×224×224, 0.6 MB a sample) and output
 (1000 floats a sample) that computes almost nothing (a global average pool and a linear layer). Three
-pools of the daemon's own code (packrat_daemon.pool) each fork one 1-thread worker on the same core:
+pools of the daemon's own code (packrat_daemon.fleet.pool) each fork one 1-thread worker on the same core:
 
 - frames: every tensor as ZeroMQ frames, as the daemon did before it shared memory;
 - arena: the input copied into the worker's arena when it is sent (the daemon's path for a slice made
@@ -71,7 +71,7 @@ def main() -> None:
     from packrat_daemon.measure.bench import Bench, model_session
     from policies.planning.topology import Topology
     from workers.arena import Inbox
-    from workers.spec import sample_input
+    from workers.models.spec import sample_input
 
     paths = {"frames": False, "arena": True, "inbox": True}
     inbox = Inbox("bench-inbox")

@@ -21,10 +21,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any
 
-from packrat_daemon.accuracy import DEFAULT_MAX_REL_ERROR, TOP1_CHOICES
+from packrat_daemon.measure.accuracy import DEFAULT_MAX_REL_ERROR, TOP1_CHOICES
 from packrat_daemon.wire.errors import ConfigError, ProfileError
 from policies.packrat import MIN_SPLIT_GAIN
-from workers.spec import PRECISION_CHOICES
+from workers.models.spec import PRECISION_CHOICES
 
 # fp32 by default, decided by bench/precision.py (bench/README.md, docs/precision.md): with the default runtime
 # (torch), bf16 measured no faster than fp32 on a CPU with avx512_bf16 but no AMX, so `auto` would double

@@ -21,18 +21,18 @@ from types import FrameType
 import zmq
 
 from packrat_daemon.adapt.online import OnlineAdaptation
-from packrat_daemon.batcher import Batcher, plan_latency
 from packrat_daemon.config import ServeConfig
-from packrat_daemon.control import Control, control_endpoint
-from packrat_daemon.dispatcher import Dispatcher, Splitter
-from packrat_daemon.frontend import Frontend
-from packrat_daemon.live_status import live_status
-from packrat_daemon.metrics import Metrics
-from packrat_daemon.notify import READY, STOPPING, Watchdog, reloading, sd_notify
-from packrat_daemon.pool import Pool
-from packrat_daemon.reconciler import Reconciler
+from packrat_daemon.control.server import Control, control_endpoint
+from packrat_daemon.control.status import live_status
+from packrat_daemon.fleet.pool import Pool
+from packrat_daemon.fleet.reconciler import Reconciler
+from packrat_daemon.fleet.supervisor import Supervisor
+from packrat_daemon.ops.metrics import Metrics
+from packrat_daemon.ops.notify import READY, STOPPING, Watchdog, reloading, sd_notify
+from packrat_daemon.requests.batcher import Batcher, plan_latency
+from packrat_daemon.requests.dispatcher import Dispatcher, Splitter
+from packrat_daemon.requests.frontend import Frontend
 from packrat_daemon.startup import Started, replan, start_up
-from packrat_daemon.supervisor import Supervisor
 from packrat_daemon.wire.codec import ErrorCode
 from packrat_daemon.wire.errors import PackratError
 from policies.base import Plan

@@ -18,14 +18,14 @@ from dataclasses import dataclass
 
 import zmq
 
-from packrat_daemon import accuracy, emulation
-from packrat_daemon.backend import Backend, ModelInfo
 from packrat_daemon.config import ServeConfig
-from packrat_daemon.hardening import check_endpoint, private_dir, warn_if_root
-from packrat_daemon.metrics import Metrics
-from packrat_daemon.profiling import ProfileFile, check_splits, measure_profile
-from packrat_daemon.runtime_choice import RuntimeOption, choose_checked, choose_runtime
-from packrat_daemon.state import Entry, StateKeeper
+from packrat_daemon.fleet.backend import Backend, ModelInfo
+from packrat_daemon.measure import accuracy, emulation
+from packrat_daemon.measure.profiling import ProfileFile, check_splits, measure_profile
+from packrat_daemon.measure.runtime_choice import RuntimeOption, choose_checked, choose_runtime
+from packrat_daemon.ops.hardening import check_endpoint, private_dir, warn_if_root
+from packrat_daemon.ops.metrics import Metrics
+from packrat_daemon.ops.state import Entry, StateKeeper
 from packrat_daemon.wire.curve import FrontendSecurity
 from packrat_daemon.wire.errors import ProfileError
 from policies.base import Plan, Policy, PolicySettings
@@ -34,8 +34,8 @@ from policies.planning.layouts import LayoutTable
 from policies.planning.profile import Profile, profile_key
 from policies.planning.topology import Topology
 from policies.registry import policy_from_settings
-from workers.precision import cpu_units, template_precision
-from workers.spec import EMULATED, PRECISIONS, available_runtimes, check_precision, runtime_precisions
+from workers.models.precision import cpu_units, template_precision
+from workers.models.spec import EMULATED, PRECISIONS, available_runtimes, check_precision, runtime_precisions
 
 log = logging.getLogger("packrat.daemon")
 

@@ -7,7 +7,7 @@ kernel frees it when the last process holding it is gone. The peer maps it by re
 header over ZeroMQ says where the tensor is: the owner's pid, the fd, a serial number that changes
 whenever the owner replaces the arena with a bigger one, and its size.
 
-Who may write when is the daemon's rule (``packrat_daemon.pool``): it writes a worker's input only
+Who may write when is the daemon's rule (``packrat_daemon.fleet.pool``): it writes a worker's input only
 while that worker has no job outstanding, and a worker writes its output into its own arena only for
 a job that came through shared memory, which the daemon copies out before it sends that worker more.
 

@@ -20,9 +20,9 @@ from packrat_daemon.wire.errors import WorkerBootError
 from packrat_daemon.wire.zmqio import ZERO_COPY_MIN_BYTES, recv_frames, send_frames
 from workers import messages
 from workers.arena import SHARED_MIN_BYTES, Arena, Location, PeerArena
+from workers.models.spec import InputSpec, sample_input
 from workers.pinning import die_with_parent, pin_process
-from workers.runtime import Runtime
-from workers.spec import InputSpec, sample_input
+from workers.runtimes import Runtime
 
 HEARTBEAT_SECONDS = 1.0
 PREPARE_POLL_MS = 20  # how often the main loop checks whether a background re-threading is ready

@@ -265,7 +265,7 @@ class _StepProgress:
     """The progress line: cells measured, the current plans and their predicted latency."""
 
     def __init__(self, total: int, enabled: bool) -> None:
-        from packrat_daemon.progress import Progress
+        from packrat_daemon.ops.progress import Progress
 
         self.progress = Progress(total, "adaptive profiling", enabled=enabled)
 

@@ -99,7 +99,7 @@ def _measure_runtime(
 ) -> tuple[dict[tuple[int, int], Cell], str | None]:
     """(cells measured, why it stopped early: "interrupted", "failed" or None): both keep what was measured."""
     from packrat_daemon.measure.bench import Bench, model_session
-    from packrat_daemon.progress import Progress
+    from packrat_daemon.ops.progress import Progress
     from packrat_daemon.wire.errors import PackratError
 
     measured: dict[tuple[int, int], Cell] = {}

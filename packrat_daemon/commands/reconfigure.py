@@ -31,7 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from packrat_daemon.control import control_endpoint, request
+    from packrat_daemon.control.server import control_endpoint, request
 
     endpoint = control_endpoint(args.control, args.run_dir or ".")
     body: dict[str, Any] = {"op": "reconfigure"}

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from packrat_daemon.commands.options import add_settings, typed_settings
 from packrat_daemon.config import ServeConfig, load_config
-from packrat_daemon.logs import setup_logging
+from packrat_daemon.ops.logs import setup_logging
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

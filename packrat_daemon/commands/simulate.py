@@ -120,7 +120,7 @@ def traffic_from(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from packrat_daemon.emulation import Interference
+    from packrat_daemon.measure.emulation import Interference
     from packrat_daemon.simulate import Simulation
     from policies.planning.profile import Profile
 

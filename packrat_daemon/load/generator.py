@@ -23,11 +23,11 @@ import numpy as np
 
 from packrat_daemon.load.arrivals import ArrivalProcess, BatchMix, Trace, open_loop_schedule
 from packrat_daemon.load.report import CLIENT_CLOSED, CLIENT_TIMEOUT, UNFINISHED, Tally
-from packrat_daemon.progress import Progress
+from packrat_daemon.ops.progress import Progress
 from packrat_daemon.wire.client import AsyncClient
 from packrat_daemon.wire.codec import ProtocolError
 from packrat_daemon.wire.errors import ClientClosed, ClientTimeout, ConfigError, PackratError, ServerError
-from workers.spec import InputSpec, sample_input
+from workers.models.spec import InputSpec, sample_input
 
 # Beyond each request's own timeout, how long the end of a run waits for replies before cancelling them.
 FINAL_GRACE_S = 5.0

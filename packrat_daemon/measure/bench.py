@@ -25,14 +25,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from packrat_daemon.backend import Backend, ModelInfo
-from packrat_daemon.pool import Pool, WorkerHandle, WorkerState
-from packrat_daemon.progress import Progress
+from packrat_daemon.fleet.backend import Backend, ModelInfo
+from packrat_daemon.fleet.pool import Pool, WorkerHandle, WorkerState
+from packrat_daemon.ops.progress import Progress
 from packrat_daemon.wire.errors import PackratError
 from policies.planning.cores import CoreAllocator
 from policies.planning.profile import Cell
 from policies.planning.topology import Topology
-from workers.spec import sample_input
+from workers.models.spec import sample_input
 
 READY_TIMEOUT_S = 300.0
 RESULT_TIMEOUT_S = 300.0

@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from packrat_daemon.adapt.online import OnlineAdaptation
-from packrat_daemon.batcher import Batcher, Request, plan_latency
 from packrat_daemon.config import ServeConfig
-from packrat_daemon.dispatcher import Splitter
-from packrat_daemon.emulation import Interference
+from packrat_daemon.fleet.pool import WorkerHandle, WorkerState
+from packrat_daemon.fleet.reconciler import plan_slots
 from packrat_daemon.load.arrivals import ArrivalProcess, BatchMix, within
 from packrat_daemon.load.report import Tally, summarize
-from packrat_daemon.pool import WorkerHandle, WorkerState
-from packrat_daemon.reconciler import plan_slots
+from packrat_daemon.measure.emulation import Interference
+from packrat_daemon.requests.batcher import Batcher, Request, plan_latency
+from packrat_daemon.requests.dispatcher import Splitter
 from packrat_daemon.simulate.clock import EventLoop, VirtualClock
 from packrat_daemon.simulate.costs import DaemonCosts, LoopModel
 from packrat_daemon.simulate.service import ServiceModel

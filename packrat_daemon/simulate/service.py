@@ -1,8 +1,8 @@
 """Emulated service times: how long each slice of a batch takes, by the emulated workers' own rules.
 
-The numbers and the slow-down are workers.emulated's (`Numbers`: L̂(t, b) per thread count and batch,
+The numbers and the slow-down are workers.runtimes.emulated's (`Numbers`: L̂(t, b) per thread count and batch,
 and `slowdown(busy threads)`: the interference factor, times busy/cores once threads outnumber the
-cores), built by packrat_daemon.emulation from the profile and the interference model. So the simulation
+cores), built by packrat_daemon.measure.emulation from the profile and the interference model. So the simulation
 and `packrat serve --runtime emulated` wait the same latencies; this module only does on a virtual clock
 what the emulated workers do in real time: every busy slice progresses at 1/slowdown of the threads busy
 at that moment, and when a slice finishes, the rest speed up.
@@ -10,10 +10,10 @@ at that moment, and when a slice finishes, the rest speed up.
 
 from __future__ import annotations
 
-from packrat_daemon.emulation import Interference, numbers
+from packrat_daemon.measure.emulation import Interference, numbers
 from packrat_daemon.wire.errors import ProfileError
 from policies.planning.profile import Profile
-from workers.emulated import Numbers
+from workers.runtimes.emulated import Numbers
 
 
 class ServiceModel:

@@ -14,9 +14,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pytest
-from conftest import running_daemon
 
 from packrat_daemon.config import load_config
+from tests.helpers.daemons import running_daemon
 
 kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate is not installed (pip install -e '.[test]')"

@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import stop_process
 
 from packrat_daemon.wire.client import Client
 from packrat_daemon.wire.errors import InternalError
-from workers.models import load_model
+from tests.helpers.daemons import stop_process
+from workers.models.loading import load_model
 
 pytestmark = [
     pytest.mark.slow,

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 import torch
 import zmq
-from conftest import running_daemon
 
 from packrat_daemon.wire import client_side
 from packrat_daemon.wire.client import AsyncClient, BadRequest, Client, Overloaded, TooLarge, UnsupportedVersion
 from policies.planning.profile import Profile
-from workers.models import load_model
+from tests.helpers.daemons import running_daemon
+from workers.models.loading import load_model
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs for two pinned workers")
 
@@ -140,7 +140,7 @@ def test_client_raises_typed_exceptions(two_instance_daemon: tuple[str, subproce
 
 @pytest.mark.slow
 def test_worker_killed_mid_batch_has_its_slice_resent(tmp_path: Path) -> None:
-    args = ["--model", "model_factories:slow_mlp", "--policy", "fixed", "--plan", "2*1x2", "--max-batch", "4"]
+    args = ["--model", "tests.model_factories:slow_mlp", "--policy", "fixed", "--plan", "2*1x2", "--max-batch", "4"]
     with running_daemon(tmp_path, *args) as (endpoint, _), Client(endpoint, timeout=60) as client:
         workers = client.info()["workers"]
         x = np.random.default_rng(2).standard_normal((4, 16), dtype=np.float32)
@@ -150,7 +150,7 @@ def test_worker_killed_mid_batch_has_its_slice_resent(tmp_path: Path) -> None:
         time.sleep(0.15)  # both workers are inside their 0.3 s forward pass now
         os.kill(workers[0]["pid"], signal.SIGKILL)
         thread.join(60)
-        np.testing.assert_allclose(result["y"], direct("model_factories:slow_mlp", x), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(result["y"], direct("tests.model_factories:slow_mlp", x), rtol=1e-5, atol=1e-6)
         # The reconciler replaces the dead worker; the pool gets back to two instances.
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -164,7 +164,7 @@ def test_worker_killed_mid_batch_has_its_slice_resent(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_full_queue_answers_overloaded_and_every_request_ends(tmp_path: Path) -> None:
-    args = ["--model", "model_factories:slow_mlp", "--policy", "fixed", "--plan", "1x2", "--max-batch", "2"]
+    args = ["--model", "tests.model_factories:slow_mlp", "--policy", "fixed", "--plan", "1x2", "--max-batch", "2"]
     with running_daemon(tmp_path, *args, "--max-queue", "4") as (endpoint, _):
 
         async def flood() -> list[object]:
@@ -321,7 +321,7 @@ def test_hung_idle_worker_is_replaced(tmp_path: Path) -> None:
 def test_runtime_auto_measures_each_installed_runtime_serves_one_and_keeps_every_runtimes_rows(tmp_path: Path) -> None:
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    from workers.spec import available_runtimes
+    from workers.models.spec import available_runtimes
 
     saved = tmp_path / "profiles.csv"
     args = ["--model", "builtin:tiny-mlp", "--runtime", "auto", "--max-batch", "4", "--save-profile", str(saved)]

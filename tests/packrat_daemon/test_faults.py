@@ -16,19 +16,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zmq
-from conftest import running_daemon
-from model_factories import SlowMLP
 from zmq.utils.monitor import recv_monitor_message
 
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.wire.client import Client
 from packrat_daemon.wire.client_side import encode_infer_request
 from policies.planning.profile import Profile
+from tests.helpers.daemons import running_daemon
+from tests.model_factories import SlowMLP
 from workers.worker import HEARTBEAT_SECONDS
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs for two pinned workers")
 
-SLOW = "model_factories:slow_mlp"
+SLOW = "tests.model_factories:slow_mlp"
 # SlowMLP sleeps this long per batch whatever its size: the latency its profile predicts.
 SLICE_MS = SlowMLP().delay_s * 1000.0
 DEFAULTS = ServeConfig()

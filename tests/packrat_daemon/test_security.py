@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import daemon_env, running_daemon
 
 from packrat_daemon.wire.client import AsyncClient, Client, ClientTimeout
 from packrat_daemon.wire.curve import write_key_pair
+from tests.helpers.daemons import daemon_env, running_daemon
 
 SERVE = [sys.executable, "-m", "packrat_daemon", "serve"]
 TINY = ["--model", "builtin:tiny-mlp", "--policy", "fixed", "--plan", "1*1x4", "--max-batch", "4"]
@@ -117,7 +117,7 @@ def test_a_run_dir_others_may_enter_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("address", "warned"), [("0.0.0.0", True), ("127.0.0.1", False)])
 def test_metrics_beyond_loopback_are_warned(address: str, warned: bool, caplog: pytest.LogCaptureFixture) -> None:
-    from packrat_daemon.metrics import Metrics
+    from packrat_daemon.ops.metrics import Metrics
 
     metrics = Metrics("builtin:tiny-mlp")
     with caplog.at_level(logging.WARNING, "packrat.security"):

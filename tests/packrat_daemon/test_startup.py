@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 import zmq
-from conftest import daemon_env
 
 from packrat_daemon.config import ServeConfig
-from packrat_daemon.profiling import ProfileFile
+from packrat_daemon.measure.profiling import ProfileFile
 from packrat_daemon.startup import read_profile, replan
 from packrat_daemon.wire.errors import PackratError
 from policies.planning.profile import Profile
 from policies.planning.topology import Topology
+from tests.helpers.daemons import daemon_env
 
 
 def profile(runtime: str, ms: float) -> Profile:
@@ -104,8 +104,8 @@ def test_auto_precision_adds_bf16_only_where_the_cpu_and_the_runtime_have_it() -
 def test_the_guard_decides_auto_leaves_a_failing_candidate_out_and_a_pinned_one_stops(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, max_rel_error: float
 ) -> None:
-    from packrat_daemon import accuracy
-    from packrat_daemon.backend import ModelInfo
+    from packrat_daemon.fleet.backend import ModelInfo
+    from packrat_daemon.measure import accuracy
     from packrat_daemon.startup import run_guard
 
     def measured(*_: object, tolerance: float, **__: object) -> accuracy.GuardResult:
@@ -156,7 +156,7 @@ def test_an_unusable_endpoint_is_refused_before_the_model_loads(in_use: bool) ->
 def test_a_grid_above_the_threshold_is_measured_by_the_adaptive_search_at_start(tmp_path: Path) -> None:
     import re
 
-    from conftest import REPO, running_daemon
+    from tests.helpers.daemons import REPO, running_daemon
 
     # EMULATION: 16 made-up cores whose workers wait the Inception-v3 table, scaled to a hundredth so the
     # start-up takes seconds; --emulate-measure makes the daemon measure it as it would a model.

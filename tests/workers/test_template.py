@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 import zmq
-from conftest import daemon_env
 
+from tests.helpers.daemons import daemon_env
 from workers import messages
 
 pytestmark = pytest.mark.slow  # starts a template, which imports torch and loads the model
@@ -47,7 +47,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
     socket.setsockopt(zmq.LINGER, 0)
     socket.bind(endpoint)
     command = [
-        sys.executable, "-m", "workers.template", "--model", "model_factories:refuses_single_inputs",
+        sys.executable, "-m", "workers.template", "--model", "tests.model_factories:refuses_single_inputs",
         "--backend", endpoint, "--daemon-pid", str(os.getpid()),
     ]  # fmt: skip
     process = subprocess.Popen(command, env=daemon_env(), cwd=Path(__file__).resolve().parents[2])

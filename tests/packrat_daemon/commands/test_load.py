@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, running_daemon
 
 from packrat_daemon.cli import main
 from packrat_daemon.commands import load as load_command
 from packrat_daemon.load.arrivals import BatchMix, Poisson, Trace, open_loop_schedule
+from tests.helpers.daemons import REPO, running_daemon
 
 FIXED_KEYS = ["sent", "ok", "errors", "throughput_rps", "latency_ms"]
 MAX_QUEUE = 64

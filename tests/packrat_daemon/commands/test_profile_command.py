@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import daemon_env
 
 from policies.planning.profile import Profile
+from tests.helpers.daemons import daemon_env
 
 # Run the CLI with SIGINT at its default, as in a terminal (a background job would inherit "ignore").
 LAUNCH = (
@@ -39,7 +39,7 @@ def test_profile_writes_a_valid_profile(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_ctrl_c_keeps_the_cells_already_measured(tmp_path: Path) -> None:
     out, log = tmp_path / "slow.csv", tmp_path / "profile.log"
-    args = ["--model", "model_factories:slow_mlp", "--threads", "1,2", "--batches", "1,2,4,8"]
+    args = ["--model", "tests.model_factories:slow_mlp", "--threads", "1,2", "--batches", "1,2,4,8"]
     with open(log, "w") as stderr:
         process = subprocess.Popen(profile_command(out, *args), env=daemon_env(), stderr=stderr)
         deadline = time.monotonic() + 120

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from packrat_daemon.backend import Backend, ModelInfo
+from packrat_daemon.fleet.backend import Backend, ModelInfo
+from packrat_daemon.fleet.pool import WorkerState
 from packrat_daemon.measure.bench import Bench, default_grid, model_session
-from packrat_daemon.pool import WorkerState
 from policies.planning.topology import Topology
 
 TWO_CORES = Topology.synthetic(2)

@@ -114,7 +114,7 @@ def test_a_check_on_real_workers_replaces_the_cells_with_measurements() -> None:
 @pytest.mark.slow
 def test_the_daemon_plans_again_on_what_its_check_measured() -> None:
     from packrat_daemon.config import ServeConfig
-    from packrat_daemon.profiling import check_splits
+    from packrat_daemon.measure.profiling import check_splits
 
     # A made-up 20× win for the split: the check replaces those cells with real tiny-mlp timings (a
     # fraction of a millisecond each) and plans again on them.

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from replay_tables import CASES, full_table, replay
-
 from packrat_daemon.search import DecisiveStrategy
 from packrat_daemon.search.base import Assessment, Kind, Lead
+from tests.helpers.replay_tables import CASES, full_table, replay
 
 STRATEGY = DecisiveStrategy()
 

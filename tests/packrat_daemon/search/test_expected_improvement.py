@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from replay_tables import CASES, GRID, Shape, full_table, gaps, replay
 
 from packrat_daemon.search import ExpectedImprovementStrategy
 from packrat_daemon.search.base import Assessment, Kind, Lead
+from tests.helpers.replay_tables import CASES, GRID, Shape, full_table, gaps, replay
 
 STRATEGY = ExpectedImprovementStrategy()
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from replay_tables import GRID, amdahl, cache_cliff
 
 from packrat_daemon.search import Grid
 from packrat_daemon.search.gp import ROUGHNESS, Surrogate
+from tests.helpers.replay_tables import GRID, amdahl, cache_cliff
 
 
 def test_the_surrogate_recovers_an_amdahl_table_from_anchors():

@@ -7,11 +7,11 @@ import math
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from replay_tables import BATCHES, GRID, THREADS, batch_limited, resnet50_table
 
 from packrat_daemon.search import Grid, fill_rows
 from packrat_daemon.search.gp import Surrogate
 from policies.planning.profile import Profile
+from tests.helpers.replay_tables import BATCHES, GRID, THREADS, batch_limited, resnet50_table
 
 
 def test_a_small_budget_spends_fewer_cells_on_anchors():

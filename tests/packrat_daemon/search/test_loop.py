@@ -10,7 +10,9 @@ import json
 import math
 
 import pytest
-from replay_tables import (
+
+from packrat_daemon.search import Budget, Grid, adaptive_profile
+from tests.helpers.replay_tables import (
     CASES,
     GRID,
     RESNET50_TARGETS,
@@ -25,8 +27,6 @@ from replay_tables import (
     resnet50_table,
     smt_knee,
 )
-
-from packrat_daemon.search import Budget, Grid, adaptive_profile
 
 MAX_FRACTION = 0.25
 MAX_GAP = 0.03

@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from replay_tables import amdahl, cache_cliff, full_table, replay, smt_knee
 
 from packrat_daemon.cli import main
 from packrat_daemon.commands.adaptive_search import table_confirmation, write_profile
 from policies.planning.profile import Profile
 from policies.solver import Solver
+from tests.helpers.replay_tables import amdahl, cache_cliff, full_table, replay, smt_knee
 
 MAX_GAP = 0.03
 

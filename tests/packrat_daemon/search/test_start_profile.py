@@ -3,8 +3,6 @@ plan that never rests on an estimated cell."""
 
 from __future__ import annotations
 
-from replay_tables import amdahl, batch_limited, full_table
-
 from packrat_daemon.search import Budget
 from packrat_daemon.search.grid import plan_cells
 from packrat_daemon.search.start_profile import ADAPTIVE_ABOVE_CELLS, start_profile, uses_search
@@ -12,6 +10,7 @@ from policies.packrat import PackratPolicy
 from policies.planning.distribution import BatchDistribution
 from policies.planning.profile import Cell, Profile
 from policies.planning.topology import Topology
+from tests.helpers.replay_tables import amdahl, batch_limited, full_table
 
 CORES = 16
 BATCHES = [1, 2, 4, 8, 16, 32, 64]

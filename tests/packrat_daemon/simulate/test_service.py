@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from packrat_daemon.emulation import Interference
+from packrat_daemon.measure.emulation import Interference
 from packrat_daemon.simulate.service import ServiceModel
 from packrat_daemon.wire.errors import ProfileError
 from policies.planning.profile import Profile

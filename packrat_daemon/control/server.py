@@ -1,0 +1,236 @@
+"""The control channel: `packrat reconfigure` asks the running daemon for a plan, a policy, or automatic
+planning again.
+
+It is a ROUTER socket of its own, never the serving frontend: an ipc socket in a folder only the daemon's
+user may enter (by default `control.ipc` in the run dir), or tcp on loopback. Whoever can reach it can
+change the pool, so nothing else is accepted. One request is one JSON frame, one reply is one JSON frame:
+
+    {"op": "reconfigure", "plan": "2*1x1"}   a fixed plan (the fixed policy's syntax)
+    {"op": "reconfigure", "policy": "single"} a policy from the registry, planned on the live batch sizes
+    {"op": "reconfigure", "auto": true}       back to the configured policy, adaptation on again
+
+The handler only checks and queues; `tick`, called from the daemon's loop, builds the plan and hands it
+to the daemon's switch (the reconciler alone changes the pool), and answers once the new pool serves
+(or at once when nothing changes or the request fails), with the measured reconfiguration.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from packrat_daemon.ops.hardening import claim_ipc, private_dir
+from packrat_daemon.startup import distribution_for, policy_for
+from packrat_daemon.wire import errors
+from packrat_daemon.wire.curve import is_local_endpoint
+from packrat_daemon.wire.errors import ConfigError, PackratError, PolicyError
+from policies.base import Policy, PolicySettings
+from policies.registry import policy_from_settings
+
+if TYPE_CHECKING:
+    from packrat_daemon.daemon import Daemon
+    from packrat_daemon.fleet.reconciler import Reconfiguration
+
+log = logging.getLogger("packrat.control")
+
+CONTROL_FILE = "control.ipc"
+MAX_REQUEST_BYTES = 4096  # a request is a few fields; anything bigger is not one
+MAX_QUEUED = 16  # requests waiting for the loop; more are refused (a client in a loop, not an operator)
+
+
+class ControlError(PackratError):
+    """A control request that was refused, or a control endpoint that cannot be used."""
+
+
+def control_endpoint(endpoint: str | None, run_dir: str | os.PathLike[str]) -> str:
+    """The endpoint `packrat reconfigure` reaches: the given one, else ipc://RUN_DIR/control.ipc. Refused
+    (ConfigError) unless it is an ipc socket in a private folder or tcp on loopback."""
+    if endpoint is None:
+        return f"ipc://{Path(run_dir) / CONTROL_FILE}"
+    if endpoint.startswith("ipc://"):
+        private_dir(Path(endpoint.removeprefix("ipc://")).parent)
+        return endpoint
+    if endpoint.startswith("tcp://") and is_local_endpoint(endpoint):
+        return endpoint
+    raise ConfigError(
+        f"the control endpoint {endpoint!r} would let others change the pool; use ipc://PATH in a folder only "
+        "this user may enter, or tcp://127.0.0.1:PORT"
+    )
+
+
+@dataclass
+class Pending:
+    identity: bytes
+    request: dict[str, Any]
+    what: str  # the request in words, for the log, the reply and the plan history
+
+
+class Control:
+    def __init__(self, daemon: Daemon, context: zmq.Context, endpoint: str) -> None:
+        self.daemon = daemon
+        self.endpoint = endpoint
+        self.queue: deque[Pending] = deque()
+        self.waiting: dict[int, list[Pending]] = {}  # generation -> requests answered once it serves
+        self.override: str | None = None  # what the operator asked for, until `auto`
+        if endpoint == daemon.config.endpoint:
+            raise ConfigError("the control endpoint must not be the serving endpoint; choose another --control")
+        self.socket = context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
+        if endpoint.startswith("ipc://"):
+            claim_ipc(endpoint.removeprefix("ipc://"))
+        self.socket.bind(endpoint)
+        if endpoint.startswith("ipc://"):
+            os.chmod(endpoint.removeprefix("ipc://"), 0o600)
+        log.info("control: `packrat reconfigure --control %s`", endpoint)
+
+    # -- the socket: check and queue only ----------------------------------------------------------
+    def read(self) -> None:
+        """Queue the requests waiting on the socket; a malformed one is answered at once."""
+        while True:
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            identity, body = frames[0], frames[-1]
+            try:
+                request = _parse(body, len(frames))
+                if len(self.queue) >= MAX_QUEUED:
+                    raise ControlError(f"{MAX_QUEUED} control requests are already waiting; retry in a moment")
+            except PackratError as exc:
+                self._reply(identity, _error(exc))
+                continue
+            self.queue.append(Pending(identity, request, _describe(request)))
+
+    # -- the loop: act on the queue, answer finished changes ---------------------------------------
+    def tick(self) -> None:
+        while self.queue:
+            self._act(self.queue.popleft())
+        for generation in list(self.waiting):
+            record = next((r for r in self.daemon.reconciler.history if r.generation == generation), None)
+            if record is None or record.done:
+                for pending in self.waiting.pop(generation):
+                    self._reply(pending.identity, self._finished(pending, record))
+
+    def close(self) -> None:
+        for pendings in self.waiting.values():
+            for pending in pendings:
+                self._reply(pending.identity, _error(ControlError("the daemon is stopping; the change was not made")))
+        self.socket.close(linger=100)
+
+    def _act(self, pending: Pending) -> None:
+        daemon = self.daemon
+        request = pending.request
+        try:
+            policy = self._policy(request)
+            distribution = daemon.adaptation.estimator.distribution(time.monotonic()) or distribution_for(daemon.config)
+            if policy.needs_profile and daemon.profile is None:
+                raise PolicyError(f"policy {policy.name!r} plans from a profile, and this daemon serves without one")
+            plan = policy.plan(daemon.profile, daemon.topology, distribution)
+        except PackratError as exc:
+            log.warning("control: %s refused: %s", pending.what, exc)
+            self._reply(pending.identity, _error(exc))
+            return
+        self.override = None if request.get("auto") else pending.what
+        log.info("control: %s → plan %s", pending.what, plan.describe())
+        changed = plan != daemon.plan
+        if changed:
+            daemon._switch(plan, f"control: {pending.what}")
+        # After the switch: the history's predicted gain is the previous policy's view of the change.
+        daemon.policy = policy
+        daemon.adaptation.retune(daemon.config, policy, daemon.profile)
+        if changed:
+            self.waiting.setdefault(daemon.reconciler.generation, []).append(pending)
+        else:
+            done = f"already serving {daemon.plan.describe()}; nothing to change"
+            self._reply(pending.identity, {"ok": True, "done": done, "plan": daemon.plan.to_json()})
+
+    def _policy(self, request: dict[str, Any]) -> Policy:
+        config = self.daemon.config
+        if request.get("auto"):
+            return policy_for(config)
+        if "plan" in request:
+            return policy_from_settings("fixed", PolicySettings(request["plan"], config.min_split_gain))
+        return policy_from_settings(request["policy"], PolicySettings(config.plan, config.min_split_gain))
+
+    def _finished(self, pending: Pending, record: Reconfiguration | None) -> dict[str, Any]:
+        if record is None or record.superseded:
+            return {"ok": True, "done": f"{pending.what}: asked for, but a later plan replaced it before it served",
+                    "plan": self.daemon.plan.to_json()}  # fmt: skip
+        seconds = record.seconds(record.serving) or 0.0
+        return {
+            "ok": True,
+            "done": f"switched from {record.old.describe() if record.old else '-'} to {record.new.describe()}; "
+            f"the new pool served {seconds * 1000:.0f} ms after the decision",
+            "plan": record.new.to_json(),
+            "reconfiguration": record.to_json(),
+        }
+
+    def _reply(self, identity: bytes, body: dict[str, Any]) -> None:
+        try:
+            self.socket.send_multipart([identity, json.dumps(body).encode()], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.debug("control: could not answer: %s", exc)
+
+
+def _parse(body: bytes, frames: int) -> dict[str, Any]:
+    if frames != 2:
+        raise ControlError(f"a control request is one JSON frame; got {frames - 1}")
+    try:
+        request = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ControlError(f"a control request is a JSON object: {exc}") from None
+    if not isinstance(request, dict) or request.get("op") != "reconfigure":
+        raise ControlError('a control request is {"op": "reconfigure", ...}')
+    asked = [key for key in ("plan", "policy", "auto") if key in request]
+    if len(asked) != 1:
+        raise ControlError("ask for exactly one of: a plan (--plan), a policy (--policy), or automatic (--auto)")
+    key = asked[0]
+    if (key == "auto" and request[key] is not True) or (key != "auto" and not isinstance(request[key], str)):
+        raise ControlError(f"{key!r} must be {'true' if key == 'auto' else 'a string'}")
+    return request
+
+
+def _describe(request: dict[str, Any]) -> str:
+    if request.get("auto"):
+        return "--auto"
+    return f"--plan {request['plan']}" if "plan" in request else f"--policy {request['policy']}"
+
+
+def _error(exc: PackratError) -> dict[str, Any]:
+    return {"ok": False, "error": {"type": type(exc).__name__, "message": str(exc)}}
+
+
+# -- the client side (`packrat reconfigure`) ---------------------------------------------------------
+def request(endpoint: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Send one control request and wait for its answer; the daemon's refusal is raised as its own typed
+    error (PolicyError for a plan that does not fit, …), silence as ControlError."""
+    context = zmq.Context.instance()
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    try:
+        socket.connect(endpoint)
+        socket.send(json.dumps(body).encode())
+        if not socket.poll(int(timeout_s * 1000)):
+            raise ControlError(
+                f"no answer from {endpoint} within {timeout_s:.0f} s: is the daemon running with this --control "
+                "(its log names it at start), and does this user own its run dir?"
+            )
+        reply = json.loads(socket.recv())
+    finally:
+        socket.close()
+    if not reply.get("ok"):
+        error = reply.get("error") or {}
+        kind = getattr(errors, str(error.get("type")), None)
+        if not (isinstance(kind, type) and issubclass(kind, PackratError)):
+            kind = ControlError
+        raise kind(str(error.get("message", "the daemon refused the request")))
+    return reply

@@ -1,0 +1,314 @@
+"""The reconciler: the only code that changes the worker pool.
+
+It is given a desired Plan and makes the live pool match it (after gunicorn's manage_workers:
+describe the target, converge to it). Each plan is a new generation of slots (threads, cores):
+  1. live workers that already have a slot's threads and cores join the new generation as they are;
+  2. other ready workers are re-threaded and re-pinned in place (no fork, no reload): they keep
+     serving with their old threads until the switch is done;
+  3. slots still empty get freshly forked workers;
+  4. workers the plan has no slot for stop serving only once every slot is served. They are parked, not
+     stopped: idle, pinned as they were, for PARK_S, so that a later plan with their slot (switching back
+     and forth between two plans, by hand or by adaptation) takes them at once instead of forking and
+     warming up a worker again. A parked worker that is not taken is stopped after PARK_S.
+Every ready worker takes batches meanwhile, so no request ever finds the pool empty. Workers that
+die after they were ready are replaced at once, within the current generation.
+
+Workers that die before they were ready (boot failures) are re-forked one at a time after a growing
+pause, and after MAX_BOOT_FAILURES in a row the reconciler raises WorkerBootError with the last one's
+reason (after circus's max_retry and gunicorn's WORKER_BOOT_ERROR): a model that cannot start stops
+the daemon with that message instead of being re-forked in a loop.
+
+Every plan change is measured (`Reconfiguration`): the decision, the first re-threaded or forked worker
+serving, every slot serving (the new pool), and the last worker of an older plan retired. The history
+feeds `packrat status`, and each finished change is handed to `on_measured` (the metrics' histogram).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from packrat_daemon.fleet.pool import Pool, WorkerHandle, WorkerState
+from packrat_daemon.ops.notify import sd_notify, status
+from packrat_daemon.wire.errors import WorkerBootError
+from policies.base import Plan
+from policies.planning.cores import CoreAllocator
+from policies.planning.topology import Topology
+
+log = logging.getLogger("packrat.reconciler")
+
+Slot = tuple[int, tuple[int, ...]]  # (threads, cores)
+
+MAX_BOOT_FAILURES = 5  # workers in a row that fail before they are ready; then the daemon stops
+BOOT_BACKOFF_FIRST_S = 0.25  # the pause after the first boot failure, doubled after each further one
+BOOT_BACKOFF_MAX_S = 8.0
+# A parked worker costs its private memory and a heartbeat a second, no CPU; a fork costs a model warm-up
+# (hundreds of milliseconds for ResNet-50) before the new plan serves. Parked workers never outnumber the
+# usable cores, the most workers a plan without oversubscription can have.
+PARK_S = 300.0
+HISTORY = 100  # plan changes kept for `packrat status` (a status reply stays far below any frame limit)
+
+
+def boot_backoff_s(failures: int) -> float:
+    """How long to wait after the last of `failures` boot failures in a row before forking again."""
+    if failures <= 0:
+        return 0.0
+    return min(BOOT_BACKOFF_MAX_S, BOOT_BACKOFF_FIRST_S * 2 ** (failures - 1))
+
+
+def plan_slots(plan: Plan, allocator: CoreAllocator) -> list[list[Slot]]:
+    """Each of the plan's layouts as slots. Each layout gets disjoint cores of its own; layouts overlap
+    one another (one runs at a time)."""
+    allocate = allocator.allocate_oversubscribed if plan.oversubscribed else allocator.allocate
+    slots = []
+    for layout in plan.layouts:
+        counts = [instance.threads for instance in layout]
+        slots.append(list(zip(counts, allocate(counts), strict=True)))
+    return slots
+
+
+@dataclass
+class Reconfiguration:
+    """One plan change and how long it took (time.monotonic() stamps; `wall` is the decision's time.time())."""
+
+    generation: int
+    reason: str  # what asked for it: "start", "adapt", "reload", "control: …"
+    old: Plan | None
+    new: Plan
+    decided: float
+    wall: float
+    predicted_ms: tuple[float, float] | None = None  # expected latency (old plan, new plan) when predicted
+    first_serving: float | None = None  # the first worker re-threaded or forked for it took batches
+    serving: float | None = None  # every slot of the new plan serves
+    retired: float | None = None  # no worker of an older plan is left serving
+    superseded: bool = False  # a later plan came before this one was served
+
+    @property
+    def done(self) -> bool:
+        return self.retired is not None or self.superseded
+
+    def seconds(self, stamp: float | None) -> float | None:
+        return None if stamp is None else stamp - self.decided
+
+    def to_json(self) -> dict[str, Any]:
+        gain = None
+        if self.predicted_ms is not None and self.predicted_ms[0] > 0:
+            gain = 1.0 - self.predicted_ms[1] / self.predicted_ms[0]
+        return {
+            "generation": self.generation,
+            "time": self.wall,
+            "reason": self.reason,
+            "from": None if self.old is None else self.old.describe(),
+            "to": self.new.describe(),
+            "why": self.new.reason,
+            "predicted_ms": None if self.predicted_ms is None else list(self.predicted_ms),
+            "predicted_gain": gain,
+            "first_serving_s": self.seconds(self.first_serving),
+            "serving_s": self.seconds(self.serving),
+            "retired_s": self.seconds(self.retired),
+            "superseded": self.superseded,
+        }
+
+
+class Reconciler:
+    def __init__(
+        self, pool: Pool, topology: Topology, on_measured: Callable[[Reconfiguration], None] | None = None
+    ) -> None:
+        self.pool = pool
+        self.allocator = CoreAllocator(topology)
+        self.plan: Plan | None = None
+        self.generation = 0
+        self._slots: list[Slot] = []
+        self.layouts: list[list[Slot]] = []
+        self._complete_logged = -1
+        self.history: deque[Reconfiguration] = deque(maxlen=HISTORY)
+        self.on_measured = on_measured
+        self._changed: set[int] = set()  # workers re-threaded, forked or unparked for the current generation
+
+    def set_plan(self, plan: Plan, reason: str = "start", predicted_ms: tuple[float, float] | None = None) -> None:
+        """Converge to `plan` from now on; `reason` and `predicted_ms` (expected latency of the old and the
+        new plan) go into the history."""
+        if self.history and not self.history[-1].done:
+            self.history[-1].superseded = True
+        self.history.append(
+            Reconfiguration(self.generation + 1, reason, self.plan, plan, time.monotonic(), time.time(), predicted_ms)
+        )
+        self._changed = set()
+        self.plan = plan
+        self.generation += 1
+        self.layouts = plan_slots(plan, self.allocator)
+        # A worker serves every layout that has its exact (threads, cores): count each slot once.
+        needed: Counter[Slot] = Counter()
+        for layout in self.layouts:
+            needed |= Counter(layout)
+        self._slots = sorted(needed.elements(), key=lambda slot: (-slot[0], slot[1]))
+        log.info("reconciling to generation %d: %s", self.generation, plan.describe())
+        sd_notify(status(f"reconciling the pool to {plan.describe()}"))  # systemd's status line
+        self._adopt_live_workers()
+
+    def step(self) -> None:
+        """Fork what is missing; once every slot is served, retire what the plan has no slot for.
+
+        Raises WorkerBootError once MAX_BOOT_FAILURES workers in a row have failed before they were ready.
+        """
+        if self.plan is None:
+            return
+        self._fork(self._missing())
+        record = self.history[-1] if self.history else None
+        # The first worker re-threaded or forked for this plan that serves (or at once: nothing had to change).
+        if (record is not None and record.first_serving is None
+                and (not self._changed or any(w.id in self._changed for w in self._ready_mine()))):  # fmt: skip
+            record.first_serving = time.monotonic()
+        if self._complete():
+            if self._complete_logged != self.generation:
+                self._complete_logged = self.generation
+                log.info("generation %d serves with %d worker(s)", self.generation, len(self._slots))
+                sd_notify(status(f"serving {self.plan.describe()} with {len(self._slots)} worker(s)"))
+            old = False
+            live = self.pool.live()
+            for worker in live:
+                if worker.pending is None and worker.generation != self.generation:
+                    self._park_or_retire(worker)
+                elif worker.pending is not None and worker.pending[2] != self.generation:
+                    old = True  # still switching for an older plan: retired once it has
+            if record is not None and not record.done:
+                self._measured(record, old)
+
+    def replace(self, worker: WorkerHandle) -> None:
+        """A hung or overdue worker: kill it; a later step forks its replacement into the same slot."""
+        self.pool.kill(worker)
+
+    def serving(self) -> list[WorkerHandle]:
+        """Every ready worker takes batches but the parked ones; retired ones are no longer ready."""
+        return sorted((w for w in self.pool.ready() if w.parked_since is None), key=lambda w: w.id)
+
+    @property
+    def parked(self) -> dict[int, float]:
+        """The live parked workers: worker id -> time.monotonic() it was parked (a dead one is gone with it)."""
+        return {w.id: w.parked_since for w in self.pool.live() if w.parked_since is not None}
+
+    @property
+    def planned_workers(self) -> int:
+        """Processes the plan needs: layouts that ask for the same threads on the same cores share one."""
+        return len(self._slots)
+
+    def converged(self) -> bool:
+        live = [w for w in self.pool.live() if w.parked_since is None]
+        return self.plan is not None and self._complete() and len(live) == len(self._slots)
+
+    # -- internals --------------------------------------------------------------------------
+    def _measured(self, record: Reconfiguration, old_left: bool) -> None:
+        """Stamp the new pool serving and, once no older worker is left, the last one retired."""
+        now = time.monotonic()
+        if record.serving is None:
+            record.serving = now
+        if old_left:
+            return
+        record.retired = now
+        log.info(
+            "reconfiguration to generation %d (%s): first new worker serving after %.0f ms, the new pool after "
+            "%.0f ms, the last old worker retired after %.0f ms",
+            record.generation, record.reason, 1000 * (record.first_serving or now) - 1000 * record.decided,
+            1000 * (record.serving - record.decided), 1000 * (now - record.decided),
+        )  # fmt: skip
+        if self.on_measured is not None and record.old is not None:  # the start is a boot, not a change
+            self.on_measured(record)
+
+    def _park_or_retire(self, worker: WorkerHandle) -> None:
+        """A worker of an older plan, once the new one serves: park it, or stop it once parked long enough."""
+        now = time.monotonic()
+        if worker.parked_since is not None:
+            if now - worker.parked_since > PARK_S:
+                worker.parked_since = None
+                self.pool.retire(worker)
+        elif worker.state is WorkerState.READY and len(self.parked) < self.allocator.topology.usable_cores:
+            worker.parked_since = now
+            log.info("worker %d (%d thread(s) on cores %s) parked for a later plan",
+                     worker.id, worker.threads, list(worker.cores))  # fmt: skip
+        else:
+            self.pool.retire(worker)
+
+    def _fork(self, missing: list[Slot]) -> None:
+        pool = self.pool
+        if pool.boot_failures == 0:
+            # No boot failure outstanding: every missing slot at once (at start, and for a worker lost
+            # while serving, whose clients are waiting).
+            for threads, cores in missing:
+                self._changed.add(pool.spawn(threads, cores, self.generation).id)
+            return
+        if pool.boot_failures >= MAX_BOOT_FAILURES:
+            raise WorkerBootError(
+                f"{pool.boot_failures} workers in a row failed before they were ready, so the daemon stops "
+                f"instead of forking more; the last one said: {pool.boot_error}. Fix what it reports (the model, "
+                "its --input, or the cores and memory it may use) and start the daemon again."
+            )
+        # After a boot failure, every fork (a replacement of a lost worker too) waits its turn: one worker
+        # at a time, each after a longer pause, until one is ready.
+        if not missing or any(w.state is WorkerState.STARTING for w in pool.live()):
+            return
+        pause = boot_backoff_s(pool.boot_failures)
+        if time.monotonic() < pool.boot_failed_at + pause:
+            return
+        threads, cores = missing[0]
+        log.info("forking a %d-thread worker again after a %.2f s pause (%d boot failure(s) in a row)",
+                 threads, pause, pool.boot_failures)  # fmt: skip
+        self._changed.add(pool.spawn(threads, cores, self.generation).id)
+
+    def _adopt_live_workers(self) -> None:
+        free = Counter(self._slots)
+        leftovers: list[WorkerHandle] = []
+        # Serving workers first: a parked worker is taken only for a slot no serving worker already has.
+        for worker in sorted(self.pool.live(), key=lambda w: (w.parked_since is not None, w.id)):
+            if worker.pending is None and free[(worker.threads, worker.cores)] > 0:
+                free[(worker.threads, worker.cores)] -= 1
+                worker.generation = self.generation
+                if worker.parked_since is not None:
+                    worker.parked_since = None
+                    self._changed.add(worker.id)
+                    log.info("worker %d unparked: it has this plan's slot already", worker.id)
+            elif worker.state is WorkerState.READY:
+                leftovers.append(worker)
+            else:
+                # Still starting for an older plan: it will be retired once the new plan is served.
+                continue
+        remaining = [slot for slot in self._slots for _ in range(free[slot])]
+        # Slots keep plan order; pair each with a worker that already has that many threads if possible.
+        for slot in list(remaining):
+            match = next((w for w in leftovers if w.threads == slot[0]), None) or (leftovers[0] if leftovers else None)
+            if match is None:
+                break
+            leftovers.remove(match)
+            remaining.remove(slot)
+            self.pool.reconfigure(match, slot[0], slot[1], self.generation)
+            self._changed.add(match.id)
+            match.parked_since = None
+            log.info("re-threading worker %d in place: %d→%d thread(s) on cores %s",
+                     match.id, match.threads, slot[0], list(slot[1]))  # fmt: skip
+
+    def _mine(self) -> list[WorkerHandle]:
+        return [
+            w
+            for w in self.pool.live()
+            if (w.pending is not None and w.pending[2] == self.generation)
+            or (w.pending is None and w.generation == self.generation)
+        ]
+
+    def _missing(self) -> list[Slot]:
+        have = Counter(w.target for w in self._mine())
+        missing = []
+        for slot in self._slots:
+            if have[slot]:
+                have[slot] -= 1
+            else:
+                missing.append(slot)
+        return missing
+
+    def _ready_mine(self) -> list[WorkerHandle]:
+        return [w for w in self._mine() if w.state is WorkerState.READY and w.pending is None]
+
+    def _complete(self) -> bool:
+        return Counter((w.threads, w.cores) for w in self._ready_mine()) == Counter(self._slots)

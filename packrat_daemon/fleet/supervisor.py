@@ -1,0 +1,221 @@
+"""The workers' side of the daemon's loop: what the workers and the template send (results, failures,
+exits), and the periodic check for workers that are overdue, hung or gone (gunicorn's arbiter calls
+these reap and murder; the reconciler then forks replacements).
+
+`pump` is on the request path (each result is answered from here), so it stays flat; `check` runs
+every RECONCILE_INTERVAL_S, or at once after the pool changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import psutil
+
+from packrat_daemon.adapt.online import OnlineAdaptation
+from packrat_daemon.fleet.pool import PoolEvent, WorkerHandle
+from packrat_daemon.fleet.reconciler import Reconciler
+from packrat_daemon.ops.metrics import Metrics
+from packrat_daemon.requests.dispatcher import Dispatcher, Job
+from packrat_daemon.requests.frontend import MAX_READS_PER_WAKE, Frontend
+from packrat_daemon.wire.codec import ErrorCode
+from packrat_daemon.wire.errors import ConfigError
+from workers.worker import HEARTBEAT_SECONDS
+
+log = logging.getLogger("packrat.daemon")
+
+RECONCILE_INTERVAL_S = 0.1  # job timeouts are seconds long, and the loop wakes twice per request
+# An idle worker heartbeats every HEARTBEAT_SECONDS, even on a busy machine: three missed, it is hung. Longer,
+# and a worker stopped while idle goes unnoticed until a second fault finds no healthy worker to take over.
+HEARTBEAT_TIMEOUT_S = 3 * HEARTBEAT_SECONDS
+# A hedge goes only to an idle worker heard from within this (a heartbeat late at most): not to a hung one.
+HEDGE_FRESH_S = 2 * HEARTBEAT_SECONDS
+# A worker past its slice's deadline is hung only if it has stopped computing. One whose CPU time still advances
+# is slow (a machine busy with other work), and replacing it would only add a fork and a warm-up to the wait (on a
+# one-worker plan, twice over, until every worker "died"). It keeps its slice for another look this much later,
+# while it used at least MIN_PROGRESS_CPU_S meanwhile, up to the job timeout. A stopped or deadlocked one uses none.
+PROGRESS_LOOK_S = 0.2
+MIN_PROGRESS_CPU_S = 0.01
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User plus system CPU time of a process and all its threads; None when it cannot be read (gone)."""
+    if pid is None:
+        return None
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return times.user + times.system
+
+
+class TemplateLost(ConfigError):
+    """The template died; without it no worker can be (re)started."""
+
+
+class Supervisor:
+    def __init__(
+        self,
+        reconciler: Reconciler,
+        dispatcher: Dispatcher,
+        frontend: Frontend,
+        metrics: Metrics,
+        adaptation: OnlineAdaptation,
+    ) -> None:
+        self.pool = reconciler.pool
+        self.backend = reconciler.pool.backend
+        self.reconciler = reconciler
+        self.dispatcher = dispatcher
+        self.frontend = frontend
+        self.metrics = metrics
+        self.production = adaptation.production  # learns from every computed slice
+        self.changed = True  # the pool changed since the last check: check on this wake
+        self.due = 0.0  # time.monotonic() of the next periodic check
+        # The reconciler's serving workers: every change to the pool passes through `check`, so the
+        # list is refreshed there rather than rebuilt for every batch.
+        self.serving: list[WorkerHandle] = []
+        self._next_template_check = 0.0
+        self._cpu_at_look: dict[int, float] = {}  # job id -> its worker's CPU seconds when last found overdue
+
+    def pump(self, timeout_ms: int, waiting: bool = False) -> None:
+        """Handle what the workers and template sent; `waiting`: a poll has just reported a message."""
+        received = self.backend.recv_waiting() if waiting else self.backend.recv(timeout_ms)
+        reads = 0
+        while received is not None and reads < MAX_READS_PER_WAKE:
+            event = self.pool.handle(*received)
+            if event is not None:
+                self._on_event(event)
+                self.changed = self.changed or event.kind != "result"
+            reads += 1
+            received = self.backend.recv(0)
+        if time.monotonic() >= self._next_template_check:
+            self._next_template_check = time.monotonic() + RECONCILE_INTERVAL_S
+            if not self.pool.template_alive():
+                raise TemplateLost("the template process died; the daemon cannot start workers any more")
+
+    def wait_converged(self, timeout_s: float, interrupted: Callable[[], bool]) -> None:
+        """Start-up: step the reconciler until the plan's workers are all ready."""
+        deadline = time.monotonic() + timeout_s
+        while not self.reconciler.converged():
+            if time.monotonic() > deadline:
+                raise ConfigError(f"the workers did not become ready within {timeout_s:.0f} s")
+            if interrupted():  # SIGTERM or Ctrl-C during start-up
+                raise KeyboardInterrupt
+            self.reconciler.step()
+            self.pump(200)
+
+    def on_deadline(self, now: float) -> None:
+        """A deadline of the batch in flight passed: `timeout_ms` bounds the whole request, so one whose batch
+        is still computing is answered now; a slice past its hedge time is sent to an idle worker too; a
+        slice past its deadline makes the next check replace its worker."""
+        self._hedge(now)
+        for request in self.dispatcher.expire(now):
+            self.frontend.reply_error(request, ErrorCode.TIMEOUT, "the request's timeout passed while it was computed")
+        self.changed = self.changed or bool(self.dispatcher.overdue(now))
+
+    def check(self, now: float) -> None:
+        """Replace overdue and hung workers, let the reconciler converge, refresh `serving`.
+
+        Raises WorkerBootError (from the reconciler) when workers keep failing before they are ready.
+        """
+        self.changed = False
+        self.due = now + RECONCILE_INTERVAL_S
+        for job in self.dispatcher.overdue(now):
+            worker = job.worker
+            if self._still_computing(job, now):
+                continue
+            predicted = "no prediction" if job.predicted_ms is None else f"predicted {job.predicted_ms:.0f} ms"
+            log.warning(
+                "worker %d (pid %s, %d threads) has not answered its %d rows in %.0f ms (%s): presumed hung, "
+                "replacing it and sending the rows to another worker",
+                worker.id, worker.pid, worker.threads, job.rows, (now - job.sent_at) * 1000.0, predicted,
+            )  # fmt: skip
+            self.reconciler.replace(worker)
+            self._on_lost(worker)
+        # An idle worker heartbeats every second. One busy with a slice cannot (it computes on its only
+        # Python thread); the slice's deadline above covers that case.
+        busy = {job.worker.id for job in self.dispatcher.jobs.values()}
+        for worker in self.pool.ready():
+            if worker.id not in busy and now - worker.last_seen > HEARTBEAT_TIMEOUT_S:
+                log.warning("worker %d sent no heartbeat for %.0f s; replacing it", worker.id, now - worker.last_seen)
+                self.reconciler.replace(worker)
+        self.reconciler.step()
+        self.serving = self.reconciler.serving()
+        self.metrics.workers_serving({worker.id: worker.pid for worker in self.serving})
+        if self.dispatcher.late:  # a late slice waits for an idle worker: a new one may have come
+            self._hedge(now)
+
+    def _still_computing(self, job: Job, now: float) -> bool:
+        """True, with the job's deadline moved PROGRESS_LOOK_S on, while its worker's CPU time advances."""
+        # Looks of answered jobs are dropped here, so the table holds only overdue ones.
+        self._cpu_at_look = {i: cpu for i, cpu in self._cpu_at_look.items() if i in self.dispatcher.jobs}
+        cpu, before = cpu_seconds(job.worker.pid), self._cpu_at_look.get(job.id)
+        if cpu is None or now - job.sent_at >= self.dispatcher.job_timeout_s:
+            return False
+        if before is not None and cpu - before < MIN_PROGRESS_CPU_S:
+            return False
+        if before is None:
+            log.info(
+                "worker %d has not answered its %d rows in %.0f ms; replaced only if its CPU time stops advancing",
+                job.worker.id, job.rows, (now - job.sent_at) * 1000.0,
+            )  # fmt: skip
+        self._cpu_at_look[job.id] = cpu
+        job.deadline = now + PROGRESS_LOOK_S
+        self.dispatcher.next_deadline = min(self.dispatcher.next_deadline, job.deadline)
+        return True
+
+    def _hedge(self, now: float) -> None:
+        fresh = [worker for worker in self.serving if now - worker.last_seen <= HEDGE_FRESH_S]
+        for copy in self.dispatcher.hedge(now, fresh):
+            late = copy.twin
+            assert late is not None and late.predicted_ms is not None  # only a predicted slice is hedged
+            log.info(
+                "worker %d (pid %s) has not answered its %d rows in %.0f ms (predicted %.0f ms): also sent to "
+                "worker %d; the first answer is used",
+                late.worker.id, late.worker.pid, late.rows, (now - late.sent_at) * 1000.0, late.predicted_ms,
+                copy.worker.id,
+            )  # fmt: skip
+
+    def _on_event(self, event: PoolEvent) -> None:
+        worker = event.worker
+        assert worker is not None
+        if event.kind == "result":
+            # Answer first, learn after: the client's reply must not wait for bookkeeping.
+            for done in self.dispatcher.on_result(worker, event.header, event.payload):
+                self.frontend.reply_result(done)
+            if self.dispatcher.late:  # a late slice waits for an idle worker: this one may be it
+                self._hedge(time.monotonic())
+            compute_ms = float(event.header["compute_ms"])
+            self.metrics.observe_compute(worker.threads, compute_ms)
+            self.production.observe(worker.threads, int(event.header["batch"]), compute_ms, time.monotonic())
+        elif event.kind == "failed":
+            message = event.header.get("message", "the model failed")
+            log.error("worker %d failed a batch: %s", worker.id, message)
+            for request in self.dispatcher.abandon():
+                self.frontend.reply_error(request, ErrorCode.INTERNAL, f"the model failed on this batch: {message}")
+        elif event.kind == "lost":
+            log.warning("worker %d (pid %s, %d threads) exited unexpectedly", worker.id, worker.pid, worker.threads)
+            self._on_lost(worker)
+        elif event.kind == "reconfigured":
+            log.info("worker %d now runs %d thread(s) on cores %s", worker.id, worker.threads, list(worker.cores))
+        elif event.kind == "ready":
+            log.info("worker %d ready: %d thread(s) on cores %s", worker.id, worker.threads, list(worker.cores))
+
+    def _on_lost(self, worker: WorkerHandle) -> None:
+        # Also when no batch is in flight: the worker may hold a hedge's losing copy, which is dropped.
+        if not self.dispatcher.reassign(worker, self.reconciler.serving()):
+            # No worker left to take the slice (the others died too, or their replacements are still
+            # starting): the batch goes back to the head of the queue and waits for the replacements, once.
+            # A batch that loses its workers twice may be what kills them: it is answered INTERNAL.
+            again = []
+            for request in self.dispatcher.abandon():
+                if request.retried:
+                    self.frontend.reply_error(
+                        request, ErrorCode.INTERNAL, "every worker died while serving this batch, twice"
+                    )
+                else:
+                    request.retried = True
+                    again.append(request)
+            self.frontend.batcher.requeue(again)

@@ -1,0 +1,385 @@
+"""The learned profile kept across restarts, in `--state-dir` (systemd's StateDirectory=).
+
+One JSON file, `learned-profile.json`, holds what this daemon knows about its model on this machine:
+
+- per (runtime, precision) it prepared: the cells measured at start (with samples and p90), the cells the
+  adaptive search only estimated (kept apart, never served on), when they were measured, and the identity
+  they hold for: the model (its spec, and a file model's SHA-256), the runtime and precision, the library
+  versions that compute it, and the usable cores;
+- for the runtime served: production's running estimates (latency, decayed sample weight, age), the
+  live batch sizes, and the plan served.
+
+It is written atomically (a temporary file, fsync, rename, fsync of the folder): periodically, on every
+plan change and at stop, so a SIGKILL loses at most `SAVE_INTERVAL_S` of production's learning. At start
+it is read back when the identity matches: the daemon then serves the saved plan without measuring. A
+file whose identity does not match (another model, a library upgrade, fewer cores) or that cannot be read
+is set aside, renamed with the time, and the log line says why; it never stops a start.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import hashlib
+import importlib.metadata
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from packrat_daemon.adapt.production import LearnedCell
+from packrat_daemon.config import ServeConfig
+from packrat_daemon.wire.errors import ConfigError, PackratError
+from policies.base import InstancePlan, Plan
+from policies.planning.distribution import BatchDistribution
+from policies.planning.profile import Cell, Profile
+from workers.models.spec import EMULATED
+
+if TYPE_CHECKING:
+    from packrat_daemon.adapt.online import OnlineAdaptation
+
+log = logging.getLogger("packrat.daemon")
+
+STATE_FILE = "learned-profile.json"
+FORMAT = 1
+SAVE_INTERVAL_S = 60.0  # production's learning a SIGKILL may lose, against a write (and fsync) per interval
+
+# The libraries whose version changes what a runtime measures (the ONNX and OpenVINO runtimes run models
+# converted by torch's exporter).
+LIBRARIES = {"torch": ("torch",), "onnxruntime": ("torch", "onnxruntime"), "openvino": ("torch", "openvino")}
+
+CellKey = tuple[int, int]
+
+
+class Serving(Protocol):
+    """What the state needs of the running daemon."""
+
+    plan: Plan
+    profile: Profile | None
+    adaptation: OnlineAdaptation
+
+
+class StateError(ValueError):
+    """A state file that cannot be used as it is (it is set aside)."""
+
+
+def identity(
+    config: ServeConfig, runtime: str, precision: str, cores: int, digest: Callable[[str], str] | None = None
+) -> dict[str, Any]:
+    """What a saved profile must match to be served again. `digest`: a file's SHA-256 (a cache of `_sha256`)."""
+    digest = digest or _sha256
+    model_file = None
+    if os.path.isfile(config.model):
+        model_file = digest(config.model)
+    # A --profile file's cells are the offline half of what was learned: another file, another start.
+    profile_file = digest(config.profile) if config.profile else None
+    versions = {name: _version(name) for name in LIBRARIES.get(runtime, ())}
+    if runtime == EMULATED and config.profile:
+        # An emulation's "library" is the table its workers wait and the interference they add.
+        versions = {
+            "emulated profile": profile_file,
+            "interference": config.emulate_interference or "default",
+        }
+    return {
+        "model": config.model,
+        "model_sha256": model_file,
+        "profile_sha256": profile_file,
+        "runtime": runtime,
+        "precision": precision,
+        "versions": versions,
+        "usable_cores": cores,
+    }
+
+
+def mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """Why a profile saved for `saved` cannot serve `current`, or None."""
+    changed = {"model_sha256": "the model file changed", "profile_sha256": "the --profile file changed"}
+    for key in ("model", "model_sha256", "profile_sha256", "runtime", "precision", "usable_cores"):
+        if saved.get(key) != current[key]:
+            return changed.get(key, f"{key} {saved.get(key)!r} → {current[key]!r}")
+    old = saved.get("versions") or {}
+    for name, version in current["versions"].items():
+        if old.get(name) != version:
+            return f"{name} {old.get(name)} → {version}"
+    return None
+
+
+@dataclass
+class Entry:
+    """One (runtime, precision)'s offline profile as kept in the file."""
+
+    identity: dict[str, Any]
+    profile: Profile
+    estimated: dict[CellKey, float] = field(default_factory=dict)
+    measured_unix: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "identity": self.identity,
+            "measured_unix": self.measured_unix,
+            "cells": [[t, b, c.latency_ms, c.samples, c.p90_ms] for (t, b), c in self.profile.items()],
+            "estimated": [[t, b, ms] for (t, b), ms in sorted(self.estimated.items())],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Entry:
+        ident = data["identity"]
+        cells = {(int(t), int(b)): Cell(float(ms), int(n), None if p90 is None else float(p90))
+                 for t, b, ms, n, p90 in data["cells"]}  # fmt: skip
+        profile = Profile(cells, model=ident["model"], runtime=ident["runtime"], precision=ident["precision"])
+        estimated = {(int(t), int(b)): float(ms) for t, b, ms in data.get("estimated", [])}
+        return cls(ident, profile, estimated, float(data["measured_unix"]))
+
+
+@dataclass
+class Resumed:
+    """What the file says about the runtime it served: production's estimates, the live sizes (for a reader
+    of the file; a restart plans nothing on them), the plan."""
+
+    key: str
+    production: list[LearnedCell]
+    distribution: BatchDistribution | None
+    plan: Plan | None
+    saved_unix: float
+
+
+class StateKeeper:
+    """The state file of one daemon: read at start, written while serving. Without --state-dir it keeps
+    nothing and writes nothing, so the daemon calls it the same way either way."""
+
+    def __init__(self, state_dir: str | None) -> None:
+        self.path = None if state_dir is None else Path(state_dir) / STATE_FILE
+        self.entries: dict[str, Entry] = {}
+        self.saved: dict[str, Entry] = {}  # entries read from the file, served again when they match
+        self.resumed: Resumed | None = None
+        self.restored_from: str | None = None  # the file a plan was restored from
+        self.served_key: str | None = None
+        self.last_saved = -math.inf  # the first tick writes: a SIGKILL right after start keeps the start-up profile
+        self._digest = functools.cache(_sha256)  # the model is hashed once, not once per runtime candidate
+        if self.path is not None:
+            _writable(self.path.parent)
+            self._load()
+
+    # -- start ----------------------------------------------------------------------------------
+    def _load(self) -> None:
+        assert self.path is not None
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            log.info("state: no %s yet; the profile is measured and kept there", self.path)
+            return
+        except OSError as exc:
+            log.warning("state: cannot read %s (%s); measuring again", self.path, exc.strerror)
+            return
+        try:
+            data = json.loads(raw.decode("utf-8"))
+            if not isinstance(data, dict) or data.get("format") != FORMAT:
+                raise StateError(f"not a format-{FORMAT} state file")
+            self.saved = {key: Entry.from_json(entry) for key, entry in data["entries"].items()}
+            served = data.get("served")
+            if served is not None:
+                self.resumed = _resumed(served, float(data["saved_unix"]))
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+            self.saved, self.resumed = {}, None
+            self.set_aside(f"it cannot be read ({type(exc).__name__}: {exc})")
+            return
+        except PackratError as exc:  # a bad cell (ProfileError): still never a reason not to start
+            self.saved, self.resumed = {}, None
+            self.set_aside(f"it holds an unusable profile ({exc})")
+
+    def identity(self, config: ServeConfig, runtime: str, precision: str, cores: int) -> dict[str, Any]:
+        """`identity` for this start; empty without --state-dir (nothing is kept to match, no file is hashed)."""
+        return {} if self.path is None else identity(config, runtime, precision, cores, self._digest)
+
+    def restore(self, key: str, current: dict[str, Any]) -> Entry | None:
+        """The saved profile of `key` when its identity matches `current`; a mismatch sets the file aside."""
+        entry = self.saved.get(key)
+        if entry is None:
+            return None
+        why = mismatch(entry.identity, current)
+        if why is not None:
+            self.saved, self.resumed = {}, None
+            self.set_aside(f"it was measured for another setting ({key}: {why})")
+            return None
+        return entry
+
+    def set_aside(self, why: str) -> None:
+        """Rename the file out of the way (kept for a look), and say why."""
+        assert self.path is not None
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+        aside = self.path.with_name(f"{self.path.name}.set-aside-{stamp}")
+        try:
+            os.replace(self.path, aside)
+        except OSError as exc:
+            log.warning("state: %s is not used: %s; it could not be renamed either (%s)", self.path, why, exc.strerror)
+            return
+        log.warning("state: set %s aside as %s: %s; measuring again", self.path, aside.name, why)
+
+    def resumed_plan(self, key: str, policy: str, cores: int, max_batch: int) -> Plan | None:
+        """The plan the file says was served on `key`, if this daemon can serve it as it is."""
+        resumed = self.resumed
+        if resumed is None or resumed.key != key or resumed.plan is None or resumed.plan.policy != policy:
+            return None
+        plan = resumed.plan
+        if (not plan.oversubscribed and plan.total_threads > cores) or max(i.batch for i in plan.instances) > max_batch:
+            return None
+        return plan
+
+    def record(self, key: str, entry: Entry) -> None:
+        """A (runtime, precision)'s offline profile, measured or restored, to keep in every later write."""
+        self.entries[key] = entry
+
+    def attach(self, adaptation: OnlineAdaptation) -> StateKeeper:
+        """Hand production's saved estimates back to the running daemon's adaptation, aged by the downtime."""
+        resumed = self.resumed
+        if resumed is not None and resumed.key == self.served_key and self.restored_from is not None:
+            downtime = max(0.0, time.time() - resumed.saved_unix)
+            adaptation.production.restore(resumed.production, time.monotonic(), downtime)
+        return self
+
+    # -- serving --------------------------------------------------------------------------------
+    def tick(self, serving: Serving, now: float) -> None:
+        """The periodic write, every SAVE_INTERVAL_S."""
+        if self.path is not None and now - self.last_saved >= SAVE_INTERVAL_S:
+            self.save(serving, "periodic")
+
+    def save(self, serving: Serving, why: str) -> None:
+        """Write everything known now; an error is logged (the daemon keeps serving)."""
+        if self.path is None or self.served_key is None:
+            return
+        now = time.monotonic()
+        self.last_saved = now
+        if serving.profile is not None and self.served_key in self.entries:
+            self.entries[self.served_key].profile = serving.profile
+        live = serving.adaptation.estimator.distribution(now)
+        document = {
+            "format": FORMAT,
+            "saved_unix": time.time(),
+            "why": why,
+            "entries": {key: entry.to_json() for key, entry in self.entries.items()},
+            "served": {
+                "key": self.served_key,
+                "production": [
+                    [*c.key, c.latency_ms, c.weight, c.age_s] for c in serving.adaptation.production.export(now)
+                ],
+                "distribution": None if live is None else [[b, w] for b, w in live.weights],
+                "plan": serving.plan.to_json(),
+            },
+        }
+        try:
+            write_atomically(self.path, json.dumps(document, allow_nan=False).encode())
+        except (OSError, ValueError) as exc:
+            log.error("state: could not write %s (%s); still serving", self.path, exc)
+
+    def provenance(self, serving: Serving, now: float | None = None) -> dict[str, Any]:
+        """Where the served profile's cells come from, for `packrat status`: measured at start (and when),
+        estimated by the start-up search (never served on), and learned in production (with their ages)."""
+        now = time.monotonic() if now is None else now
+        entry = self.entries.get(self.served_key or "")
+        learned = serving.adaptation.production.export(now)
+        counted = serving.adaptation.production.learned(now)
+        return {
+            "measured_offline": 0 if serving.profile is None else len(serving.profile),
+            "offline_age_s": None if entry is None else round(time.time() - entry.measured_unix, 1),
+            "estimated": 0 if entry is None else len(entry.estimated),
+            "learned_in_production": len(counted),
+            "production": [
+                {
+                    "threads": c.key[0],
+                    "batch": c.key[1],
+                    "latency_ms": round(c.latency_ms, 4),
+                    "weight": round(c.weight, 2),
+                    "age_s": round(c.age_s, 1),
+                    "counts": c.key in counted,
+                }
+                for c in learned
+            ],  # fmt: skip
+            "restored_from": self.restored_from,
+            "state_file": None if self.path is None else str(self.path),
+            "saved_age_s": None if self.path is None or self.last_saved < 0 else round(now - self.last_saved, 1),
+        }
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """`path` holds either its old bytes or `data`, whatever is killed when: write a temporary file, fsync
+    it, rename it over `path`, fsync the folder (so the rename itself survives a power cut)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+def plan_from_json(data: dict[str, Any]) -> Plan:
+    """The inverse of Plan.to_json."""
+
+    def instances(items: list[dict[str, Any]]) -> tuple[InstancePlan, ...]:
+        return tuple(InstancePlan(int(i["threads"]), int(i["batch"])) for i in items)
+
+    predicted = data.get("predicted_latency_ms")
+    plan = Plan(
+        instances=instances(data["instances"]),
+        policy=str(data["policy"]),
+        reason=f"restored from the state file ({data.get('reason', '')})",
+        predicted_latency_ms=None if predicted is None else float(predicted),
+        oversubscribed=bool(data.get("oversubscribed", False)),
+        split=str(data.get("split", "exact")),
+        alternatives=tuple(instances(layout) for layout in data.get("alternatives", [])),
+    )
+    if not plan.instances or any(i.threads < 1 or i.batch < 1 for i in plan.instances):
+        raise StateError("the saved plan has no instances")
+    return plan
+
+
+def _resumed(served: dict[str, Any], saved_unix: float) -> Resumed:
+    production = [
+        LearnedCell((int(t), int(b)), float(ms), float(w), float(age)) for t, b, ms, w, age in served["production"]
+    ]
+    if any(
+        not (math.isfinite(c.latency_ms) and math.isfinite(c.weight) and math.isfinite(c.age_s)) for c in production
+    ):
+        raise StateError("a production estimate is not a finite number")
+    sizes = served.get("distribution")
+    distribution = None if not sizes else BatchDistribution.from_counts({int(b): float(w) for b, w in sizes})
+    plan = None if served.get("plan") is None else plan_from_json(served["plan"])
+    return Resumed(str(served["key"]), production, distribution, plan, saved_unix)
+
+
+def _writable(folder: Path) -> None:
+    """The state folder exists (made private if new) and this user may write it: ConfigError before the model
+    loads otherwise, since a daemon that cannot keep what it learns should not find out after measuring."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise ConfigError(
+            f"--state-dir {folder}: cannot create it ({exc.strerror}); give a folder this user can write "
+            "(under systemd, StateDirectory= makes one)"
+        ) from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"--state-dir {folder}: this user cannot write it; give a folder it can write")
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None

@@ -1,0 +1,152 @@
+"""The request path's tallies: plain counts the daemon's loop updates and the metrics export at scrape time.
+
+`Tally` is one histogram; `LayoutTimes` keeps, per layout (the workers' thread counts), the measured
+compute of each batch and the profile's prediction for it; `OwnTimes` sums where the daemon's own time
+goes (its loop's phases, and the trip to the workers). They live apart from metrics.py, which turns
+them into Prometheus families, so that the loop's side stays small and cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+from bisect import bisect_left
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.utils import floatToGoString
+
+if TYPE_CHECKING:
+    from packrat_daemon.requests.dispatcher import Completed
+
+debug = logging.getLogger("packrat.metrics")
+
+
+class Tally:
+    """A histogram the loop updates with one bisect and two additions: no lock, no label lookup.
+
+    prometheus_client's Histogram takes a lock per bucket and per sum on every observation; on the
+    request path that was a measurable share of a tiny model's round trip. Only the daemon's loop
+    writes; the scrape thread copies the counts in one step (atomic under the GIL) when it reads.
+    """
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one: above every bound (+Inf)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1  # buckets are "less or equal"
+        self.sum += value
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        counts = list(self.counts)
+        buckets, total = [], 0
+        for bound, count in zip((*self.bounds, float("inf")), counts, strict=True):
+            total += count
+            buckets.append((floatToGoString(bound), total))
+        return buckets
+
+
+# A plan has a few layouts, but mid-reconfiguration the dispatcher may run a batch on whatever disjoint
+# workers are ready: past this many distinct layouts the rest share the label "other", so a long-lived
+# daemon that adapts often cannot grow the series without bound.
+MAX_LAYOUT_LABELS = 8
+OTHER_LAYOUT = "other"
+
+
+def layout_label(threads: Sequence[int]) -> str:
+    """A layout as its workers' thread counts, largest first ("2+1+1"): the same cores split the same way
+    get one label whichever worker ids hold them."""
+    return "+".join(str(t) for t in sorted(threads, reverse=True))
+
+
+class LayoutTimes:
+    """Per layout: the measured compute of each batch it ran, and the profile's prediction for it.
+
+    A batch's compute is its slowest slice (the slices run side by side), and so is its prediction; both
+    are what the profile's L(t, b) describes, so their ratio says whether the plan's numbers still hold.
+    """
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.observed: dict[str, Tally] = {}
+        self.predicted_s: dict[str, float] = {}
+        self.predicted_batches: dict[str, int] = {}
+        # The workers' thread counts as the batch came (one int for one worker) -> label: this runs on the
+        # daemon's loop once per batch, and building the label each time cost more than the rest together.
+        self._labels: dict[Any, str] = {}
+
+    def observe(self, done: Completed) -> None:
+        jobs = done.jobs
+        if len(jobs) == 1:
+            key: Any = jobs[0].worker.threads
+            predicted_ms = jobs[0].predicted_ms
+        else:
+            key = tuple([job.worker.threads for job in jobs])
+            predicted_ms = batch_predicted_ms(done)
+        label = self._labels.get(key)
+        if label is None:
+            label = self._labels[key] = self._label(layout_label([key] if len(jobs) == 1 else key))
+        self.observed[label].observe(done.compute_ms / 1000.0)
+        if predicted_ms is not None:  # without a profile row there is nothing to compare
+            self.predicted_s[label] = self.predicted_s.get(label, 0.0) + predicted_ms / 1000.0
+            self.predicted_batches[label] = self.predicted_batches.get(label, 0) + 1
+
+    def _label(self, label: str) -> str:
+        """`label`, or "other" once MAX_LAYOUT_LABELS layouts have their own series; its series made."""
+        if label not in self.observed and len(self.observed) >= MAX_LAYOUT_LABELS:
+            label = OTHER_LAYOUT
+        if label not in self.observed:
+            debug.debug("first batch on layout %s", label)
+            self.observed[label] = Tally(self.bounds)
+        return label
+
+
+# The daemon's loop works in these phases (one thread: while it does one, the others wait):
+LOOP_PHASES = (
+    "read",  # taking in requests (receive, parse, copy big rows into shared memory); events: messages
+    "dispatch",  # starting a batch (split it, send the slices); events: batches
+    "answer",  # the workers' messages that finished a batch (gather, reply); events: batches
+    "workers",  # the workers' other messages (a slice that was not a batch's last, heartbeats); events: wakes
+)
+HOP = "hop"  # not loop time: a slice's trip to its worker and back beyond its compute; events: slices
+
+
+class OwnTimes:
+    """Where the daemon's own time goes, summed: seconds and events per loop phase and for the hop.
+
+    What each costs per event is what `packrat simulate` charges the simulated daemon (docs/evaluation.md).
+    Two clock reads per phase: cheap next to the work each one times.
+    """
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys((*LOOP_PHASES, HOP), 0.0)
+        self.events = dict.fromkeys((*LOOP_PHASES, HOP), 0)
+
+    def add(self, part: str, seconds: float, events: int = 1) -> None:
+        self.seconds[part] += seconds
+        self.events[part] += events
+
+
+def batch_predicted_ms(done: Completed) -> float | None:
+    """The profile's prediction for the batch `done` was part of: its slowest slice's; None when a slice
+    had no prediction (no profile, or no row for its threads)."""
+    slowest = None
+    for job in done.jobs:
+        predicted = job.predicted_ms
+        if predicted is None:
+            return None
+        if slowest is None or predicted > slowest:
+            slowest = predicted
+    return slowest
+
+
+def first_of_batch(done: Completed) -> bool:
+    """True for one answered request per batch: its first request not answered TIMEOUT while in flight
+    (requests answered with a result are never marked, so every reply of the batch agrees on which)."""
+    if not done.jobs:
+        return False
+    requests = done.jobs[0].batch.requests
+    if not requests[0].answered:  # nearly always: the generator below only when the first timed out
+        return requests[0] is done.request
+    return next((r for r in requests if not r.answered), None) is done.request

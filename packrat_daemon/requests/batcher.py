@@ -1,0 +1,219 @@
+"""Dynamic batching in a bounded queue: a batch starts at once, unless waiting is predicted to pay.
+
+A batch is due when `max_batch` inputs are queued, when the oldest request has waited `max_delay`, or
+at once when waiting is not predicted to pay. The delay's only use is to let a request that is about
+to arrive join the batch. Whether it pays is decided from the measured arrival rate and, when the
+daemon has a profile, the latency L(b) of a batch of b inputs: the profile's compute time under the
+plan, plus the daemon's own cost per batch (the hops to and from the workers, gathering, replying),
+measured on every answer as its time from dispatch to reply less the workers' compute time:
+
+- the next request is expected after g, the mean gap between arrivals (an exponentially weighted
+  mean); if g is longer than what is left of the delay, or its s inputs (the mean request size) would
+  not fit in the batch, waiting cannot pay, so the batch starts now. So a lone request on an idle
+  daemon never waits;
+- otherwise the two choices are compared by their total predicted latency. Starting now: the q queued
+  inputs take L(q), and the request that comes at g waits for the worker until L(q), then takes L(s).
+  Waiting: all q + s start at g and take L(q + s). Waiting pays when
+  q·(g + L(q+s) − L(q)) + s·(L(q+s) − L(s) − max(0, L(q) − g)) < 0,
+  that is, when the batch's fixed cost that the newcomer saves is worth more than the wait.
+- Without a prediction (no profile) the rate alone decides: wait when a request is expected within
+  the delay.
+
+Under load, batches also form without any delay: requests queue while a batch is in flight, and the
+next batch takes them together (see docs/serving.md).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from workers.arena import Inbox
+
+if TYPE_CHECKING:
+    from packrat_daemon.fleet.pool import WorkerHandle
+    from packrat_daemon.requests.splitter import Splitter
+
+# Weight of the newest gap (and request size) in the running means. A fifth forgets an idle spell within
+# a dozen requests of a burst, and one long gap after a burst is enough to stop waiting.
+ARRIVAL_WEIGHT = 0.2
+
+Predictor = Callable[[int], "float | None"]  # the predicted latency in seconds of a batch of that many inputs
+
+
+@dataclass
+class Request:
+    """One client's inference request, waiting for or in a batch."""
+
+    identity: bytes
+    delimiter: bytes | None
+    request_id: Any
+    dtype: str
+    shape: tuple[int, ...]
+    payload: Any  # the raw rows: a ZeroMQ frame's memoryview, or once queued, if big, a view of the inbox
+    arrived: float = field(default_factory=time.monotonic)
+    deadline: float | None = None  # monotonic time (from timeout_ms) past which it is answered TIMEOUT
+    answered: bool = False  # answered (TIMEOUT) while its batch was in flight: the result skips it
+    retried: bool = False  # its batch lost every worker once and was queued again
+
+    @property
+    def samples(self) -> int:
+        return self.shape[0]
+
+
+class Batcher:
+    def __init__(self, max_batch: int, max_delay_s: float, max_queued_inputs: int) -> None:
+        self.configure(max_batch, max_delay_s, max_queued_inputs)
+        self.queue: deque[Request] = deque()
+        self.queued_inputs = 0
+        # No queued request's deadline is earlier (it may be stale-early after take(): the next expire
+        # then walks the queue once for nothing and corrects it). Saves that walk on every loop.
+        self._earliest_deadline = math.inf
+        self.predict: Predictor | None = None  # the daemon's L(b) under its current plan
+        self.mean_gap_s = math.inf  # between two requests' arrivals: no arrivals yet, no rate
+        self.mean_samples = 1.0
+        self.overhead_s = 0.0  # the daemon's own cost per batch, beyond the workers' compute
+        self._last_arrival: float | None = None
+        self._holding = False  # the last `due` chose to wait for the next arrival
+        # Big payloads are copied into shared memory as they are queued, so that a worker reads its slice
+        # there and dispatch copies nothing (workers.arena).
+        self.inbox = Inbox()
+
+    def configure(self, max_batch: int, max_delay_s: float, max_queued_inputs: int) -> None:
+        """The limits; a reload changes them between two loop wakes, what is queued stays queued."""
+        self.max_batch = max_batch
+        self.max_delay_s = max_delay_s
+        self.max_queued_inputs = max_queued_inputs
+
+    def reserve_inbox(self, sample_bytes: int) -> int:
+        """Page in the inbox's places for requests of 1 to max_batch inputs before any arrives, so that
+        the first of each size is not slower (workers.arena); returns the bytes newly reserved."""
+        return self.inbox.reserve(samples * sample_bytes for samples in range(1, self.max_batch + 1))
+
+    def offer(self, request: Request) -> bool:
+        """Queue a request; False when the queue is full (the caller answers OVERLOADED)."""
+        if self.queued_inputs + request.samples > self.max_queued_inputs:
+            return False
+        placed = self.inbox.place(request.payload, request)
+        if placed is not None:
+            request.payload = placed
+        self.queue.append(request)
+        self.queued_inputs += request.samples
+        if request.deadline is not None and request.deadline < self._earliest_deadline:
+            self._earliest_deadline = request.deadline
+        self._arrived(request)
+        return True
+
+    def _arrived(self, request: Request) -> None:
+        """Update the running means of the gap between arrivals and of the request size."""
+        last, self._last_arrival = self._last_arrival, request.arrived
+        if last is not None:
+            gap = max(0.0, request.arrived - last)
+            mean = self.mean_gap_s
+            self.mean_gap_s = gap if mean == math.inf else mean + ARRIVAL_WEIGHT * (gap - mean)
+        self.mean_samples += ARRIVAL_WEIGHT * (request.samples - self.mean_samples)
+
+    def served(self, overhead_s: float) -> None:
+        """An answer's time from dispatch to reply less its batch's compute time: the running mean of the
+        daemon's own cost per batch."""
+        self.overhead_s += ARRIVAL_WEIGHT * (max(0.0, overhead_s) - self.overhead_s)
+
+    def due(self, now: float) -> bool:
+        """A batch should start now: enough inputs, the oldest request has waited max_delay, or waiting
+        is not predicted to pay (a lone request never waits)."""
+        if not self.queue:
+            return False
+        if self.queued_inputs >= self.max_batch or now - self.queue[0].arrived >= self.max_delay_s:
+            self._holding = False
+        else:
+            self._holding = self.waiting_pays(now)
+        return not self._holding
+
+    def waiting_pays(self, now: float) -> bool:
+        """Whether holding the queued requests for the next arrival is predicted to lower their total
+        latency (the rule is in the module's docstring)."""
+        gap = self.mean_gap_s
+        if not self.queue or gap > self.queue[0].arrived + self.max_delay_s - now:
+            return False  # the next request is not expected before the delay runs out
+        queued = self.queued_inputs
+        size = max(1, round(self.mean_samples))
+        if queued + size > self.max_batch:
+            return False  # the next request would not fit: it starts a batch of its own anyway
+        predict = self.predict
+        if predict is None:
+            return True
+        now_q, alone, together = predict(queued), predict(size), predict(queued + size)
+        if now_q is None or alone is None or together is None:
+            return True
+        overhead = self.overhead_s
+        now_q, alone, together = now_q + overhead, alone + overhead, together + overhead
+        change = queued * (gap + together - now_q) + size * (together - alone - max(0.0, now_q - gap))
+        return change < 0.0
+
+    def take(self) -> list[Request]:
+        """Whole requests in arrival order, up to max_batch inputs (a request is never split)."""
+        batch: list[Request] = []
+        inputs = 0
+        while self.queue and inputs + self.queue[0].samples <= self.max_batch:
+            request = self.queue.popleft()
+            inputs += request.samples
+            batch.append(request)
+        self.queued_inputs -= inputs
+        return batch
+
+    def requeue(self, requests: list[Request]) -> None:
+        """Put a batch whose workers were lost back at the head of the queue, in its order (it was admitted
+        once, so the queue's bound does not refuse it)."""
+        self.queue.extendleft(reversed(requests))
+        self.queued_inputs += sum(r.samples for r in requests)
+        for request in requests:
+            if request.deadline is not None and request.deadline < self._earliest_deadline:
+                self._earliest_deadline = request.deadline
+
+    def next_due(self) -> float | None:
+        """When the head of the queue falls due, as the last `due` decided: after max_delay if it chose to
+        wait, else at once (its arrival, already past). On the caller's clock, real or simulated."""
+        if not self.queue:
+            return None
+        return self.queue[0].arrived + (self.max_delay_s if self._holding else 0.0)
+
+    def expire(self, now: float) -> list[Request]:
+        """Remove requests whose client deadline passed before they could start."""
+        if now <= self._earliest_deadline:
+            return []
+        expired = [r for r in self.queue if r.deadline is not None and r.deadline < now]
+        self.queue = deque(r for r in self.queue if r.deadline is None or r.deadline >= now)
+        self.queued_inputs -= sum(r.samples for r in expired)
+        self._earliest_deadline = min((r.deadline for r in self.queue if r.deadline is not None), default=math.inf)
+        return expired
+
+    def drain(self) -> list[Request]:
+        drained = list(self.queue)
+        self.queue.clear()
+        self.queued_inputs = 0
+        self._earliest_deadline = math.inf
+        return drained
+
+
+def plan_latency(splitter: Callable[[], Splitter], workers: Callable[[], Sequence[WorkerHandle]]) -> Predictor:
+    """L(b) in seconds under the daemon's current plan: the slowest slice of the split its splitter picks
+    for b inputs on the serving workers (both read at each call: plans and workers change); None where
+    the profile does not predict it."""
+
+    def predict(batch: int) -> float | None:
+        serving, split = workers(), splitter()
+        if not serving:
+            return None
+        slowest = 0.0
+        for worker, rows in split.choose(serving, batch):
+            predicted = split.predicted_ms(worker.threads, rows)
+            if predicted is None:
+                return None
+            slowest = max(slowest, predicted)
+        return slowest / 1000.0
+
+    return predict

@@ -1,0 +1,332 @@
+"""The clients' side of the daemon: one ROUTER socket; read, parse, queue, reply, and `info`.
+
+This is the request path: `read` runs on every wake that has a request and `reply_result` once per
+answered request, so both stay flat (no per-request layers beyond the wire protocol's own parser).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.backend import Socket as _CompiledSocket
+
+from packrat_daemon.config import ServeConfig
+from packrat_daemon.fleet.backend import ModelInfo
+from packrat_daemon.fleet.reconciler import Reconciler
+from packrat_daemon.measure import emulation
+from packrat_daemon.ops.hardening import claim_ipc
+from packrat_daemon.ops.logs import log_request
+from packrat_daemon.ops.metrics import Metrics
+from packrat_daemon.requests.batcher import Batcher, Request
+from packrat_daemon.requests.dispatcher import Completed, Dispatcher
+from packrat_daemon.wire.codec import (
+    ITEMSIZE,
+    MAX_HEADER_BYTES,
+    MAX_ID_CHARS,
+    MAX_TIMEOUT_MS,
+    SUPPORTED_VERSIONS,
+    ErrorCode,
+    ProtocolError,
+    check_request_id,
+    load_header,
+)
+from packrat_daemon.wire.curve import FrontendSecurity
+from packrat_daemon.wire.server_side import (
+    InfoRequest,
+    check_against_model,
+    encode_error,
+    encode_info,
+    encode_timed_result,
+    parse_request,
+)
+from packrat_daemon.wire.zmqio import NOBLOCK, ZERO_COPY_MIN_BYTES, readable, send_frames
+from workers.messages import numpy_name
+from workers.models.spec import EMULATED
+
+log = logging.getLogger("packrat.daemon")
+
+MAX_READS_PER_WAKE = 256  # bound how long the frontend can starve the workers' socket
+# Frames of a request: the ROUTER's identity, a REQ client's empty delimiter, the header, the payload.
+# Frames past these are received one at a time and dropped at once, never held as a list.
+MAX_KEPT_FRAMES = 4
+# ZeroMQ's cap is per frame (ZMQ_MAXMSGSIZE): a frame up to twice the message limit, and at least 1 MiB over
+# it (a small model's limit is mostly the header's allowance), is read and answered TOO_LARGE; a peer that
+# sends a bigger frame is disconnected by ZeroMQ without an answer.
+FRAME_CAP_FACTOR = 2
+FRAME_CAP_SLACK_BYTES = 1 << 20
+# Complete messages ZeroMQ queues per connected peer before it stops reading that peer's socket: with
+# the frame cap, what bounds the frontend's memory (docs/protocol.md, "Limits and memory").
+RECEIVE_HWM = 64
+# On close, how long ZeroMQ may still try to deliver the last replies (the drain's results, the
+# SHUTTING_DOWN answers) before the process exits.
+CLOSE_LINGER_MS = 1000
+# After the drain the daemon keeps answering SHUTTING_DOWN until no message has come for REFUSE_QUIET_S:
+# closing at the first moment the queue is empty loses the request a client sends right after its last
+# reply. The quiet time is longer than a client's turn-around between a reply and its next send.
+REFUSE_QUIET_S = 0.1
+# At most this long in all: a client flooding the socket must not keep the daemon from exiting.
+REFUSE_WAITING_S = 1.0
+# After the last call the socket is still read this long: a request sent just before it, still on its way
+# through the client's and the kernel's buffers, is answered too.
+REFUSE_GRACE_S = 0.05
+
+_recv = _CompiledSocket.recv
+
+
+class Frontend:
+    def __init__(
+        self,
+        context: zmq.Context,
+        config: ServeConfig,
+        info: ModelInfo,
+        metrics: Metrics,
+        batcher: Batcher,
+        dispatcher: Dispatcher,
+        reconciler: Reconciler,
+    ) -> None:
+        self.model = config.model  # neither changes on reload: both take a restart
+        self.endpoint = config.endpoint
+        self.info = info
+        # An emulating daemon says so in every `info` reply: its latencies are the profile's, not this machine's.
+        cores = reconciler.allocator.topology.usable_cores
+        self.emulation = emulation.describe(config, cores) if info.runtime == EMULATED else None
+        self.metrics = metrics
+        self.batcher = batcher  # its max_batch is the limit requests are checked against (a reload can shrink it)
+        self.dispatcher = dispatcher
+        self.reconciler = reconciler
+        self.accepting = False  # inference requests are queued only while serving; `info` is always answered
+        self.status: Callable[[], dict[str, Any]] | None = None  # the `status` reply, as the daemon builds it
+        self.sample_bytes = math.prod(info.shape) * ITEMSIZE[info.dtype]
+        self.socket = context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a vanished client must not stall the daemon
+        self.security = FrontendSecurity.check(
+            config.endpoint, config.server_key, config.allowed_clients, config.insecure_public
+        )
+        self.authenticator: ThreadAuthenticator | None = None  # the ZAP handler, while CURVE serves
+        self.socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+
+    def open(self) -> None:
+        """Bind the endpoint and accept requests."""
+        # Frames a little over the limit get a TOO_LARGE answer; ZeroMQ itself cuts off a peer that sends
+        # a frame far over it. The cap is per frame: `read` bounds what a message of many frames costs.
+        self.socket.setsockopt(zmq.MAXMSGSIZE, self.max_frame_bytes())
+        if self.endpoint.startswith("ipc://"):
+            claim_ipc(self.endpoint.removeprefix("ipc://"))  # libzmq would silently take a live daemon's socket
+        self.authenticator = self.security.apply(self.socket)  # CURVE options must be set before the bind
+        self.socket.bind(self.endpoint)
+        log.info("frontend %s: %s", self.endpoint, self.security.describe())
+        self.accepting = True
+
+    def read(self) -> int:
+        """Parse and queue what clients sent; answer malformed requests and `info` at once. Returns how
+        many messages it took in."""
+        limit = self.max_message_bytes()  # max_batch changes only on reload, between wakes
+        for reads in range(MAX_READS_PER_WAKE):
+            # The poll reported the first message; after it, EVENTS is far cheaper than a receive that
+            # raises zmq.Again once the queue is empty.
+            if reads and not readable(self.socket):
+                return reads
+            try:
+                frames, size, count = _recv_bounded(self.socket)
+            except zmq.Again:
+                return reads
+            try:
+                if self._handle(frames, size, count, limit):
+                    return reads + 1  # a full batch can start now; the loop reads the rest right after it starts
+            except Exception:
+                # The last resort: no message may stop the daemon. Logged with what it was, answered INTERNAL.
+                log.exception("internal error on a message of %d bytes in %d frames; answered INTERNAL", size, count)
+                self.metrics.count(ErrorCode.INTERNAL)
+                delimiter = b"" if len(frames) > 1 and len(frames[1]) == 0 else None
+                reply = encode_error(None, ErrorCode.INTERNAL, "the server failed on this message; it is logged")
+                self.send(frames[0].bytes, delimiter, reply)
+        return MAX_READS_PER_WAKE
+
+    def _handle(self, frames: list[zmq.Frame], size: int, count: int, limit: int) -> bool:
+        """Answer or queue one message; True when a full batch is waiting to start."""
+        identity = frames[0].bytes
+        try:
+            if count > len(frames) or size > limit:
+                _refuse_oversized(frames[1:], size, count - 1, limit)
+            delimiter, request = parse_request(frames[1:], max_message_bytes=limit)
+        except ProtocolError as exc:
+            self.metrics.count(exc.code)
+            self.send(identity, exc.delimiter, encode_error(exc.request_id, exc.code, exc.message))
+            return False
+        if isinstance(request, InfoRequest):
+            live = request.op == "status" and self.status is not None
+            self.send(identity, delimiter, encode_info(request.request_id, self.status() if live else self.describe()))
+            return False
+        if not self.accepting:
+            self.metrics.count(ErrorCode.SHUTTING_DOWN)
+            reply = encode_error(
+                request.request_id, ErrorCode.SHUTTING_DOWN, "the server is shutting down; retry elsewhere"
+            )
+            self.send(identity, delimiter, reply)
+            return False
+        try:
+            check_against_model(request, self.info.dtype, self.info.shape, self.batcher.max_batch)
+        except ProtocolError as exc:
+            self.metrics.count(exc.code)
+            self.send(identity, delimiter, encode_error(request.request_id, exc.code, exc.message))
+            return False
+        now = time.monotonic()
+        deadline = None if request.timeout_ms is None else now + request.timeout_ms / 1000.0
+        queued = Request(
+            identity, delimiter, request.request_id, request.dtype, request.shape, request.payload, now, deadline
+        )
+        if not self.batcher.offer(queued):
+            message = f"the queue is full ({self.batcher.queued_inputs} inputs waiting); retry later"
+            self.reply_error(queued, ErrorCode.OVERLOADED, message)
+            return False
+        return self.batcher.queued_inputs >= self.batcher.max_batch and not self.dispatcher.busy
+
+    def answer_all_and_close(self) -> None:
+        """Exactly one reply per request: after a second stop signal the queue and the batch in flight are
+        answered too, and requests that reached the socket after the drain get SHUTTING_DOWN, until it closes."""
+        for request in self.batcher.drain() + self.dispatcher.abandon():
+            self.reply_error(request, ErrorCode.SHUTTING_DOWN, "the server is shutting down")
+        self.refuse_waiting()
+        self.close()
+
+    def refuse_waiting(self) -> None:
+        """After the drain: answer every message that reaches the socket (SHUTTING_DOWN; `info` is still
+        answered) until it has been quiet for REFUSE_QUIET_S, at most REFUSE_WAITING_S in all; log that
+        moment, the last call, and go on answering for REFUSE_GRACE_S."""
+        self.accepting = False
+        now = time.monotonic()
+        stop, quiet_until = now + REFUSE_WAITING_S, now + REFUSE_QUIET_S
+        while now < min(stop, quiet_until):
+            if self.socket.poll(math.ceil((min(stop, quiet_until) - now) * 1000)):
+                self.read()
+                quiet_until = time.monotonic() + REFUSE_QUIET_S
+            now = time.monotonic()
+        # The monotonic clock is the machine's: a client can tell which of its requests went before the last call.
+        why = "a client still sending" if now >= stop else f"quiet for {REFUSE_QUIET_S * 1000:.0f} ms"
+        log.info(
+            "last call at monotonic %.6f (%s); closing the frontend %.0f ms later", now, why, REFUSE_GRACE_S * 1000
+        )
+        grace_end = now + REFUSE_GRACE_S
+        while (left := grace_end - time.monotonic()) > 0:
+            if self.socket.poll(math.ceil(left * 1000)):
+                self.read()
+
+    def describe(self) -> dict[str, Any]:
+        """The `info` reply: the model, its input, the plan and the live workers."""
+        plan = self.reconciler.plan
+        assert plan is not None  # the daemon hands the reconciler its plan before the socket is bound
+        return {
+            "versions": list(SUPPORTED_VERSIONS),
+            "model": self.model,
+            "input": {"dtype": self.info.dtype, "shape": list(self.info.shape), "high": self.info.high},
+            "runtime": self.info.runtime,
+            "precision": self.info.precision,
+            "accuracy_guard": self.info.guard,
+            "emulation": self.emulation,
+            "max_batch": self.batcher.max_batch,
+            "limits": self.limits(),
+            "plan": plan.to_json(),
+            "template_pid": self.info.template_pid,
+            "workers": [
+                {"id": w.id, "pid": w.pid, "threads": w.threads, "cores": list(w.cores)}
+                for w in self.reconciler.serving()
+            ],
+        }
+
+    def send(self, identity: bytes, delimiter: bytes | None, frames: list[Any], large: bool = False) -> None:
+        """Answer a client; `large`: the last frame is a result tensor big enough for zero-copy to pay."""
+        try:
+            send_frames(self.socket, [identity, *frames] if delimiter is None else [identity, delimiter, *frames],
+                        copy=not large)  # fmt: skip
+        except zmq.ZMQError as exc:
+            log.debug("could not answer a client: %s", exc)
+
+    def reply_error(self, request: Request, code: ErrorCode, message: str) -> None:
+        self.metrics.count(code)
+        self.send(request.identity, request.delimiter, encode_error(request.request_id, code, message))
+
+    def reply_result(self, done: Completed) -> None:
+        request = done.request
+        total_ms = (time.monotonic() - request.arrived) * 1000.0
+        output = done.output
+        header, payload = encode_timed_result(
+            request.request_id, numpy_name(output.dtype), output.shape, output,
+            done.queue_ms, done.compute_ms, total_ms, done.instances,
+        )  # fmt: skip
+        self.send(request.identity, request.delimiter, [header, payload], output.nbytes >= ZERO_COPY_MIN_BYTES)
+        self.metrics.answered(done, total_ms)
+        self.batcher.served((total_ms - done.queue_ms - done.compute_ms) / 1000.0)  # what batching waits for
+        log_request(done, total_ms)
+
+    def max_message_bytes(self) -> int:
+        return self.batcher.max_batch * self.sample_bytes + MAX_HEADER_BYTES + 1024
+
+    def max_frame_bytes(self) -> int:
+        limit = self.max_message_bytes()
+        return max(FRAME_CAP_FACTOR * limit, limit + FRAME_CAP_SLACK_BYTES)
+
+    def limits(self) -> dict[str, int]:
+        """The size limits a request is checked against, as `info` states them (docs/protocol.md)."""
+        limit = self.max_message_bytes()
+        return {
+            "max_samples": self.batcher.max_batch,
+            "max_message_bytes": limit,
+            "max_frame_bytes": self.max_frame_bytes(),
+            "max_header_bytes": MAX_HEADER_BYTES,
+            "max_id_chars": MAX_ID_CHARS,
+            "max_timeout_ms": MAX_TIMEOUT_MS,
+        }
+
+    def close(self) -> None:
+        self.socket.close(linger=CLOSE_LINGER_MS)
+        if self.authenticator is not None:
+            self.authenticator.stop()
+
+
+def _recv_bounded(socket: zmq.Socket) -> tuple[list[zmq.Frame], int, int]:
+    """One message: its first MAX_KEPT_FRAMES frames, its size in bytes and its number of frames.
+
+    ZeroMQ hands a multipart message over only once all of it has arrived, so this cannot refuse the
+    bytes themselves; it only makes sure the daemon never holds more than a few frames of a message of many.
+    """
+    frame = _recv(socket, NOBLOCK, False, False)
+    frames = [frame]
+    size, count = 0, 1
+    while frame.more:
+        frame = _recv(socket, NOBLOCK, False, False)
+        count += 1
+        size += len(frame)
+        if count <= MAX_KEPT_FRAMES:
+            frames.append(frame)
+    return frames, size, count
+
+
+def _refuse_oversized(frames: list[zmq.Frame], size: int, count: int, limit: int) -> None:
+    """Raise the error for a message over the byte limit or with dropped frames, with its id when readable."""
+    request_id = None
+    header = frames[1] if frames and len(frames[0]) == 0 and len(frames) > 1 else frames[0] if frames else None
+    if header is not None and len(header) <= MAX_HEADER_BYTES:
+        with contextlib.suppress(ValueError):
+            request_id = _readable_id(load_header(header))
+    if size > limit:
+        message = f"message is {size} bytes; this server accepts at most {limit}: send fewer samples"
+        error = ProtocolError(ErrorCode.TOO_LARGE, message, request_id)
+    else:
+        delimited = bool(frames) and len(frames[0]) == 0
+        message = f"message has {count - delimited} frames; expected [header] or [header, payload]"
+        error = ProtocolError(ErrorCode.BAD_REQUEST, message, request_id)
+    error.delimiter = b"" if frames and len(frames[0]) == 0 else None
+    raise error
+
+
+def _readable_id(header: dict[str, Any]) -> Any:
+    request_id = header.get("id")
+    return request_id if check_request_id(request_id) is None else None

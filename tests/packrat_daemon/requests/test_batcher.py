@@ -1,0 +1,158 @@
+"""Dynamic batching: size and delay limits, bounded queue, deadlines."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+from packrat_daemon.requests.batcher import Batcher, Request
+from packrat_daemon.wire import client_side
+from tests.helpers.daemons import running_daemon
+
+
+def request(samples: int, arrived: float = 0.0, deadline: float | None = None) -> Request:
+    return Request(b"id", None, 1, "float32", (samples, 4), b"\0" * (16 * samples), arrived, deadline)
+
+
+def dense_arrivals(batcher: Batcher, gap: float, samples: int = 1, until: float = 1.0) -> None:
+    """Requests every `gap` seconds up to `until`, each taken at once: the batcher learns the rate."""
+    for k in range(20):
+        batcher.offer(request(samples, arrived=until - (20 - k) * gap))
+        batcher.take()
+
+
+def test_batch_is_due_when_full_or_when_the_oldest_waited_max_delay() -> None:
+    batcher = Batcher(max_batch=8, max_delay_s=0.010, max_queued_inputs=100)
+    dense_arrivals(batcher, gap=0.001)  # a request a millisecond, no profile: worth waiting for the next
+    batcher.offer(request(3, arrived=1.0))
+    assert not batcher.due(1.005)
+    assert batcher.next_due() == 1.010
+    assert batcher.due(1.010)
+    batcher.offer(request(5, arrived=1.001))
+    assert batcher.due(1.002)  # 8 inputs: full
+
+
+def test_a_lone_request_on_an_idle_daemon_starts_at_once() -> None:
+    batcher = Batcher(max_batch=8, max_delay_s=0.050, max_queued_inputs=100)
+    batcher.predict = lambda b: 0.010 + 0.001 * b  # batching would pay, if anything were coming
+    batcher.offer(request(1, arrived=5.0))  # no arrivals before: no rate
+    assert batcher.due(5.0) and batcher.next_due() == 5.0
+    batcher.take()
+    batcher.offer(request(1, arrived=9.0))  # four seconds later: the next is not expected within 50 ms
+    assert batcher.mean_gap_s == 4.0
+    assert batcher.due(9.0)
+
+
+def test_waiting_pays_only_when_the_newcomer_saves_more_than_the_wait_costs() -> None:
+    # Requests every 2 ms; a batch's fixed cost of 10 ms is what a newcomer saves by joining.
+    fixed = Batcher(max_batch=8, max_delay_s=0.005, max_queued_inputs=100)
+    fixed.predict = lambda b: 0.010 + 0.0001 * b
+    # No fixed cost: two inputs take as long together as one after the other, so nothing is saved.
+    linear = Batcher(max_batch=8, max_delay_s=0.005, max_queued_inputs=100)
+    linear.predict = lambda b: 0.004 * b
+    for batcher in (fixed, linear):
+        dense_arrivals(batcher, gap=0.002)
+        batcher.offer(request(1, arrived=1.0))
+    assert fixed.waiting_pays(1.0) and not fixed.due(1.0)
+    assert not linear.waiting_pays(1.0) and linear.due(1.0)
+    # Past the delay the batch is due whatever the prediction, and one whose newcomer would not fit too.
+    assert fixed.due(1.005)
+    fixed.offer(request(7, arrived=1.001))
+    assert not fixed.waiting_pays(1.001) and fixed.due(1.001)
+
+
+def test_the_daemons_own_cost_per_batch_counts_as_the_batchs_fixed_cost() -> None:
+    # A tiny model: 0.1 ms of compute whatever the batch, and requests every 0.2 ms. On compute alone the
+    # worker is free before the next request comes, so it would not wait; the daemon's measured 0.8 ms
+    # per batch (hops, gathering, replies) keeps the worker busy past it, so waiting pays.
+    batcher = Batcher(max_batch=8, max_delay_s=0.001, max_queued_inputs=100)
+    batcher.predict = lambda b: 0.0001
+    dense_arrivals(batcher, gap=0.0002)
+    batcher.offer(request(1, arrived=1.0))
+    assert batcher.due(1.0)
+    for _ in range(40):
+        batcher.served(0.0008)
+    assert abs(batcher.overhead_s - 0.0008) < 1e-5
+    assert not batcher.due(1.0)
+
+
+def test_the_next_request_must_be_expected_before_the_delay_runs_out() -> None:
+    batcher = Batcher(max_batch=8, max_delay_s=0.005, max_queued_inputs=100)
+    dense_arrivals(batcher, gap=0.003)
+    batcher.offer(request(1, arrived=1.0))
+    assert batcher.waiting_pays(1.001)  # 3 ms expected, 4 ms of delay left
+    assert not batcher.waiting_pays(1.0025)  # 2.5 ms left
+    assert batcher.due(1.0025)
+
+
+def test_a_prediction_the_profile_cannot_make_falls_back_to_the_rate() -> None:
+    batcher = Batcher(max_batch=8, max_delay_s=0.005, max_queued_inputs=100)
+    batcher.predict = lambda b: None
+    dense_arrivals(batcher, gap=0.001)
+    batcher.offer(request(1, arrived=1.0))
+    assert not batcher.due(1.0)
+
+
+def test_take_keeps_whole_requests_in_arrival_order_up_to_max_batch() -> None:
+    batcher = Batcher(max_batch=8, max_delay_s=0.0, max_queued_inputs=100)
+    first, second, third = request(3), request(4), request(2)
+    for r in (first, second, third):
+        batcher.offer(r)
+    assert batcher.take() == [first, second]  # 3 + 4 = 7; the third would make 9
+    assert batcher.queued_inputs == 2
+    assert batcher.take() == [third]
+    assert batcher.queued_inputs == 0 and batcher.next_due() is None
+
+
+def test_full_queue_refuses_instead_of_growing() -> None:
+    batcher = Batcher(max_batch=4, max_delay_s=0.0, max_queued_inputs=6)
+    assert batcher.offer(request(4))
+    assert not batcher.offer(request(3))
+    assert batcher.offer(request(2))
+    assert batcher.queued_inputs == 6
+
+
+def test_expired_requests_leave_the_queue() -> None:
+    batcher = Batcher(max_batch=4, max_delay_s=1.0, max_queued_inputs=100)
+    keep, drop = request(1, deadline=10.0), request(2, deadline=1.0)
+    batcher.offer(keep)
+    batcher.offer(drop)
+    assert batcher.expire(now=2.0) == [drop]
+    assert list(batcher.queue) == [keep] and batcher.queued_inputs == 1
+    assert batcher.drain() == [keep] and batcher.queued_inputs == 0
+
+
+def test_a_batch_whose_workers_were_lost_goes_back_to_the_head_in_its_order() -> None:
+    batcher = Batcher(max_batch=4, max_delay_s=0.0, max_queued_inputs=6)
+    first, second, waiting = request(2), request(2, deadline=5.0), request(4)
+    batcher.offer(first)
+    batcher.offer(second)
+    batch = batcher.take()
+    batcher.offer(waiting)
+    batcher.requeue(batch)  # 8 inputs now: more than max_queued_inputs, but these were admitted before
+    assert list(batcher.queue) == [first, second, waiting] and batcher.queued_inputs == 8
+    assert batcher.expire(6.0) == [second] and batcher.queued_inputs == 6
+
+
+@pytest.mark.slow
+def test_a_real_daemon_starts_a_lone_request_without_the_batching_delay(tmp_path: Path) -> None:
+    # A 300 ms delay: under the old rule every lone request waited all of it.
+    args = ["--model", "builtin:tiny-mlp", "--policy", "fixed", "--plan", "1x2", "--max-batch", "4"]
+    with running_daemon(tmp_path, *args, "--max-delay-ms", "300") as (endpoint, _):
+        context = zmq.Context.instance()
+        with context.socket(zmq.DEALER) as socket:
+            socket.connect(endpoint)
+            waits, totals = [], []
+            for k in range(3):
+                time.sleep(0.4)  # idle between requests
+                x = np.random.default_rng(k).standard_normal((1, 16), dtype=np.float32)
+                socket.send_multipart(client_side.encode_infer_request(k + 1, x))
+                head, _ = client_side.decode_reply(socket.recv_multipart())
+                waits.append(head["timing"]["queue_ms"])
+                totals.append(head["timing"]["total_ms"])
+    assert max(waits) < 30.0, waits
+    assert max(totals) < 150.0, totals

@@ -1,0 +1,323 @@
+"""The dispatcher over a recording sender: exact splits, zero-copy row frames, gathering, re-routing."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from packrat_daemon.fleet.pool import WorkerHandle, WorkerState
+from packrat_daemon.requests.batcher import Request
+from packrat_daemon.requests.dispatcher import Dispatcher, Splitter
+from policies.planning.profile import Profile
+
+
+class Recorder:
+    """Stands in for Pool.run: records what would be sent (the split is what is tested)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, dict, bytes]] = []
+
+    def __call__(self, worker: WorkerHandle, header: dict, payload: list) -> bool:
+        assert header.keys() == {"job", "dtype", "shape"}
+        self.sent.append((worker.identity, header, b"".join(bytes(p) for p in payload)))
+        return True
+
+
+def workers(*threads: int) -> list[WorkerHandle]:
+    return [WorkerHandle(k + 1, t, (k,), 1, WorkerState.READY) for k, t in enumerate(threads)]
+
+
+def requests(*sizes: int) -> tuple[list[Request], list[np.ndarray]]:
+    arrays = [np.arange(n * 2, dtype=np.float32).reshape(n, 2) + 100 * k for k, n in enumerate(sizes)]
+    return [Request(b"c%d" % k, None, k, "float32", a.shape, memoryview(a)) for k, a in enumerate(arrays)], arrays
+
+
+def answer(dispatcher: Dispatcher, pool: list[WorkerHandle], sent: tuple[bytes, dict, bytes]) -> list:
+    identity, header, data = sent
+    worker = next(w for w in pool if w.identity == identity)
+    rows = np.frombuffer(data, dtype=np.float32).reshape(header["shape"]) * 2  # the "model" doubles
+    reply = {"job": header["job"], "dtype": "float32", "shape": list(rows.shape), "compute_ms": 1.0,
+             "threads": worker.threads, "batch": rows.shape[0]}  # fmt: skip
+    return dispatcher.on_result(worker, reply, [rows])
+
+
+def test_split_follows_the_profile_and_each_request_gets_its_own_rows() -> None:
+    profile = Profile.from_latencies({(1, 2): 10.0, (1, 4): 20.0, (2, 4): 12.0, (2, 8): 30.0})
+    recorder, pool = Recorder(), workers(2, 1)
+    dispatcher = Dispatcher(
+        recorder, Splitter(profile, "exact"), job_timeout_s=10, deadline_margin=1.5, deadline_floor_s=0.2
+    )
+    batch, arrays = requests(3, 2, 1)
+    dispatcher.dispatch(batch, pool)
+    assert [h["shape"][0] for _, h, _ in recorder.sent] == [4, 2]  # 2 threads take 4 rows at 12 ms
+    done = []
+    for sent in recorder.sent:
+        done += answer(dispatcher, pool, sent)
+    assert not dispatcher.busy
+    for completed, array in zip(done, arrays, strict=True):
+        np.testing.assert_array_equal(completed.output, array * 2)
+
+
+def test_lost_worker_slice_goes_to_another_instance() -> None:
+    recorder, pool = Recorder(), workers(1, 1)
+    dispatcher = Dispatcher(
+        recorder, Splitter(None, "exact"), job_timeout_s=10, deadline_margin=1.5, deadline_floor_s=0.2
+    )
+    batch, arrays = requests(4)
+    dispatcher.dispatch(batch, pool)
+    first, second = recorder.sent
+    assert dispatcher.reassign(pool[0], pool)
+    resent = recorder.sent[2]
+    assert resent[0] == pool[1].identity and resent[2] == first[2]
+    done = answer(dispatcher, pool, second) + answer(dispatcher, pool, resent)
+    assert answer(dispatcher, pool, first) == []  # a late answer from the lost worker is ignored
+    np.testing.assert_array_equal(done[0].output, arrays[0] * 2)
+
+
+def test_no_worker_left_abandons_the_batch() -> None:
+    recorder, pool = Recorder(), workers(1)
+    dispatcher = Dispatcher(
+        recorder, Splitter(None, "exact"), job_timeout_s=10, deadline_margin=1.5, deadline_floor_s=0.2
+    )
+    batch, _ = requests(2)
+    dispatcher.dispatch(batch, pool)
+    assert not dispatcher.reassign(pool[0], pool)
+    assert dispatcher.abandon() == batch and not dispatcher.busy
+
+
+def test_splitter_falls_back_to_threads_when_the_profile_cannot_answer() -> None:
+    def rows(splitter: Splitter, pool: list[WorkerHandle], batch: int) -> list[tuple[int, int]]:
+        return [(worker.id, rows) for worker, rows in splitter.choose(pool, batch)]
+
+    assert rows(Splitter(None, "exact"), workers(2, 1, 1), 8) == [(1, 4), (2, 2), (3, 2)]
+    assert rows(Splitter(None, "even"), workers(2, 2), 5) == [(1, 3), (2, 2)]
+    profile = Profile.from_latencies({(1, 1): 1.0})
+    assert rows(Splitter(profile, "exact"), workers(1, 1), 5) == [(1, 3), (2, 2)]  # the profile carries only 2
+
+
+class Payload(bytearray):
+    """A request buffer that can be watched with a weak reference."""
+
+
+def test_a_finished_or_abandoned_batch_frees_its_input_buffers_without_the_garbage_collector() -> None:
+    """No reference cycle may keep clients' inputs alive: each would be megabytes of fresh memory."""
+    import gc
+    import weakref
+
+    profile = Profile.from_latencies({(1, 2): 10.0, (1, 4): 20.0, (2, 4): 12.0, (2, 8): 30.0})
+    gc.disable()
+    try:
+        for finish in (True, False):
+            recorder, pool = Recorder(), workers(2, 1)
+            dispatcher = Dispatcher(
+                recorder, Splitter(profile, "exact"), job_timeout_s=10, deadline_margin=1.5, deadline_floor_s=0.2
+            )
+            payload = Payload(np.ones((6, 2), dtype=np.float32).tobytes())
+            watch = weakref.ref(payload)
+            dispatcher.dispatch([Request(b"c", None, 1, "float32", (6, 2), memoryview(payload))], pool)
+            if finish:
+                done = []
+                for sent in recorder.sent:
+                    done += answer(dispatcher, pool, sent)
+                assert len(done) == 1
+                del done
+            else:
+                assert len(dispatcher.abandon()) == 1
+            del payload
+            recorder.sent.clear()
+            assert watch() is None, "the batch's input buffer outlived the batch"
+    finally:
+        gc.enable()
+
+
+def spare_layout_pool() -> tuple[list[WorkerHandle], list[list[tuple[int, tuple[int, ...]]]]]:
+    """One 2-thread worker on cores 0-1 and two 1-thread workers on the same cores: two layouts."""
+    pool = [
+        WorkerHandle(1, 2, (0, 1), 1, WorkerState.READY),
+        WorkerHandle(2, 1, (0,), 1, WorkerState.READY),
+        WorkerHandle(3, 1, (1,), 1, WorkerState.READY),
+    ]
+    return pool, [[(2, (0, 1))], [(1, (0,)), (1, (1,))]]
+
+
+def test_a_batch_stays_on_one_worker_unless_a_split_clears_the_margin() -> None:
+    # Batch 16: two 1-thread workers of 8 each (970 ms) are 3% faster than the 2-thread worker (1000 ms).
+    profile = Profile.from_latencies({(1, 8): 970.0, (1, 16): 1940.0, (2, 8): 500.0, (2, 16): 1000.0})
+    pool, layouts = spare_layout_pool()
+    chosen = Splitter(profile, "exact", layouts, min_split_gain=0.05).choose(pool, 16)
+    assert [(worker.id, rows) for worker, rows in chosen] == [(1, 16)]
+    chosen = Splitter(profile, "exact", layouts, min_split_gain=0.0).choose(pool, 16)
+    assert [(worker.id, rows) for worker, rows in chosen] == [(2, 8), (3, 8)]
+
+
+def test_a_split_that_clears_the_margin_is_taken() -> None:
+    profile = Profile.from_latencies({(1, 8): 800.0, (1, 16): 1600.0, (2, 8): 500.0, (2, 16): 1000.0})
+    pool, layouts = spare_layout_pool()
+    chosen = Splitter(profile, "exact", layouts, min_split_gain=0.05).choose(pool, 16)
+    assert [(worker.id, rows) for worker, rows in chosen] == [(2, 8), (3, 8)]
+
+
+def test_choices_are_remembered_per_pool_list() -> None:
+    profile = Profile.from_latencies({(1, 8): 800.0, (1, 16): 1600.0, (2, 8): 500.0, (2, 16): 1000.0})
+    pool, layouts = spare_layout_pool()
+    splitter = Splitter(profile, "exact", layouts)
+    first = splitter.choose(pool, 16)
+    assert splitter.choose(pool, 16) is first
+    # A new list (the daemon builds one whenever its pool changes) is answered afresh.
+    smaller = [pool[0]]
+    assert [(worker.id, rows) for worker, rows in splitter.choose(smaller, 16)] == [(1, 16)]
+
+
+def test_a_slice_is_given_its_predicted_latency_times_the_margin_within_floor_and_timeout() -> None:
+    profile = Profile.from_latencies({(1, 2): 400.0, (1, 4): 800.0, (2, 4): 10.0})
+    recorder, pool = Recorder(), workers(1, 1)
+    dispatcher = Dispatcher(
+        recorder, Splitter(profile, "even"), job_timeout_s=60, deadline_margin=1.5, deadline_floor_s=0.2
+    )
+    dispatcher.deadline_floor_s = 0.2
+    batch, _ = requests(2, 2)
+    dispatcher.dispatch(batch, pool)
+    for job in dispatcher.jobs.values():
+        assert job.predicted_ms == 400.0 and abs(job.deadline - job.sent_at - 0.6) < 1e-9
+    assert dispatcher.next_deadline == min(job.deadline for job in dispatcher.jobs.values())
+    assert dispatcher.overdue(dispatcher.next_deadline - 0.01) == []
+    late = dispatcher.overdue(max(job.deadline for job in dispatcher.jobs.values()) + 0.01)
+    assert sorted(job.worker.id for job in late) == [1, 2]
+    # The floor: a fast slice still gets 0.2 s; the job timeout caps a slow one; no profile: the timeout.
+    idle_two, idle_one = (WorkerHandle(9, t, (9,), 1, WorkerState.READY) for t in (2, 1))
+    assert dispatcher.deadline(idle_two, 4, 0.0) == (0.2, 10.0)
+    dispatcher.job_timeout_s = 0.5
+    assert dispatcher.deadline(idle_one, 4, 0.0) == (0.5, 800.0)
+    dispatcher.splitter = Splitter(None, "exact")
+    assert dispatcher.deadline(idle_one, 4, 0.0) == (0.5, None)
+
+
+def test_a_slice_sent_to_a_busy_worker_gets_its_deadline_after_the_work_it_holds() -> None:
+    profile = Profile.from_latencies({(1, 2): 400.0})
+    recorder, pool = Recorder(), workers(1, 1)
+    dispatcher = Dispatcher(
+        recorder, Splitter(profile, "even"), job_timeout_s=60, deadline_margin=2.0, deadline_floor_s=0.2
+    )
+    batch, _ = requests(2, 2)
+    dispatcher.dispatch(batch, pool)
+    first = next(job for job in dispatcher.jobs.values() if job.worker.id == 2)
+    assert dispatcher.reassign(pool[0], pool)
+    moved = max(dispatcher.jobs.values(), key=lambda job: job.id)
+    assert moved.worker.id == 2 and abs(moved.deadline - (first.deadline + 0.8)) < 0.05
+    assert [job.worker.id for job in dispatcher.overdue(first.deadline + 0.01)] == [2]  # its oldest only
+
+
+def test_timeout_ms_bounds_a_request_in_flight() -> None:
+    recorder, pool = Recorder(), workers(1)
+    dispatcher = Dispatcher(
+        recorder, Splitter(None, "exact"), job_timeout_s=60, deadline_margin=1.5, deadline_floor_s=0.2
+    )
+    batch, arrays = requests(1, 2)
+    batch[0].deadline = 5.0
+    dispatcher.dispatch(batch, pool)
+    assert dispatcher.next_deadline == 5.0 and dispatcher.expire(4.0) == []
+    assert dispatcher.expire(6.0) == [batch[0]] and batch[0].answered
+    assert dispatcher.expire(7.0) == [] and dispatcher.next_deadline > 7.0  # answered once, deadline moved on
+    done = answer(dispatcher, pool, recorder.sent[0])
+    assert [c.request for c in done] == [batch[1]]  # the result leaves the answered request out
+    np.testing.assert_array_equal(done[0].output, arrays[1] * 2)
+
+
+def test_abandon_leaves_out_requests_already_answered() -> None:
+    recorder, pool = Recorder(), workers(1)
+    dispatcher = Dispatcher(
+        recorder, Splitter(None, "exact"), job_timeout_s=60, deadline_margin=1.5, deadline_floor_s=0.2
+    )
+    batch, _ = requests(1, 1)
+    batch[0].deadline = 1.0
+    dispatcher.dispatch(batch, pool)
+    assert dispatcher.expire(2.0) == [batch[0]]
+    assert dispatcher.abandon() == [batch[1]]
+
+
+def hedging(pool_size: int) -> tuple[Recorder, list[WorkerHandle], Dispatcher]:
+    # 400 ms predicted per 2-row slice: hedged after 0.6 s, its worker replaced after 1.2 s.
+    recorder, pool = Recorder(), workers(*[1] * pool_size)
+    dispatcher = Dispatcher(
+        recorder, Splitter(Profile.from_latencies({(1, 2): 400.0}), "even"), job_timeout_s=60,
+        deadline_margin=3.0, deadline_floor_s=0.2, hedge_margin=1.5, hedge_floor_s=0.1,
+    )  # fmt: skip
+    return recorder, pool, dispatcher
+
+
+def test_a_late_slice_is_hedged_on_an_idle_worker_and_the_first_answer_is_used() -> None:
+    recorder, pool, dispatcher = hedging(3)
+    batch, arrays = requests(2, 2)
+    dispatcher.dispatch(batch, pool[:2])
+    late = next(job for job in dispatcher.jobs.values() if job.worker.id == 1)
+    assert abs(late.hedge_at - late.sent_at - 0.6) < 1e-9 and abs(late.deadline - late.sent_at - 1.2) < 1e-9
+    assert dispatcher.next_deadline == min(job.hedge_at for job in dispatcher.jobs.values())
+    assert answer(dispatcher, pool, recorder.sent[1]) == []  # worker 2 answers its slice
+    assert dispatcher.hedge(late.hedge_at - 0.01, pool) == []
+    [copy] = dispatcher.hedge(late.hedge_at + 0.01, pool)
+    assert copy.twin is late and late.twin is copy and copy.worker.id == 2 and (copy.offset, copy.rows) == (0, 2)
+    assert recorder.sent[2][2] == recorder.sent[0][2]  # the same rows
+    assert dispatcher.hedge(late.hedge_at + 0.02, pool) == []  # hedged once
+    done = answer(dispatcher, pool, recorder.sent[2])
+    for completed, array in zip(done, arrays, strict=True):
+        np.testing.assert_array_equal(completed.output, array * 2)
+    # The loser is still held by its worker: left out of the next batch, and replaced at its deadline.
+    assert dispatcher.overdue(late.deadline + 0.01) == [late]
+    pool[0].outstanding = 1
+    dispatcher.dispatch(requests(2, 2)[0], pool)
+    assert {identity for identity, _, _ in recorder.sent[3:]} == {pool[1].identity, pool[2].identity}
+    assert answer(dispatcher, pool, recorder.sent[0]) == []  # its late answer is dropped
+    assert late.id not in dispatcher.jobs
+
+
+def test_slices_of_instances_that_share_cores_are_never_hedged_but_keep_their_deadline() -> None:
+    # TorchServe-like plans put every instance on every core: their cells do not predict a slice's time.
+    recorder, pool = Recorder(), workers(1, 1, 1)
+    splitter = Splitter(Profile.from_latencies({(1, 2): 400.0}), "even", oversubscribed=True)
+    dispatcher = Dispatcher(
+        recorder, splitter, job_timeout_s=60, deadline_margin=3.0, deadline_floor_s=0.2, hedge_margin=1.5,
+        hedge_floor_s=0.1,
+    )  # fmt: skip
+    dispatcher.dispatch(requests(2, 2)[0], pool[:2])
+    for job in dispatcher.jobs.values():
+        assert job.hedge_at == math.inf and abs(job.deadline - job.sent_at - 1.2) < 1e-9
+    assert dispatcher.hedge(1e9, pool) == []
+
+
+def test_a_late_slice_waits_for_a_worker_to_become_idle_and_the_original_may_still_win() -> None:
+    recorder, pool, dispatcher = hedging(2)
+    batch, arrays = requests(2, 2)
+    dispatcher.dispatch(batch, pool)
+    now = max(job.hedge_at for job in dispatcher.jobs.values()) + 0.01
+    assert dispatcher.hedge(now, pool) == [] and len(dispatcher.late) == 2  # both workers are busy
+    assert answer(dispatcher, pool, recorder.sent[1]) == []
+    [copy] = dispatcher.hedge(now, pool)  # worker 2 is idle now
+    assert copy.worker.id == 2 and copy.offset == 0 and not dispatcher.late
+    done = answer(dispatcher, pool, recorder.sent[0])  # the original answers first after all
+    for completed, array in zip(done, arrays, strict=True):
+        np.testing.assert_array_equal(completed.output, array * 2)
+    assert answer(dispatcher, pool, recorder.sent[2]) == []
+
+
+def test_a_lost_worker_whose_slice_is_hedged_is_not_sent_again() -> None:
+    recorder, pool, dispatcher = hedging(2)
+    batch, arrays = requests(2, 2)
+    dispatcher.dispatch(batch, pool)
+    answer(dispatcher, pool, recorder.sent[1])
+    [copy] = dispatcher.hedge(max(job.hedge_at for job in dispatcher.jobs.values()) + 0.01, pool)
+    assert dispatcher.reassign(pool[0], pool[1:])
+    assert len(recorder.sent) == 3 and list(dispatcher.jobs.values()) == [copy]
+    done = answer(dispatcher, pool, recorder.sent[2])
+    for completed, array in zip(done, arrays, strict=True):
+        np.testing.assert_array_equal(completed.output, array * 2)
+
+
+def test_a_worker_lost_while_holding_a_losing_copy_has_it_dropped_not_sent_again() -> None:
+    recorder, pool, dispatcher = hedging(2)
+    dispatcher.dispatch(requests(2, 2)[0], pool)
+    answer(dispatcher, pool, recorder.sent[1])
+    [copy] = dispatcher.hedge(max(job.hedge_at for job in dispatcher.jobs.values()) + 0.01, pool)
+    assert answer(dispatcher, pool, recorder.sent[2]) and not dispatcher.busy  # the copy won
+    assert [job.worker.id for job in dispatcher.jobs.values()] == [1]  # the loser, still computing
+    assert dispatcher.reassign(pool[0], pool) and not dispatcher.jobs and len(recorder.sent) == 3

@@ -1,0 +1,269 @@
+"""The frontend on a real ROUTER socket, with the daemon's own batcher, dispatcher and reconciler (no workers)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq
+
+from packrat_daemon.config import ServeConfig
+from packrat_daemon.fleet.backend import Backend, ModelInfo
+from packrat_daemon.fleet.pool import Pool
+from packrat_daemon.fleet.reconciler import Reconciler
+from packrat_daemon.ops.metrics import Metrics
+from packrat_daemon.requests import frontend as frontend_module
+from packrat_daemon.requests.batcher import Batcher
+from packrat_daemon.requests.dispatcher import Dispatcher, Splitter
+from packrat_daemon.requests.frontend import Frontend
+from packrat_daemon.wire.client_side import (
+    decode_reply,
+    encode_infer_request,
+    encode_info_request,
+    info_result,
+    server_error,
+)
+from packrat_daemon.wire.codec import ErrorCode
+from policies.base import InstancePlan, Plan
+from policies.planning.topology import Topology
+
+INFO = ModelInfo("builtin:tiny-mlp", "torch", "float32", (16,), None, 4242)
+
+
+@dataclass
+class Served:
+    frontend: Frontend
+    batcher: Batcher
+    client: zmq.Socket
+
+    def ask(self, frames: list[Any]) -> dict[str, Any]:
+        """Send one request, let the frontend read it, return the reply's header (None when unanswered)."""
+        self.client.send_multipart(frames)
+        assert self.frontend.socket.poll(5000), "the request did not arrive"
+        self.frontend.read()
+        if not self.client.poll(200):
+            return {}
+        header, _ = decode_reply(self.client.recv_multipart())
+        return header
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[Served]:
+    context = zmq.Context()
+    backend = Backend(context, str(tmp_path / "run"))
+    reconciler = Reconciler(Pool(backend), Topology.synthetic(2))
+    reconciler.set_plan(Plan((InstancePlan(2, 4),), "fixed", "a test plan"))
+    dispatcher = Dispatcher(
+        reconciler.pool.run,
+        Splitter(None, "exact", reconciler.layouts),
+        job_timeout_s=5.0,
+        deadline_margin=1.5,
+        deadline_floor_s=0.2,
+    )
+    batcher = Batcher(max_batch=4, max_delay_s=10.0, max_queued_inputs=6)
+    config = ServeConfig(model=INFO.model, endpoint=f"ipc://{tmp_path}/front.ipc")
+    frontend = Frontend(context, config, INFO, Metrics(INFO.model), batcher, dispatcher, reconciler)
+    client = context.socket(zmq.DEALER)
+    client.setsockopt(zmq.LINGER, 0)
+    try:
+        frontend.open()
+        client.connect(config.endpoint)
+        yield Served(frontend, batcher, client)
+    finally:
+        client.close()
+        frontend.close()
+        backend.close()
+        context.term()
+
+
+def rows(n: int) -> np.ndarray:
+    return np.zeros((n, 16), dtype=np.float32)
+
+
+def test_info_names_the_model_plan_and_limits(served: Served) -> None:
+    header = served.ask(encode_info_request("i1"))
+    assert header["id"] == "i1"
+    info = info_result(header)
+    assert info["model"] == INFO.model and info["runtime"] == "torch" and info["template_pid"] == 4242
+    assert info["input"] == {"dtype": "float32", "shape": [16], "high": None}
+    assert info["max_batch"] == 4 and info["plan"]["instances"] == [{"threads": 2, "batch": 4}]
+    assert info["workers"] == []
+
+
+def test_good_requests_are_queued_until_the_queue_is_full(served: Served) -> None:
+    assert served.ask(encode_infer_request(1, rows(3))) == {}  # queued: answered once computed
+    assert served.batcher.queued_inputs == 3
+    assert served.ask(encode_infer_request(2, rows(3))) == {}
+    header = served.ask(encode_infer_request(3, rows(1)))
+    assert header["error"]["code"] == "OVERLOADED" and "queue is full (6 inputs waiting)" in header["error"]["message"]
+    assert served.batcher.queued_inputs == 6
+
+
+def test_requests_that_do_not_fit_the_model_are_answered_at_once(served: Served) -> None:
+    header = served.ask(encode_infer_request(1, np.zeros((1, 8), dtype=np.float32)))
+    assert header["id"] == 1 and header["error"]["code"] == "BAD_REQUEST"
+    header = served.ask(encode_infer_request(2, rows(5)))
+    assert header["error"]["code"] == "TOO_LARGE" and "at most 4" in header["error"]["message"]
+    header = served.ask([b"not json", rows(1).tobytes()])
+    assert header["error"]["code"] == "BAD_REQUEST"
+    assert served.batcher.queued_inputs == 0
+
+
+def test_a_draining_frontend_refuses_work_but_still_answers_info(served: Served) -> None:
+    served.frontend.accepting = False
+    header = served.ask(encode_infer_request(1, rows(1)))
+    assert header["error"]["code"] == "SHUTTING_DOWN" and served.batcher.queued_inputs == 0
+    assert served.ask(encode_info_request(2))["ok"] is True
+
+
+def test_a_reload_that_shrinks_max_batch_shrinks_the_limits(served: Served) -> None:
+    before = served.frontend.max_message_bytes()
+    served.batcher.max_batch = 2
+    assert served.frontend.max_message_bytes() == before - 2 * 16 * 4
+    header = served.ask(encode_infer_request(1, rows(3)))
+    assert header["error"]["code"] == "TOO_LARGE" and "at most 2" in header["error"]["message"]
+    assert info_result(served.ask(encode_info_request(2)))["max_batch"] == 2
+
+
+# -- the crashers of issue 12 and the frontend's own limits ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [b'{"v":1,"id":"\\ud800","op":"info"}'],  # a lone surrogate id, on the info path
+        [b'{"v":1,"id":"\\ud800","op":"infer","dtype":"float32","shape":[1,16]}', rows(1).tobytes()],
+        [b"", b'{"v":1,"id":"\\udfff","op":"info"}'],  # over REQ
+        [b'{"v":1,"id":1,"op":"infer","dtype":"float32","shape":[1,16],"timeout_ms":' + b"9" * 400 + b"}",
+         rows(1).tobytes()],  # a 400-digit timeout_ms, fast path and full parser
+    ],
+)  # fmt: skip
+def test_the_messages_that_stopped_the_daemon_are_bad_requests(served: Served, frames: list[bytes]) -> None:
+    header = served.ask(frames)
+    assert header["ok"] is False and header["error"]["code"] == "BAD_REQUEST"
+    assert served.ask(encode_info_request("after"))["ok"] is True  # and the frontend still serves
+
+
+def test_any_failure_on_one_message_is_answered_internal_and_logged(
+    served: Served, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*_args: object) -> None:
+        raise RuntimeError("a bug on the request path")
+
+    monkeypatch.setattr("packrat_daemon.requests.frontend.check_against_model", broken)
+    header = served.ask(encode_infer_request(1, rows(1)))
+    assert header["error"]["code"] == "INTERNAL" and header["id"] is None
+    assert "internal error on a message of" in caplog.text and "a bug on the request path" in caplog.text
+    monkeypatch.undo()
+    assert served.ask(encode_info_request(2))["ok"] is True
+
+
+def test_a_message_of_many_frames_is_refused_without_keeping_them(served: Served) -> None:
+    head = b'{"v":1,"id":"many","op":"infer","dtype":"float32","shape":[1,16]}'
+    header = served.ask([head, *[b"x" * 8] * 50])
+    assert header["id"] == "many" and header["error"]["code"] == "BAD_REQUEST"
+    assert "51 frames" in header["error"]["message"]
+    limit = served.frontend.max_message_bytes()
+    # Each frame is under the limit, all of them together far over it: the whole message counts.
+    header = served.ask([head, *[b"x" * (limit // 4)] * 12])
+    assert header["id"] == "many" and header["error"]["code"] == "TOO_LARGE"
+    assert f"at most {limit}" in header["error"]["message"]
+
+
+def test_info_states_the_size_limits(served: Served) -> None:
+    limits = info_result(served.ask(encode_info_request(1)))["limits"]
+    limit = served.frontend.max_message_bytes()
+    assert limits["max_samples"] == 4 and limits["max_message_bytes"] == limit
+    assert limits["max_frame_bytes"] >= limit and limits["max_header_bytes"] == 65536
+    assert limits["max_id_chars"] == 128 and limits["max_timeout_ms"] == 2**31 - 1
+
+
+def test_after_the_drain_waiting_requests_get_shutting_down(served: Served) -> None:
+    for k in range(5):
+        served.client.send_multipart(encode_infer_request(k, rows(1)))
+    served.client.send_multipart(encode_info_request("i"))
+    assert served.frontend.socket.poll(5000)
+    served.frontend.refuse_waiting()
+    replies = []
+    while served.client.poll(500):
+        replies.append(decode_reply(served.client.recv_multipart())[0])
+    assert sorted(r["error"]["code"] for r in replies if not r["ok"]) == ["SHUTTING_DOWN"] * 5
+    assert [r["id"] for r in replies if r["ok"]] == ["i"] and served.batcher.queued_inputs == 0
+
+
+def test_after_the_drain_a_client_that_pauses_between_requests_is_still_answered(served: Served) -> None:
+    # Closing at the first moment the queue is empty lost the request a client sent right after a reply.
+    gap_s = frontend_module.REFUSE_QUIET_S / 3
+    endpoint = served.frontend.endpoint
+
+    def send_with_pauses() -> None:
+        client = zmq.Context.instance().socket(zmq.DEALER)
+        client.setsockopt(zmq.LINGER, 0)
+        client.connect(endpoint)
+        for k in range(6):
+            client.send_multipart(encode_infer_request(k, rows(1)))
+            assert client.poll(5000), f"request {k} got no reply"
+            replies.append(decode_reply(client.recv_multipart())[0])
+            time.sleep(gap_s)
+        client.close()
+
+    replies: list[dict[str, Any]] = []
+    sender = threading.Thread(target=send_with_pauses)
+    sender.start()
+    assert served.frontend.socket.poll(5000)
+    served.frontend.refuse_waiting()
+    sender.join()
+    assert [r["error"]["code"] for r in replies] == ["SHUTTING_DOWN"] * 6
+
+
+def test_after_the_drain_a_client_that_never_stops_cannot_keep_the_daemon_up(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(frontend_module, "REFUSE_WAITING_S", 0.3)
+    stop = threading.Event()
+    endpoint = served.frontend.endpoint
+
+    def flood() -> None:
+        client = zmq.Context.instance().socket(zmq.DEALER)
+        client.setsockopt(zmq.LINGER, 0)
+        client.connect(endpoint)
+        while not stop.is_set():
+            client.send_multipart(encode_infer_request(1, rows(1)))
+            time.sleep(0.005)
+        client.close()
+
+    sender = threading.Thread(target=flood)
+    sender.start()
+    try:
+        assert served.frontend.socket.poll(5000)
+        started = time.monotonic()
+        served.frontend.refuse_waiting()
+        assert time.monotonic() - started < 0.3 + frontend_module.REFUSE_QUIET_S
+    finally:
+        stop.set()
+        sender.join()
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        encode_infer_request(1, np.zeros((1, 8), dtype=np.float32)),
+        encode_infer_request(2, np.zeros((1, 16), dtype=np.float64)),
+        encode_infer_request(3, rows(5)),
+        [b"not json", rows(1).tobytes()],
+        [b'{"v": 1, "id": 4, "op": "infer", "dtype": "float32", "shape": [1, 16]}'],
+    ],
+)
+def test_an_error_names_its_code_once(served: Served, frames: list[Any]) -> None:
+    # The model checks used to send str(exc), which already began with the code: the client then showed
+    # "BAD_REQUEST: BAD_REQUEST: ...".
+    header = served.ask(frames)
+    code, message = header["error"]["code"], header["error"]["message"]
+    assert not any(message.startswith(f"{known}:") for known in ErrorCode)
+    assert str(server_error(header)) == f"{code}: {message}"

@@ -1,0 +1,76 @@
+"""int8: NNCF's post-training quantization of the OpenVINO model, its cache, and who may serve it."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from packrat_daemon.wire.errors import ConfigError
+from workers.models import cache as conversion
+from workers.models.precision import cpu_units, run_both, split_precision, template_precision
+from workers.models.spec import PRECISION_CHOICES, check_precision, runtime_precisions
+from workers.runtimes import make_runtime, openvino_config
+
+NEEDS_NNCF = pytest.mark.skipif(
+    importlib.util.find_spec("nncf") is None or importlib.util.find_spec("openvino") is None,
+    reason="int8 needs OpenVINO and NNCF (pip install -e '.[openvino]')",
+)
+
+
+def test_int8_is_offered_but_only_openvino_serves_it() -> None:
+    assert "int8" in PRECISION_CHOICES and "int8" in runtime_precisions("openvino")
+    for runtime in ("torch", "onnxruntime"):
+        with pytest.raises(ConfigError, match="int8 is served by --runtime openvino"):
+            check_precision(runtime, "int8")
+    check_precision("openvino", "int8")
+
+
+def test_the_template_is_told_int8_calibration_inside_its_precision(tmp_path: Path) -> None:
+    calibration = tmp_path / "mine.npy"
+    told = template_precision("int8", str(calibration))
+    assert split_precision(told) == ("int8", str(calibration.resolve()))
+    assert template_precision("int8", None) == "int8" and split_precision("int8") == ("int8", None)
+    assert template_precision("bf16", str(calibration)) == "bf16"  # only int8 is quantized on it
+    runtime = make_runtime("openvino", told) if importlib.util.find_spec("openvino") else None
+    if runtime is not None:
+        assert (runtime.precision, runtime.calibration) == ("int8", str(calibration.resolve()))
+
+
+def test_int8_units_and_openvino_hint() -> None:
+    assert cpu_units("int8", frozenset({"avx512_vnni", "avx512f"})) == ["avx512_vnni"]
+    assert cpu_units("int8", frozenset({"avx2"})) == []
+    # The operations NNCF left in float run in f32, so int8's error is the quantization's alone.
+    assert openvino_config(2, "int8")["INFERENCE_PRECISION_HINT"] == "f32"
+
+
+@NEEDS_NNCF
+@pytest.mark.slow
+def test_int8_is_quantized_once_per_calibration_and_stays_close_to_fp32(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PACKRAT_CACHE_DIR", str(tmp_path / "cache"))
+    mine = tmp_path / "mine.npy"
+    np.save(mine, np.random.default_rng(3).standard_normal((12, 16), dtype=np.float32))
+    inputs = np.random.default_rng(4).standard_normal((6, 16), dtype=np.float32)
+    ran = run_both("builtin:tiny-mlp", None, "openvino", "int8", inputs, str(mine))
+    assert ran["quantization"]["calibration"] == f"12 inputs of --calibration {mine.resolve()}"
+    assert ran["quantization"]["scheme"] == "default" and ran["runtime_has_units"] in (True, False)
+    reference, reduced = ran["reference"], ran["reduced"]
+    assert not np.array_equal(reference, reduced)  # it did run quantized
+    assert np.abs(reduced - reference).max() <= 0.5 * np.abs(reference).max()
+    entries = sorted(p.name for p in (tmp_path / "cache").iterdir() if p.is_dir() and "int8" in p.name)
+    assert len(entries) == 1
+    conversion.ensure_quantized("builtin:tiny-mlp", None, str(mine))  # cached: no new entry
+    samples = conversion.ensure_quantized("builtin:tiny-mlp", None, None)  # other inputs, another entry
+    assert samples.meta["quantization"]["calibration"].startswith(f"{conversion.QUANTIZE_SAMPLES} random sample")
+    assert len([p for p in (tmp_path / "cache").iterdir() if p.is_dir() and "int8" in p.name]) == 2
+
+
+def test_int8_without_nncf_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "nncf", None)  # as if it were not installed
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[openvino\]'"):
+        conversion.ensure_quantized("builtin:tiny-mlp", None, None)

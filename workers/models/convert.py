@@ -1,0 +1,138 @@
+"""Convert one model for ONNX Runtime or OpenVINO and check it against PyTorch.
+
+    python -m workers.models.convert --model SPEC --runtime onnxruntime|openvino --out PATH [--input DTYPE:DIMS]
+
+Writes PATH (model.onnx, or model.xml + model.bin) and meta.json beside it. Run by `workers.models.cache`
+in a subprocess, never in the template: exporting and checking a model runs it, which starts thread pools.
+
+The ONNX export uses torch.onnx.export's dynamo exporter (the default in torch 2.13) with a dynamic batch
+axis; models it cannot capture (TorchScript files, some data-dependent code) fall back to the TorchScript
+exporter with dynamic_axes. Both were checked on the built-in ResNet-50 and BERT-base wrappers. OpenVINO's
+IR is converted from that ONNX file, so both runtimes serve the same graph. Every conversion is run at two
+batch sizes other than the export's example and compared with PyTorch before it is accepted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from packrat_daemon.wire.errors import PackratError
+from workers.models.cache import ARTIFACTS
+from workers.models.loading import LoadedModel, load_model
+from workers.models.spec import sample_input
+
+# Agreement with PyTorch, relative to the output's scale: max|out - torch| <= ATOL + RTOL * max|torch|.
+# Measured: ResNet-50 7.6e-5 on logits of magnitude ~106 (7e-7 relative), BERT-base 1.6e-6 on ~0.96.
+RTOL = 1e-4
+ATOL = 1e-5
+CHECK_BATCHES = (1, 3)  # neither is the export's example batch (2): proves the batch axis is dynamic
+EXAMPLE_BATCH = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workers.models.convert", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="model spec, as for packrat serve")
+    parser.add_argument("--runtime", required=True, choices=sorted(ARTIFACTS))
+    parser.add_argument("--out", required=True, type=Path, help="the file to write (model.onnx or model.xml)")
+    parser.add_argument("--input", help="input override, e.g. float32:3x224x224")
+    args = parser.parse_args(argv)
+    try:
+        meta = convert(args.model, args.input, args.runtime, args.out)
+    except PackratError as exc:
+        print(f"packrat convert: {exc}", file=sys.stderr)
+        return 2
+    (args.out.parent / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return 0
+
+
+def convert(spec: str, input_override: str | None, runtime: str, out: Path) -> dict:
+    from workers.models.cache import ConversionError
+
+    model = load_model(spec, input_override)
+    if model.input.dtype == "bfloat16":
+        raise ConversionError(
+            f"runtime {runtime} cannot serve {spec}: its input is bfloat16, which numpy (and so this runtime's"
+            " Python API) has no type for; serve it with --runtime torch"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if runtime == "onnxruntime":
+        exporter = export_onnx(model, out)
+    else:
+        with tempfile.TemporaryDirectory(dir=out.parent) as scratch:
+            onnx_path = Path(scratch) / "model.onnx"
+            exporter = export_onnx(model, onnx_path)
+            onnx_to_openvino(onnx_path, out)
+    errors = check_against_torch(model, runtime, out)
+    return {
+        "model": spec,
+        "input_override": input_override,
+        "runtime": runtime,
+        "input": model.input.to_json(),
+        "exporter": exporter,
+        "max_abs_error": errors,
+        "tolerance": {"rtol": RTOL, "atol": ATOL},
+        "torch": torch.__version__,
+    }
+
+
+def export_onnx(model: LoadedModel, path: Path) -> str:
+    """Export with a dynamic batch axis; returns which exporter succeeded."""
+    example = (torch.from_numpy(sample_input(model.input, EXAMPLE_BATCH)),)
+    names = {"input_names": ["input"], "output_names": ["output"]}
+    try:
+        batch = torch.export.Dim("batch", min=1)
+        torch.onnx.export(model.module, example, str(path), dynamo=True, dynamic_shapes=({0: batch},), **names)
+        return "dynamo"
+    except Exception as exc:  # any capture failure: try the older exporter before giving up
+        print(f"dynamo export failed ({type(exc).__name__}: {exc}); trying the TorchScript exporter", file=sys.stderr)
+    for stale in path.parent.glob(path.name + "*"):
+        stale.unlink()
+    axes = {"input": {0: "batch"}, "output": {0: "batch"}}
+    torch.onnx.export(model.module, example, str(path), dynamo=False, dynamic_axes=axes, opset_version=18, **names)
+    return "torchscript"
+
+
+def onnx_to_openvino(onnx_path: Path, out: Path) -> None:
+    import openvino as ov
+
+    # compress_to_fp16 would halve the file but round the weights: keep float32 to agree with PyTorch.
+    ov.save_model(ov.convert_model(str(onnx_path)), str(out), compress_to_fp16=False)
+
+
+def check_against_torch(model: LoadedModel, runtime: str, path: Path) -> dict[str, float]:
+    """Run the converted model beside PyTorch; refuse it if they disagree beyond the tolerance."""
+    from workers.models.cache import ConversionError
+    from workers.runtimes import make_runtime
+
+    converted = make_runtime(runtime)
+    converted.use_file(path, model.input)
+    converted.set_threads(1)
+    errors: dict[str, float] = {}
+    for batch in CHECK_BATCHES:
+        data = sample_input(model.input, batch, seed=batch)
+        with torch.inference_mode():
+            expected = model.module(torch.from_numpy(data)).numpy()
+        got = converted.run(data)
+        if got.shape != expected.shape:
+            raise ConversionError(f"{runtime} gives shape {got.shape} at batch {batch}; PyTorch gives {expected.shape}")
+        error = float(np.max(np.abs(got.astype(np.float64) - expected))) if expected.size else 0.0
+        errors[str(batch)] = error
+        bound = ATOL + RTOL * float(np.max(np.abs(expected))) if expected.size else ATOL
+        if not error <= bound:
+            raise ConversionError(
+                f"{runtime} disagrees with PyTorch at batch {batch}: max abs error {error:.3g} > {bound:.3g}"
+                f" (rtol {RTOL} of the output's scale + atol {ATOL})"
+            )
+    return errors
+
+
+if __name__ == "__main__":
+    sys.exit(main())

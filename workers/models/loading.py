@@ -1,0 +1,223 @@
+"""Model specs: what a worker serves, and how it is built or loaded.
+
+A spec string is one of:
+  builtin:NAME          resnet50, bert-base, gpt2 (architectures from transformers configs, random
+                        weights from a fixed seed, never downloaded), tiny-mlp, tiny-cnn (for tests)
+  PATH.pt2              a torch.export program (torch.export.save)
+  PATH.pt / PATH.ts     a TorchScript file (torch.jit.save)
+  module:function       a function returning an nn.Module
+
+Every model declares its input (dtype and per-sample shape). Files and functions that cannot tell
+take it from `input` ("float32:3x224x224"), or from a `packrat_input` attribute on the module.
+This module imports torch: only the template process and tests import it (the torch-free
+`workers.models.spec` holds what the daemon needs to know about a model's input).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from packrat_daemon.wire.errors import ModelSpecError
+from workers.models.spec import INPUT_DTYPES, InputSpec
+
+SEED = 20231130
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    module: Callable[[torch.Tensor], torch.Tensor]
+    input: InputSpec
+    channels_last: bool = False
+
+
+# Every dtype an input may declare has a torch dtype of the same name.
+_DTYPE_NAMES: dict[torch.dtype, str] = {getattr(torch, name): name for name in INPUT_DTYPES}
+
+
+class _Logits(nn.Module):
+    """Hugging Face models return dataclasses; a worker's model must map tensor → tensor."""
+
+    def __init__(self, model: nn.Module, field: str, last_token: bool = False) -> None:
+        super().__init__()
+        self.model = model
+        self.field = field
+        self.last_token = last_token
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = getattr(self.model(x), self.field)
+        return out[:, -1] if self.last_token else out
+
+
+def _resnet50() -> tuple[nn.Module, InputSpec, bool]:
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    model = ResNetForImageClassification(ResNetConfig(num_labels=1000))  # the 25.6 M-parameter ResNet-50
+    return _Logits(model, "logits"), InputSpec("float32", (3, 224, 224)), True
+
+
+def _bert_base() -> tuple[nn.Module, InputSpec, bool]:
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig()  # bert-base-uncased's shape: 12 layers, hidden 768, vocab 30522
+    model = BertModel(config, add_pooling_layer=True)
+    return _Logits(model, "pooler_output"), InputSpec("int64", (128,), high=config.vocab_size), False
+
+
+def _gpt2() -> tuple[nn.Module, InputSpec, bool]:
+    from transformers import GPT2Config, GPT2Model
+
+    config = GPT2Config()  # 124 M parameters
+    return (
+        _Logits(GPT2Model(config), "last_hidden_state", last_token=True),
+        InputSpec("int64", (64,), high=config.vocab_size),
+        False,
+    )
+
+
+def _tiny_mlp() -> tuple[nn.Module, InputSpec, bool]:
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)), InputSpec("float32", (16,)), False
+
+
+def _tiny_cnn() -> tuple[nn.Module, InputSpec, bool]:
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 10),
+    )
+    return model, InputSpec("float32", (3, 16, 16)), True
+
+
+BUILTINS: dict[str, Callable[[], tuple[nn.Module, InputSpec, bool]]] = {
+    "resnet50": _resnet50,
+    "bert-base": _bert_base,
+    "gpt2": _gpt2,
+    "tiny-mlp": _tiny_mlp,
+    "tiny-cnn": _tiny_cnn,
+}
+
+
+def load_model(spec: str, input_override: str | None = None) -> LoadedModel:
+    """Build or load the model and give it the standard CPU inference treatment.
+
+    Every policy is served the same treated model (eval mode, no autograd, channels_last where it
+    helps), so comparisons between policies stay fair.
+    """
+    torch.manual_seed(SEED)
+    override = InputSpec.parse(input_override) if input_override else None
+    channels_last = False
+    if spec.startswith("builtin:"):
+        name = spec.removeprefix("builtin:")
+        if name not in BUILTINS:
+            raise ModelSpecError(f"unknown built-in model {name!r}; choose one of: {', '.join(BUILTINS)}")
+        module, input_spec, channels_last = BUILTINS[name]()
+    elif spec.endswith(".pt2"):
+        module, input_spec = _load_exported(spec)
+    elif spec.endswith((".pt", ".ts", ".torchscript")):
+        module, input_spec = _load_torchscript(spec)
+    elif ":" in spec:
+        module, input_spec = _load_function(spec)
+    else:
+        raise ModelSpecError(
+            f"cannot tell what model {spec!r} is; give builtin:NAME, a .pt2 or .pt file, or module:function"
+        )
+    input_spec = override or input_spec
+    if input_spec is None:
+        raise ModelSpecError(f"model {spec!r} does not declare its input; pass --input DTYPE:D1xD2..., e.g. float32:16")
+    if isinstance(module, nn.Module):
+        # An exported program's train/eval behaviour was fixed at export time; it refuses .eval().
+        if not spec.endswith(".pt2"):
+            module.eval()
+        for parameter in module.parameters():
+            parameter.requires_grad_(False)
+        if channels_last:
+            module = module.to(memory_format=torch.channels_last)
+    if spec.endswith(".pt2"):
+        _check_batch_sizes(spec, module, input_spec)
+    return LoadedModel(spec, module, input_spec, channels_last)
+
+
+def _declared_input(module: object) -> InputSpec | None:
+    declared = getattr(module, "packrat_input", None)
+    if declared is None:
+        return None
+    if isinstance(declared, InputSpec):
+        return declared
+    if isinstance(declared, str):
+        return InputSpec.parse(declared)
+    dtype, shape = declared
+    return InputSpec(str(dtype), tuple(int(d) for d in shape))
+
+
+def _load_exported(spec: str) -> tuple[nn.Module, InputSpec | None]:
+    path = Path(spec)
+    if not path.is_file():
+        raise ModelSpecError(f"model file {spec} does not exist")
+    try:
+        program = torch.export.load(str(path))
+    except Exception as exc:
+        raise ModelSpecError(f"{spec} is not a torch.export program (torch.export.save): {exc}") from exc
+    input_spec = None
+    placeholders = [node for node in program.graph.nodes if node.op == "placeholder"]
+    user_inputs = [n for n in placeholders if n.name in program.graph_signature.user_inputs]
+    if user_inputs and "val" in user_inputs[0].meta:
+        value = user_inputs[0].meta["val"]
+        if value.dtype in _DTYPE_NAMES and all(isinstance(d, int) for d in value.shape[1:]):
+            input_spec = InputSpec(_DTYPE_NAMES[value.dtype], tuple(int(d) for d in value.shape[1:]))
+    return program.module(), input_spec
+
+
+def _check_batch_sizes(spec: str, module: nn.Module, input_spec: InputSpec) -> None:
+    """Run batch sizes 1 and 2 once, so a fixed-batch export is refused here rather than in every worker.
+
+    torch.export fixes the batch size unless dynamic_shapes says otherwise; such a program fails a guard
+    on any other batch, and workers forked from it would die on their first request, over and over.
+    """
+    placeholders = [n.name for n in module.graph.nodes if n.op == "placeholder"] if hasattr(module, "graph") else []
+    name = placeholders[0] if placeholders else "x"
+    dtype = getattr(torch, input_spec.dtype)
+    for batch in (1, 2):
+        try:
+            with torch.no_grad():
+                module(torch.zeros((batch, *input_spec.shape), dtype=dtype))
+        except Exception as exc:
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelSpecError(
+                f"{spec} does not run on batch size {batch} ({first_line}); Packrat batches requests, so export "
+                f"with a dynamic batch: torch.export.export(model, (example,), "
+                f'dynamic_shapes={{"{name}": {{0: torch.export.Dim("batch")}}}})'
+            ) from exc
+
+
+def _load_torchscript(spec: str) -> tuple[nn.Module, InputSpec | None]:
+    path = Path(spec)
+    if not path.is_file():
+        raise ModelSpecError(f"model file {spec} does not exist")
+    try:
+        module = torch.jit.load(str(path), map_location="cpu")
+    except Exception as exc:
+        raise ModelSpecError(f"{spec} is not a TorchScript file (torch.jit.save): {exc}") from exc
+    return module, None
+
+
+def _load_function(spec: str) -> tuple[nn.Module, InputSpec | None]:
+    module_name, _, function_name = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), function_name)
+    except (ImportError, AttributeError) as exc:
+        raise ModelSpecError(
+            f"cannot import {spec}: {exc}; the module is looked up on the daemon's import path (sys.path, the "
+            f"current directory and PYTHONPATH): run from the module's directory or set PYTHONPATH=DIR"
+        ) from exc
+    module = factory()
+    if not isinstance(module, nn.Module):
+        raise ModelSpecError(f"{spec} returned {type(module).__name__}, not a torch.nn.Module")
+    return module, _declared_input(module)

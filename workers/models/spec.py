@@ -1,0 +1,160 @@
+"""What a model takes and what a runtime needs, known without importing torch or any runtime.
+
+The daemon imports this module (to make sample inputs for its measurements and to list the installed
+runtimes), and the daemon must stay light: numpy is the only third-party package imported here.
+The workers use the same definitions, so the daemon and a worker can never disagree on a sample
+input or on whether a runtime can start.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from packrat_daemon.wire.errors import ConfigError, ModelSpecError
+
+# The element types a model may declare (the wire protocol's dtypes; bfloat16 travels as its raw bits).
+INPUT_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+
+
+# The numeric precisions a model can be served at; "auto" lets the daemon choose among them by measurement,
+# under the accuracy guard (packrat_daemon.measure.accuracy).
+PRECISIONS = ("fp32", "bf16")
+# Served only when asked for, never by "auto": int8 is post-training quantization, whose error depends on
+# how well the calibration inputs stand for the real ones, which random samples cannot tell (docs/precision.md).
+OPT_IN_PRECISIONS = ("int8",)
+PRECISION_CHOICES = (*PRECISIONS, *OPT_IN_PRECISIONS, "auto")
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    dtype: str  # protocol dtype name, e.g. "float32", "int64"
+    shape: tuple[int, ...]  # per sample
+    high: int | None = None  # exclusive upper bound for integer inputs (token ids)
+
+    @classmethod
+    def parse(cls, text: str) -> InputSpec:
+        dtype, _, dims = text.partition(":")
+        try:
+            shape = tuple(int(d) for d in dims.split("x")) if dims else ()
+        except ValueError:
+            raise ModelSpecError(f"cannot read input {text!r}; write DTYPE:D1xD2..., e.g. float32:3x224x224") from None
+        if dtype not in INPUT_DTYPES or any(d < 1 for d in shape):
+            raise ModelSpecError(
+                f"cannot read input {text!r}; dtype must be one of {', '.join(INPUT_DTYPES)} and dims >= 1"
+            )
+        return cls(dtype, shape)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> InputSpec:
+        return cls(data["dtype"], tuple(data["shape"]), data.get("high"))
+
+    def to_json(self) -> dict[str, object]:
+        return {"dtype": self.dtype, "shape": list(self.shape), "high": self.high}
+
+
+def sample_input(spec: InputSpec, batch: int, seed: int = 0) -> np.ndarray:
+    """A random batch that matches the model's declared input (for warm-up and measurements).
+
+    The values do not change a dense model's compute time; a fixed seed makes them reproducible.
+    """
+    rng = np.random.default_rng(seed)
+    shape = (batch, *spec.shape)
+    if spec.dtype == "bfloat16":
+        # numpy has no bfloat16: the protocol carries its raw bits as uint16 (the top half of a float32).
+        return (rng.standard_normal(shape, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    if spec.dtype.startswith("float"):
+        return rng.standard_normal(shape, dtype=np.float32).astype(spec.dtype)
+    if spec.dtype == "bool":
+        return rng.integers(0, 2, shape).astype(bool)
+    high = spec.high or 100
+    return rng.integers(0, high, shape).astype(spec.dtype)
+
+
+@dataclass(frozen=True)
+class RuntimeRequirements:
+    packages: tuple[str, ...]  # every package the runtime imports; the first one missing is named in the error
+    extra: str | None = None  # the pyproject extra that installs them (None: a core dependency)
+    emulated: bool = False  # computes nothing (a measuring instrument): never a candidate of --runtime auto
+
+    @property
+    def install(self) -> str:
+        return f"pip install -e '.[{self.extra}]'" if self.extra else "pip install -e ."
+
+
+EMULATED = "emulated"
+
+# Torch first: it is always installed, and `available_runtimes` keeps this order.
+RUNTIME_REQUIREMENTS: dict[str, RuntimeRequirements] = {
+    "torch": RuntimeRequirements(("torch",)),
+    # The model is exported to ONNX (onnx, onnxscript) before either runtime can load it.
+    "onnxruntime": RuntimeRequirements(("onnxruntime", "onnx", "onnxscript"), "onnx"),
+    "openvino": RuntimeRequirements(("openvino", "onnx", "onnxscript"), "openvino"),
+    # Workers that wait the profile's latencies instead of computing (workers.runtimes.emulated): needs nothing.
+    EMULATED: RuntimeRequirements((), emulated=True),
+}
+
+
+# The precisions each runtime can run (fp32 everywhere). ONNX Runtime's CPU provider runs a float32 model
+# in float32 on x86: its bfloat16 fast-math GEMM is for Arm only, so it has no path to the matrix units.
+# int8 is NNCF's post-training quantization of the OpenVINO model (workers.models.quantize), so OpenVINO only.
+RUNTIME_PRECISIONS: dict[str, tuple[str, ...]] = {"torch": ("fp32", "bf16"), "openvino": ("fp32", "bf16", "int8")}
+PRECISION_REFUSALS: dict[str, str] = {
+    "onnxruntime": "ONNX Runtime's CPU provider runs float32 models in float32 on x86 (its bfloat16 GEMM is "
+    "for Arm only), so it cannot use the matrix units; serve bf16 with --runtime torch or openvino",
+}
+INT8_REFUSAL = (
+    "int8 is served by --runtime openvino, quantized with NNCF on your --calibration inputs "
+    "(pip install -e '.[openvino]')"
+)
+
+
+def runtime_precisions(runtime: str) -> tuple[str, ...]:
+    """The precisions `runtime` can serve at (a runtime not in the table serves fp32 only)."""
+    return RUNTIME_PRECISIONS.get(runtime, ("fp32",))
+
+
+def check_precision(runtime: str, precision: str) -> None:
+    """Raise ConfigError, saying what to do, unless `runtime` can serve at `precision`."""
+    if precision not in (*PRECISIONS, *OPT_IN_PRECISIONS):
+        raise ConfigError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISION_CHOICES)}")
+    if precision not in runtime_precisions(runtime):
+        why = INT8_REFUSAL if precision == "int8" else PRECISION_REFUSALS.get(runtime)
+        why = why or f"runtime {runtime} serves {', '.join(runtime_precisions(runtime))}"
+        raise ConfigError(f"runtime {runtime} cannot serve {precision}: {why}; or serve --precision fp32")
+
+
+def installed(package: str) -> bool:
+    """Whether `package` can be imported, without importing it."""
+    # find_spec instead of import: importing onnxruntime, openvino or NNCF starts threads or loads torch, and
+    # this runs in the template before it forks and in the daemon, which has no use for them.
+    # sys.modules[name] = None (how tests hide a package) counts as missing.
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def missing_package(runtime: str) -> str | None:
+    """The first package `runtime` needs that is not installed; None when it can start."""
+    return next((package for package in RUNTIME_REQUIREMENTS[runtime].packages if not installed(package)), None)
+
+
+def available_runtimes() -> list[str]:
+    """The runtimes that compute and whose packages are all installed, torch first."""
+    return [
+        name for name, needs in RUNTIME_REQUIREMENTS.items() if not needs.emulated and missing_package(name) is None
+    ]
+
+
+def check_runtime(name: str) -> None:
+    """Raise ConfigError, saying what to install, unless runtime `name` exists and its packages are installed."""
+    requirements = RUNTIME_REQUIREMENTS.get(name)
+    if requirements is None:
+        raise ConfigError(f"unknown runtime {name!r}; available: {', '.join(RUNTIME_REQUIREMENTS)}")
+    missing = missing_package(name)
+    if missing is not None:
+        raise ConfigError(f"runtime {name} needs the {missing} package: {requirements.install}")
