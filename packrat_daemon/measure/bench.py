@@ -214,7 +214,7 @@ class Bench:
             self._job += 1
             inputs = self._input(size)
             header = {"job": self._job, "dtype": inputs.dtype.name, "shape": list(inputs.shape)}
-            if not self.pool.run(worker, header, [memoryview(inputs).cast("B")]):
+            if not self.pool.run(worker, header, [inputs.data.cast("B")]):
                 raise MeasurementError(f"worker {worker.id} is gone")
             jobs[self._job] = index
         compute = [0.0] * len(sizes)

@@ -96,9 +96,8 @@ def fill_rows(grid: Grid, measured: Mapping[CellKey, float], estimate: Mapping[C
             ceiling[j] = min(ceiling[j + 1], value)
         running = 0.0
         for j, b in enumerate(batches):
-            value = measured.get((t, b))
-            if value is None:
-                value = max(running, min(estimate[(t, b)], ceiling[j + 1]))
+            found = measured.get((t, b))
+            value = max(running, min(estimate[(t, b)], ceiling[j + 1])) if found is None else found
             table[(t, b)] = value
             running = max(running, value)
     return table

@@ -158,8 +158,8 @@ class Profile:
             cell = Cell(latency, samples, p90)
             row_runtime = record.get("runtime") or meta.get("runtime", "")
             table = by_runtime.setdefault((row_runtime, record.get("precision") or DEFAULT_PRECISION), {})
-            key = (threads, batch)
-            table[key] = table[key].merged(cell) if key in table else cell
+            cell_key = (threads, batch)
+            table[cell_key] = table[cell_key].merged(cell) if cell_key in table else cell
         if header is None:
             raise ProfileError(f"{source}: empty profile; expected a header {','.join(REQUIRED_COLUMNS)}")
         if not by_runtime:
