@@ -1,4 +1,4 @@
-"""The dispatcher over a recording sender: exact splits, zero-copy row frames, gathering, re-routing."""
+"""The dispatcher over a recording sender: zero-copy row frames, gathering, re-routing, deadlines, hedging."""
 
 from __future__ import annotations
 
@@ -86,16 +86,6 @@ def test_no_worker_left_abandons_the_batch() -> None:
     assert dispatcher.abandon() == batch and not dispatcher.busy
 
 
-def test_splitter_falls_back_to_threads_when_the_profile_cannot_answer() -> None:
-    def rows(splitter: Splitter, pool: list[WorkerHandle], batch: int) -> list[tuple[int, int]]:
-        return [(worker.id, rows) for worker, rows in splitter.choose(pool, batch)]
-
-    assert rows(Splitter(None, "exact"), workers(2, 1, 1), 8) == [(1, 4), (2, 2), (3, 2)]
-    assert rows(Splitter(None, "even"), workers(2, 2), 5) == [(1, 3), (2, 2)]
-    profile = Profile.from_latencies({(1, 1): 1.0})
-    assert rows(Splitter(profile, "exact"), workers(1, 1), 5) == [(1, 3), (2, 2)]  # the profile carries only 2
-
-
 class Payload(bytearray):
     """A request buffer that can be watched with a weak reference."""
 
@@ -129,44 +119,6 @@ def test_a_finished_or_abandoned_batch_frees_its_input_buffers_without_the_garba
             assert watch() is None, "the batch's input buffer outlived the batch"
     finally:
         gc.enable()
-
-
-def spare_layout_pool() -> tuple[list[WorkerHandle], list[list[tuple[int, tuple[int, ...]]]]]:
-    """One 2-thread worker on cores 0-1 and two 1-thread workers on the same cores: two layouts."""
-    pool = [
-        WorkerHandle(1, 2, (0, 1), 1, WorkerState.READY),
-        WorkerHandle(2, 1, (0,), 1, WorkerState.READY),
-        WorkerHandle(3, 1, (1,), 1, WorkerState.READY),
-    ]
-    return pool, [[(2, (0, 1))], [(1, (0,)), (1, (1,))]]
-
-
-def test_a_batch_stays_on_one_worker_unless_a_split_clears_the_margin() -> None:
-    # Batch 16: two 1-thread workers of 8 each (970 ms) are 3% faster than the 2-thread worker (1000 ms).
-    profile = Profile.from_latencies({(1, 8): 970.0, (1, 16): 1940.0, (2, 8): 500.0, (2, 16): 1000.0})
-    pool, layouts = spare_layout_pool()
-    chosen = Splitter(profile, "exact", layouts, min_split_gain=0.05).choose(pool, 16)
-    assert [(worker.id, rows) for worker, rows in chosen] == [(1, 16)]
-    chosen = Splitter(profile, "exact", layouts, min_split_gain=0.0).choose(pool, 16)
-    assert [(worker.id, rows) for worker, rows in chosen] == [(2, 8), (3, 8)]
-
-
-def test_a_split_that_clears_the_margin_is_taken() -> None:
-    profile = Profile.from_latencies({(1, 8): 800.0, (1, 16): 1600.0, (2, 8): 500.0, (2, 16): 1000.0})
-    pool, layouts = spare_layout_pool()
-    chosen = Splitter(profile, "exact", layouts, min_split_gain=0.05).choose(pool, 16)
-    assert [(worker.id, rows) for worker, rows in chosen] == [(2, 8), (3, 8)]
-
-
-def test_choices_are_remembered_per_pool_list() -> None:
-    profile = Profile.from_latencies({(1, 8): 800.0, (1, 16): 1600.0, (2, 8): 500.0, (2, 16): 1000.0})
-    pool, layouts = spare_layout_pool()
-    splitter = Splitter(profile, "exact", layouts)
-    first = splitter.choose(pool, 16)
-    assert splitter.choose(pool, 16) is first
-    # A new list (the daemon builds one whenever its pool changes) is answered afresh.
-    smaller = [pool[0]]
-    assert [(worker.id, rows) for worker, rows in splitter.choose(smaller, 16)] == [(1, 16)]
 
 
 def test_a_slice_is_given_its_predicted_latency_times_the_margin_within_floor_and_timeout() -> None:
