@@ -15,6 +15,10 @@ from policies.planning.distribution import BatchDistribution
 from policies.planning.profile import Profile
 from policies.planning.topology import Topology
 
+# The main layout and up to two spares: each spare is another set of forked workers, so a plan from
+# outside a policy (a state file) with more is refused rather than forking them.
+MAX_LAYOUTS = 3
+
 
 @dataclass(frozen=True)
 class InstancePlan:
@@ -61,6 +65,29 @@ class Plan:
     def total_threads(self) -> int:
         return sum(self.thread_counts)
 
+    def misfit(self, topology: Topology, max_batch: int | None) -> str | None:
+        """Why this plan cannot run on `topology` as it is (a layout needing more cores than are usable, more
+        layouts or oversubscribed workers than any policy makes, a batch over `max_batch`), or None. A plan
+        from outside a policy (a state file) is checked so before a single worker is forked for it."""
+        if len(self.layouts) > MAX_LAYOUTS:
+            return f"it has {len(self.layouts)} layouts; a plan keeps at most {MAX_LAYOUTS} warm"
+        cores = topology.usable_cores
+        for layout in self.layouts:
+            if not layout or any(i.threads < 1 or i.batch < 1 for i in layout):
+                return "a layout has no instances, or an instance with fewer than 1 thread or input"
+            widest = max(i.threads for i in layout)
+            if self.oversubscribed:  # TorchServe's shape: one worker per logical CPU, each on every core
+                if len(layout) > topology.logical_cpus or widest > cores:
+                    return (
+                        f"its {len(layout)} oversubscribed worker(s) of up to {widest} threads exceed this "
+                        f"machine's {topology.logical_cpus} CPUs and {cores} usable cores"
+                    )
+            elif sum(i.threads for i in layout) > cores:
+                return f"a layout needs {sum(i.threads for i in layout)} cores but only {cores} are usable"
+            if max_batch is not None and max(i.batch for i in layout) > max_batch:
+                return f"an instance takes {max(i.batch for i in layout)} inputs, more than max_batch {max_batch}"
+        return None
+
     def describe(self) -> str:
         groups: dict[tuple[int, int], int] = {}
         for instance in self.instances:
@@ -94,6 +121,7 @@ class PolicySettings:
 
     plan: str | None  # --plan: the user's own pool, for the fixed policy
     min_split_gain: float  # --min-split-gain: how much faster than one instance a split must be
+    max_batch: int | None = None  # --max-batch where it is known: no instance of a user's plan may take more
 
 
 class Policy(abc.ABC):

@@ -16,7 +16,7 @@ to each batch (policies.planning.layouts says why).
 from __future__ import annotations
 
 from packrat_daemon.wire.errors import InfeasibleError, PolicyError
-from policies.base import InstancePlan, Plan, Policy, PolicySettings
+from policies.base import MAX_LAYOUTS, InstancePlan, Plan, Policy, PolicySettings
 from policies.planning.distribution import BatchDistribution
 from policies.planning.layouts import Layout, LayoutTable, best_one_instance, split_pays
 from policies.planning.profile import Profile
@@ -24,7 +24,6 @@ from policies.planning.topology import Topology
 from policies.solver import Solution, Solver
 
 CANDIDATE_BATCHES = 8  # how many of the most likely batch sizes propose a pool
-MAX_LAYOUTS = 3  # the main layout and up to two spares: each spare is another set of forked workers
 MIN_LAYOUT_GAIN = 0.01  # a spare layout must cut the expected latency by at least 1%
 MIN_SPLIT_GAIN = 0.05  # several instances must beat one by at least 5% (as adaptation's --adapt-min-gain)
 
