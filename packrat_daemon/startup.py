@@ -34,7 +34,8 @@ from policies.planning.layouts import LayoutTable
 from policies.planning.profile import Profile, profile_key
 from policies.planning.topology import Topology
 from policies.registry import policy_from_settings
-from workers.models.precision import cpu_units, template_precision
+from workers.models.calibration import template_precision
+from workers.models.precision import cpu_units
 from workers.models.spec import EMULATED, PRECISIONS, available_runtimes, check_precision, runtime_precisions
 
 log = logging.getLogger("packrat.daemon")
@@ -354,7 +355,7 @@ def read_profile(path: str, runtime: str, precision: str = "fp32") -> Profile:
 
 
 def policy_for(config: ServeConfig) -> Policy:
-    return policy_from_settings(config.policy, PolicySettings(config.plan, config.min_split_gain))
+    return policy_from_settings(config.policy, PolicySettings(config.plan, config.min_split_gain, config.max_batch))
 
 
 def distribution_for(config: ServeConfig) -> BatchDistribution:
