@@ -23,7 +23,8 @@ from packrat_daemon.wire.errors import WorkerBootError
 from workers import messages
 from workers.models.spec import InputSpec
 from workers.pinning import die_with_parent
-from workers.runtimes import Runtime, make_runtime
+from workers.runtimes import make_runtime
+from workers.runtimes.base import Runtime
 from workers.worker import WorkerConfig, run_worker
 
 # One write of at most PIPE_BUF bytes is atomic and never blocks on an empty pipe.

@@ -22,7 +22,7 @@ from workers import messages
 from workers.arena import SHARED_MIN_BYTES, Arena, Location, PeerArena
 from workers.models.spec import InputSpec, sample_input
 from workers.pinning import die_with_parent, pin_process
-from workers.runtimes import Runtime
+from workers.runtimes.base import Runtime
 
 HEARTBEAT_SECONDS = 1.0
 PREPARE_POLL_MS = 20  # how often the main loop checks whether a background re-threading is ready

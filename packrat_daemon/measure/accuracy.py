@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from packrat_daemon.wire.errors import ConfigError, PackratError
-from workers.models.precision import read_calibration
+from workers.models.calibration import read_calibration
 from workers.models.spec import InputSpec, sample_input
 from workers.models.subprocesses import run_module
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from packrat_daemon.wire.errors import ConfigError, ModelSpecError
-from workers.models.precision import read_calibration
+from workers.models.calibration import read_calibration
 from workers.models.spec import RUNTIME_REQUIREMENTS, InputSpec, installed, sample_input
 from workers.models.subprocesses import run_module
 

@@ -25,9 +25,11 @@ import numpy as np
 import torch
 
 from packrat_daemon.wire.errors import PackratError
-from workers.models.cache import ARTIFACTS
+from workers.models.cache import ARTIFACTS, ConversionError
 from workers.models.loading import LoadedModel, load_model
 from workers.models.spec import sample_input
+from workers.runtimes import make_runtime
+from workers.runtimes.base import SessionRuntime
 
 # Agreement with PyTorch, relative to the output's scale: max|out - torch| <= ATOL + RTOL * max|torch|.
 # Measured: ResNet-50 7.6e-5 on logits of magnitude ~106 (7e-7 relative), BERT-base 1.6e-6 on ~0.96.
@@ -54,8 +56,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def convert(spec: str, input_override: str | None, runtime: str, out: Path) -> dict:
-    from workers.models.cache import ConversionError
-
     model = load_model(spec, input_override)
     if model.input.dtype == "bfloat16":
         raise ConversionError(
@@ -109,10 +109,8 @@ def onnx_to_openvino(onnx_path: Path, out: Path) -> None:
 
 def check_against_torch(model: LoadedModel, runtime: str, path: Path) -> dict[str, float]:
     """Run the converted model beside PyTorch; refuse it if they disagree beyond the tolerance."""
-    from workers.models.cache import ConversionError
-    from workers.runtimes import make_runtime
-
     converted = make_runtime(runtime)
+    assert isinstance(converted, SessionRuntime), f"{runtime} converts nothing"
     converted.use_file(path, model.input)
     converted.set_threads(1)
     errors: dict[str, float] = {}

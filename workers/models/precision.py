@@ -1,4 +1,4 @@
-"""Reduced precision: whether this CPU has the units for it, calibration inputs, and the accuracy guard's runs.
+"""Reduced precision: whether this CPU has the units for it, and the accuracy guard's runs.
 
 The CPU side is torch-free (the daemon asks it for `--precision auto`). The guard's runs happen in a
 subprocess, ``python -m workers.models.precision``, because they run inference: the template that asks must
@@ -6,9 +6,7 @@ never start a thread pool before it forks, and the daemon never imports torch. T
 model twice through the same runtime, at fp32 and at the reduced precision, runs the same inputs through
 both and writes both outputs; the daemon (`packrat_daemon.measure.accuracy`) compares them and decides.
 
-int8 needs calibration inputs where it is quantized (`workers.models.quantize`, from the template's load): the
-template is told them inside its precision, `int8:FILE` (`template_precision`), as an emulated template is
-told its numbers inside its runtime, `emulated:FILE`.
+int8's calibration inputs, and how a template is told them (`int8:FILE`), are `workers.models.calibration`'s.
 """
 
 from __future__ import annotations
@@ -22,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from packrat_daemon.wire.errors import ConfigError
-from workers.models.spec import InputSpec, sample_input
+from workers.models.calibration import template_precision
+from workers.runtimes import make_runtime
 
 CPUINFO = "/proc/cpuinfo"
 
@@ -57,33 +55,6 @@ def cpu_units(precision: str, flags: frozenset[str] | None = None) -> list[str]:
     return sorted(flags & PRECISION_FLAGS.get(precision, frozenset()))
 
 
-def template_precision(precision: str, calibration: str | None) -> str:
-    """The precision as a template (or the guard's runs) is told it: int8 carries its calibration file."""
-    if precision == "int8" and calibration:
-        return f"int8:{os.path.abspath(calibration)}"
-    return precision
-
-
-def split_precision(text: str) -> tuple[str, str | None]:
-    """(precision, calibration file or None) of what `template_precision` wrote."""
-    precision, _, calibration = text.partition(":")
-    return precision, calibration or None
-
-
-def read_calibration(path: str, spec: InputSpec) -> np.ndarray:
-    """The user's calibration inputs, checked against the model's input; ConfigError saying what is wrong."""
-    try:
-        user = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read --calibration {path}: {exc}; give a .npy file (numpy.save)") from None
-    if user.ndim < 1 or tuple(user.shape[1:]) != spec.shape or len(user) == 0:
-        raise ConfigError(
-            f"--calibration {path} holds an array of shape {list(user.shape)}; the model takes "
-            f"N x {'x'.join(map(str, spec.shape))} inputs of {spec.dtype}"
-        )
-    return user.astype(sample_input(spec, 1).dtype, copy=False)
-
-
 def run_both(
     model: str,
     input_override: str | None,
@@ -94,8 +65,6 @@ def run_both(
 ) -> dict:
     """Run `inputs` through `runtime` at fp32 and at `precision`: the outputs, the runtime's own report and,
     for int8, how it was quantized."""
-    from workers.runtimes import make_runtime
-
     outputs = {}
     report: bool | None = None
     quantization: dict | None = None

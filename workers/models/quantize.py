@@ -6,9 +6,9 @@ asks for it must never start a thread pool before it forks.
 
 NNCF places int8 fake-quantize operations on the inputs of convolutions and matrix products; OpenVINO then
 runs those in int8 (VNNI or AMX where the CPU has them) and the rest of the graph at the inference precision
-hint, which Packrat sets to f32 for an int8 model (`workers.runtimes.OPENVINO_PRECISIONS`). A graph with a
-Softmax (attention) is quantized with NNCF's transformer scheme, which keeps the attention's sensitive
-operations out of int8; other graphs get NNCF's default.
+hint, which Packrat sets to f32 for an int8 model (`workers.runtimes.openvino_runtime.OPENVINO_PRECISIONS`).
+A graph with a Softmax (attention) is quantized with NNCF's transformer scheme, which keeps the attention's
+sensitive operations out of int8; other graphs get NNCF's default.
 """
 
 from __future__ import annotations

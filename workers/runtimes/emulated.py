@@ -37,8 +37,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from packrat_daemon.wire.errors import ConfigError, ModelSpecError
+from workers.models.cache import entry_dir
 from workers.models.spec import EMULATED, InputSpec, sample_input
-from workers.runtimes import Runtime
+from workers.runtimes.base import Runtime
+from workers.runtimes.torch_runtime import TorchRuntime
 
 # Slots on the busy board: more workers than any plan for 128 cores keeps warm (spare layouts included).
 BOARD_SLOTS = 4096
@@ -224,8 +226,6 @@ def learn_shapes(spec: str, input_override: str | None) -> dict[str, Any]:
     Measured once by a throwaway process that loads the model with torch and runs one sample (this
     process must stay torch-free), then read from workers.models.cache's cache folder.
     """
-    from workers.models.cache import entry_dir
-
     cached = entry_dir(spec, input_override, EMULATED) / "shapes.json"
     if cached.is_file():
         return json.loads(cached.read_text())
@@ -252,8 +252,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", required=True)
     parser.add_argument("--input")
     args = parser.parse_args(argv)
-    from workers.runtimes import TorchRuntime
-
     runtime = TorchRuntime()
     input_spec = runtime.load(args.model, args.input)
     output = runtime.run(sample_input(input_spec, 1))

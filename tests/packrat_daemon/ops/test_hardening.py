@@ -108,7 +108,7 @@ def test_a_worker_that_cannot_reach_the_daemon_fails_its_boot(tmp_path: Path) ->
         f"""
         import numpy as np
         from workers import worker
-        from workers.runtimes import Runtime
+        from workers.runtimes.base import Runtime
         from workers.models.spec import InputSpec
 
         class Identity(Runtime):

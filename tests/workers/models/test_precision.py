@@ -10,7 +10,7 @@ import pytest
 from packrat_daemon.wire.errors import ConfigError
 from workers.models.precision import cpu_flags, cpu_units, run_both
 from workers.models.spec import check_precision, runtime_precisions
-from workers.runtimes import make_runtime, openvino_config
+from workers.runtimes import make_runtime
 
 NEEDS_BF16_UNITS = pytest.mark.skipif(
     not cpu_units("bf16"), reason="this CPU has no bf16 units (neither amx_bf16 nor avx512_bf16 in /proc/cpuinfo)"
@@ -34,11 +34,6 @@ def test_onnxruntime_refuses_bf16_and_says_where_to_get_it() -> None:
     with pytest.raises(ConfigError, match="unknown precision 'fp8'"):
         check_precision("torch", "fp8")
     assert runtime_precisions("an-emulated-one") == ("fp32",)  # a runtime not in the table serves fp32
-
-
-def test_openvino_is_told_its_precision_explicitly() -> None:
-    assert openvino_config(2)["INFERENCE_PRECISION_HINT"] == "f32"  # never OpenVINO's own bf16 default
-    assert openvino_config(2, "bf16")["INFERENCE_PRECISION_HINT"] == "bf16"
 
 
 def test_torch_at_bf16_answers_float32_close_to_fp32() -> None:

@@ -11,9 +11,8 @@ import pytest
 
 from packrat_daemon.wire.errors import ConfigError
 from workers.models import cache as conversion
-from workers.models.precision import cpu_units, run_both, split_precision, template_precision
+from workers.models.precision import cpu_units, run_both
 from workers.models.spec import PRECISION_CHOICES, check_precision, runtime_precisions
-from workers.runtimes import make_runtime, openvino_config
 
 NEEDS_NNCF = pytest.mark.skipif(
     importlib.util.find_spec("nncf") is None or importlib.util.find_spec("openvino") is None,
@@ -29,22 +28,9 @@ def test_int8_is_offered_but_only_openvino_serves_it() -> None:
     check_precision("openvino", "int8")
 
 
-def test_the_template_is_told_int8_calibration_inside_its_precision(tmp_path: Path) -> None:
-    calibration = tmp_path / "mine.npy"
-    told = template_precision("int8", str(calibration))
-    assert split_precision(told) == ("int8", str(calibration.resolve()))
-    assert template_precision("int8", None) == "int8" and split_precision("int8") == ("int8", None)
-    assert template_precision("bf16", str(calibration)) == "bf16"  # only int8 is quantized on it
-    runtime = make_runtime("openvino", told) if importlib.util.find_spec("openvino") else None
-    if runtime is not None:
-        assert (runtime.precision, runtime.calibration) == ("int8", str(calibration.resolve()))
-
-
-def test_int8_units_and_openvino_hint() -> None:
+def test_int8_units() -> None:
     assert cpu_units("int8", frozenset({"avx512_vnni", "avx512f"})) == ["avx512_vnni"]
     assert cpu_units("int8", frozenset({"avx2"})) == []
-    # The operations NNCF left in float run in f32, so int8's error is the quantization's alone.
-    assert openvino_config(2, "int8")["INFERENCE_PRECISION_HINT"] == "f32"
 
 
 @NEEDS_NNCF

@@ -1,99 +1,70 @@
-"""The runtime interface on tiny models: load, re-thread, run, timed run."""
+"""The runtime registry: `make_runtime` builds each runtime by name, at a precision, or says what to install."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import sys
+from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
 
 from packrat_daemon.wire.errors import ConfigError
-from workers.models.spec import InputSpec, sample_input
-from workers.runtimes import TorchRuntime, make_runtime
-
-
-@pytest.fixture(autouse=True)
-def keep_torch_threads() -> Iterator[None]:
-    # load() makes the process single-threaded, as a template must be; give the other tests their threads back.
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture
-def mlp() -> TorchRuntime:
-    runtime = TorchRuntime()
-    runtime.load("builtin:tiny-mlp")
-    return runtime
-
-
-def direct(runtime: TorchRuntime, batch: np.ndarray) -> np.ndarray:
-    assert runtime.model is not None
-    with torch.inference_mode():
-        return runtime.model.module(torch.from_numpy(batch)).numpy()
-
-
-def test_load_returns_the_models_input_and_leaves_one_thread() -> None:
-    runtime = TorchRuntime()
-    assert runtime.load("builtin:tiny-mlp") == InputSpec("float32", (16,))
-    assert torch.get_num_threads() == 1
-
-
-def test_load_applies_the_input_override() -> None:
-    assert TorchRuntime().load("builtin:tiny-mlp", "float32:16") == InputSpec("float32", (16,))
-
-
-def test_set_threads_rethreads_in_place(mlp: TorchRuntime) -> None:
-    mlp.set_threads(2)
-    assert torch.get_num_threads() == 2
-    mlp.set_threads(1)
-    assert torch.get_num_threads() == 1
-
-
-def test_run_matches_the_modules_own_output(mlp: TorchRuntime) -> None:
-    batch = sample_input(mlp.model.input, 5)
-    out = mlp.run(batch)
-    assert isinstance(out, np.ndarray)
-    assert out.shape == (5, 4) and out.dtype == np.float32
-    np.testing.assert_array_equal(out, direct(mlp, batch))
-
-
-# runtime.py silences this warning when imported, but pytest drops filters set while it collects.
-@pytest.mark.filterwarnings("ignore:The given NumPy array is not writable")
-def test_run_accepts_read_only_input(mlp: TorchRuntime) -> None:
-    # Payloads arrive as read-only views of ZeroMQ frames.
-    batch = sample_input(mlp.model.input, 3)
-    frame = np.frombuffer(batch.tobytes(), dtype=np.float32).reshape(batch.shape)
-    assert not frame.flags.writeable
-    np.testing.assert_array_equal(mlp.run(frame), direct(mlp, batch))
-
-
-def test_run_channels_last_model_matches_the_module() -> None:
-    runtime = TorchRuntime()
-    runtime.load("builtin:tiny-cnn")
-    batch = sample_input(runtime.model.input, 2)
-    out = runtime.run(batch)
-    assert out.shape == (2, 10)
-    np.testing.assert_allclose(out, direct(runtime, batch), rtol=1e-5, atol=1e-6)
-
-
-def test_timed_run_reports_positive_milliseconds_and_the_same_output(mlp: TorchRuntime) -> None:
-    batch = sample_input(mlp.model.input, 4)
-    out, elapsed_ms = mlp.timed_run(batch)
-    assert elapsed_ms > 0
-    np.testing.assert_array_equal(out, mlp.run(batch))
-
-
-def test_run_before_load_is_refused() -> None:
-    with pytest.raises(AssertionError, match="load"):
-        TorchRuntime().run(np.zeros((1, 16), dtype=np.float32))
+from workers.models.spec import EMULATED, available_runtimes
+from workers.runtimes import RUNTIMES, make_runtime
+from workers.runtimes.emulated import EmulatedRuntime
+from workers.runtimes.onnx_runtime import OnnxRuntime
+from workers.runtimes.openvino_runtime import OpenVinoRuntime
+from workers.runtimes.torch_runtime import TorchRuntime
 
 
 def test_make_runtime_builds_the_torch_runtime() -> None:
     assert isinstance(make_runtime("torch"), TorchRuntime)
 
 
+@pytest.mark.parametrize(("name", "kind"), [("onnxruntime", OnnxRuntime), ("openvino", OpenVinoRuntime)])
+def test_make_runtime_builds_the_session_runtimes(name: str, kind: type) -> None:
+    pytest.importorskip(name)
+    runtime = make_runtime(name)
+    assert isinstance(runtime, kind) and runtime.name == name and not runtime.rethreads_in_place
+
+
+def test_every_registered_name_is_the_runtimes_own() -> None:
+    assert sorted(RUNTIMES) == sorted(["torch", "onnxruntime", "openvino", EMULATED])
+    for name, build in RUNTIMES.items():
+        assert getattr(build, "name", None) == name
+
+
+def test_an_emulated_template_is_told_its_numbers_inside_the_name(tmp_path: Path) -> None:
+    runtime = make_runtime(f"{EMULATED}:{tmp_path / 'numbers.json'}")
+    assert isinstance(runtime, EmulatedRuntime) and runtime.numbers_file == str(tmp_path / "numbers.json")
+
+
+def test_make_runtime_applies_the_precision_and_the_calibration_file(tmp_path: Path) -> None:
+    pytest.importorskip("openvino")
+    runtime = make_runtime("openvino", f"int8:{tmp_path / 'calibration.npy'}")
+    assert (runtime.precision, runtime.calibration) == ("int8", str(tmp_path / "calibration.npy"))
+    assert make_runtime("torch", "bf16").precision == "bf16"
+
+
+def test_make_runtime_refuses_a_precision_the_runtime_cannot_serve() -> None:
+    with pytest.raises(ConfigError, match="runtime torch cannot serve int8"):
+        make_runtime("torch", "int8")
+
+
 def test_make_runtime_unknown_lists_the_available_runtimes() -> None:
     with pytest.raises(ConfigError, match="unknown runtime 'onnx'; available: torch"):
         make_runtime("onnx")
+
+
+@pytest.mark.parametrize(
+    ("name", "package", "extra"), [("onnxruntime", "onnxruntime", "onnx"), ("openvino", "openvino", "openvino")]
+)
+def test_a_missing_package_gives_an_install_hint(
+    name: str, package: str, extra: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, package, None)  # what an uninstalled package looks like to find_spec
+    with pytest.raises(
+        ConfigError, match=rf"runtime {name} needs the {package} package: pip install -e '\.\[{extra}\]'"
+    ):
+        make_runtime(name)
+    assert name not in available_runtimes()
+    assert available_runtimes()[0] == "torch"

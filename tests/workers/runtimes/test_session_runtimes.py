@@ -1,5 +1,5 @@
-"""ONNX Runtime and OpenVINO behind the runtime interface: agreement with PyTorch, the conversion cache,
-re-threading by a session prepared beside the serving one, and the error when a package is missing.
+"""ONNX Runtime and OpenVINO behind the runtime interface: agreement with PyTorch, loads served from the
+conversion cache, re-threading by a session prepared beside the serving one, and inputs they refuse.
 
 Tolerance: elementwise rtol 1e-4, atol 1e-5 against PyTorch's output (float32 everywhere; OpenVINO is
 told to infer in f32, since it would pick bfloat16 on CPUs with AVX512_BF16). The converter itself
@@ -10,10 +10,9 @@ when it is not installed; conversions are made once per test session, in a priva
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,9 @@ import torch
 from packrat_daemon.wire.errors import ConfigError
 from workers.models import cache as conversion
 from workers.models.loading import load_model
-from workers.models.spec import InputSpec, available_runtimes, sample_input
-from workers.runtimes import SessionRuntime, make_runtime
+from workers.models.spec import InputSpec, sample_input
+from workers.runtimes import make_runtime
+from workers.runtimes.base import SessionRuntime
 
 RTOL, ATOL = 1e-4, 1e-5
 OPTIONAL = ["onnxruntime", "openvino"]
@@ -168,104 +168,7 @@ def _session_threads(runtime: SessionRuntime) -> int:
     return int(runtime._serving[0].get_property("INFERENCE_NUM_THREADS"))
 
 
-def test_torch_rethreads_in_place_and_its_commit_sets_the_threads() -> None:
-    runtime = make_runtime("torch")
-    assert runtime.rethreads_in_place
-    before = torch.get_num_threads()
-    try:
-        commit = runtime.prepare_threads(2)
-        assert torch.get_num_threads() == before  # nothing changes until the commit
-        commit()
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)
-
-
-# -- the cache, without real conversions ----------------------------------------------------------
-def _fake_converter(calls: list[str], delay_s: float = 0.0) -> Callable[[str, str | None, str, Path], None]:
-    def convert(spec: str, input_override: str | None, runtime: str, out: Path) -> None:
-        calls.append(spec)
-        time.sleep(delay_s)
-        out.write_text("model")
-        (out.parent / "meta.json").write_text('{"input": {"dtype": "float32", "shape": [4], "high": null}}')
-
-    return convert
-
-
-def test_concurrent_conversions_run_the_converter_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PACKRAT_CACHE_DIR", str(tmp_path))
-    calls: list[str] = []
-    monkeypatch.setattr(conversion, "run_converter", _fake_converter(calls, delay_s=0.3))
-    results: list[conversion.Converted] = []
-    workers = [
-        threading.Thread(target=lambda: results.append(conversion.ensure_converted("builtin:x", None, "onnxruntime")))
-        for _ in range(3)
-    ]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(10)
-    assert calls == ["builtin:x"]
-    assert len({r.path for r in results}) == 1 and len(results) == 3
-    assert results[0].input == InputSpec("float32", (4,))
-    # Only the entry, its lock file and nothing half-written are left.
-    assert sorted(p.name.endswith(".lock") for p in tmp_path.iterdir()) == [False, True]
-
-
-def test_a_failed_conversion_leaves_no_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PACKRAT_CACHE_DIR", str(tmp_path))
-
-    def fail(*args: object) -> None:
-        raise conversion.ConversionError("the exporter failed")
-
-    monkeypatch.setattr(conversion, "run_converter", fail)
-    with pytest.raises(conversion.ConversionError, match="exporter failed"):
-        conversion.ensure_converted("builtin:x", None, "openvino")
-    assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []
-
-
-def test_cache_key_depends_on_model_input_runtime_and_versions(monkeypatch: pytest.MonkeyPatch) -> None:
-    key = conversion.cache_key("builtin:tiny-mlp", None, "onnxruntime")
-    assert key == conversion.cache_key("builtin:tiny-mlp", None, "onnxruntime")
-    assert key != conversion.cache_key("builtin:tiny-cnn", None, "onnxruntime")
-    assert key != conversion.cache_key("builtin:tiny-mlp", "float32:16", "onnxruntime")
-    assert key != conversion.cache_key("builtin:tiny-mlp", None, "openvino")
-    monkeypatch.setattr(conversion, "_version", lambda package: "99.0" if package == "onnxruntime" else "1.0")
-    assert key != conversion.cache_key("builtin:tiny-mlp", None, "onnxruntime")
-
-
-def test_cache_key_changes_when_the_model_file_changes(tmp_path: Path) -> None:
-    path = tmp_path / "model.pt2"
-    path.write_bytes(b"one")
-    key = conversion.cache_key(str(path), None, "onnxruntime")
-    path.write_bytes(b"other bytes")
-    os.utime(path, ns=(1, 1))
-    assert key != conversion.cache_key(str(path), None, "onnxruntime")
-
-
-def test_cache_dir_follows_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PACKRAT_CACHE_DIR", str(tmp_path))
-    assert conversion.cache_dir() == tmp_path
-    monkeypatch.delenv("PACKRAT_CACHE_DIR")
-    assert conversion.cache_dir() == Path.home() / ".cache" / "packrat"
-
-
-# -- missing packages and unsupported inputs ------------------------------------------------------
-@pytest.mark.parametrize(
-    ("name", "package", "extra"), [("onnxruntime", "onnxruntime", "onnx"), ("openvino", "openvino", "openvino")]
-)
-def test_a_missing_package_gives_an_install_hint(
-    name: str, package: str, extra: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setitem(sys.modules, package, None)  # what an uninstalled package looks like to find_spec
-    with pytest.raises(
-        ConfigError, match=rf"runtime {name} needs the {package} package: pip install -e '\.\[{extra}\]'"
-    ):
-        make_runtime(name)
-    assert name not in available_runtimes()
-    assert available_runtimes()[0] == "torch"
-
-
+# -- unsupported inputs ---------------------------------------------------------------------------
 @pytest.mark.parametrize("name", OPTIONAL)
 def test_bfloat16_inputs_are_refused_with_a_clear_error(name: str, tmp_path: Path) -> None:
     pytest.importorskip(name)
