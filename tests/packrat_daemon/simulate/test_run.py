@@ -144,13 +144,6 @@ def test_the_daemons_one_loop_reads_what_has_come_before_it_starts_a_batch():
     assert result.to_json()["queue_wait_mean_ms"] == pytest.approx(7.5)
 
 
-def test_the_daemons_costs_cannot_be_negative():
-    with pytest.raises(ConfigError, match=r"hop_ms \(--hop-ms\) must be zero or more"):
-        DaemonCosts(hop_ms=-1.0)
-    with pytest.raises(ConfigError, match=r"read_ms \(--read-ms\) must be zero or more"):
-        DaemonCosts(read_ms=(0.5, -0.1))
-
-
 def test_the_looks_count_from_the_daemons_start_and_a_switch_takes_the_reconcilers_time():
     # Single inputs on a plan for batch 64: enough batches for the tuner within a second, so the first look
     # with traffic switches. The daemon looks every 5 s from its own start: 2 s up when the traffic starts,
