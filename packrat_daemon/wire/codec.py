@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from enum import StrEnum
 from typing import Any
 
 import numpy as np
 import zmq
 
-from packrat_daemon.wire.errors import PackratError
+# The error codes and the request id's type are the errors' (a ServerError carries both); imported here too, so
+# the protocol's vocabulary is all in the codec for its users.
+from packrat_daemon.wire.errors import ErrorCode, PackratError, RequestId
 
 PROTOCOL_VERSION = 1
 SUPPORTED_VERSIONS: tuple[int, ...] = (1,)
@@ -51,17 +52,6 @@ ITEMSIZE: dict[str, int] = {name: dt.itemsize for name, dt in DTYPES.items()}
 
 Frame = bytes | bytearray | memoryview | zmq.Frame
 Buffer = bytes | memoryview
-RequestId = str | int
-
-
-class ErrorCode(StrEnum):
-    BAD_REQUEST = "BAD_REQUEST"
-    UNSUPPORTED_VERSION = "UNSUPPORTED_VERSION"
-    TOO_LARGE = "TOO_LARGE"
-    OVERLOADED = "OVERLOADED"
-    TIMEOUT = "TIMEOUT"
-    SHUTTING_DOWN = "SHUTTING_DOWN"
-    INTERNAL = "INTERNAL"
 
 
 class ProtocolError(PackratError):

@@ -1,12 +1,27 @@
-"""Typed errors. Each message says what was wrong and what to do about it."""
+"""Typed errors, and the codes an error reply carries. Each message says what was wrong and what to do about it.
+
+The bottom of the wire: it imports nothing of Packrat.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from enum import StrEnum
 
-if TYPE_CHECKING:  # only for annotations: the codec's ProtocolError is itself a PackratError from here
-    from packrat_daemon.wire.codec import ErrorCode, RequestId
+# What a request is identified by on the wire (docs/protocol.md; `codec.check_request_id` says which are valid).
+RequestId = str | int
+
+
+class ErrorCode(StrEnum):
+    """The code an error reply carries; a client raises the `ServerError` subclass for it."""
+
+    BAD_REQUEST = "BAD_REQUEST"
+    UNSUPPORTED_VERSION = "UNSUPPORTED_VERSION"
+    TOO_LARGE = "TOO_LARGE"
+    OVERLOADED = "OVERLOADED"
+    TIMEOUT = "TIMEOUT"
+    SHUTTING_DOWN = "SHUTTING_DOWN"
+    INTERNAL = "INTERNAL"
 
 
 class PackratError(Exception):
