@@ -184,7 +184,7 @@ def resume(
     state.served_key = served.key
     if not served.restored:
         return served
-    plan = state.resumed_plan(served.key, policy.name, topology.usable_cores, config.max_batch)
+    plan = state.resumed_plan(served.key, policy.name, topology, config.max_batch)
     if plan is None:
         log.info("state: no saved plan fits this configuration; planning on the saved profile")
         return dataclasses.replace(served, restored=False)

@@ -13,12 +13,13 @@ It is written atomically (a temporary file, fsync, rename, fsync of the folder):
 plan change and at stop, so a SIGKILL loses at most `SAVE_INTERVAL_S` of production's learning. At start
 it is read back when the identity matches: the daemon then serves the saved plan without measuring. A
 file whose identity does not match (another model, a library upgrade, fewer cores) or that cannot be read
-is set aside, renamed with the time, and the log line says why; it never stops a start.
+is set aside, renamed with the time, and the log line says why; it never stops a start. The folder and
+its file are held to the run dir's rules, and read bounded (`state_files`); a saved plan is checked against
+this machine before a worker is forked for it.
 """
 
 from __future__ import annotations
 
-import datetime
 import functools
 import hashlib
 import importlib.metadata
@@ -34,10 +35,20 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from packrat_daemon.adapt.production import LearnedCell
 from packrat_daemon.config import ServeConfig
-from packrat_daemon.wire.errors import ConfigError, PackratError
+from packrat_daemon.ops.state_files import (
+    MAX_STATE_BYTES,
+    StateError,
+    check_folder,
+    load_json,
+    read_bounded,
+    set_aside,
+    write_atomically,
+)
+from packrat_daemon.wire.errors import PackratError
 from policies.base import InstancePlan, Plan
 from policies.planning.distribution import BatchDistribution
 from policies.planning.profile import Cell, Profile
+from policies.planning.topology import Topology
 from workers.models.spec import EMULATED
 
 if TYPE_CHECKING:
@@ -62,10 +73,6 @@ class Serving(Protocol):
     plan: Plan
     profile: Profile | None
     adaptation: OnlineAdaptation
-
-
-class StateError(ValueError):
-    """A state file that cannot be used as it is (it is set aside)."""
 
 
 def identity(
@@ -162,22 +169,25 @@ class StateKeeper:
         self.last_saved = -math.inf  # the first tick writes: a SIGKILL right after start keeps the start-up profile
         self._digest = functools.cache(_sha256)  # the model is hashed once, not once per runtime candidate
         if self.path is not None:
-            _writable(self.path.parent)
+            check_folder(self.path.parent)
             self._load()
 
     # -- start ----------------------------------------------------------------------------------
     def _load(self) -> None:
         assert self.path is not None
         try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            log.info("state: no %s yet; the profile is measured and kept there", self.path)
+            raw = read_bounded(self.path)
+        except StateError as exc:
+            self.set_aside(str(exc))
             return
         except OSError as exc:
             log.warning("state: cannot read %s (%s); measuring again", self.path, exc.strerror)
             return
+        if raw is None:
+            log.info("state: no %s yet; the profile is measured and kept there", self.path)
+            return
         try:
-            data = json.loads(raw.decode("utf-8"))
+            data = load_json(raw)
             if not isinstance(data, dict) or data.get("format") != FORMAT:
                 raise StateError(f"not a format-{FORMAT} state file")
             self.saved = {key: Entry.from_json(entry) for key, entry in data["entries"].items()}
@@ -211,24 +221,24 @@ class StateKeeper:
     def set_aside(self, why: str) -> None:
         """Rename the file out of the way (kept for a look), and say why."""
         assert self.path is not None
-        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
-        aside = self.path.with_name(f"{self.path.name}.set-aside-{stamp}")
         try:
-            os.replace(self.path, aside)
-        except OSError as exc:
-            log.warning("state: %s is not used: %s; it could not be renamed either (%s)", self.path, why, exc.strerror)
+            aside = set_aside(self.path)
+        except (OSError, PackratError) as exc:
+            log.warning("state: %s is not used: %s; it could not be renamed either (%s)", self.path, why, exc)
             return
-        log.warning("state: set %s aside as %s: %s; measuring again", self.path, aside.name, why)
+        log.warning("state: set %s aside as %s: %s; measuring again", self.path, aside, why)
 
-    def resumed_plan(self, key: str, policy: str, cores: int, max_batch: int) -> Plan | None:
-        """The plan the file says was served on `key`, if this daemon can serve it as it is."""
+    def resumed_plan(self, key: str, policy: str, topology: Topology, max_batch: int) -> Plan | None:
+        """The plan the file says was served on `key`, if this daemon can serve it as it is: re-checked against
+        this machine (a file may have been crafted, or saved under another max_batch), and why not logged."""
         resumed = self.resumed
         if resumed is None or resumed.key != key or resumed.plan is None or resumed.plan.policy != policy:
             return None
-        plan = resumed.plan
-        if (not plan.oversubscribed and plan.total_threads > cores) or max(i.batch for i in plan.instances) > max_batch:
+        why = resumed.plan.misfit(topology, max_batch)
+        if why is not None:
+            log.warning("state: the saved plan is not served here: %s", why)
             return None
-        return plan
+        return resumed.plan
 
     def record(self, key: str, entry: Entry) -> None:
         """A (runtime, precision)'s offline profile, measured or restored, to keep in every later write."""
@@ -272,8 +282,11 @@ class StateKeeper:
             },
         }
         try:
-            write_atomically(self.path, json.dumps(document, allow_nan=False).encode())
-        except (OSError, ValueError) as exc:
+            data = json.dumps(document, allow_nan=False).encode()
+            if len(data) > MAX_STATE_BYTES:  # the next start would refuse to read it
+                raise StateError(f"it would be {len(data)} bytes, more than the {MAX_STATE_BYTES} a start reads")
+            write_atomically(self.path, data)
+        except (OSError, ValueError, PackratError) as exc:  # a folder changed under the daemon: ConfigError
             log.error("state: could not write %s (%s); still serving", self.path, exc)
 
     def provenance(self, serving: Serving, now: float | None = None) -> dict[str, Any]:
@@ -303,22 +316,6 @@ class StateKeeper:
             "state_file": None if self.path is None else str(self.path),
             "saved_age_s": None if self.path is None or self.last_saved < 0 else round(now - self.last_saved, 1),
         }
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """`path` holds either its old bytes or `data`, whatever is killed when: write a temporary file, fsync
-    it, rename it over `path`, fsync the folder (so the rename itself survives a power cut)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
 
 
 def plan_from_json(data: dict[str, Any]) -> Plan:
@@ -354,20 +351,6 @@ def _resumed(served: dict[str, Any], saved_unix: float) -> Resumed:
     distribution = None if not sizes else BatchDistribution.from_counts({int(b): float(w) for b, w in sizes})
     plan = None if served.get("plan") is None else plan_from_json(served["plan"])
     return Resumed(str(served["key"]), production, distribution, plan, saved_unix)
-
-
-def _writable(folder: Path) -> None:
-    """The state folder exists (made private if new) and this user may write it: ConfigError before the model
-    loads otherwise, since a daemon that cannot keep what it learns should not find out after measuring."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError as exc:
-        raise ConfigError(
-            f"--state-dir {folder}: cannot create it ({exc.strerror}); give a folder this user can write "
-            "(under systemd, StateDirectory= makes one)"
-        ) from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ConfigError(f"--state-dir {folder}: this user cannot write it; give a folder it can write")
 
 
 def _sha256(path: str) -> str:

@@ -66,7 +66,7 @@ def test_what_was_learned_comes_back_after_a_restart(tmp_path: Path) -> None:
     keeper = StateKeeper(str(tmp_path))
     entry = keeper.restore("torch", identity(CONFIG, "torch", "fp32", 2))
     assert entry is not None and entry.profile == PROFILE and entry.estimated == {(1, 1): 0.5}
-    plan = keeper.resumed_plan("torch", "packrat", 2, 4)
+    plan = keeper.resumed_plan("torch", "packrat", TOPOLOGY, 4)
     assert plan is not None and plan.layouts == PLAN.layouts and plan.predicted_latency_ms == 1.5
     keeper.record("torch", entry)  # as start-up does with what it serves
     keeper.served_key, keeper.restored_from = "torch", str(tmp_path / STATE_FILE)
@@ -84,10 +84,12 @@ def test_what_was_learned_comes_back_after_a_restart(tmp_path: Path) -> None:
 def test_a_saved_plan_that_no_longer_fits_is_not_served(tmp_path: Path) -> None:
     saved_state(tmp_path)
     keeper = StateKeeper(str(tmp_path))
-    assert keeper.resumed_plan("torch", "single", 2, 4) is None  # another policy now
-    assert keeper.resumed_plan("torch", "packrat", 1, 4) is None  # fewer cores than the plan's threads
-    assert keeper.resumed_plan("torch", "packrat", 2, 1) is None  # max_batch shrank below an instance's batch
-    assert keeper.resumed_plan("openvino", "packrat", 2, 4) is None
+    assert keeper.resumed_plan("torch", "single", TOPOLOGY, 4) is None  # another policy now
+    assert (
+        keeper.resumed_plan("torch", "packrat", Topology.synthetic(1), 4) is None
+    )  # fewer cores than the plan's threads
+    assert keeper.resumed_plan("torch", "packrat", TOPOLOGY, 1) is None  # max_batch shrank below an instance's batch
+    assert keeper.resumed_plan("openvino", "packrat", TOPOLOGY, 4) is None
 
 
 @pytest.mark.parametrize(
