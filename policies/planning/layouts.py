@@ -16,7 +16,7 @@ from typing import NamedTuple
 from packrat_daemon.wire.errors import InfeasibleError
 from policies.planning.distribution import BatchDistribution
 from policies.planning.profile import Profile
-from policies.solver import split_batch
+from policies.split import split_batch
 
 Layout = tuple[int, ...]  # the thread counts of one layout's instances
 

@@ -18,7 +18,8 @@ from policies.planning.profile import Profile
 from policies.planning.topology import Topology
 from policies.registry import ENTRY_POINT_GROUP, available_policies, get_policy, policy_from_settings
 from policies.single import SinglePolicy
-from policies.solver import solve, split_batch
+from policies.solver import solve
+from policies.split import split_batch
 from policies.testing import PolicyContract, amdahl_profile, assert_well_formed
 from policies.torchserve import TorchServePolicy
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import pytest
@@ -11,7 +10,8 @@ from hypothesis import strategies as st
 
 from packrat_daemon.wire.errors import InfeasibleError
 from policies.planning.profile import Profile
-from policies.solver import Solver, solve, split_batch
+from policies.solver import Solver, solve
+from tests.helpers.profile_tables import tables
 
 
 def brute_force(profile: Profile, cores: int, batch: int) -> tuple[float, int, int] | None:
@@ -40,32 +40,6 @@ def brute_force(profile: Profile, cores: int, batch: int) -> tuple[float, int, i
     return best
 
 
-def brute_force_split(profile: Profile, pool: list[int], batch: int) -> tuple[float, int, int] | None:
-    ranges = [range(0, profile.max_batch(t) + 1) for t in pool]
-    best = None
-    for sizes in itertools.product(*ranges):
-        if sum(sizes) != batch:
-            continue
-        busy = [(t, b) for t, b in zip(pool, sizes, strict=True) if b]
-        key = (max(profile.lhat(t, b) for t, b in busy), len(busy), sum(t for t, _ in busy))
-        if best is None or key < best:
-            best = key
-    return best
-
-
-@st.composite
-def tables(draw: st.DrawFn) -> Profile:
-    """Small random tables: sparse batches, ties (coarse latencies), non-monotone noise."""
-    threads = draw(st.lists(st.integers(1, 4), min_size=1, max_size=4, unique=True))
-    cells = {}
-    for t in threads:
-        batches = draw(st.lists(st.integers(1, 8), min_size=1, max_size=4, unique=True))
-        for b in batches:
-            # Small integer latencies make ties common; no monotone constraint at all.
-            cells[(t, b)] = float(draw(st.integers(1, 12)))
-    return Profile.from_latencies(cells)
-
-
 def check_solution(profile: Profile, cores: int, batch: int) -> None:
     expected = brute_force(profile, cores, batch)
     if expected is None:
@@ -87,44 +61,6 @@ def check_solution(profile: Profile, cores: int, batch: int) -> None:
 @given(profile=tables(), cores=st.integers(1, 5), batch=st.integers(1, 10))
 def test_solver_matches_brute_force(profile: Profile, cores: int, batch: int) -> None:
     check_solution(profile, cores, batch)
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    profile=tables(),
-    pool=st.lists(st.integers(1, 4), min_size=1, max_size=4),
-    batch=st.integers(1, 12),
-)
-def test_split_matches_brute_force(profile: Profile, pool: list[int], batch: int) -> None:
-    expected = brute_force_split(profile, pool, batch)
-    if expected is None:
-        with pytest.raises(InfeasibleError):
-            split_batch(profile, pool, batch)
-        return
-    latency, sizes = split_batch(profile, pool, batch)
-    assert sum(sizes) == batch and len(sizes) == len(pool)
-    busy = [(t, b) for t, b in zip(pool, sizes, strict=True) if b]
-    assert all(b <= profile.max_batch(t) for t, b in busy)
-    actual = max(profile.lhat(t, b) for t, b in busy)
-    assert actual == latency
-    assert (actual, len(busy), sum(t for t, _ in busy)) == expected
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    profile=tables(),
-    pool=st.lists(st.integers(1, 4), min_size=1, max_size=6),
-    batch=st.integers(1, 12),
-)
-def test_split_keeps_the_earliest_of_interchangeable_instances_busy(profile: Profile, pool: list[int], batch: int):
-    # Ties go to earlier instances in pool order: of the instances with one thread count, those busy come first.
-    try:
-        _, sizes = split_batch(profile, pool, batch)
-    except InfeasibleError:
-        return
-    for threads in set(pool):
-        busy = [sizes[k] > 0 for k, t in enumerate(pool) if t == threads]
-        assert busy == sorted(busy, reverse=True)
 
 
 def amdahl(threads: int, batch: int, serial: float = 0.1, per_input: float = 10.0, fixed: float = 2.0) -> float:
@@ -180,13 +116,3 @@ def test_amdahl_table_at_scale_splits_across_many_instances() -> None:
     assert len(solution.instances) > 1
     assert sum(b for _, b in solution.instances) == 64
     assert math.isclose(solution.latency_ms, max(profile.lhat(t, b) for t, b in solution.instances))
-
-
-def test_split_leaves_slow_instance_idle_and_balances() -> None:
-    profile = Profile.from_latencies({(1, 1): 10.0, (1, 2): 20.0, (1, 4): 40.0, (2, 4): 15.0, (2, 8): 44.0})
-    latency, sizes = split_batch(profile, [2, 1, 1], 4)
-    assert latency == 15.0 and sizes == [4, 0, 0]
-    latency, sizes = split_batch(profile, [2, 1, 1], 6)
-    assert latency == 15.0 and sizes == [4, 1, 1]
-    latency, sizes = split_batch(profile, [1, 1], 3)
-    assert latency == 20.0 and sorted(sizes) == [1, 2]
