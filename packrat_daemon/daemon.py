@@ -20,6 +20,7 @@ from types import FrameType
 
 import zmq
 
+from packrat_daemon import reload
 from packrat_daemon.adapt.online import OnlineAdaptation
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.control.server import Control, control_endpoint
@@ -223,7 +224,8 @@ class Daemon:
         return Splitter(profile, plan.split, self.reconciler.layouts, plan.oversubscribed, self.config.min_split_gain)
 
     def _reload(self) -> None:
-        """SIGHUP: re-read the configuration and profile, re-plan; if that fails, keep serving as before."""
+        """SIGHUP: re-read the configuration and profile, re-plan, apply the live settings (packrat_daemon.reload);
+        if the new configuration cannot be planned, keep serving as before."""
         sd_notify(reloading())
         try:
             fresh = self.reload_config() if self.reload_config else self.config
@@ -232,8 +234,9 @@ class Daemon:
             log.error("reload failed, still serving the current plan: %s", exc)
             sd_notify(READY)
             return
-        self.config, self.policy, self.profile = new.config, new.policy, new.profile
-        self.batcher.configure(new.config.max_batch, new.config.max_delay_ms / 1000.0, new.config.max_queue)
+        old, self.config, self.policy, self.profile = self.config, new.config, new.policy, new.profile
+        owners = reload.Owners(self.batcher, self.dispatcher, self.watchdog, self.metrics, self.profiles)
+        reload.apply(old, new.config, owners)  # each changed live setting to the object that uses it, logged
         log.info("reload: plan %s — %s", new.plan.describe(), new.plan.reason)
         self._switch(new.plan, "reload")
         self.adaptation.retune(new.config, new.policy, new.profile)

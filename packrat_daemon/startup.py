@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from packrat_daemon import reload
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.fleet.backend import Backend, ModelInfo
 from packrat_daemon.measure import accuracy, emulation
@@ -41,14 +42,6 @@ from workers.models.spec import EMULATED, PRECISIONS, available_runtimes, check_
 log = logging.getLogger("packrat.daemon")
 
 Interrupted = Callable[[], bool]  # True once a stop signal has arrived
-
-# What a reload cannot change in a running daemon: these take a restart.
-RESTART_ONLY = (
-    "model", "input", "endpoint", "runtime", "precision", "max_rel_error", "calibration", "accuracy_top1",
-    "allocator", "run_dir", "control",
-    "server_key", "allowed_clients", "insecure_public", "emulate_cores", "emulate_interference",
-    "emulate_measure", "state_dir",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -323,20 +316,11 @@ class Replanned:
 def replan(
     running: ServeConfig, fresh: ServeConfig, runtime: str, profile: Profile | None, topology: Topology
 ) -> Replanned:
-    """SIGHUP: `fresh`, less what takes a restart, with the profile re-read and a new plan.
+    """SIGHUP: `fresh`, less what takes a restart (`reload.accept`, logged), with the profile re-read and a new plan.
 
     Raises PackratError when the new configuration cannot be planned; the caller keeps serving.
     """
-    for name in RESTART_ONLY:
-        if getattr(fresh, name) != getattr(running, name):
-            log.warning("reload: %s changed; that takes a restart, the running value stays", name)
-            setattr(fresh, name, getattr(running, name))
-    if fresh.max_batch > running.max_batch:
-        log.warning("reload: max_batch can only shrink without a restart; keeping %d", running.max_batch)
-        fresh.max_batch = running.max_batch
-    if runtime == EMULATED and fresh.profile != running.profile:
-        log.warning("reload: the emulated workers wait the profile they started with; a new one takes a restart")
-        fresh.profile = running.profile
+    reload.accept(running, fresh, runtime)
     policy = policy_for(fresh)
     if fresh.profile:
         profile = read_profile(fresh.profile, runtime, profile.precision if profile is not None else "fp32")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from packrat_daemon.commands.options import add_settings, argument_type, positive_int
-from packrat_daemon.config import FRACTION
+from packrat_daemon.settings import FRACTION
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

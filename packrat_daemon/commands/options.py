@@ -7,7 +7,8 @@ import copy
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from packrat_daemon.config import BY_NAME, POSITIVE_INT, SETTINGS, SIZES, SWITCH, Kind
+from packrat_daemon.config import BY_NAME, SETTINGS
+from packrat_daemon.settings import POSITIVE_INT, SIZES, SWITCH, Kind
 
 
 def argument_type(kind: Kind) -> Callable[[str], Any]:

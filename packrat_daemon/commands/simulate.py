@@ -11,7 +11,8 @@ import time
 from typing import Any
 
 from packrat_daemon.commands.options import add_poisson_count, add_settings, argument_type, positive_int
-from packrat_daemon.config import BY_NAME, SIZES, ServeConfig
+from packrat_daemon.config import BY_NAME, ServeConfig
+from packrat_daemon.settings import SIZES
 from packrat_daemon.wire.errors import ConfigError
 
 # The serve settings that change what the simulated daemon does; the rest (sockets, workers, logging)

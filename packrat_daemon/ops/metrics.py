@@ -255,6 +255,26 @@ class Metrics:
                 address, port,
             )  # fmt: skip
 
+    def rebind(self, port: int, address: str) -> None:
+        """A reload: serve on `address`:`port` from now on (port 0: not at all). ConfigError when that cannot be
+        bound; the endpoint from before then serves on."""
+        old = self.server
+        before: tuple[str, int] | None = None if old is None else old.server_address[:2]
+        if old is not None and (not port or old.server_address[1] == port):  # the same port: let go of it first
+            self.close()
+            old = self.server = None
+        try:
+            if port:
+                self.serve(port, address)
+        except ConfigError:
+            self.server = old
+            if old is None and before is not None:  # the port was let go of: take it back where it was
+                self.serve(before[1], before[0])
+            raise
+        if old is not None:
+            old.shutdown()
+            old.server_close()
+
     def plan_changed(self, plan: Plan, reason: str, workers: int) -> None:
         """A new plan, served by `workers` processes (the reconciler's count: layouts may share a worker)."""
         if reason == "start" and plan.predicted_latency_ms is not None and not any(self.latency.counts):

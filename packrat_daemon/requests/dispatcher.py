@@ -105,6 +105,13 @@ class Dispatcher:
         self.next_deadline = math.inf
         self.own_times: OwnTimes | None = None  # where each slice's trip to its worker is summed, if anywhere
 
+    def set_deadlines(
+        self, job_timeout_s: float, margin: float, floor_s: float, hedge_margin: float, hedge_floor_s: float
+    ) -> None:
+        """A reload's bounds (the arguments of __init__): slices sent from now on get them, those out keep theirs."""
+        self.job_timeout_s, self.deadline_margin, self.deadline_floor_s = job_timeout_s, margin, floor_s
+        self.hedge_margin, self.hedge_floor_s = hedge_margin, hedge_floor_s
+
     @property
     def busy(self) -> bool:
         return self.batch is not None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -9,7 +11,8 @@ import pytest
 
 from packrat_daemon.cli import build_parser
 from packrat_daemon.commands.serve import config_loader
-from packrat_daemon.config import MIN_ADAPT_GAIN, SETTINGS, SWITCH, ServeConfig, markdown
+from packrat_daemon.config import MIN_ADAPT_GAIN, RESTART_ONLY, SETTINGS, ServeConfig
+from packrat_daemon.settings import SWITCH, TEXT, Setting, markdown, restart_sentence
 from packrat_daemon.wire.errors import ConfigError
 from policies.packrat import MIN_SPLIT_GAIN
 
@@ -27,6 +30,7 @@ SAMPLE: dict[str, Any] = {
     "calibration": "calibration.npy",
     "accuracy_top1": "off",
     "allocator": "jemalloc",
+    "emulate_measure": True,
     "endpoint": "ipc:///tmp/packrat-test.ipc",
     "server_key": "server.key_secret",
     "allowed_clients": "clients",
@@ -45,7 +49,6 @@ SAMPLE: dict[str, Any] = {
     "split_check_rounds": 0,
     "profile_budget": "300s",
     "state_dir": "/var/lib/packrat/test",
-    "emulate_measure": True,
     "adapt": False,
     "adapt_interval_s": 2.0,
     "adapt_min_batches": 7,
@@ -203,8 +206,34 @@ def test_help_lists_every_setting(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_docs_match_the_table() -> None:
     written = (REPO / "docs" / "configuration.md").read_text()
-    assert written == markdown(), "regenerate: python -m packrat_daemon.config > docs/configuration.md"
+    assert written == markdown(SETTINGS), "regenerate: python -m packrat_daemon.config > docs/configuration.md"
     assert all(f"`{setting.name}`" in written for setting in SETTINGS)
+
+
+def test_one_declaration_gives_the_restart_list_the_docs_and_the_readme() -> None:
+    assert tuple(s.name for s in SETTINGS if s.reload == "restart") == RESTART_ONLY
+    assert {"model", "endpoint", "split_check_rounds"} <= set(RESTART_ONLY) and "max_delay_ms" not in RESTART_ONLY
+    sentence = restart_sentence(SETTINGS)
+    named = {s.name for s in SETTINGS if f"`{s.name}`" in sentence}
+    assert named == set(RESTART_ONLY) | {"max_batch", "profile"}  # the two live ones with a limit, in its note
+    flat = " ".join(sentence.split())
+    assert flat in " ".join(markdown(SETTINGS).split())
+    readme = " ".join((REPO / "README.md").read_text().split())  # the README wraps it at its own width
+    assert flat in readme, "README.md: quote `python -m packrat_daemon.config --restart-sentence`"
+    printed = subprocess.run(
+        [sys.executable, "-m", "packrat_daemon.config", "--restart-sentence"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert printed.stdout == sentence + "\n"
+
+
+def test_a_setting_must_say_what_a_reload_does_with_it() -> None:
+    with pytest.raises(TypeError, match="reload"):
+        Setting("x", TEXT, "", "help")  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="reload must be one of live, restart"):
+        Setting("x", TEXT, "", "help", reload="later")  # type: ignore[arg-type]
 
 
 def test_gain_defaults_have_one_home_each() -> None:
