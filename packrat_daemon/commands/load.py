@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from packrat_daemon.commands.options import add_client_options, add_poisson_count, positive_int
+from packrat_daemon.commands.options import add_client_options, add_command, add_poisson_count, positive_int
 from packrat_daemon.load.arrivals import ArrivalProcess, BatchMix, Burst, Poisson, Trace
 from packrat_daemon.wire.errors import ConfigError
 
@@ -68,10 +68,9 @@ def _rates(text: str) -> list[float]:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "load",
-        help="send traffic to a running daemon and report its latency and throughput",
-        description="Open-loop (Poisson, bursty, trace) or closed-loop traffic against a running daemon.",
+    summary = "send traffic to a running daemon and report its latency and throughput"
+    parser = add_command(
+        subparsers, "load", summary, "Open loop (Poisson, bursty, a trace) or closed loop; docs/load.md."
     )
     add_client_options(parser)
     traffic = parser.add_mutually_exclusive_group()

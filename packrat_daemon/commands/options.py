@@ -53,6 +53,14 @@ def add_settings(
             )
 
 
+def add_command(
+    subparsers: argparse._SubParsersAction, name: str, summary: str, details: str
+) -> argparse.ArgumentParser:
+    """A command's parser: `summary` is its line in `packrat --help`, and `packrat NAME --help` says it again,
+    as a sentence, before `details`."""
+    return subparsers.add_parser(name, help=summary, description=f"{summary[0].upper()}{summary[1:]}. {details}")
+
+
 def add_client_options(parser: argparse.ArgumentParser) -> None:
     """The flags of a command that talks to a running daemon: where it serves, and its CURVE keys."""
     endpoint = BY_NAME["endpoint"].default

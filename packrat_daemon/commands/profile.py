@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from packrat_daemon.commands.options import add_settings, int_list, positive_int
+from packrat_daemon.commands.options import add_command, add_settings, int_list, positive_int
 
 if TYPE_CHECKING:
     from policies.planning.profile import Cell
@@ -14,12 +14,9 @@ if TYPE_CHECKING:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "profile",
-        help="measure a latency profile (threads × batch) of a model on this machine",
-        description="Measure each (threads, batch) cell in a pinned worker and write a profile CSV. "
-        "A reduced precision is measured for speed only: `serve` runs the accuracy guard before serving it.",
-    )
+    summary = "measure a latency profile (threads × batch) of a model on this machine"
+    details = "Each cell runs in a pinned worker. A reduced precision is timed only: `serve` runs the accuracy guard."
+    parser = add_command(subparsers, "profile", summary, details)
     add_settings(parser, ["model", "input", "runtime", "precision", "allocator"])  # as `serve` takes them
     parser.add_argument("--threads", type=int_list, help="thread counts (default: 1..usable cores)")
     parser.add_argument("--batches", type=int_list, default=[1, 2, 4, 8, 16], help="batch sizes (default 1,2,4,8,16)")

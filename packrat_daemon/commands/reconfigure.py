@@ -10,14 +10,13 @@ import argparse
 import json
 from typing import Any
 
+from packrat_daemon.commands.options import add_command
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "reconfigure",
-        help="change a running daemon's plan: a fixed plan, another policy, or back to automatic",
-        description="Ask a running daemon for a plan, through its control socket. The answer comes once the new "
-        "pool serves and says how long that took. A SIGHUP reload goes back to the configured policy.",
-    )
+    summary = "change a running daemon's plan: a fixed plan, another policy, or back to automatic"
+    details = "Through its control socket; it answers once the new pool serves. SIGHUP restores the configured policy."
+    parser = add_command(subparsers, "reconfigure", summary, details)
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--control", help="the daemon's control endpoint (its log names it at start)")
     where.add_argument("--run-dir", help="the daemon's --run-dir: its control socket is RUN_DIR/control.ipc")

@@ -12,15 +12,12 @@ import datetime
 import json
 from typing import Any
 
-from packrat_daemon.commands.options import add_client_options
+from packrat_daemon.commands.options import add_client_options, add_command
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "status",
-        help="show a running daemon's plan, workers, traffic, queue, profile and plan history",
-        description="Ask a running daemon for its live state (the protocol's `status` op, read-only).",
-    )
+    summary = "show a running daemon's plan, workers, traffic, queue, profile and plan history"
+    parser = add_command(subparsers, "status", summary, "Read-only, the protocol's `status` op; docs/status.md.")
     add_client_options(parser)
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer (default 5)")
     parser.add_argument("--json", action="store_true", help="print the whole reply as JSON")

@@ -39,6 +39,13 @@ def _positive_number(text: str, what: str) -> float:
     return value
 
 
+def _check_amount(value: float, what: str, unit: str, *, zero_allowed: bool = False) -> None:
+    """ConfigError unless `value` is a finite amount of `unit` above zero (or zero, where it is allowed)."""
+    if not ((value >= 0 if zero_allowed else value > 0) and math.isfinite(value)):
+        amount = f"zero or more {unit}" if zero_allowed else f"a positive number of {unit}"
+        raise ConfigError(f"{what} must be {amount}, got {value}")
+
+
 def _positive_int(text: str, what: str) -> int:
     try:
         value = int(text)
@@ -147,12 +154,10 @@ class Poisson:
 
     rate_rps: float
     fixed_count: bool = True
+    finite = False
 
     def __post_init__(self) -> None:
-        if not (self.rate_rps > 0 and math.isfinite(self.rate_rps)):
-            raise ConfigError(f"the arrival rate must be a positive number of requests per second, got {self.rate_rps}")
-
-    finite = False
+        _check_amount(self.rate_rps, "the arrival rate", "requests per second")
 
     @property
     def mean_rate_rps(self) -> float:
@@ -176,12 +181,10 @@ class PoissonCount:
 
     rate_rps: float
     duration_s: float
+    finite = True
 
     def __post_init__(self) -> None:
-        if not (self.duration_s > 0 and math.isfinite(self.duration_s)):
-            raise ConfigError(f"the duration must be a positive number of seconds, got {self.duration_s}")
-
-    finite = True
+        _check_amount(self.duration_s, "the duration", "seconds")
 
     @property
     def count(self) -> int:
@@ -218,16 +221,12 @@ class Burst:
     on_s: float
     off_s: float
     rate_rps: float
+    finite = False
 
     def __post_init__(self) -> None:
-        if not (self.on_s > 0 and math.isfinite(self.on_s)):
-            raise ConfigError(f"a burst's on time must be positive seconds, got {self.on_s}")
-        if not (self.off_s >= 0 and math.isfinite(self.off_s)):
-            raise ConfigError(f"a burst's off time must be zero or more seconds, got {self.off_s}")
-        if not (self.rate_rps > 0 and math.isfinite(self.rate_rps)):
-            raise ConfigError(f"a burst's rate must be a positive number of requests per second, got {self.rate_rps}")
-
-    finite = False
+        _check_amount(self.on_s, "a burst's on time", "seconds")
+        _check_amount(self.off_s, "a burst's off time", "seconds", zero_allowed=True)
+        _check_amount(self.rate_rps, "a burst's rate", "requests per second")
 
     @classmethod
     def parse(cls, text: str) -> Burst:
@@ -265,7 +264,6 @@ class Trace:
 
     rows: tuple[tuple[float, int], ...]
     source: str = "trace"
-
     finite = True
 
     def __post_init__(self) -> None:
@@ -342,8 +340,8 @@ def open_loop_schedule(
 ) -> list[tuple[float, int]]:
     """The arrivals before `duration_s` and at most `requests` of them (either or both; a trace may give
     neither), as (seconds after the start, samples) in time order."""
-    if duration_s is not None and not (duration_s > 0 and math.isfinite(duration_s)):
-        raise ConfigError(f"the duration must be a positive number of seconds, got {duration_s}")
+    if duration_s is not None:
+        _check_amount(duration_s, "the duration", "seconds")
     if requests is not None and requests < 1:
         raise ConfigError(f"the number of requests must be at least 1, got {requests}")
     if requests is not None and requests > max_requests:

@@ -196,3 +196,21 @@ def test_the_count_is_drawn_only_when_asked_and_a_request_bound_still_holds():
     assert within(Poisson(10.0, fixed_count=False), 15.0) == Poisson(10.0, fixed_count=False)
     with pytest.raises(ConfigError):
         PoissonCount(10.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: Poisson(0.0), r"the arrival rate must be a positive number of requests per second, got 0\.0"),
+        (lambda: Poisson(math.inf), r"the arrival rate must be a positive number of requests per second, got inf"),
+        (lambda: PoissonCount(5.0, -1.0), r"the duration must be a positive number of seconds, got -1\.0"),
+        (lambda: Burst(0.0, 1.0, 5.0), r"a burst's on time must be a positive number of seconds, got 0\.0"),
+        (lambda: Burst(1.0, -1.0, 5.0), r"a burst's off time must be zero or more seconds, got -1\.0"),
+        (lambda: Burst(1.0, math.nan, 5.0), r"a burst's off time must be zero or more seconds, got nan"),
+        (lambda: Burst(1.0, 0.0, math.inf), r"a burst's rate must be a positive number of requests per second"),
+    ],
+)
+def test_a_process_refuses_an_amount_out_of_range_naming_it_and_its_unit(make, match):
+    with pytest.raises(ConfigError, match=match):
+        make()
+    assert Burst(1.0, 0.0, 5.0).mean_rate_rps == 5.0  # no off time is allowed: traffic all the time

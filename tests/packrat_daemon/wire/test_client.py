@@ -15,23 +15,11 @@ import numpy as np
 import pytest
 import zmq
 
-from packrat_daemon.wire.client import (
-    AsyncClient,
-    BadRequest,
-    Client,
-    ClientClosed,
-    ClientTimeout,
-    InternalError,
-    Overloaded,
-    ServerError,
-    ServerTimeout,
-    ShuttingDown,
-    TooLarge,
-    UnsupportedVersion,
-)
+from packrat_daemon.wire import client as client_library
+from packrat_daemon.wire import errors
+from packrat_daemon.wire.client import AsyncClient, Client
 from packrat_daemon.wire.client_side import decode_reply
 from packrat_daemon.wire.codec import ErrorCode, ProtocolError
-from packrat_daemon.wire.errors import BadEndpoint
 from packrat_daemon.wire.server_side import (
     InferRequest,
     InfoRequest,
@@ -183,13 +171,13 @@ def test_info(context: zmq.Context, serve: Serve, tmp_path: Path) -> None:
 
 
 ERRORS = [
-    (ErrorCode.BAD_REQUEST, BadRequest),
-    (ErrorCode.UNSUPPORTED_VERSION, UnsupportedVersion),
-    (ErrorCode.TOO_LARGE, TooLarge),
-    (ErrorCode.OVERLOADED, Overloaded),
-    (ErrorCode.TIMEOUT, ServerTimeout),
-    (ErrorCode.SHUTTING_DOWN, ShuttingDown),
-    (ErrorCode.INTERNAL, InternalError),
+    (ErrorCode.BAD_REQUEST, errors.BadRequest),
+    (ErrorCode.UNSUPPORTED_VERSION, errors.UnsupportedVersion),
+    (ErrorCode.TOO_LARGE, errors.TooLarge),
+    (ErrorCode.OVERLOADED, errors.Overloaded),
+    (ErrorCode.TIMEOUT, errors.ServerTimeout),
+    (ErrorCode.SHUTTING_DOWN, errors.ShuttingDown),
+    (ErrorCode.INTERNAL, errors.InternalError),
 ]
 
 
@@ -199,21 +187,21 @@ def failing(code: str) -> Handler:
 
 @pytest.mark.parametrize(("code", "cls"), ERRORS)
 def test_error_replies_raise_their_class(
-    context: zmq.Context, serve: Serve, code: ErrorCode, cls: type[ServerError]
+    context: zmq.Context, serve: Serve, code: ErrorCode, cls: type[errors.ServerError]
 ) -> None:
     server = serve(failing(code))
     with Client(server.endpoint, context=context, timeout=5) as client, pytest.raises(cls) as info:
         client.infer(np.ones((2, 3), np.float32))
     assert (info.value.code, info.value.message, info.value.request_id) == (code, f"it failed with {code}", 1)
-    if cls is UnsupportedVersion:
+    if cls is errors.UnsupportedVersion:
         assert info.value.versions == (1,)  # type: ignore[attr-defined]
 
 
 def test_unknown_error_code_raises_the_base_class(context: zmq.Context, serve: Serve) -> None:
     server = serve(failing("FROM_THE_FUTURE"))
-    with Client(server.endpoint, context=context, timeout=5) as client, pytest.raises(ServerError) as info:
+    with Client(server.endpoint, context=context, timeout=5) as client, pytest.raises(errors.ServerError) as info:
         client.info()
-    assert type(info.value) is ServerError and info.value.code == "FROM_THE_FUTURE"
+    assert type(info.value) is errors.ServerError and info.value.code == "FROM_THE_FUTURE"
 
 
 def test_model_mismatch_is_a_bad_request(context: zmq.Context, serve: Serve) -> None:
@@ -224,9 +212,9 @@ def test_model_mismatch_is_a_bad_request(context: zmq.Context, serve: Serve) -> 
 
     server = serve(strict)
     with Client(server.endpoint, context=context, timeout=5) as client:
-        with pytest.raises(BadRequest, match="dtype is float64, but the model takes float32"):
+        with pytest.raises(errors.BadRequest, match="dtype is float64, but the model takes float32"):
             client.infer(np.ones((2, 3), np.float64))
-        with pytest.raises(TooLarge, match="at most 4"):
+        with pytest.raises(errors.TooLarge, match="at most 4"):
             client.infer(np.ones((5, 3), np.float32))
         assert client.infer(np.ones((4, 3), np.float32)).shape == (4, 3)
 
@@ -244,7 +232,7 @@ def test_timeout_then_success_discards_the_late_reply(context: zmq.Context, serv
 
     server = serve(late)
     with Client(server.endpoint, context=context, timeout=5) as client:
-        with pytest.raises(ClientTimeout) as info:
+        with pytest.raises(errors.ClientTimeout) as info:
             client.infer(np.ones((2, 3), np.float32), timeout=SHORT_TIMEOUT)
         assert isinstance(info.value, TimeoutError)
         np.testing.assert_array_equal(client.infer(np.ones((2, 3), np.float32)), np.full((2, 1), 7.0))
@@ -262,7 +250,7 @@ def test_endpoint_that_timed_out_is_skipped_while_others_remain(context: zmq.Con
     alive, silent = serve(filled(0.0)), serve(lambda req: [])
     with Client([alive.endpoint, silent.endpoint], context=context, timeout=5, backoff=60) as client:
         assert client.infer(np.ones((1, 3), np.float32))[0, 0] == 0.0
-        with pytest.raises(ClientTimeout, match=silent.endpoint):
+        with pytest.raises(errors.ClientTimeout, match=silent.endpoint):
             client.infer(np.ones((1, 3), np.float32), timeout=SHORT_TIMEOUT)
         served_by = [client.infer(np.ones((1, 3), np.float32))[0, 0] for _ in range(3)]
     assert served_by == [0.0, 0.0, 0.0]
@@ -273,7 +261,7 @@ def test_an_endpoint_that_is_shutting_down_is_skipped_while_others_remain(contex
     # A draining daemon answers SHUTTING_DOWN until it closes: the next requests go to the others meanwhile.
     alive, draining = serve(filled(0.0)), serve(failing(ErrorCode.SHUTTING_DOWN))
     with Client([draining.endpoint, alive.endpoint], context=context, timeout=5, backoff=60) as client:
-        with pytest.raises(ShuttingDown):
+        with pytest.raises(errors.ShuttingDown):
             client.infer(np.ones((1, 3), np.float32))
         served_by = [client.infer(np.ones((1, 3), np.float32))[0, 0] for _ in range(3)]
     assert served_by == [0.0, 0.0, 0.0]
@@ -289,7 +277,7 @@ def test_the_only_endpoint_is_used_even_in_back_off(context: zmq.Context, serve:
 
     server = serve(second_time_lucky)
     with Client(server.endpoint, context=context, timeout=5, backoff=60) as client:
-        with pytest.raises(ClientTimeout):
+        with pytest.raises(errors.ClientTimeout):
             client.info(timeout=SHORT_TIMEOUT)
         assert client.info()["model"] == "toy"
 
@@ -304,7 +292,7 @@ def test_closed_client_refuses_requests(context: zmq.Context, serve: Serve) -> N
     client = Client(serve().endpoint, context=context)
     client.close()
     client.close()
-    with pytest.raises(ClientClosed):
+    with pytest.raises(errors.ClientClosed):
         client.info()
 
 
@@ -375,7 +363,7 @@ def test_async_timeout_then_success_discards_the_late_reply(context: zmq.Context
 
     async def main() -> np.ndarray:
         async with AsyncClient(server.endpoint, context=context, timeout=5) as client:
-            with pytest.raises(ClientTimeout):
+            with pytest.raises(errors.ClientTimeout):
                 await client.infer(np.ones((2, 3), np.float32), timeout=SHORT_TIMEOUT)
             return await client.infer(np.ones((2, 3), np.float32))
 
@@ -390,7 +378,7 @@ def test_async_errors_info_and_round_robin(context: zmq.Context, serve: Serve) -
             served_by = [(await client.infer(np.ones((1, 3), np.float32)))[0, 0] for _ in range(4)]
             assert served_by == [0.0, 1.0, 0.0, 1.0]
         async with AsyncClient(overloaded.endpoint, context=context, timeout=5) as client:
-            with pytest.raises(Overloaded):
+            with pytest.raises(errors.Overloaded):
                 await client.info()
         async with AsyncClient(serve().endpoint, timeout=5) as client:  # its own (shared) context
             assert (await client.info())["max_batch"] == 4
@@ -407,9 +395,9 @@ def test_async_close_fails_waiting_calls(context: zmq.Context, serve: Serve) -> 
         while not server.received:
             await asyncio.sleep(0.01)
         await client.aclose()
-        with pytest.raises(ClientClosed):
+        with pytest.raises(errors.ClientClosed):
             await call
-        with pytest.raises(ClientClosed):
+        with pytest.raises(errors.ClientClosed):
             await client.info()
 
     asyncio.run(main())
@@ -435,7 +423,14 @@ def test_the_wire_package_does_not_import_torch() -> None:
 
 @pytest.mark.parametrize("endpoint", ["tcp://localhost", "tpc://127.0.0.1:5555", "tcp://127.0.0.1:notaport"])
 def test_an_endpoint_typo_is_a_typed_error_naming_the_endpoint(endpoint: str) -> None:
-    with pytest.raises(BadEndpoint, match="cannot connect to endpoint") as caught:
+    with pytest.raises(errors.BadEndpoint, match="cannot connect to endpoint") as caught:
         Client(endpoint)
     assert endpoint in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+def test_the_client_library_exports_every_error_a_call_can_raise() -> None:
+    # Users catch them from the library they call (packrat_daemon.client re-exports its __all__).
+    raised = {errors.ServerError, *errors.ServerError.__subclasses__(), errors.ClientTimeout, errors.ClientClosed}
+    assert len(raised) == 10 and {cls.__name__ for cls in raised} <= set(client_library.__all__)
+    assert all(getattr(client_library, cls.__name__) is cls for cls in raised)
