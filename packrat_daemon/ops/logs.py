@@ -17,7 +17,7 @@ from packrat_daemon.ops.tallies import batch_predicted_ms
 from packrat_daemon.wire.errors import ConfigError
 
 if TYPE_CHECKING:
-    from packrat_daemon.requests.dispatcher import Completed
+    from packrat_daemon.requests.jobs import Completed
 
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s packrat[%(process)d] %(levelname)s %(name)s: %(message)s"

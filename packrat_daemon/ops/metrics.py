@@ -40,7 +40,7 @@ from policies.base import Plan
 
 if TYPE_CHECKING:
     from packrat_daemon.fleet.reconciler import Reconfiguration
-    from packrat_daemon.requests.dispatcher import Completed
+    from packrat_daemon.requests.jobs import Completed
 
 log = logging.getLogger("packrat.security")
 debug = logging.getLogger("packrat.metrics")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.utils import floatToGoString
 
 if TYPE_CHECKING:
-    from packrat_daemon.requests.dispatcher import Completed
+    from packrat_daemon.requests.jobs import Completed
 
 debug = logging.getLogger("packrat.metrics")
 

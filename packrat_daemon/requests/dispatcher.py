@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -20,6 +19,7 @@ import numpy as np
 from packrat_daemon.fleet.pool import WorkerHandle
 from packrat_daemon.ops.tallies import HOP, OwnTimes
 from packrat_daemon.requests.batcher import Request
+from packrat_daemon.requests.jobs import Completed, InFlightBatch, Job
 from packrat_daemon.requests.splitter import Splitter
 from packrat_daemon.wire.codec import DTYPES
 from workers.messages import numpy_name
@@ -27,54 +27,6 @@ from workers.messages import numpy_name
 # Sends one job ({"job", "dtype", "shape"} and the input as byte views) to a worker: Pool.run, which
 # moves it through shared memory or as frames; False when the worker is gone.
 Send = Callable[[WorkerHandle, dict[str, Any], list[memoryview]], bool]
-
-
-@dataclass
-class Job:
-    id: int
-    batch: InFlightBatch
-    offset: int  # first row of the batch this job covers
-    rows: int
-    worker: WorkerHandle
-    sent_at: float
-    deadline: float  # monotonic time past which the worker is presumed hung (see Dispatcher.deadline)
-    predicted_ms: float | None  # the profile's latency for this slice; None when it has none
-    hedge_at: float = math.inf  # monotonic time past which its rows are also sent to an idle worker
-    twin: Job | None = None  # the same rows on another worker once hedged: the first answer is used
-    output: np.ndarray | None = None
-    compute_ms: float = 0.0
-
-
-@dataclass
-class InFlightBatch:
-    requests: list[Request]
-    dtype: np.dtype
-    sample_shape: tuple[int, ...]
-    started: float = field(default_factory=time.monotonic)
-    jobs: list[Job] = field(default_factory=list)
-    unanswered: int = 0  # jobs sent and not answered yet
-    deadline: float = math.inf  # the earliest of its requests' deadlines (timeout_ms bounds the whole request)
-
-    @property
-    def rows(self) -> int:
-        return sum(r.samples for r in self.requests)
-
-    def done(self) -> bool:
-        return self.unanswered == 0
-
-
-@dataclass(slots=True)  # not frozen: one is built per request answered
-class Completed:
-    request: Request
-    output: np.ndarray
-    queue_ms: float
-    compute_ms: float
-    jobs: Sequence[Job]  # the batch's slices (worker, rows, predicted and measured ms): the request log, metrics
-
-    @property
-    def instances(self) -> int:
-        """How many workers shared the batch."""
-        return len(self.jobs)
 
 
 class Dispatcher:
@@ -87,6 +39,7 @@ class Dispatcher:
         deadline_floor_s: float,
         hedge_margin: float = math.inf,
         hedge_floor_s: float = 0.0,
+        own_times: OwnTimes | None = None,
     ) -> None:
         self.send = send
         self.splitter = splitter
@@ -103,7 +56,7 @@ class Dispatcher:
         # No job's or in-flight request's deadline is earlier (it may be stale-early once a job is answered:
         # the next check then finds nothing and recomputes it). Lets the loop skip the check on most wakes.
         self.next_deadline = math.inf
-        self.own_times: OwnTimes | None = None  # where each slice's trip to its worker is summed, if anywhere
+        self.own_times = own_times  # where each slice's trip to its worker is summed, if anywhere
 
     def set_deadlines(
         self, job_timeout_s: float, margin: float, floor_s: float, hedge_margin: float, hedge_floor_s: float

@@ -1,28 +1,31 @@
-"""The simulated daemon: the daemon's own batcher, splitter, policy and online adaptation (estimator,
-production profile, tuner), driven by a virtual clock instead of sockets and workers.
+"""The simulated daemon: the daemon's own loop core, batcher, splitter, policy and online adaptation
+(estimator, production profile, tuner), driven by a virtual clock instead of sockets and workers.
 
 What is the daemon's code and what is modelled:
-- imported and run as the daemon runs them: `Batcher` (queueing, max_batch, max_delay, the bounded
-  queue), `Splitter` (which layout takes a batch, the exact per-batch split), the policy's start-up plan,
-  `OnlineAdaptation` (the live batch sizes, production timings, the tuner's hysteresis and cool-down), and
-  the reconciler's core allocation of each plan;
+- imported and run as the daemon runs them: `LoopCore` (each wake's phases in the daemon's order: expire,
+  check, dispatch, adapt), `Batcher` (queueing, max_batch, max_delay, the bounded queue), `Splitter`
+  (which layout takes a batch, the exact per-batch split), the policy's start-up plan, `OnlineAdaptation`
+  (the live batch sizes, production timings, the tuner's hysteresis and cool-down), and the reconciler's
+  core allocation of each plan;
 - modelled: each slice's compute time (`service.ServiceModel`: the emulated workers' L̂ × slow-down), and
   what the daemon itself costs (`costs.DaemonCosts`: the transport to and from the client, and the work of
   its one loop, which reads requests, starts batches and answers them one piece at a time, so a batch
   waits while the loop takes in a large request, and the reconciler's switch time), all 0 unless given;
 - as the daemon does it: the adaptation looks come every adapt_interval_s from the daemon's start, which
   is `Traffic.uptime_s` before the first request (so the same traffic can meet its first switch a whole
-  interval later).
+  interval later). The loop wakes when a request has been read, a batch answered, a batch falls due or a
+  look is due, each time once the modelled loop is free; the simulation is `LoopCore`'s `Workers`.
 One batch is in flight at a time, as in the daemon's loop.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,9 +35,10 @@ from packrat_daemon.fleet.pool import WorkerHandle, WorkerState
 from packrat_daemon.fleet.reconciler import plan_slots
 from packrat_daemon.load.arrivals import ArrivalProcess, BatchMix, within
 from packrat_daemon.load.report import Tally, summarize
+from packrat_daemon.loop import LoopCore
 from packrat_daemon.measure.emulation import Interference
 from packrat_daemon.requests.batcher import Batcher, Request, plan_latency
-from packrat_daemon.requests.dispatcher import Splitter
+from packrat_daemon.requests.splitter import Splitter
 from packrat_daemon.simulate.clock import EventLoop, VirtualClock
 from packrat_daemon.simulate.costs import DaemonCosts, LoopModel
 from packrat_daemon.simulate.service import ServiceModel
@@ -133,6 +137,7 @@ class Simulation:
         self.plan_changes: list[dict[str, Any]] = []
         self._switch(self.plan, "start")
         self.busy = False
+        self.core = LoopCore(self.batcher, self, self.adaptation, self._refuse, self._decided, self._served)
         self.tally = Tally(started=0.0)
         self.batches = self.batch_inputs = 0
         self.queue_wait_s = 0.0  # from each request's receipt by the daemon until its batch starts
@@ -161,7 +166,8 @@ class Simulation:
                 self._client_send(traffic, rng)
         # The daemon's first look comes as its loop starts, `uptime_s` before the traffic; then one every interval.
         interval_s = self.adaptation.interval_s
-        self.loop.at(-traffic.uptime_s % interval_s if interval_s > 0 else 0.0, self._adapt)
+        self.adaptation.due = -traffic.uptime_s % interval_s if interval_s > 0 else 0.0
+        self.loop.at(self.adaptation.due, self._look)
         self.loop.run(max_events)
         # As packrat load: an open loop's sending lasts at least the asked duration; a closed loop's, until
         # its clients stop (after their last answer).
@@ -219,30 +225,32 @@ class Simulation:
 
         self.loop.at(request.arrived, read)
 
-    # -- the daemon's tick, on the virtual clock -------------------------------------------------------
+    # -- the daemon's loop, on the virtual clock -------------------------------------------------------
     def _tick(self) -> None:
+        """A wake of the daemon's loop: the loop core's tick once the modelled loop is free, then the next
+        wake-up it asks for (as the daemon's poll timeout)."""
         now = self.clock.now
         if self.daemon_loop.free_at > now:
             self._wake_at(self.daemon_loop.free_at)  # the loop is still reading or answering
             return
-        if self.busy or not self.batcher.due(now):
-            due = None if self.busy else self.batcher.next_due()
-            if due is not None:
-                self._wake_at(due)
+        due = self.adaptation.due
+        looking = now >= due
+        started = time.perf_counter()
+        self.core.tick(now)
+        if looking:
+            # Real seconds, not virtual: what each look costs the daemon's loop, which the virtual clock hides.
+            self.adapt_wall_s.append(time.perf_counter() - started)
+        if self.adaptation.due != due:
+            self.loop.at(self.adaptation.due, self._look)
+        wake = self.core.next_wake()
+        if wake is not None and wake != math.inf:
+            self._wake_at(wake)
+
+    def _look(self) -> None:
+        """The wake at which a look of online adaptation falls due; after the traffic, none (the run ends)."""
+        if not self._senders and not self.busy and not self.batcher.queue:
             return
-        batch = self.batcher.take()
-        self.queue_wait_s += sum(now - request.arrived for request in batch)
-        rows = sum(request.samples for request in batch)
-        chosen = self.splitter.choose(self.workers, rows)
-        slices = [(worker.threads, part) for worker, part in chosen]
-        compute_ms = self.service.batch_ms(slices)
-        self.busy = True
-        self.batches += 1
-        self.batch_inputs += rows
-        self.adaptation.estimator.observe(rows, now)
-        _, sent = self.daemon_loop.take(now, self.costs.dispatch_ms / 1000.0)
-        done = sent + (max(compute_ms) + self.costs.hop_ms) / 1000.0
-        self.loop.at(done, lambda: self._finish(batch, slices, compute_ms))
+        self._tick()
 
     def _wake_at(self, when: float) -> None:
         """Tick again at `when`, unless an earlier tick is already due. A batch due "now" by the clock but not
@@ -252,6 +260,33 @@ class Simulation:
         if self._tick_at is None or self._tick_at <= now or when < self._tick_at:
             self._tick_at = when if when > now else now + 1e-9
             self.loop.at(self._tick_at, self._tick)
+
+    # -- the workers, as the loop core drives them (loop.Workers) -------------------------------------
+    @property
+    def serving(self) -> Sequence[WorkerHandle]:
+        return self.workers
+
+    @property
+    def next_deadline(self) -> float:
+        return math.inf  # modelled workers neither hang nor die, and simulated requests have no timeout
+
+    def check(self, now: float) -> None:
+        """Nothing to look at: the modelled workers are always ready."""
+
+    def start(self, batch: list[Request], now: float) -> None:
+        """The batch's slices as the daemon's splitter divides them, computed in the service model's time;
+        the loop starts them, and they come back after the trip to the workers."""
+        self.queue_wait_s += sum(now - request.arrived for request in batch)
+        rows = sum(request.samples for request in batch)
+        chosen = self.splitter.choose(self.workers, rows)
+        slices = [(worker.threads, part) for worker, part in chosen]
+        compute_ms = self.service.batch_ms(slices)
+        self.busy = True
+        self.batches += 1
+        self.batch_inputs += rows
+        _, sent = self.daemon_loop.take(now, self.costs.dispatch_ms / 1000.0)
+        done = sent + (max(compute_ms) + self.costs.hop_ms) / 1000.0
+        self.loop.at(done, lambda: self._finish(batch, slices, compute_ms))
 
     def _finish(self, batch: list[Request], slices: list[tuple[int, int]], compute_ms: list[float]) -> None:
         """The last slice is back: the loop answers the batch's requests one after another when it is free."""
@@ -277,19 +312,16 @@ class Simulation:
         if request.request_id is not None:
             self.loop.at(when, request.request_id)
 
-    def _adapt(self) -> None:
-        if not self._senders and not self.busy and not self.batcher.queue:
-            return  # the traffic is over: no more wake-ups, so the run ends
-        started = time.perf_counter()
-        plan = self.adaptation.propose(self.plan, self.profile, self.clock.now)
-        if plan is not None:
-            # The reconciler's switch: the old plan's workers serve until the new plan's are ready (the
-            # tuner's cool-down keeps a second decision from coming meanwhile).
-            switch_s = self.costs.switch_ms / 1000.0
-            self.loop.at(self.clock.now + switch_s, lambda: self._switch(plan, "adapt"))
-        # Real seconds, not virtual: what each look costs the daemon's loop, which the virtual clock hides.
-        self.adapt_wall_s.append(time.perf_counter() - started)
-        self.loop.at(self.adaptation.due, self._adapt)
+    def _served(self) -> tuple[Plan, Profile]:
+        return self.plan, self.profile
+
+    def _refuse(self, request: Request, code: ErrorCode, _message: str) -> None:
+        self._answered(request, code.value)
+
+    def _decided(self, plan: Plan, reason: str) -> None:
+        """The reconciler's switch: the old plan's workers serve until the new plan's are ready (the tuner's
+        cool-down keeps a second decision from coming meanwhile)."""
+        self.loop.at(self.clock.now + self.costs.switch_ms / 1000.0, lambda: self._switch(plan, reason))
 
     def _switch(self, plan: Plan, reason: str) -> None:
         """As the daemon's switch: the new plan's layouts on cores, and the splitter for them."""

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from packrat_daemon.fleet.pool import WorkerHandle
 from packrat_daemon.requests.batcher import Request
-from packrat_daemon.requests.dispatcher import Completed, InFlightBatch, Job
+from packrat_daemon.requests.jobs import Completed, InFlightBatch, Job
 from packrat_daemon.wire.client import BadRequest, Client
 from tests.helpers.daemons import REPO, running_daemon
 

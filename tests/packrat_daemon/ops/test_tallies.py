@@ -20,7 +20,7 @@ from packrat_daemon.ops.tallies import (
     layout_label,
 )
 from packrat_daemon.requests.batcher import Request
-from packrat_daemon.requests.dispatcher import Completed, InFlightBatch, Job
+from packrat_daemon.requests.jobs import Completed, InFlightBatch, Job
 
 
 def finished_batch(slices: list[tuple[int, float, float | None]]) -> list[Completed]:

@@ -1,0 +1,68 @@
+"""What the dispatcher makes of a batch: its slices on the workers (`Job`), the batch in flight, and each
+request's answer once every slice is back (`Completed`, which the frontend replies with and the metrics,
+tallies and request log read).
+
+They live apart from the dispatcher so that what reads an answer need not import what makes it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from packrat_daemon.fleet.pool import WorkerHandle
+    from packrat_daemon.requests.batcher import Request
+
+
+@dataclass
+class Job:
+    id: int
+    batch: InFlightBatch
+    offset: int  # first row of the batch this job covers
+    rows: int
+    worker: WorkerHandle
+    sent_at: float
+    deadline: float  # monotonic time past which the worker is presumed hung (see Dispatcher.deadline)
+    predicted_ms: float | None  # the profile's latency for this slice; None when it has none
+    hedge_at: float = math.inf  # monotonic time past which its rows are also sent to an idle worker
+    twin: Job | None = None  # the same rows on another worker once hedged: the first answer is used
+    output: np.ndarray | None = None
+    compute_ms: float = 0.0
+
+
+@dataclass
+class InFlightBatch:
+    requests: list[Request]
+    dtype: np.dtype
+    sample_shape: tuple[int, ...]
+    started: float = field(default_factory=time.monotonic)
+    jobs: list[Job] = field(default_factory=list)
+    unanswered: int = 0  # jobs sent and not answered yet
+    deadline: float = math.inf  # the earliest of its requests' deadlines (timeout_ms bounds the whole request)
+
+    @property
+    def rows(self) -> int:
+        return sum(r.samples for r in self.requests)
+
+    def done(self) -> bool:
+        return self.unanswered == 0
+
+
+@dataclass(slots=True)  # not frozen: one is built per request answered
+class Completed:
+    request: Request
+    output: np.ndarray
+    queue_ms: float
+    compute_ms: float
+    jobs: Sequence[Job]  # the batch's slices (worker, rows, predicted and measured ms): the request log, metrics
+
+    @property
+    def instances(self) -> int:
+        """How many workers shared the batch."""
+        return len(self.jobs)
