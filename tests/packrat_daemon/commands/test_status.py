@@ -1,13 +1,23 @@
-"""`packrat status`: its parser, and the human view of a status reply (the live daemon's is test_server's)."""
+"""`packrat status`'s human view of a status reply: the plan and why, the workers' table, traffic and queue,
+where the profile comes from, and the plan history (the reply itself is tested on a real daemon in
+control/test_server.py)."""
 
 from __future__ import annotations
 
-import argparse
+import copy
+import datetime
+import re
 from typing import Any
 
-from packrat_daemon.commands import status
+import pytest
 
-REPLY: dict[str, Any] = {
+from packrat_daemon.cli import build_parser
+from packrat_daemon.commands.status import render
+
+START = datetime.datetime(2026, 11, 30, 20, 4, 18, tzinfo=datetime.UTC).timestamp()
+
+# The reply of docs/status.md's example: a tiny model on two cores, switched by hand, then back to automatic.
+STATUS: dict[str, Any] = {
     "model": "builtin:tiny-mlp",
     "runtime": "torch",
     "precision": "fp32",
@@ -15,76 +25,181 @@ REPLY: dict[str, Any] = {
     "generation": 3,
     "plan": {
         "policy": "packrat",
-        "instances": [{"threads": 2}, {"threads": 1}],
-        "alternatives": [[{"threads": 3}]],
-        "split": "even",
-        "predicted_latency_ms": 12.345,
-        "reason": "start-up",
+        "instances": [{"threads": 2, "batch": 4}],
+        "alternatives": [],
+        "split": "exact",
+        "predicted_latency_ms": 0.0412,
+        "reason": "exact optimum for batch 4 on 2 cores",
     },
-    "planning": {"policy": "packrat", "adapting": True},
+    "planning": {"policy": "packrat", "adapting": True, "override": None},
     "workers": [
-        {"id": 0, "pid": 101, "runtime": "torch", "threads": 2, "cores": [0, 1], "state": "ready", "batches_served": 7},
         {
-            "id": 1,
-            "pid": 102,
+            "id": 4,
+            "pid": 22430,
+            "runtime": "torch",
+            "threads": 2,
+            "cores": [0, 1],
+            "state": "ready",
+            "serving": True,
+            "batches_served": 500,
+        },
+        {
+            "id": 5,
+            "pid": 22452,
             "runtime": "torch",
             "threads": 1,
-            "cores": [2],
-            "state": "ready",
+            "cores": [1],
+            "state": "parked",
             "serving": False,
-            "batches_served": 0,
+            "batches_served": 200,
         },
-    ],  # fmt: skip
-    "traffic": {"half_life_s": 30.0, "inputs_per_s": 12.5, "batches_per_s": 3.0, "batch_sizes": [[4, 0.75], [1, 0.25]]},
-    "queue": {"requests": 1, "inputs": 4, "max_inputs": 64, "batch_in_flight": True, "accepting": False},
-    "profile": {"measured_offline": 6, "estimated": 2, "learned_in_production": 1, "offline_age_s": 90.0},
+    ],
+    "traffic": {"half_life_s": 60.0, "inputs_per_s": 498.24, "batches_per_s": 124.56, "batch_sizes": [[4, 1.0]]},
+    "queue": {"requests": 0, "inputs": 0, "max_inputs": 1024, "batch_in_flight": False, "accepting": True},
+    "profile": {
+        "measured_offline": 8,
+        "offline_age_s": 4.2,
+        "estimated": 0,
+        "learned_in_production": 2,
+        "production": [
+            {"threads": 1, "batch": 2, "latency_ms": 0.1004, "weight": 399.14, "age_s": 2.0},
+            {"threads": 2, "batch": 4, "latency_ms": 0.0611, "weight": 299.1, "age_s": 1.2},
+        ],
+    },
     "history": [
         {
-            "time": 0.0,
-            "reason": "start-up",
+            "time": START,
+            "reason": "start",
             "from": None,
-            "to": "2+1",
+            "to": "packrat: 1×⟨2 threads, batch 8⟩",
             "predicted_gain": None,
-            "first_serving_s": 0.25,
-            "serving_s": 0.5,
-            "retired_s": None,
+            "first_serving_s": 0.068,
+            "serving_s": 0.068,
+            "retired_s": 0.068,
             "superseded": False,
         },
         {
-            "time": 3600.0,
-            "reason": "adapt",
-            "from": "2+1",
-            "to": "3",
-            "predicted_gain": 0.125,
-            "first_serving_s": None,
-            "serving_s": None,
-            "retired_s": None,
-            "superseded": True,
+            "time": START + 2,
+            "reason": "control: --plan 2*1x4",
+            "from": "packrat: 1×⟨2 threads, batch 8⟩",
+            "to": "fixed: 2×⟨1 thread, batch 4⟩",
+            "predicted_gain": -1.7,
+            "first_serving_s": 0.0009,
+            "serving_s": 0.0679,
+            "retired_s": 0.0679,
+            "superseded": False,
         },
-    ],  # fmt: skip
+    ],
 }
 
+EXPECTED = """\
+model builtin:tiny-mlp on torch (fp32), max batch 8
 
-def test_the_parser_says_its_summary_again_before_the_details() -> None:
-    parser = argparse.ArgumentParser()
-    subparsers = parser.add_subparsers()
-    status.add_parser(subparsers)
-    command = subparsers.choices["status"]
-    assert command.description.startswith("Show a running daemon's plan, workers, traffic, queue, profile and plan")
-    assert command.description.endswith("docs/status.md.")
-    args = parser.parse_args(["status", "--json"])
-    assert args.json and args.timeout == 5.0 and args.run is status.run
+plan (generation 3): packrat, threads per instance 2, split exact, predicted 0.0 ms
+  why: exact optimum for batch 4 on 2 cores
+  planning: policy packrat, adapting yes
+
+workers:
+  id  pid    runtime  threads  cores  state                 batches
+  4   22430  torch    2        0,1    ready                 500
+  5   22452  torch    1        1      parked (not serving)  200
+
+traffic (half-life 60 s): 498.2 inputs/s in 124.6 batches/s; batch sizes 4: 100%
+queue: 0 request(s), 0/1024 inputs, batch in flight: no
+
+profile: 8 cell(s) measured offline 4 s ago, 0 estimated by the start-up search (not served on), 2 learned in \
+production
+  production ⟨1 thread(s), batch 2⟩: 0.10 ms, weight 399.1, last seen 2 s ago
+  production ⟨2 thread(s), batch 4⟩: 0.06 ms, weight 299.1, last seen 1 s ago
+
+plan history:"""
+HISTORY_HEADER = ["time (UTC)", "reason", "from", "to", "gain", "first", "serving", "retired"]
 
 
-def test_render_shows_the_plan_the_workers_the_traffic_and_the_history() -> None:
-    text = status.render(REPLY)
-    assert text.startswith("model builtin:tiny-mlp on torch (fp32), max batch 8")
-    assert "threads per instance 2 + 1 | 3, split even, predicted 12.3 ms" in text
-    assert "planning: policy packrat, adapting yes" in text
-    assert "ready (not serving)" in text and "0,1" in text
-    assert "batch sizes 4: 75%, 1: 25%" in text
-    assert "batch in flight: yes, not accepting (draining)" in text
-    assert "6 cell(s) measured offline 90 s ago, 2 estimated" in text
-    assert "1970-01-01 01:00:00  adapt" in text and "+12.5%" in text and "superseded" in text
-    assert "250 ms" in text and "EMULATED" not in text
-    assert "EMULATED" in status.render({**REPLY, "emulation": {"label": "x"}})
+def status(**changes: Any) -> dict[str, Any]:
+    """STATUS with top-level parts replaced or, for a dict part given as a dict, updated."""
+    reply = copy.deepcopy(STATUS)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(reply.get(key), dict):
+            reply[key].update(value)
+        else:
+            reply[key] = value
+    return reply
+
+
+def history_rows(text: str) -> list[list[str]]:
+    """The plan history's table, each row split into its cells."""
+    table = text.split("plan history:\n", 1)[1]
+    return [re.split(r"\s{2,}", line.strip()) for line in table.splitlines()]
+
+
+def test_the_view_of_a_status_reply() -> None:
+    text = render(STATUS)
+    assert text.startswith(EXPECTED)
+    assert history_rows(text) == [
+        HISTORY_HEADER,
+        ["2026-11-30 20:04:18", "start", "-", "packrat: 1×⟨2 threads, batch 8⟩", "-", "68 ms", "68 ms", "68 ms"],
+        ["2026-11-30 20:04:20", "control: --plan 2*1x4", "packrat: 1×⟨2 threads, batch 8⟩",
+         "fixed: 2×⟨1 thread, batch 4⟩", "-170.0%", "1 ms", "68 ms", "68 ms"],
+    ]  # fmt: skip
+    header, *rows = text.splitlines()[-3:]
+    assert [row.rindex("68 ms") for row in rows] == [header.index("retired")] * 2, "the columns line up"
+
+
+def test_spare_layouts_an_operators_request_and_no_prediction() -> None:
+    plan = {"alternatives": [[{"threads": 1, "batch": 2}, {"threads": 1, "batch": 2}]], "predicted_latency_ms": None}
+    text = render(status(plan=plan, planning={"adapting": False, "override": "--plan 2*1x4"}))
+    assert "threads per instance 2 | 1 + 1, split exact\n" in text
+    assert "  planning: policy packrat, adapting no, operator asked --plan 2*1x4\n" in text
+
+
+def test_an_emulated_daemon_says_so_under_the_model() -> None:
+    lines = render(status(emulation={"profile": "p.csv"})).splitlines()
+    assert lines[1].startswith("EMULATED: the workers compute nothing")
+    assert "EMULATED" not in render(STATUS)
+
+
+def test_no_batches_yet_and_a_draining_queue() -> None:
+    traffic = {"batch_sizes": [], "inputs_per_s": 0.0, "batches_per_s": 0.0}
+    queue = {"requests": 3, "inputs": 7, "batch_in_flight": True, "accepting": False}
+    text = render(status(traffic=traffic, queue=queue))
+    assert "batch sizes none yet\n" in text
+    assert "queue: 3 request(s), 7/1024 inputs, batch in flight: yes, not accepting (draining)\n" in text
+    mixed = render(status(traffic={"batch_sizes": [[1, 0.25], [8, 0.75]]}))
+    assert "batch sizes 1: 25%, 8: 75%\n" in mixed
+
+
+@pytest.mark.parametrize(
+    ("age_s", "text"), [(119.4, "119 s"), (120.0, "2 min"), (7199.0, "120 min"), (9000.0, "2.5 h")]
+)
+def test_ages_read_in_seconds_minutes_or_hours(age_s: float, text: str) -> None:
+    assert f"measured offline {text} ago," in render(status(profile={"offline_age_s": age_s}))
+
+
+def test_a_profile_restored_and_kept_in_a_state_file() -> None:
+    profile = {"offline_age_s": None, "restored_from": "/var/lib/packrat/state.json",
+               "state_file": "/var/lib/packrat/state.json", "saved_age_s": 30.0, "production": []}  # fmt: skip
+    lines = render(status(profile=profile)).splitlines()
+    start = lines.index(next(line for line in lines if line.startswith("profile:")))
+    assert lines[start].startswith("profile: 8 cell(s) measured offline, 0 estimated")
+    assert lines[start + 1 : start + 3] == [
+        "  restored from /var/lib/packrat/state.json",
+        "  kept in /var/lib/packrat/state.json, saved 30 s ago",
+    ]
+
+
+def test_a_superseded_change_and_one_still_under_way() -> None:
+    history = copy.deepcopy(STATUS["history"])
+    history[1].update(superseded=True, predicted_gain=0.125)
+    history.append({**history[0], "time": START + 3, "reason": "adapt", "first_serving_s": None, "serving_s": None,
+                    "retired_s": None})  # fmt: skip
+    rows = history_rows(render(status(history=history)))
+    assert rows[2][-4:] == ["+12.5%", "1 ms", "68 ms", "superseded"]
+    assert rows[3] == ["2026-11-30 20:04:21", "adapt", "-", "packrat: 1×⟨2 threads, batch 8⟩", "-", "-", "-", "-"]
+
+
+def test_the_command_reads_its_endpoint_timeout_and_json_flag() -> None:
+    args = build_parser().parse_args(["status", "--endpoint", "ipc:///run/packrat/front.ipc"])
+    assert (args.endpoint, args.timeout, args.json) == ("ipc:///run/packrat/front.ipc", 5.0, False)
+    args = build_parser().parse_args(["status", "--endpoint", "tcp://127.0.0.1:5555", "--timeout", "1.5", "--json"])
+    assert (args.timeout, args.json) == (1.5, True)
