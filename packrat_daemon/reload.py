@@ -119,11 +119,11 @@ OWNERS: dict[str, tuple[Apply | None, tuple[str, ...]]] = {
     "dispatcher": (_dispatcher, DEADLINES),
     "watchdog": (_watchdog, ("startup_timeout_s",)),
     "metrics": (_metrics, ("metrics_port", "metrics_address")),
-    "logging": (_logging, ("log_level", "log_format")),
     "profile file": (_profiles, ("save_profile",)),
     "plan": (None, ("policy", "plan", "profile", "batches", "min_split_gain")),
     "adaptation": (None, ("adapt", "adapt_interval_s", "adapt_min_batches", "adapt_cooldown_s", "adapt_min_gain")),
     "stop": (None, ("drain_timeout_s",)),
+    "logging": (_logging, ("log_level", "log_format")),  # last: the reload's other lines in the format they began in
 }
 
 

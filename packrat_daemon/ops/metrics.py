@@ -271,9 +271,8 @@ class Metrics:
             if old is None and before is not None:  # the port was let go of: take it back where it was
                 self.serve(before[1], before[0])
             raise
-        if old is not None:
-            old.shutdown()
-            old.server_close()
+        if old is not None:  # off the loop: shutdown() waits for serve_forever's next poll, up to half a second
+            threading.Thread(target=_stop, args=(old,), name="metrics-http-stop", daemon=True).start()
 
     def plan_changed(self, plan: Plan, reason: str, workers: int) -> None:
         """A new plan, served by `workers` processes (the reconciler's count: layouts may share a worker)."""
@@ -313,8 +312,12 @@ class Metrics:
 
     def close(self) -> None:
         if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+            _stop(self.server)
+
+
+def _stop(server: ThreadingHTTPServer) -> None:
+    server.shutdown()
+    server.server_close()
 
 
 class _ProcessCollector(Collector):
