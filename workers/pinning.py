@@ -24,10 +24,21 @@ def pin_process(cores: Iterable[int]) -> None:
             continue  # the thread ended between listing and pinning
 
 
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """Ask the kernel to send `sig` to this process when its parent dies (Linux only)."""
+def die_with_parent(parent: int | None = None, sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send `sig` to this process when its parent dies (Linux only), so that no process
+    outlives the one that forked it: a worker its template, the template its daemon.
+
+    SIGKILL by default: it is the one signal a SIGSTOPped process still receives (a SIGTERM would wait,
+    pending, for a SIGCONT that never comes, and the stopped process would be left an orphan), and a process
+    whose parent is gone has nothing left to finish. `parent`: the pid expected as parent; when it is no
+    longer the parent, it died before the request took effect, and this process ends now.
+    """
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        prctl = libc.prctl
     except (OSError, AttributeError):
-        pass  # not Linux: the heartbeat check still ends orphans
+        return  # not Linux: the heartbeat's parent check still ends orphans
+    if prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(int(sig)), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)):
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed: a process could outlive its parent")
+    if parent is not None and os.getppid() != parent:
+        os.kill(os.getpid(), sig)  # the parent died between fork and prctl: the kernel will not send it

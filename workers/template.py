@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--daemon-pid", type=int, required=True)
     args = parser.parse_args(argv)
 
-    die_with_parent()
+    die_with_parent(args.daemon_pid)  # SIGKILL when the daemon dies, even while stopped
     # Ctrl-C reaches the whole process group; the daemon or profiler stops the template in order
     # (and keeps what it measured), so the template itself must not die of it first.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -68,7 +68,7 @@ def _boot(
     runtime: Runtime, input_spec: InputSpec, config: WorkerConfig, shared: SharedTensors
 ) -> tuple[zmq.Context, zmq.Socket]:
     """Pin, set the threads, warm up, connect and say READY (with where the output arena is)."""
-    die_with_parent()
+    die_with_parent(config.template_pid)  # SIGKILL when the template dies, even while stopped: no orphan
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the daemon, which stops us in order
     if runtime.pins:

@@ -3,6 +3,10 @@
 Workers and the template connect DEALER sockets to the ROUTER at ``ipc://RUN_DIR/backend.ipc`` and
 name themselves (``template``, ``w1``, ``w2``...). The daemon's loop polls this socket beside the
 frontend; the measuring bench (packrat_daemon.measure.bench) uses the same class synchronously.
+
+The template is watched on its own, not only when a message comes: `template_fd` is a pidfd of it, which
+a poll reports readable the moment it exits (a `kill -9` included), and `check_template` then raises
+TemplateLost. Every worker dies with it (workers.pinning.die_with_parent: SIGKILL, even when stopped).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import ctypes.util
 import glob
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -46,6 +51,22 @@ ALLOCATORS = {
 
 class TemplateError(PackratError):
     """The template process could not load the model or died."""
+
+
+class TemplateLost(TemplateError):
+    """The template died while serving: no worker can be (re)started, and its workers died with it. The daemon
+    stops with this error (exit status 2) so that its supervisor (systemd's Restart=on-failure) starts it
+    afresh; restarting the template in place would reload the model, which takes as long as a restart."""
+
+
+def exit_description(returncode: int) -> str:
+    """How a child process ended, from Popen's returncode: "killed by SIGKILL" or "exited with status 1"."""
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with status {returncode}"
 
 
 @dataclass(frozen=True)
@@ -97,6 +118,7 @@ class Backend:
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.bind(self.endpoint)
         self.template: subprocess.Popen[bytes] | None = None
+        self._template_fd: int | None = None
 
     # -- the template -------------------------------------------------------------------------
     def start_template(
@@ -129,12 +151,30 @@ class Backend:
         if input_override:
             command += ["--input", input_override]
         self.template = subprocess.Popen(command, env=env)
+        self._template_fd = _pidfd(self.template.pid)
+
+    @property
+    def template_fd(self) -> int | None:
+        """A file descriptor a poll reports readable (POLLIN) once the template has exited: the daemon's loop
+        polls it beside its sockets and then calls `check_template`. None before the template starts, or
+        where the kernel has no pidfd (Linux < 5.3): `check_template` on every wake is then the watch."""
+        return self._template_fd
+
+    def check_template(self) -> None:
+        """Raise TemplateLost, saying how it ended, when the template has exited; cheap (one waitpid)."""
+        template = self.template
+        if template is not None and template.poll() is not None:
+            raise TemplateLost(
+                f"the template process (pid {template.pid}) {exit_description(template.returncode)}; its workers "
+                "died with it and no worker can be started without it, so the daemon stops (a supervisor such "
+                "as systemd restarts it; see the log above for why the template ended)"
+            )
 
     def wait_template(self, timeout: float = 300.0) -> ModelInfo:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.template is not None and self.template.poll() is not None:
-                raise TemplateError(f"the template process exited with status {self.template.returncode}")
+                raise TemplateError(f"the template process {exit_description(self.template.returncode)}")
             received = self.recv(200)
             if received is None:
                 continue
@@ -199,8 +239,19 @@ class Backend:
             except subprocess.TimeoutExpired:
                 self.template.kill()
                 self.template.wait()
+        if self._template_fd is not None:
+            os.close(self._template_fd)
+            self._template_fd = None
         self.socket.close(linger=0)
         if self._own_dir:
             for leftover in self.run_dir.iterdir():
                 leftover.unlink(missing_ok=True)
             self.run_dir.rmdir()
+
+
+def _pidfd(pid: int) -> int | None:
+    """A pidfd of our child `pid` (it stays ours, unreaped, until Popen.poll reaps it: no pid reuse race)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfd here (old kernel, or a seccomp filter): polled instead
+        return None

@@ -270,3 +270,8 @@ class Pool:
     def template_alive(self) -> bool:
         template = self.backend.template
         return template is not None and template.poll() is None
+
+    def check_template(self) -> None:
+        """TemplateLost once the template this pool forks from has exited (none started yet: nothing to check)."""
+        if self.backend.template is not None:
+            self.backend.check_template()

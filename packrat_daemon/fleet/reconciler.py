@@ -153,10 +153,14 @@ class Reconciler:
     def step(self) -> None:
         """Fork what is missing; once every slot is served, retire what the plan has no slot for.
 
-        Raises WorkerBootError once MAX_BOOT_FAILURES workers in a row have failed before they were ready.
+        Raises WorkerBootError once MAX_BOOT_FAILURES workers in a row have failed before they were ready, and
+        TemplateLost once the template is gone: nothing can be forked, and its workers died with it.
         """
         if self.plan is None:
             return
+        # Every step, not only when a backend message comes: a template killed takes its workers with it, and
+        # then no message ever comes. (A loop that polls Backend.template_fd hears of it at once.)
+        self.pool.check_template()
         self._fork(self._missing())
         record = self.history[-1] if self.history else None
         # The first worker re-threaded or forked for this plan that serves (or at once: nothing had to change).
