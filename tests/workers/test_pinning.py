@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,52 @@ def test_pin_process_pins_the_openmp_pool_threads() -> None:
     masks = masks_after_pinning(setup)
     assert len(masks) >= 6, masks  # main + at least one pool thread + 4 Python threads
     assert set(masks.values()) == {"0"}, masks
+
+
+# A parent that forks a child; the child asks to die with it, then stops itself (as `kill -STOP` would).
+ORPHAN_TEMPLATE = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from workers.pinning import die_with_parent
+
+    parent = os.getpid()
+    child = os.fork()
+    if child == 0:
+        die_with_parent(parent)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(60)
+        os._exit(0)
+    print(child, flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter from /proc (R, S, T, Z...), None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def _wait_state(pid: int, wanted: set[str | None], timeout_s: float) -> str | None:
+    deadline = time.monotonic() + timeout_s
+    while (state := _state(pid)) not in wanted and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return state
+
+
+def test_a_stopped_child_dies_with_its_parent() -> None:
+    # Before: PR_SET_PDEATHSIG with SIGTERM, which a stopped process holds pending: it was left an orphan.
+    parent = subprocess.Popen([sys.executable, "-c", ORPHAN_TEMPLATE], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert _wait_state(child, {"T", "t"}, 10) in {"T", "t"}
+        parent.kill()
+        parent.wait(10)
+        assert _wait_state(child, {"Z", None}, 5) in {"Z", None}, "the stopped child outlived its parent"
+    finally:
+        parent.kill()
+        parent.wait()
