@@ -14,7 +14,7 @@ import copy
 import sys
 from collections.abc import Mapping
 from dataclasses import field, make_dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packrat_daemon.measure.accuracy import DEFAULT_MAX_REL_ERROR, TOP1_CHOICES
 from packrat_daemon.settings import (
@@ -332,6 +332,28 @@ SETTINGS: tuple[Setting, ...] = sectioned(
         "text: one line per record for people; json: one JSON object per line for log shippers",
         reload="live",
     ),
+    "Open Inference Protocol (docs/oip.md)",
+    Setting(
+        "http_port", PORT, 0, "serve KServe v2 / Triton REST on this port, beside ZeroMQ (0: off)", reload="restart"
+    ),
+    Setting("grpc_port", PORT, 0, "serve KServe v2 / Triton gRPC on this port (0: off)", reload="restart"),
+    Setting(
+        "oip_address",
+        TEXT,
+        "127.0.0.1",
+        "where REST and gRPC bind; beyond loopback only with oip_tls_cert (or insecure_public)",
+        reload="restart",
+    ),
+    Setting(
+        "oip_model_name",
+        OPTIONAL_TEXT,
+        None,
+        "the model's name in the protocol's URLs and calls",
+        unset="from the model spec: builtin:resnet50 → resnet50, /mnt/models/model.pt2 → model",
+        reload="restart",
+    ),
+    Setting("oip_tls_cert", OPTIONAL_TEXT, None, "PEM certificate: TLS for REST, gRPC", unset="none", reload="restart"),
+    Setting("oip_tls_key", OPTIONAL_TEXT, None, "PEM private key of oip_tls_cert", unset="none", reload="restart"),
 )
 BY_NAME: dict[str, Setting] = {setting.name: setting for setting in SETTINGS}
 
@@ -347,7 +369,15 @@ def _field(setting: Setting) -> tuple[str, Any, Any]:
 
 # The daemon's configuration: one attribute per setting, with the table's default (tests build it
 # directly, e.g. ServeConfig(model="builtin:tiny-mlp", max_batch=4)).
-ServeConfig = make_dataclass("ServeConfig", [_field(s) for s in SETTINGS], namespace={"__module__": __name__})
+if TYPE_CHECKING:  # a type checker cannot see make_dataclass's fields: to it, every setting is Any
+
+    class ServeConfig:
+        def __init__(self, **settings: Any) -> None: ...
+        def __getattr__(self, name: str) -> Any: ...
+        def __setattr__(self, name: str, value: Any) -> None: ...
+
+else:
+    ServeConfig = make_dataclass("ServeConfig", [_field(s) for s in SETTINGS], namespace={"__module__": __name__})
 
 
 def load_config(flags: Mapping[str, Any], path: str | None) -> ServeConfig:
