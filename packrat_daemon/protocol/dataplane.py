@@ -1,0 +1,320 @@
+"""The Open Inference Protocol's data plane, free of any transport: health, metadata, Triton's model
+configuration and statistics extensions, and inference, each forwarded to the daemon over its own protocol.
+
+The REST and gRPC frontends (`protocol.rest`, `protocol.grpc.server`) only turn their wire form into the
+calls below and the answers (or `OipError`) back. The model's description comes from the daemon's `info`,
+and its output's datatype and shape from one single-sample inference when the daemon starts serving (`info`
+does not describe the output).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from packrat_daemon import __version__
+from packrat_daemon.protocol.errors import OipError, Status
+from packrat_daemon.protocol.stats import Statistics
+from packrat_daemon.protocol.tensors import OIP_DATATYPE
+from packrat_daemon.protocol.upstream import Upstream, UpstreamTimeout
+from packrat_daemon.wire.codec import ErrorCode
+
+log = logging.getLogger("packrat.oip")
+
+VERSION = "1"  # the one version of the one model a daemon serves
+INPUT_NAME, OUTPUT_NAME = "input", "output"
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics")
+# How long a readiness answer is reused: probes from many clients cost the daemon one `status` per window.
+READY_TTL_S = 0.5
+PROBE_TIMEOUT_S = 2.0
+# Past the request's own timeout the daemon answers TIMEOUT itself; the gateway waits this much longer for it.
+REPLY_MARGIN_S = 0.5
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    datatype: str  # the OIP name
+    shape: tuple[int, ...]  # one sample's, without the batch axis
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": [-1, *self.shape]}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    model: str  # the daemon's model spec
+    runtime: str
+    input: TensorSpec
+    output: TensorSpec
+    max_batch: int
+    max_message_bytes: int  # the daemon's limit on one request (info.limits)
+    instances: int
+
+
+@dataclass(frozen=True)
+class InferInput:
+    name: str
+    datatype: str
+    array: np.ndarray
+
+
+@dataclass(frozen=True)
+class InferResult:
+    model: ModelSpec
+    request_id: str
+    array: np.ndarray
+    started_ns: int
+    queue_ns: int
+    compute_ns: int
+    input_ns: int
+
+
+def default_model_name(spec: str) -> str:
+    """The name a model is served as: builtin:resnet50 → resnet50, /mnt/models/model.pt2 → model,
+    pkg.module:factory → factory."""
+    tail = spec.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+    return tail.split(".", 1)[0] if "." in tail and "/" in spec else tail
+
+
+class DataPlane:
+    """What both frontends serve, for the daemon at the other end of `upstream`."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        model_name: str | None = None,
+        timeout_s: float = 60.0,
+        max_delay_ms: float | None = None,
+    ) -> None:
+        self.upstream = upstream
+        self.model_name = model_name  # None: named after the daemon's model spec (default_model_name)
+        self.timeout_s = timeout_s  # for requests that bring no deadline of their own
+        self.max_delay_ms = max_delay_ms  # the daemon's batching delay, when known: the config extension says it
+        self.draining = False  # set on the gateway's own stop signal: refuse new work, finish what is in flight
+        self.spec: ModelSpec | None = None
+        self.statistics = Statistics()
+        self._ready = False
+        self._checked = -math.inf
+        self._probe_lock = asyncio.Lock()
+
+    # -- health --------------------------------------------------------------------------------
+    def live(self) -> bool:
+        return True  # answering at all is being live; readiness says whether inferences are served
+
+    async def ready(self) -> bool:
+        """True once the daemon serves (its workers are up and it accepts inferences), false while it starts
+        or drains, or while the gateway itself stops."""
+        if self.draining:
+            return False
+        async with self._probe_lock:
+            if time.monotonic() - self._checked >= READY_TTL_S:
+                self._ready = await self._probe()
+                self._checked = time.monotonic()
+            return self._ready and not self.draining
+
+    async def _probe(self) -> bool:
+        try:
+            status = await self.upstream.describe("status", PROBE_TIMEOUT_S)
+        except UpstreamTimeout:
+            return False
+        if not status.get("ok") or not status.get("queue", {}).get("accepting"):
+            return False
+        if self.spec is None:
+            self.spec = await self._discover(status)
+        return self.spec is not None
+
+    async def _discover(self, info: dict[str, Any]) -> ModelSpec | None:
+        """The model's description: `info`, and the output from a single-sample inference of zeros."""
+        dtype, shape = info["input"]["dtype"], tuple(info["input"]["shape"])
+        probe = np.zeros((1, *shape), dtype=np.uint16 if dtype == "bfloat16" else dtype)
+        try:
+            header, output = await self.upstream.infer(probe, PROBE_TIMEOUT_S * 5, dtype=dtype)
+        except UpstreamTimeout:
+            return None
+        if not header.get("ok") or output is None:
+            log.warning("the probe for the model's output failed (%s); trying again later", header.get("error"))
+            return None
+        name = self.model_name or default_model_name(info["model"])
+        spec = ModelSpec(
+            name=name,
+            model=info["model"],
+            runtime=info.get("runtime", "torch"),
+            input=TensorSpec(INPUT_NAME, OIP_DATATYPE[dtype], shape),
+            output=TensorSpec(OUTPUT_NAME, OIP_DATATYPE[header["dtype"]], tuple(output.shape[1:])),
+            max_batch=int(info["max_batch"]),
+            max_message_bytes=int(info["limits"]["max_message_bytes"]),
+            instances=len(info.get("plan", {}).get("instances", [])) or 1,
+        )
+        log.info("serving model %r (%s) over the Open Inference Protocol", name, spec.model)
+        return spec
+
+    # -- metadata ------------------------------------------------------------------------------
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": "packrat", "version": __version__, "extensions": list(EXTENSIONS)}
+
+    async def model(self, name: str, version: str | None = None) -> ModelSpec:
+        """The served model if `name` (and `version`) name it; NOT_FOUND, or UNAVAILABLE before it serves."""
+        spec = self.spec
+        if spec is None:
+            await self.ready()
+            spec = self.spec
+        if spec is None:
+            raise OipError(Status.UNAVAILABLE, "the daemon is not serving yet (it is starting); retry later")
+        if name != spec.name:
+            raise OipError(Status.NOT_FOUND, f"unknown model {name!r}; this server serves {spec.name!r}")
+        if version not in (None, "", VERSION):
+            raise OipError(Status.NOT_FOUND, f"model {name!r} has no version {version!r}; it has version {VERSION}")
+        return spec
+
+    async def model_ready(self, name: str, version: str | None = None) -> bool:
+        ready = await self.ready()
+        try:
+            await self.model(name, version)
+        except OipError:
+            return False
+        return ready
+
+    async def model_metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
+        spec = await self.model(name, version)
+        return {
+            "name": spec.name,
+            "versions": [VERSION],
+            "platform": f"packrat_{spec.runtime}",
+            "inputs": [spec.input.to_json()],
+            "outputs": [spec.output.to_json()],
+        }
+
+    async def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
+        """Triton's model configuration (its JSON form): what `perf_analyzer` reads before it starts."""
+        spec = await self.model(name, version)
+        batching: dict[str, Any] = {}
+        if self.max_delay_ms is not None:
+            batching["max_queue_delay_microseconds"] = round(self.max_delay_ms * 1000)
+        return {
+            "name": spec.name,
+            "platform": f"packrat_{spec.runtime}",
+            "backend": "packrat",
+            "max_batch_size": spec.max_batch,
+            "input": [_config_tensor(spec.input, "FORMAT_NONE")],
+            "output": [_config_tensor(spec.output, None)],
+            # Packrat always batches across requests: present (even empty), it tells perf_analyzer so.
+            "dynamic_batching": batching,
+            "instance_group": [{"name": spec.name, "kind": "KIND_CPU", "count": spec.instances}],
+            "parameters": {"packrat_model": {"string_value": spec.model}},
+        }
+
+    async def model_statistics(self, name: str = "", version: str | None = None) -> list[dict[str, Any]]:
+        """The statistics extension's `model_stats`: of the named model, or (name empty) of every model."""
+        spec = self.spec if not name else await self.model(name, version)
+        return [] if spec is None else [self.statistics.to_json(spec.name, VERSION)]
+
+    # -- inference -----------------------------------------------------------------------------
+    async def infer(
+        self,
+        name: str,
+        version: str | None,
+        inputs: list[InferInput],
+        outputs: list[str] | None,
+        request_id: str = "",
+        timeout_s: float | None = None,
+        started_ns: int | None = None,
+    ) -> InferResult:
+        """Run the model on the one input; `outputs` names the outputs asked for (None: all of them)."""
+        started_ns = time.perf_counter_ns() if started_ns is None else started_ns
+        spec = await self.model(name, version)
+        try:
+            array, dtype = self._checked_input(spec, inputs, outputs)
+            if self.draining:
+                raise OipError(Status.UNAVAILABLE, "the server is shutting down; retry elsewhere", "SHUTTING_DOWN")
+            sent_ns = time.perf_counter_ns()
+            wait = self.timeout_s if timeout_s is None else timeout_s
+            try:
+                header, output = await self.upstream.infer(array, max(wait, 1e-3), dtype=dtype)
+            except UpstreamTimeout:
+                raise OipError(
+                    Status.UNAVAILABLE if timeout_s is None else Status.DEADLINE_EXCEEDED,
+                    f"the daemon did not answer within {wait:g} s; is it running?",
+                ) from None
+            if not header["ok"]:
+                error = header["error"]
+                if error["code"] == ErrorCode.SHUTTING_DOWN:
+                    self._ready, self._checked = False, time.monotonic()  # readiness says so from now on
+                raise OipError.from_packrat(error["code"], error["message"])
+        except OipError:
+            self.statistics.failed(time.perf_counter_ns() - started_ns)
+            raise
+        assert output is not None  # an ok infer reply always carries its tensor (decode_reply checks)
+        timing = header.get("timing") or {}
+        return InferResult(
+            spec,
+            request_id,
+            output,
+            started_ns,
+            queue_ns=int(timing.get("queue_ms", 0) * 1e6),
+            compute_ns=int(timing.get("compute_ms", 0) * 1e6),
+            input_ns=sent_ns - started_ns,
+        )
+
+    def answered(self, result: InferResult, encoded_ns: int) -> None:
+        """Count an answered request, once the transport has encoded its result (at `encoded_ns`)."""
+        now = time.perf_counter_ns()
+        self.statistics.succeeded(
+            result.array.shape[0],
+            now - result.started_ns,
+            result.queue_ns,
+            result.compute_ns,
+            result.input_ns,
+            now - encoded_ns,
+        )
+
+    @staticmethod
+    def _checked_input(
+        spec: ModelSpec, inputs: list[InferInput], outputs: list[str] | None
+    ) -> tuple[np.ndarray, str | None]:
+        if len(inputs) != 1:
+            raise OipError(
+                Status.INVALID_ARGUMENT, f"the model takes one input, '{spec.input.name}'; got {len(inputs)}"
+            )
+        given = inputs[0]
+        if given.name != spec.input.name:
+            raise OipError(
+                Status.INVALID_ARGUMENT, f"unknown input '{given.name}'; the model's input is '{spec.input.name}'"
+            )
+        if given.datatype != spec.input.datatype:
+            raise OipError(
+                Status.INVALID_ARGUMENT,
+                f"input '{given.name}' is {given.datatype}, but the model takes {spec.input.datatype}; cast it",
+            )
+        if given.array.shape[1:] != spec.input.shape:
+            raise OipError(
+                Status.INVALID_ARGUMENT,
+                f"input '{given.name}' has shape {list(given.array.shape)}, but the model takes "
+                f"[N, {', '.join(map(str, spec.input.shape))}] (N samples)",
+            )
+        if given.array.shape[0] > spec.max_batch:
+            raise OipError(
+                Status.TOO_LARGE,
+                f"input '{given.name}' has {given.array.shape[0]} samples; this server takes at most "
+                f"{spec.max_batch} per request: send fewer",
+            )
+        for output in outputs or ():
+            if output != spec.output.name:
+                raise OipError(
+                    Status.INVALID_ARGUMENT, f"unknown output '{output}'; the model's output is '{spec.output.name}'"
+                )
+        return given.array, "bfloat16" if given.datatype == "BF16" else None
+
+
+def _config_tensor(tensor: TensorSpec, layout: str | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": tensor.name, "data_type": f"TYPE_{tensor.datatype}", "dims": list(tensor.shape)}
+    if layout is not None:
+        entry["format"] = layout
+    return entry

@@ -1,0 +1,171 @@
+"""The Open Inference Protocol gateway: REST (uvicorn) and gRPC (grpc.aio) on one asyncio loop, one DEALER to
+the daemon's ZeroMQ frontend, in a process of its own (`packrat oip`, or started by `packrat serve
+--http-port/--grpc-port`). docs/oip.md says why a process of its own, measured against a thread of the daemon.
+
+The same refusal as the ZeroMQ frontend's: a bind beyond loopback needs TLS (or --insecure-public).
+On SIGTERM the gateway stops being ready, refuses new inferences (503 / UNAVAILABLE), lets those in flight
+finish (at most `DRAIN_GRACE_S`), and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+import uvicorn
+
+from packrat_daemon.protocol.dataplane import DataPlane
+from packrat_daemon.protocol.upstream import Upstream
+from packrat_daemon.wire.curve import ClientKeys, is_loopback_address
+from packrat_daemon.wire.errors import ConfigError
+
+log = logging.getLogger("packrat.oip")
+
+DRAIN_GRACE_S = 10.0
+# How often the gateway asks whether the daemon serves, until it does (then only when asked: readiness probes).
+WARM_UP_POLL_S = 0.5
+DEFAULT_MAX_REQUEST_MB = 64
+
+
+@dataclass(frozen=True)
+class GatewayOptions:
+    connect: str  # the daemon's ZeroMQ endpoint
+    http_port: int = 0  # 0: no REST
+    grpc_port: int = 0  # 0: no gRPC
+    address: str = "127.0.0.1"
+    model_name: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    insecure_public: bool = False
+    max_request_mb: int = DEFAULT_MAX_REQUEST_MB  # gRPC's message limit, checked before a message is read
+    timeout_s: float = 60.0
+    max_delay_ms: float | None = None
+    key: str | None = None  # CURVE towards the daemon: this gateway's .key_secret and the daemon's .key
+    server_key: str | None = None
+
+    def check(self) -> None:
+        """ConfigError saying what to change, before anything is bound."""
+        if not self.http_port and not self.grpc_port:
+            raise ConfigError("give --http-port or --grpc-port (or both): the gateway would serve nothing")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("TLS needs both a certificate (--tls-cert) and its private key (--tls-key)")
+        if not is_loopback_address(self.address) and self.tls_cert is None and not self.insecure_public:
+            raise ConfigError(
+                f"{self.address} is reachable beyond this machine, so anyone who can reach it could use the model "
+                "and read its results; give a TLS certificate and key (--tls-cert, --tls-key), bind 127.0.0.1 "
+                "(behind a mesh or proxy that terminates TLS), or accept the risk with --insecure-public"
+            )
+        if (self.key is None) != (self.server_key is None):
+            raise ConfigError("CURVE towards the daemon needs both --key (this gateway's) and --server-key")
+
+    def describe(self) -> str:
+        if self.tls_cert is not None:
+            return "TLS"
+        return "plaintext, this machine only" if is_loopback_address(self.address) else "PLAINTEXT AND PUBLIC"
+
+
+def host_port(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def run_gateway(options: GatewayOptions) -> int:
+    """Serve until SIGTERM or SIGINT; 0 once drained."""
+    options.check()
+    asyncio.run(serve_gateway(options, install_signals=True))
+    return 0
+
+
+async def serve_gateway(options: GatewayOptions, install_signals: bool, stop: asyncio.Event | None = None) -> None:
+    """Serve until `stop` is set (or, with `install_signals`, a stop signal comes), then drain and return."""
+    from packrat_daemon.protocol.grpc.server import grpc_server
+    from packrat_daemon.protocol.rest import RestApp
+
+    options.check()
+    stop = stop or asyncio.Event()
+    if install_signals:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+    keys = (
+        None if options.key is None or options.server_key is None else ClientKeys.load(options.key, options.server_key)
+    )
+    upstream = Upstream(options.connect, keys)
+    plane = DataPlane(upstream, options.model_name, options.timeout_s, options.max_delay_ms)
+    rest: uvicorn.Server | None = None
+    rest_task: asyncio.Task[None] | None = None
+    rpc: grpc.aio.Server | None = None
+    target = host_port(options.address, options.grpc_port)
+    try:
+        if options.grpc_port:
+            rpc = grpc_server(plane, options.max_request_mb << 20)
+            if options.tls_cert:
+                bound = rpc.add_secure_port(target, _grpc_credentials(options))
+            else:
+                bound = rpc.add_insecure_port(target)
+            if not bound:
+                raise ConfigError(f"cannot bind gRPC to {target}; is the port in use?")
+            await rpc.start()
+        if options.http_port:
+            config = uvicorn.Config(
+                RestApp(plane),
+                host=options.address,
+                port=options.http_port,
+                lifespan="off",
+                access_log=False,
+                log_level="warning",
+                ssl_certfile=options.tls_cert,
+                ssl_keyfile=options.tls_key,
+                timeout_graceful_shutdown=int(DRAIN_GRACE_S),
+            )
+            rest = _QuietServer(config)
+            rest_task = asyncio.create_task(rest.serve())
+        log.info(
+            "Open Inference Protocol for %s: %s%s (%s)",
+            options.connect,
+            f"HTTP on {host_port(options.address, options.http_port)}" if options.http_port else "",
+            f"{' and ' if options.http_port else ''}gRPC on {target}" if options.grpc_port else "",
+            options.describe(),
+        )
+        warm_up = asyncio.create_task(_warm_up(plane, stop))
+        stopped = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait([stopped, *filter(None, [rest_task])], return_when=asyncio.FIRST_COMPLETED)
+        warm_up.cancel()
+        stopped.cancel()
+        if rest_task in done:
+            rest_task.result()  # uvicorn ended by itself: it could not bind (it says why), and this raises
+    finally:
+        plane.draining = True  # not ready from now on; new inferences are refused, those in flight go on
+        if rest is not None:
+            rest.should_exit = True
+        if rpc is not None:
+            await rpc.stop(DRAIN_GRACE_S)
+        if rest_task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await rest_task
+        upstream.close()
+        log.info("Open Inference Protocol gateway stopped")
+
+
+async def _warm_up(plane: DataPlane, stop: asyncio.Event) -> None:
+    """Ask until the daemon serves, so the model's description is known before the first client asks."""
+    while not stop.is_set() and not await plane.ready():
+        await asyncio.sleep(WARM_UP_POLL_S)
+
+
+def _grpc_credentials(options: GatewayOptions) -> grpc.ServerCredentials:
+    assert options.tls_cert is not None and options.tls_key is not None
+    with open(options.tls_key, "rb") as key, open(options.tls_cert, "rb") as cert:
+        return grpc.ssl_server_credentials([(key.read(), cert.read())])
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn's Server without its signal handlers: the gateway owns SIGTERM and SIGINT."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield

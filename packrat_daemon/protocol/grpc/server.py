@@ -1,0 +1,194 @@
+"""The Open Inference Protocol over gRPC: `inference.GRPCInferenceService` (grpc.aio) over the data plane.
+
+Inputs come as `raw_input_contents` (the fast path: a view of the received bytes, no copy) or typed
+`contents`; outputs always go back as `raw_output_contents`, which every client reads. A failure is the
+gRPC status of its `Status` with the message as details. Calls not in the service (streaming, the model
+repository, shared memory) are answered UNIMPLEMENTED by gRPC itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+
+from packrat_daemon.protocol import tensors
+from packrat_daemon.protocol.dataplane import DataPlane, InferInput, ModelSpec
+from packrat_daemon.protocol.errors import OipError, Status
+from packrat_daemon.protocol.grpc import inference_pb2 as pb
+from packrat_daemon.protocol.grpc import inference_pb2_grpc as pb_grpc
+
+log = logging.getLogger("packrat.oip")
+
+T = TypeVar("T")
+
+# Which typed-contents field carries each datatype (the protocol's table); FP16 and BF16 travel raw only.
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents",
+    "UINT8": "uint_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+
+
+async def _answer(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[T]]) -> T:
+    """`call()`, or the call aborted with the gRPC status of its failure (never an unexplained UNKNOWN)."""
+    try:
+        return await call()
+    except OipError as exc:
+        await context.abort(grpc.StatusCode[exc.status.grpc], exc.message)
+    except Exception:
+        log.exception("internal error in a gRPC call")
+        await context.abort(grpc.StatusCode.INTERNAL, "the server failed on this request; it is logged")
+    raise AssertionError("context.abort returns only by raising")
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+
+    async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:  # noqa: N802 - gRPC's names
+        return pb.ServerLiveResponse(live=self.plane.live())
+
+    async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:  # noqa: N802
+        return pb.ServerReadyResponse(ready=await self.plane.ready())
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:  # noqa: N802
+        return pb.ModelReadyResponse(ready=await self.plane.model_ready(request.name, request.version))
+
+    async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:  # noqa: N802
+        return pb.ServerMetadataResponse(**self.plane.server_metadata())
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> Any:  # noqa: N802
+        async def call() -> pb.ModelMetadataResponse:
+            metadata = await self.plane.model_metadata(request.name, request.version)
+            tensor = pb.ModelMetadataResponse.TensorMetadata
+            return pb.ModelMetadataResponse(
+                name=metadata["name"],
+                versions=metadata["versions"],
+                platform=metadata["platform"],
+                inputs=[tensor(**entry) for entry in metadata["inputs"]],
+                outputs=[tensor(**entry) for entry in metadata["outputs"]],
+            )
+
+        return await _answer(context, call)
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> Any:  # noqa: N802
+        async def call() -> pb.ModelConfigResponse:
+            config = await self.plane.model_config(request.name, request.version)
+            message = pb.ModelConfig(
+                name=config["name"],
+                platform=config["platform"],
+                backend=config["backend"],
+                max_batch_size=config["max_batch_size"],
+                input=[pb.ModelInput(**entry) for entry in config["input"]],
+                output=[pb.ModelOutput(**entry) for entry in config["output"]],
+                instance_group=[pb.ModelInstanceGroup(**entry) for entry in config["instance_group"]],
+                dynamic_batching=pb.ModelDynamicBatching(**config["dynamic_batching"]),
+            )
+            for key, value in config["parameters"].items():
+                message.parameters[key].string_value = value["string_value"]
+            return pb.ModelConfigResponse(config=message)
+
+        return await _answer(context, call)
+
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> Any:  # noqa: N802
+        async def call() -> pb.ModelStatisticsResponse:
+            stats = await self.plane.model_statistics(request.name, request.version)
+            response = pb.ModelStatisticsResponse()
+            for entry in stats:
+                model = response.model_stats.add()
+                model.name, model.version = entry["name"], entry["version"]
+                model.last_inference = entry["last_inference"]
+                model.inference_count, model.execution_count = entry["inference_count"], entry["execution_count"]
+                for key, value in entry["inference_stats"].items():
+                    getattr(model.inference_stats, key).CopyFrom(pb.StatisticDuration(**value))
+                for batch in entry["batch_stats"]:
+                    added = model.batch_stats.add(batch_size=batch["batch_size"])
+                    for key in ("compute_input", "compute_infer", "compute_output"):
+                        getattr(added, key).CopyFrom(pb.StatisticDuration(**batch[key]))
+            return response
+
+        return await _answer(context, call)
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        started = time.perf_counter_ns()
+
+        async def call() -> pb.ModelInferResponse:
+            spec = await self.plane.model(request.model_name, request.model_version)
+            inputs = _inputs(request, spec)
+            outputs = [output.name for output in request.outputs] or None
+            remaining = context.time_remaining()
+            timeout_s = _timeout(request, remaining)
+            result = await self.plane.infer(
+                request.model_name, request.model_version, inputs, outputs, request.id, timeout_s, started
+            )
+            array = result.array
+            response = pb.ModelInferResponse(model_name=spec.name, model_version="1", id=request.id)
+            response.outputs.add(name=spec.output.name, datatype=spec.output.datatype, shape=array.shape)
+            response.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
+            self.plane.answered(result, time.perf_counter_ns())
+            return response
+
+        return await _answer(context, call)
+
+
+def _inputs(request: pb.ModelInferRequest, spec: ModelSpec) -> list[InferInput]:
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise OipError(
+            Status.INVALID_ARGUMENT,
+            f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs; give one per input, in order",
+        )
+    inputs = []
+    for index, tensor in enumerate(request.inputs):
+        datatype = tensors.check_datatype(tensor.datatype, tensor.name)
+        shape = tensors.check_shape(list(tensor.shape), tensor.name)
+        if "shared_memory_region" in tensor.parameters:
+            raise OipError(Status.UNIMPLEMENTED, "the shared-memory extensions are not served by Packrat")
+        if raw:
+            if tensor.HasField("contents"):
+                raise OipError(Status.INVALID_ARGUMENT, f"input '{tensor.name}' has both contents and raw contents")
+            array = tensors.from_bytes(raw[index], datatype, shape, tensor.name)
+        else:
+            field = _CONTENTS_FIELD.get(datatype)
+            if field is None:
+                raise OipError(
+                    Status.INVALID_ARGUMENT, f"input '{tensor.name}': {datatype} must be sent as raw_input_contents"
+                )
+            array = tensors.from_values(np.asarray(getattr(tensor.contents, field)), datatype, shape, tensor.name)
+        inputs.append(InferInput(tensor.name, datatype, array))
+    return inputs
+
+
+def _timeout(request: pb.ModelInferRequest, remaining: float | None) -> float | None:
+    """The request's deadline in seconds: the call's own, or the `timeout` parameter (microseconds), whichever
+    is sooner; None if it has neither."""
+    choices = [] if remaining is None else [remaining]
+    if "timeout" in request.parameters:
+        microseconds = request.parameters["timeout"].int64_param
+        if microseconds < 1:
+            raise OipError(Status.INVALID_ARGUMENT, "parameter 'timeout' must be a positive number of microseconds")
+        choices.append(microseconds / 1e6)
+    return min(choices) if choices else None
+
+
+def grpc_server(plane: DataPlane, max_message_bytes: int) -> grpc.aio.Server:
+    """The gRPC server with the service added; the caller adds its port (plain or TLS) and starts it."""
+    server = grpc.aio.server(
+        options=[
+            # Checked against each message's length prefix before its bytes are read into memory.
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+    )
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), server)
+    return server

@@ -1,0 +1,293 @@
+"""The Open Inference Protocol over HTTP/REST: a bare ASGI application (served by uvicorn) over the data plane.
+
+Routes (docs/oip.md): `GET /v2`, `/v2/health/live`, `/v2/health/ready`, `/v2/models/M[/versions/V]`,
+`.../ready`, `.../config` (Triton's model configuration), `.../stats` and `/v2/models/stats` (statistics),
+and `POST .../infer` with JSON tensors or the binary-data extension. Errors are `{"error": "..."}` with the
+HTTP status of their `Status`. A request body is refused (413) from its Content-Length before any of it is
+read, or as soon as a chunked or compressed body grows past the limit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import zlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+from packrat_daemon.protocol import tensors
+from packrat_daemon.protocol.dataplane import DataPlane, InferInput, InferResult, ModelSpec
+from packrat_daemon.protocol.errors import OipError, Status
+
+log = logging.getLogger("packrat.oip")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+HEADER_LENGTH = "inference-header-content-length"
+# A JSON tensor takes up to about this many times its binary size (digits, separators): the body limit of an
+# infer request is this many times the daemon's own message limit, so the largest JSON request still fits.
+JSON_EXPANSION = 8
+MIN_BODY_LIMIT = 1 << 20
+_DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+_ACTIONS = {"ready", "config", "stats", "infer"}
+
+
+def body_limit(spec: ModelSpec) -> int:
+    return max(JSON_EXPANSION * spec.max_message_bytes, MIN_BODY_LIMIT)
+
+
+class RestApp:
+    """The ASGI application; `app = RestApp(plane)`, then `uvicorn.Server(uvicorn.Config(app, ...))`."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        started = time.perf_counter_ns()
+        try:
+            status, headers, body = await self._route(scope, receive, started)
+        except OipError as exc:
+            status, headers, body = _error(exc.status, exc.message)
+        except json.JSONDecodeError as exc:
+            status, headers, body = _error(Status.INVALID_ARGUMENT, f"the request body is not valid JSON: {exc}")
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            status, headers, body = _error(Status.INVALID_ARGUMENT, f"the request is malformed: {exc}")
+        except Exception:
+            # The last resort: no request may take the gateway down; it is logged and answered 500.
+            log.exception("internal error on %s %s", scope.get("method"), scope.get("path"))
+            status, headers, body = _error(Status.INTERNAL, "the server failed on this request; it is logged")
+        headers.append((b"content-length", str(len(body)).encode()))  # not chunked: the size is known
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _route(self, scope: Scope, receive: Receive, started: int) -> tuple[int, list, bytes]:
+        parts = scope["path"].rstrip("/").split("/")[1:]
+        method = scope["method"]
+        if not parts or parts[0] != "v2":
+            raise OipError(Status.NOT_FOUND, f"no route {scope['path']}; the protocol's routes start with /v2")
+        rest = parts[1:]
+        if rest in ([], ["health", "live"], ["health", "ready"], ["models", "stats"]):
+            _only(method, "GET", scope["path"])
+            if not rest:
+                return _json(self.plane.server_metadata())
+            if rest == ["models", "stats"]:
+                return _json({"model_stats": await self.plane.model_statistics()})
+            healthy = self.plane.live() if rest[1] == "live" else await self.plane.ready()
+            return _health(healthy, "" if healthy else "the daemon is not serving (starting, or draining)")
+        if len(rest) < 2 or rest[0] != "models":
+            raise OipError(Status.NOT_FOUND, f"no route {scope['path']}")
+        name, tail = rest[1], rest[2:]
+        version = None
+        if len(tail) >= 2 and tail[0] == "versions":
+            version, tail = tail[1], tail[2:]
+        action = tail[0] if len(tail) == 1 and tail[0] in _ACTIONS else None
+        if tail and action is None:
+            raise OipError(Status.NOT_FOUND, f"no route {scope['path']}")
+        if action == "infer":
+            _only(method, "POST", scope["path"])
+            return await self._infer(scope, receive, name, version, started)
+        _only(method, "GET", scope["path"])
+        if action == "ready":
+            ready = await self.plane.model_ready(name, version)
+            return _health(ready, "" if ready else f"model {name!r} is not ready")
+        if action == "config":
+            return _json(await self.plane.model_config(name, version))
+        if action == "stats":
+            return _json({"model_stats": await self.plane.model_statistics(name, version)})
+        return _json(await self.plane.model_metadata(name, version))
+
+    async def _infer(self, scope: Scope, receive: Receive, name: str, version: str | None, started: int):
+        spec = await self.plane.model(name, version)  # 404 or 503 before a byte of the body is read
+        headers = dict(scope["headers"])
+        body = await read_body(receive, headers, body_limit(spec))
+        header_length = headers.get(HEADER_LENGTH.encode())
+        request, binary = split_body(body, header_length)
+        inputs, outputs, binary_outputs, timeout_s = parse_infer_request(request, binary)
+        request_id = request.get("id", "")
+        result = await self.plane.infer(name, version, inputs, outputs, str(request_id), timeout_s, started)
+        response = encode_infer_response(result, request_id, binary_outputs)
+        self.plane.answered(result, time.perf_counter_ns())
+        return response
+
+
+async def read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) -> bytes | bytearray:
+    """The request body, refused (TOO_LARGE) as soon as it is known to exceed `limit` bytes (decoded)."""
+    length = headers.get(b"content-length")
+    encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
+    if encoding not in ("identity", *_DECODERS):
+        raise OipError(Status.INVALID_ARGUMENT, f"Content-Encoding {encoding!r} is not supported; use gzip or deflate")
+    if length is not None and int(length) > limit:
+        raise OipError(Status.TOO_LARGE, f"the request body is {int(length)} bytes; this server takes at most {limit}")
+    decoder = zlib.decompressobj(_DECODERS[encoding]) if encoding in _DECODERS else None
+    # One buffer of the announced size, filled in place: no list of chunks joined (and copied) at the end.
+    body = bytearray()
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise OipError(Status.INVALID_ARGUMENT, "the client disconnected before sending the whole body")
+        chunk, more = message.get("body", b""), message.get("more_body", False)
+        if decoder is not None:
+            chunk = decoder.decompress(chunk, limit + 1 - len(body))
+        body += chunk
+        if len(body) > limit:
+            raise OipError(Status.TOO_LARGE, f"the request body is over {limit} bytes (decoded); send fewer samples")
+    return body
+
+
+def split_body(body: bytes | bytearray, header_length: bytes | None) -> tuple[dict[str, Any], memoryview]:
+    """The JSON request and the binary data after it (binary-data extension: Inference-Header-Content-Length)."""
+    view = memoryview(body)
+    if header_length is None:
+        size = len(body)
+    else:
+        try:
+            size = int(header_length)
+        except ValueError:
+            size = -1
+        if not 0 <= size <= len(body):
+            raise OipError(
+                Status.INVALID_ARGUMENT,
+                f"Inference-Header-Content-Length is {header_length.decode('latin-1')!r}, but the body has "
+                f"{len(body)} bytes",
+            )
+    request = json.loads(view[:size].tobytes() if header_length is not None else body)
+    if not isinstance(request, dict):
+        raise OipError(Status.INVALID_ARGUMENT, "the inference request must be a JSON object")
+    return request, view[size:]
+
+
+def parse_infer_request(
+    request: dict[str, Any], binary: memoryview
+) -> tuple[list[InferInput], list[str] | None, set[str] | bool, float | None]:
+    """(inputs, names of the outputs asked for or None, which outputs go binary (True: all), timeout)."""
+    parameters = _parameters(request, "the request")
+    if "classification" in parameters:
+        raise OipError(Status.UNIMPLEMENTED, "the classification extension is not served by Packrat")
+    timeout = parameters.get("timeout")
+    timeout_s = None if timeout is None else _positive(timeout, "parameter 'timeout' (microseconds)") / 1e6
+    raw_inputs = request.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise OipError(Status.INVALID_ARGUMENT, "the request needs 'inputs': a list of tensors")
+    inputs, offset = [], 0
+    for tensor in raw_inputs:
+        if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
+            raise OipError(Status.INVALID_ARGUMENT, "each input must be an object with a 'name'")
+        name = tensor["name"]
+        datatype = tensors.check_datatype(tensor.get("datatype"), name)
+        shape = tensors.check_shape(tensor.get("shape"), name)
+        tensor_parameters = _parameters(tensor, f"input '{name}'")
+        if "shared_memory_region" in tensor_parameters:
+            raise OipError(Status.UNIMPLEMENTED, "the shared-memory extensions are not served by Packrat")
+        size = tensor_parameters.get("binary_data_size")
+        if size is not None:
+            size = _positive(size, f"input '{name}': binary_data_size")
+            if offset + size > len(binary):
+                raise OipError(
+                    Status.INVALID_ARGUMENT,
+                    f"input '{name}': binary_data_size {size} runs past the {len(binary)} bytes of binary data",
+                )
+            array = tensors.from_bytes(binary[offset : offset + size], datatype, shape, name)
+            offset += size
+        elif "data" in tensor:
+            array = tensors.from_values(tensor["data"], datatype, shape, name)
+        else:
+            raise OipError(Status.INVALID_ARGUMENT, f"input '{name}' has neither 'data' nor binary_data_size")
+        inputs.append(InferInput(name, datatype, array))
+    if offset != len(binary):
+        raise OipError(
+            Status.INVALID_ARGUMENT, f"{len(binary) - offset} bytes of binary data are not claimed by any input"
+        )
+    binary_outputs: set[str] | bool = parameters.get("binary_data_output") is True
+    outputs = None
+    if request.get("outputs") is not None:
+        if not isinstance(request["outputs"], list):
+            raise OipError(Status.INVALID_ARGUMENT, "'outputs' must be a list of {'name': ...} objects")
+        outputs, chosen = [], set()
+        for output in request["outputs"]:
+            if not isinstance(output, dict) or not isinstance(output.get("name"), str):
+                raise OipError(Status.INVALID_ARGUMENT, "each requested output must be an object with a 'name'")
+            output_parameters = _parameters(output, f"output '{output['name']}'")
+            if "classification" in output_parameters:
+                raise OipError(Status.UNIMPLEMENTED, "the classification extension is not served by Packrat")
+            if output_parameters.get("binary_data", binary_outputs is True) is True:
+                chosen.add(output["name"])
+            outputs.append(output["name"])
+        binary_outputs = chosen
+    return inputs, outputs, binary_outputs, timeout_s
+
+
+def encode_infer_response(
+    result: InferResult, request_id: Any, binary_outputs: set[str] | bool
+) -> tuple[int, list, bytes]:
+    spec = result.model.output
+    array = result.array
+    output: dict[str, Any] = {"name": spec.name, "datatype": spec.datatype, "shape": list(array.shape)}
+    binary = binary_outputs is True or (isinstance(binary_outputs, set) and spec.name in binary_outputs)
+    if binary:
+        raw = np.ascontiguousarray(array).tobytes()
+        output["parameters"] = {"binary_data_size": len(raw)}
+    else:
+        output["data"] = tensors.to_values(array, spec.datatype)
+    response = {"model_name": result.model.name, "model_version": "1", "outputs": [output]}
+    if request_id not in (None, ""):
+        response["id"] = request_id
+    header = json.dumps(response, separators=(",", ":")).encode()
+    if not binary:
+        return 200, [(b"content-type", b"application/json")], header
+    headers = [(b"content-type", b"application/octet-stream"), (HEADER_LENGTH.encode(), str(len(header)).encode())]
+    return 200, headers, header + raw
+
+
+def _parameters(owner: dict[str, Any], what: str) -> dict[str, Any]:
+    parameters = owner.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise OipError(Status.INVALID_ARGUMENT, f"{what}: 'parameters' must be an object")
+    return parameters
+
+
+def _positive(value: Any, what: str) -> int:
+    if type(value) is not int or value < 1:
+        raise OipError(Status.INVALID_ARGUMENT, f"{what} must be a positive integer, got {str(value)[:40]}")
+    return value
+
+
+def _only(method: str, allowed: str, path: str) -> None:
+    if method != allowed:
+        raise OipError(Status.METHOD_NOT_ALLOWED, f"{path} takes {allowed}, not {method}")
+
+
+def _json(value: Any, status: int = 200) -> tuple[int, list, bytes]:
+    return status, [(b"content-type", b"application/json")], json.dumps(value, separators=(",", ":")).encode()
+
+
+def _health(healthy: bool, why: str) -> tuple[int, list, bytes]:
+    # The protocol: 200 for true, a 4xx for false (no body needed; the reason helps whoever looks).
+    return (200, [], b"") if healthy else _json({"error": why}, 400)
+
+
+def _error(status: Status, message: str) -> tuple[int, list, bytes]:
+    code, headers, body = _json({"error": message}, status.http)
+    if status in (Status.OVERLOADED, Status.UNAVAILABLE):
+        headers.append((b"retry-after", b"1"))
+    return code, headers, body
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,101 @@
+"""The gateway's one connection to the daemon: a DEALER speaking Packrat's own protocol (docs/protocol.md),
+any number of requests in flight, each reply matched to its request by id.
+
+Unlike `packrat_daemon.wire.client.AsyncClient` it hands back the reply's whole header, whose `timing`
+feeds the statistics extension, and it raises nothing for an error reply: the data plane maps the code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import Any
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from packrat_daemon.wire.client_side import decode_reply, encode_infer_request, encode_info_request
+from packrat_daemon.wire.codec import ProtocolError
+from packrat_daemon.wire.curve import ClientKeys
+
+log = logging.getLogger("packrat.oip")
+
+Reply = tuple[dict[str, Any], np.ndarray | None]
+
+
+class UpstreamTimeout(Exception):
+    """No reply from the daemon in time: it is not running, still starting, or the reply was lost."""
+
+
+class Upstream:
+    """One DEALER to the daemon's ZeroMQ frontend and the reader task that routes its replies."""
+
+    def __init__(self, endpoint: str, keys: ClientKeys | None = None, context: zmq.asyncio.Context | None = None):
+        self.endpoint = endpoint
+        self._context = context or zmq.asyncio.Context.instance()
+        self._socket = self._context.socket(zmq.DEALER)
+        if keys is not None:
+            keys.apply(self._socket)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        # Many requests may be in flight (the daemon bounds its queue and answers OVERLOADED past it); these only
+        # keep a daemon that is down from growing the gateway without bound: sends then wait, within the timeout.
+        self._socket.setsockopt(zmq.SNDHWM, 10_000)
+        self._socket.setsockopt(zmq.RCVHWM, 10_000)
+        self._socket.connect(endpoint)
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[Reply]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def infer(self, array: np.ndarray, timeout_s: float, dtype: str | None = None) -> Reply:
+        """The daemon's reply to an infer request of `array` (the header says ok or the error)."""
+        request_id = next(self._ids)
+        frames = encode_infer_request(request_id, array, timeout_ms=timeout_s * 1000.0, dtype=dtype)
+        return await self._request(request_id, frames, timeout_s)
+
+    async def describe(self, op: str, timeout_s: float) -> dict[str, Any]:
+        """The daemon's `info` or `status` reply header."""
+        request_id = next(self._ids)
+        header, _ = await self._request(request_id, encode_info_request(request_id, op), timeout_s)
+        return header
+
+    async def _request(self, request_id: int, frames: list[Any], timeout_s: float) -> Reply:
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.create_task(self._read())
+        waiter: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = waiter
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._socket.send_multipart(frames, copy=False)
+                return await waiter
+        except TimeoutError:
+            raise UpstreamTimeout(f"no reply from the daemon at {self.endpoint} within {timeout_s:g} s") from None
+        finally:
+            self._pending.pop(request_id, None)
+
+    async def _read(self) -> None:
+        while not self._closed:
+            try:
+                frames = await self._socket.recv_multipart(copy=False)
+            except zmq.ZMQError:
+                if self._closed:
+                    return
+                log.exception("receiving from the daemon failed; the reader restarts with the next request")
+                raise
+            try:
+                reply: Reply = decode_reply(frames)
+                request_id = reply[0].get("id")
+            except ProtocolError as exc:
+                log.warning("dropping a reply from the daemon that breaks its protocol: %s", exc)
+                continue
+            waiter = self._pending.get(request_id) if isinstance(request_id, int) else None
+            if waiter is not None and not waiter.done():
+                waiter.set_result(reply)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._reader is not None:
+            self._reader.cancel()
+        self._socket.close(linger=0)
