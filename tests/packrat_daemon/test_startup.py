@@ -1,7 +1,8 @@
-"""Start-up: the --save-profile file, reading a runtime's rows, a reload's re-planning, the checks before the
-model loads, and (real daemons) the adaptive search above the threshold.
+"""Start-up: reading a runtime's rows, a reload's re-planning, the checks before the model loads, and (real
+daemons) the adaptive search above the threshold.
 
-The split check runs on real workers in measure/test_split_check.py; the state file in test_state.py.
+The --save-profile file, the start-up profile and the split check on real workers are in
+measure/test_profiling.py; the state file in ops/test_state.py.
 """
 
 from __future__ import annotations
@@ -15,40 +16,11 @@ import pytest
 import zmq
 
 from packrat_daemon.config import ServeConfig
-from packrat_daemon.measure.profiling import ProfileFile
 from packrat_daemon.startup import read_profile, replan
 from packrat_daemon.wire.errors import PackratError
 from policies.planning.profile import Profile
 from policies.planning.topology import Topology
 from tests.helpers.daemons import daemon_env
-
-
-def profile(runtime: str, ms: float) -> Profile:
-    return Profile.from_latencies({(1, 1): ms, (2, 1): ms / 2}, model="m", runtime=runtime)
-
-
-def test_saving_one_runtime_keeps_every_other_runtimes_rows(tmp_path: Path) -> None:
-    path = tmp_path / "profiles.csv"
-    profiles = ProfileFile(str(path))
-    assert profiles.save(profile("torch", 4.0)) and profiles.save(profile("openvino", 3.0))
-    # Later in the daemon's life (the production timings at the stop): the served runtime again.
-    profiles.save(profile("torch", 2.0))
-    saved = Profile.read_all(path)
-    assert set(saved) == {"torch", "openvino"}
-    assert saved["torch"].latency(1, 1) == 2.0 and saved["openvino"].latency(1, 1) == 3.0
-
-
-def test_rows_read_from_the_profile_option_are_kept_in_later_writes_only(tmp_path: Path) -> None:
-    path = tmp_path / "profiles.csv"
-    profiles = ProfileFile(str(path))
-    profiles.know(profile("onnxruntime", 5.0))
-    assert not path.exists()
-    profiles.save(profile("torch", 4.0))
-    assert set(Profile.read_all(path)) == {"onnxruntime", "torch"}
-
-
-def test_without_save_profile_nothing_is_written() -> None:
-    assert ProfileFile(None).save(profile("torch", 4.0)) is False
 
 
 def test_an_unlabelled_profile_file_serves_the_runtime_that_reads_it(tmp_path: Path) -> None:
@@ -71,20 +43,9 @@ def test_reload_keeps_what_takes_a_restart_and_never_grows_max_batch(caplog: pyt
 
 def test_a_reload_that_cannot_be_planned_raises_for_the_daemon_to_keep_serving() -> None:
     running = ServeConfig(model="builtin:tiny-mlp", policy="fixed", plan="2x4", max_batch=4)
-    fresh = ServeConfig(model="builtin:tiny-mlp", policy="fixed", plan="9x9", max_batch=4)
+    fresh = ServeConfig(model="builtin:tiny-mlp", policy="fixed", plan="9x4", max_batch=4)
     with pytest.raises(PackratError, match="needs 9 cores"):
         replan(running, fresh, "torch", None, Topology.synthetic(2))
-
-
-def test_rows_at_another_precision_are_kept_apart_in_the_saved_file(tmp_path: Path) -> None:
-    path = tmp_path / "profiles.csv"
-    profiles = ProfileFile(str(path))
-    bf16 = Profile.from_latencies({(1, 1): 1.0}, model="m", runtime="torch")
-    profiles.save(profile("torch", 4.0))
-    profiles.save(Profile(dict(bf16.items()), model="m", runtime="torch", precision="bf16"))
-    saved = Profile.read_all(path)
-    assert saved["torch"].latency(1, 1) == 4.0 and saved["torch/bf16"].latency(1, 1) == 1.0
-    assert read_profile(str(path), "torch", "bf16").precision == "bf16"
 
 
 def test_auto_precision_adds_bf16_only_where_the_cpu_and_the_runtime_have_it() -> None:

@@ -111,32 +111,6 @@ def test_a_check_on_real_workers_replaces_the_cells_with_measurements() -> None:
     assert cells[(1, 4)].latency_ms == 30.0  # not part of the check
 
 
-@pytest.mark.slow
-def test_the_daemon_plans_again_on_what_its_check_measured() -> None:
-    from packrat_daemon.config import ServeConfig
-    from packrat_daemon.measure.profiling import check_splits
-
-    # A made-up 20× win for the split: the check replaces those cells with real tiny-mlp timings (a
-    # fraction of a millisecond each) and plans again on them.
-    profile = Profile.from_latencies({(1, 2): 1.0, (1, 4): 30.0, (2, 2): 10.0, (2, 4): 20.0})
-    config = ServeConfig(model="builtin:tiny-mlp", max_batch=4, split_check_rounds=3)
-    topology = Topology.synthetic(2)
-    with model_session("builtin:tiny-mlp") as (backend, info):
-        plan = PackratPolicy().plan(profile, topology, ONLY_4)
-        assert plan.thread_counts == [1, 1]
-
-        def replan(table: Profile) -> Plan:
-            return PackratPolicy().plan(table, topology, ONLY_4)
-
-        checked, checked_plan = check_splits(
-            backend, info, profile, plan, config, topology, ONLY_4, replan, lambda: False
-        )
-    cells = dict(checked.items())
-    assert cells[(2, 4)].samples == 3 and cells[(2, 4)].latency_ms < 5.0
-    assert cells[(1, 2)].samples == 3 and cells[(1, 2)].latency_ms != 1.0
-    assert checked_plan == PackratPolicy().plan(checked, topology, ONLY_4)
-
-
 def test_a_new_split_the_replanned_plan_makes_is_checked_too_and_the_loop_ends() -> None:
     from packrat_daemon.measure.split_check import checked_plan
 
