@@ -24,7 +24,7 @@ from packrat_daemon.fleet.backend import Backend, ModelInfo
 from packrat_daemon.measure import accuracy, emulation
 from packrat_daemon.measure.profiling import ProfileFile, check_splits, measure_profile
 from packrat_daemon.measure.runtime_choice import RuntimeOption, choose_checked, choose_runtime
-from packrat_daemon.ops.hardening import check_endpoint, private_dir, warn_if_root
+from packrat_daemon.ops.hardening import check_endpoint, private_dir, raise_fd_limit, warn_if_root
 from packrat_daemon.ops.metrics import Metrics
 from packrat_daemon.ops.state import Entry, StateKeeper
 from packrat_daemon.wire.curve import FrontendSecurity
@@ -87,6 +87,7 @@ def start_up(
     if config.run_dir is not None:
         private_dir(config.run_dir)
     warn_if_root()
+    raise_fd_limit()  # before any client connects or a template inherits the limit
     if config.metrics_port:  # first: a port clash should fail before minutes of profiling
         metrics.serve(config.metrics_port, config.metrics_address)
         log.info("metrics on http://%s:%d/metrics", config.metrics_address, config.metrics_port)

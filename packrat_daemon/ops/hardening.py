@@ -1,4 +1,5 @@
-"""Local hardening at start: a private run dir, no stale or stolen ipc sockets, a warning for root.
+"""Local hardening at start: a private run dir, no stale or stolen ipc sockets, a warning for root, and the
+open-file limit raised to what the system allows.
 
 Anyone who can open an ipc socket file can talk to whoever listens on it, so the internal sockets live
 in a run dir only the daemon's user may enter. libzmq unlinks an existing socket file when it binds,
@@ -11,6 +12,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import resource
 import socket
 import stat
 from pathlib import Path
@@ -86,6 +88,44 @@ def warn_if_root() -> None:
             "running as root: the model's code and every worker run with full privileges; run as an "
             "unprivileged user (the systemd unit uses DynamicUser=yes, see docs/security.md)"
         )
+
+
+# Below this, a few hundred client connections (each a descriptor) or shared-memory slabs run the daemon out.
+FEW_FDS = 4096
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft limit on open files to the hard limit, and log it; the limit now in force.
+
+    Every client connection, every worker's socket and every shared-memory slab is a file descriptor, and the
+    usual soft limit (1 024) is reached by a thousand idle connections: new clients then get no answer at
+    all. The hard limit is what the administrator allows (systemd: LimitNOFILE=, 524 288 by default), so
+    the daemon takes all of it, as nginx's worker_rlimit_nofile or systemd's own services do.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = _nr_open() if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("file descriptors: could not raise the soft limit %d to %d (%s)", soft, target, exc)
+        else:
+            log.info("file descriptors: soft limit raised from %d to %d (the hard limit)", soft, target)
+            soft = target
+    if soft != resource.RLIM_INFINITY and soft < FEW_FDS:
+        log.warning(
+            "file descriptors: only %d may be open (the hard limit); each client connection and shared-memory "
+            "slab takes one, so raise it (`ulimit -Hn`, or LimitNOFILE= under systemd)", soft
+        )  # fmt: skip
+    return soft
+
+
+def _nr_open() -> int:
+    """The kernel's ceiling on a process's open files (a hard limit of "unlimited" cannot be set as a soft one)."""
+    try:
+        return int(Path("/proc/sys/fs/nr_open").read_text())
+    except (OSError, ValueError):
+        return 1 << 20
 
 
 def check_endpoint(context: zmq.Context, endpoint: str) -> None:

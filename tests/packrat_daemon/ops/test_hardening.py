@@ -130,3 +130,25 @@ def test_a_worker_that_cannot_reach_the_daemon_fails_its_boot(tmp_path: Path) ->
     )
     done = subprocess.run([sys.executable, "-c", script], env=daemon_env(), capture_output=True, text=True, timeout=30)
     assert "boot failed: TimeoutError: could not reach the daemon" in done.stdout, done.stderr
+
+
+def test_the_open_file_soft_limit_is_raised_to_the_hard_limit_and_logged() -> None:
+    # Before: the soft limit stayed at 1 024, and a thousand idle connections left new clients unanswered.
+    code = textwrap.dedent(
+        """
+        import logging, resource
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+        from packrat_daemon.ops.hardening import raise_fd_limit
+        now = raise_fd_limit()
+        print(now, resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=daemon_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    now, soft, hard = (int(word) for word in done.stdout.split())
+    assert now == soft and soft > 64
+    if hard < 1 << 40:  # not "unlimited": the hard limit itself
+        assert soft == hard
+    assert "soft limit raised from 64 to" in done.stderr
