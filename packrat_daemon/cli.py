@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from packrat_daemon import __version__
 from packrat_daemon.wire.errors import PackratError
 
-COMMANDS = ("solve", "profile", "serve", "demo", "simulate", "keygen", "load", "report", "status", "reconfigure")
+COMMANDS = ("solve", "profile", "serve", "demo", "simulate", "keygen", "load", "report", "status", "reconfigure", "oip")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -332,6 +332,28 @@ SETTINGS: tuple[Setting, ...] = sectioned(
         "text: one line per record for people; json: one JSON object per line for log shippers",
         reload="live",
     ),
+    "Open Inference Protocol (docs/oip.md)",
+    Setting(
+        "http_port", PORT, 0, "serve KServe v2 / Triton REST on this port, beside ZeroMQ (0: off)", reload="restart"
+    ),
+    Setting("grpc_port", PORT, 0, "serve KServe v2 / Triton gRPC on this port (0: off)", reload="restart"),
+    Setting(
+        "oip_address",
+        TEXT,
+        "127.0.0.1",
+        "where REST and gRPC bind; beyond loopback only with oip_tls_cert (or insecure_public)",
+        reload="restart",
+    ),
+    Setting(
+        "oip_model_name",
+        OPTIONAL_TEXT,
+        None,
+        "the model's name in the protocol's URLs and calls",
+        unset="from the model spec: builtin:resnet50 → resnet50, /mnt/models/model.pt2 → model",
+        reload="restart",
+    ),
+    Setting("oip_tls_cert", OPTIONAL_TEXT, None, "PEM certificate: TLS for REST, gRPC", unset="none", reload="restart"),
+    Setting("oip_tls_key", OPTIONAL_TEXT, None, "PEM private key of oip_tls_cert", unset="none", reload="restart"),
 )
 BY_NAME: dict[str, Setting] = {setting.name: setting for setting in SETTINGS}
 

@@ -29,8 +29,10 @@ def config_loader(args: argparse.Namespace) -> Callable[[], ServeConfig]:
 
 def run(args: argparse.Namespace) -> int:
     from packrat_daemon.daemon import serve
+    from packrat_daemon.protocol.launch import gateway_beside
 
     load = config_loader(args)
     config = load()
     setup_logging(config.log_level, config.log_format)
-    return serve(config, load)
+    with gateway_beside(config):  # --http-port/--grpc-port: the Open Inference Protocol gateway (docs/oip.md)
+        return serve(config, load)

@@ -65,6 +65,12 @@ SAMPLE: dict[str, Any] = {
     "metrics_address": "0.0.0.0",
     "log_level": "debug",
     "log_format": "json",
+    "http_port": 8000,
+    "grpc_port": 8001,
+    "oip_address": "0.0.0.0",
+    "oip_model_name": "classifier",
+    "oip_tls_cert": "/etc/packrat/tls.crt",
+    "oip_tls_key": "/etc/packrat/tls.key",
 }
 
 
