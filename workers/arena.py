@@ -19,6 +19,9 @@ except for an abandoned job, whose answer the daemon drops. The daemon reserves 
 size it can be sent before it opens (``Inbox.reserve``), paged in: the first payload of a size would
 otherwise pay a page fault per 4 KiB page while the daemon's one loop waits, several milliseconds for a
 batch of images.
+
+A slab that cannot be made (no file descriptor left, no memory for a memfd) is not a failed request: the
+payload stays in its ZeroMQ frame and travels as frames, and a warning says why, once a minute at most.
 This module must not import torch: the daemon uses it too.
 """
 
@@ -26,8 +29,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import mmap
 import os
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -43,6 +48,22 @@ MIN_ARENA_BYTES = 1 << 20  # an arena grows by doubling from here; untouched pag
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
 _serials = itertools.count(1)  # unique within a process, so a reused fd number is never mistaken
+
+log = logging.getLogger("packrat.arena")
+WARN_EVERY_S = 60.0  # a shortage of descriptors lasts: one warning a minute, not one per request
+_warned_at = -WARN_EVERY_S
+
+
+def warn_no_shared_memory(what: str, exc: OSError) -> None:
+    """Say, once a minute at most, that shared memory could not be had and tensors travel as frames."""
+    global _warned_at
+    now = time.monotonic()
+    if now - _warned_at >= WARN_EVERY_S:
+        _warned_at = now
+        log.warning(
+            "%s: no shared memory (%s); tensors travel as ZeroMQ frames meanwhile. If it is the open-file limit, "
+            "raise it (`ulimit -Hn`, LimitNOFILE= under systemd)", what, exc.strerror or exc
+        )  # fmt: skip
 
 
 class Location(NamedTuple):
@@ -200,7 +221,14 @@ class Inbox:
             return None
         size = _slab_size(nbytes)
         free = self._free.setdefault(size, [])
-        slab = free.pop() if free else self._new_slab(size)
+        if free:
+            slab = free.pop()
+        else:
+            try:
+                slab = self._new_slab(size)
+            except OSError as exc:  # EMFILE, ENFILE, ENOMEM: the payload is served from its frame instead
+                warn_no_shared_memory("inbox", exc)
+                return None
         slab.view[:nbytes] = data.cast("B") if data.format != "B" or data.ndim != 1 else data
         weakref.finalize(owner, _release, free, slab)
         return slab.view[:nbytes]
@@ -218,7 +246,11 @@ class Inbox:
             free = self._free.setdefault(size, [])
             if free:
                 continue
-            slab = self._new_slab(size)
+            try:
+                slab = self._new_slab(size)
+            except OSError as exc:  # payloads of this size and larger are then served from their frames
+                warn_no_shared_memory("inbox", exc)
+                break
             slab.page_in()
             free.append(slab)
             reserved += slab.size

@@ -26,7 +26,7 @@ import numpy as np
 
 from packrat_daemon.fleet.backend import Backend, TemplateError
 from workers import messages
-from workers.arena import SHARED_MIN_BYTES, Arena, Location, PeerArena, locate
+from workers.arena import SHARED_MIN_BYTES, Arena, Location, PeerArena, locate, warn_no_shared_memory
 
 log = logging.getLogger("packrat.pool")
 
@@ -144,7 +144,10 @@ class Pool:
         if shared is not None and nbytes >= SHARED_MIN_BYTES:
             placed = locate(frames)
             if placed is None and not worker.outstanding:
-                placed = shared.inputs.write(frames, nbytes), 0
+                try:
+                    placed = shared.inputs.write(frames, nbytes), 0
+                except OSError as exc:  # no descriptor or memory for a bigger arena: this job goes as frames
+                    warn_no_shared_memory(f"worker {worker.id}'s input", exc)
         if placed is not None:
             location, offset = placed
             header = {**header, "pid": location.pid, "fd": location.fd, "serial": location.serial,
@@ -177,7 +180,15 @@ class Pool:
         if kind == messages.RESULT or kind == messages.RESULT_SHARED:
             worker.outstanding = max(0, worker.outstanding - 1)
             worker.served += 1
-            return PoolEvent("result", worker, header, [self._output(worker, kind, header, payload)])
+            try:
+                output = self._output(worker, kind, header, payload)
+            except OSError as exc:  # the worker's new output arena cannot be mapped here (no descriptor left)
+                message = (
+                    f"the daemon could not map worker {worker.id}'s shared memory for the result ({exc.strerror}); "
+                    "if it is out of file descriptors, raise its open-file limit (LimitNOFILE= under systemd)"
+                )
+                return PoolEvent("failed", worker, {**header, "message": message}, [])
+            return PoolEvent("result", worker, header, [output])
         if kind == messages.READY:
             worker.pid = header.get("pid", worker.pid)
             if worker.state is WorkerState.STARTING:

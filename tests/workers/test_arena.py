@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from workers import arena as arena_module
 from workers.arena import KEEP_FREE_SLABS, MIN_ARENA_BYTES, SHARED_MIN_BYTES, Arena, Inbox, PeerArena, locate
 
 
@@ -187,3 +191,24 @@ def test_a_reserved_inbox_place_is_paged_in_and_taken_by_the_first_payload_of_it
         assert inbox.reserve([SHARED_MIN_BYTES - 1]) == 0  # a small payload never goes to the inbox
     finally:
         inbox.close()
+
+
+def _no_descriptors(name: str, flags: int = 0) -> int:
+    raise OSError(errno.EMFILE, "Too many open files")
+
+
+def test_an_inbox_without_descriptors_leaves_payloads_in_their_frames_and_warns_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before: OSError from memfd_create, a traceback and INTERNAL for every big request.
+    inbox = Inbox("test-no-fds")
+    monkeypatch.setattr(arena_module, "_warned_at", -arena_module.WARN_EVERY_S)
+    monkeypatch.setattr(os, "memfd_create", _no_descriptors)
+    payload = np.ones(SHARED_MIN_BYTES, dtype=np.uint8)
+    with caplog.at_level(logging.WARNING, logger="packrat.arena"):
+        assert inbox.place(payload, object()) is None  # the request is served from its frame
+        assert inbox.place(payload, object()) is None
+        assert inbox.reserve([SHARED_MIN_BYTES]) == 0  # start-up reserves what it can, and goes on
+    assert caplog.text.count("no shared memory (Too many open files)") == 1
+    assert "raise it" in caplog.text
+    inbox.close()

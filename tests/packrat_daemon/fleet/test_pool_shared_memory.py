@@ -6,6 +6,7 @@ the slow ones run real workers: the same results as frames, and nothing left aft
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import threading
@@ -140,6 +141,30 @@ def test_a_dead_workers_arenas_are_freed_at_once(make_pool: Callable[..., Pool],
     assert pool.handle(messages.TEMPLATE_IDENTITY, messages.EXITED, exited, []) is not None
     assert worker.state is WorkerState.DEAD and worker.shared is None
     assert name not in own_memfds()
+
+
+def test_without_descriptors_for_shared_memory_jobs_go_as_frames_and_results_fail_typed(
+    make_pool: Callable[..., Pool], worker_arena: Arena, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: the OSError of a full descriptor table came out of pool.run and pool.handle, into the loop.
+    pool = make_pool()
+    worker = ready_worker(pool, worker_arena)
+    x = big(6)
+    y = np.ones((2, 1 << 18), dtype=np.float32)  # a result that outgrows the worker's arena: a new one to map
+    location = worker_arena.write([memoryview(y).cast("B")], y.nbytes)
+
+    def no_descriptors(*args: Any, **kwargs: Any) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "memfd_create", no_descriptors)
+    monkeypatch.setattr(os, "open", no_descriptors)
+    assert pool.run(worker, *job(1, x))
+    assert pool.backend.sent[-1][1] == messages.RUN and bytes(pool.backend.sent[-1][3][0]) == x.tobytes()
+    header = {"job": 1, "dtype": "float32", "shape": list(y.shape), "compute_ms": 1.0, "threads": 1, "batch": 2}
+    header.update(zip(messages.ARENA_FIELDS, location, strict=True))
+    event = pool.handle(worker.identity, messages.RESULT_SHARED, header, [])
+    assert event is not None and event.kind == "failed" and worker.outstanding == 0
+    assert "raise its open-file limit" in event.header["message"]
 
 
 def own_memfds(pid: int | str = "self") -> list[str]:
