@@ -19,7 +19,7 @@ import zmq
 from packrat_daemon.wire.errors import WorkerBootError
 from packrat_daemon.wire.zmqio import ZERO_COPY_MIN_BYTES, recv_frames, send_frames
 from workers import messages
-from workers.arena import SHARED_MIN_BYTES, Arena, Location, PeerArena
+from workers.arena import SHARED_MIN_BYTES, Arena, Location, PeerArena, warn_no_shared_memory
 from workers.models.spec import InputSpec, sample_input
 from workers.pinning import die_with_parent, pin_process
 from workers.runtimes.base import Runtime
@@ -218,8 +218,13 @@ def _run_job(runtime: Runtime, kind: bytes, header: dict, payload: list, threads
     # The daemon copies a shared output out before it sends this worker another shared job, and it
     # sends one only when this worker has nothing outstanding: so only a shared job's output may go there.
     if kind == messages.RUN_SHARED and data.nbytes >= SHARED_MIN_BYTES:
-        reply.update(zip(messages.ARENA_FIELDS, shared.output.write((data,), data.nbytes), strict=True))
-        return messages.encode(messages.RESULT_SHARED, reply)
+        try:
+            location = shared.output.write((data,), data.nbytes)
+        except OSError as exc:  # no descriptor or memory for a bigger arena: this result goes as a frame
+            warn_no_shared_memory(f"worker {os.getpid()}'s output", exc)
+        else:
+            reply.update(zip(messages.ARENA_FIELDS, location, strict=True))
+            return messages.encode(messages.RESULT_SHARED, reply)
     return messages.encode(messages.RESULT, reply, [data])
 
 
