@@ -1,4 +1,6 @@
-"""Topology detection against fake sysfs/cgroup trees (real files, real parsing), and the allocator."""
+"""Topology detection against fake sysfs/cgroup trees (real files, real parsing), and the allocator.
+
+The kernel files' own syntax (cpulists, cgroup limits) is in test_kernel_files.py."""
 
 from __future__ import annotations
 
@@ -6,12 +8,10 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from packrat_daemon.wire.errors import TopologyError
 from policies.planning.cores import CoreAllocator
-from policies.planning.topology import Cpu, Topology, parse_cpulist
+from policies.planning.topology import Cpu, Topology
 
 ALL_16 = range(16)
 
@@ -38,36 +38,6 @@ def make_machine(root: Path) -> None:
 
 def ids(topology: Topology) -> list[int]:
     return [cpu.id for cpu in topology.cpus]
-
-
-# --- parse_cpulist ------------------------------------------------------------------------------
-
-
-def test_parse_cpulist_reads_ranges_and_singles() -> None:
-    assert parse_cpulist("0-3,8-11,14\n") == [0, 1, 2, 3, 8, 9, 10, 11, 14]
-    assert parse_cpulist("5") == [5]
-    assert parse_cpulist("3,1-2,2") == [1, 2, 3]
-    assert parse_cpulist("  \n") == []
-
-
-@pytest.mark.parametrize("text", ["a", "1-", "-1", "3-1", "1,,2", "0x3", "1 2", "1-2-3"])
-def test_parse_cpulist_rejects_garbage(text: str) -> None:
-    with pytest.raises(ValueError):
-        parse_cpulist(text)
-
-
-@given(st.sets(st.integers(min_value=0, max_value=300)))
-def test_parse_cpulist_round_trips(cpus: set[int]) -> None:
-    ordered = sorted(cpus)
-    # Write each maximal run as a range, the way the kernel does.
-    parts: list[str] = []
-    for cpu in ordered:
-        if parts and cpu - 1 in cpus:
-            first = parts[-1].split("-")[0]
-            parts[-1] = f"{first}-{cpu}"
-        else:
-            parts.append(str(cpu))
-    assert parse_cpulist(",".join(parts)) == ordered
 
 
 # --- detection ----------------------------------------------------------------------------------
