@@ -32,7 +32,7 @@ INPUT_NAME, OUTPUT_NAME = "input", "output"
 EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics")
 # How long a readiness answer is reused: probes from many clients cost the daemon one `status` per window.
 READY_TTL_S = 0.5
-PROBE_TIMEOUT_S = 2.0
+PROBE_TIMEOUT_S = 1.0  # a kubelet probe's default timeout: an answer later than that counts as a failure anyway
 # Past the request's own timeout the daemon answers TIMEOUT itself; the gateway waits this much longer for it.
 REPLY_MARGIN_S = 0.5
 

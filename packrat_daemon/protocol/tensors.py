@@ -92,7 +92,8 @@ def from_values(values: Any, datatype: str, shape: tuple[int, ...], name: str) -
     # An integer list is fine for a float tensor, a bool list only for BOOL; strings and objects never.
     fits = kind == wanted or (wanted == "f" and kind in "iu") or (wanted == "i" and kind == "u") or array.size == 0
     if not fits:
-        got = {"b": "booleans", "f": "non-integer numbers", "U": "strings", "O": "mixed values"}.get(kind, kind)
+        words = {"b": "booleans", "i": "integers", "u": "integers", "f": "non-integer numbers", "U": "strings"}
+        got = words.get(kind, "mixed values")
         raise OipError(Status.INVALID_ARGUMENT, f"tensor '{name}': data holds {got}, but its datatype is {datatype}")
     if array.size != math.prod(shape):
         raise OipError(

@@ -1,0 +1,78 @@
+"""`packrat oip` and `packrat serve --http-port/--grpc-port` as commands: the refusal of a public bind without TLS
+(before anything starts), and a gateway serving over TLS, live but not ready while no daemon answers."""
+
+from __future__ import annotations
+
+import shutil
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from packrat_daemon.cli import main
+from tests.helpers.daemons import daemon_env, stop_process
+from tests.packrat_daemon.protocol.test_tritonclient import free_port
+
+
+def test_oip_refuses_a_public_bind_without_tls(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["oip", "--connect", "ipc:///nowhere", "--http-port", "8000", "--address", "0.0.0.0"]) == 2
+    assert "--tls-cert" in capsys.readouterr().err
+
+
+def test_serve_refuses_it_before_loading_anything(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["serve", "--model", "builtin:tiny-mlp", "--grpc-port", "8001", "--oip-address", "0.0.0.0"]
+    assert main(args) == 2
+    assert "beyond this machine" in capsys.readouterr().err
+
+
+def _self_signed(folder: Path) -> tuple[Path, Path]:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = folder / "tls.crt", folder / "tls.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.mark.slow
+def test_a_tls_gateway_is_live_and_not_ready_without_a_daemon(tmp_path: Path) -> None:
+    import tritonclient.grpc as grpcclient
+
+    cert, key = _self_signed(tmp_path)
+    http_port, grpc_port = free_port(), free_port()
+    command = [sys.executable, "-m", "packrat_daemon", "oip", "--connect", f"ipc://{tmp_path}/none.ipc"]
+    command += ["--http-port", str(http_port), "--grpc-port", str(grpc_port), "--tls-cert", str(cert)]
+    command += ["--tls-key", str(key)]
+    process = subprocess.Popen(command, env=daemon_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    context = ssl.create_default_context(cafile=str(cert))
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"https://127.0.0.1:{http_port}/v2/health/live", context=context) as r:
+                    assert r.status == 200
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert process.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(f"https://127.0.0.1:{http_port}/v2/health/ready", context=context)
+        assert caught.value.code == 400  # the protocol's "false" for a health check: a 4xx
+        with pytest.raises((urllib.error.URLError, ConnectionError)):  # no plaintext on a TLS port
+            urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/live")
+        rpc = grpcclient.InferenceServerClient(f"localhost:{grpc_port}", ssl=True, root_certificates=str(cert))
+        try:
+            assert rpc.is_server_live() and not rpc.is_server_ready()
+        finally:
+            rpc.close()
+    finally:
+        stop_process(process, 15)
+    assert process.returncode == 0, process.stdout.read().decode() if process.stdout else ""
