@@ -20,4 +20,5 @@ def test_the_environment_overrides_the_measured_default(
 
 def test_without_the_variable_the_measured_default_holds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PACKRAT_ORT_SPINNING", raising=False)
-    assert ORT_SPINNING_DEFAULT and ort_spinning() is ORT_SPINNING_DEFAULT
+    assert ORT_SPINNING_DEFAULT is True  # measured 1.5-8 % faster on pinned cores (onnx_runtime.py)
+    assert ort_spinning() is True
