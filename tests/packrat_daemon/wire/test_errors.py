@@ -37,11 +37,6 @@ def test_unsupported_version_lists_the_servers_versions() -> None:
     assert errors.UnsupportedVersion(ErrorCode.UNSUPPORTED_VERSION, "speaks [1]").versions == ()
 
 
-def test_an_infeasible_plan_says_how_large_a_batch_could_be_served() -> None:
-    error = errors.InfeasibleError("batch 64 needs more cores", largest_servable_batch=16)
-    assert str(error) == "batch 64 needs more cores" and error.largest_servable_batch == 16
-
-
 def test_the_clients_own_failures_are_also_the_standard_exceptions_callers_expect() -> None:
     with pytest.raises(TimeoutError):
         raise errors.ClientTimeout("no reply within 5 s")
