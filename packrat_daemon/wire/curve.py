@@ -4,7 +4,9 @@ Keys are ZeroMQ certificate files (the ZPL format czmq and pyzmq share): ``NAME.
 key and may be shared; ``NAME.key_secret`` holds the key pair and must stay private. The daemon
 serves CURVE with its own key pair and lets in only clients whose public key is a ``.key`` file in its
 allowed-clients folder, through a ZAP handler (pyzmq's ``zmq.auth``) that re-reads the folder when it
-changes, so a key is revoked by deleting its file. Torch-free: the client library imports this.
+or a key file in it changes (by content, not only by the folder's mtime), so a key is revoked by deleting
+its file and replaced by overwriting it. The list fails closed: a malformed key file empties it, every
+client is refused and one ERROR says why, until the file is fixed. Torch-free: the client library imports this.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
-import zmq.auth
 import zmq.utils.z85
 from zmq.auth.thread import ThreadAuthenticator
 
@@ -32,6 +33,11 @@ SECRET_SUFFIX = ".key_secret"
 ZAP_DOMAIN = "packrat"
 _KEY_LENGTH = 40  # a 32-byte Curve25519 key in Z85 text
 REFUSAL_LOG_INTERVAL_S = 60.0
+MAX_KEY_FILE_BYTES = 4096  # a certificate is ~200 bytes; read no more of a file (a link to /dev/zero)
+MAX_ALLOWED_KEYS = 1000  # key files in the allowed-clients folder, each stat'ed at every handshake
+# A file written again within the filesystem's timestamp tick can keep its size and mtime: for this long after
+# the newest change the keys are re-read by content at every handshake (git's "racily clean" entries, the same).
+RACY_NS = 2_000_000_000
 
 Pathish = str | os.PathLike[str]
 
@@ -112,12 +118,25 @@ def load_public_key(source: Pathish | bytes) -> bytes:
 
 
 def _read_certificate(path: Path) -> tuple[bytes, bytes | None]:
+    """(public, secret or None) of a ZeroMQ certificate file (pyzmq's zmq.auth.load_certificate's reading),
+    read bounded: only a plain file of at most MAX_KEY_FILE_BYTES."""
     try:
-        public, secret = zmq.auth.load_certificate(path)
+        with open(path, "rb") as handle:
+            status = os.fstat(handle.fileno())
+            if not stat.S_ISREG(status.st_mode) or status.st_size > MAX_KEY_FILE_BYTES:
+                raise ConfigError(f"{path} is not a key file (not a plain file of at most {MAX_KEY_FILE_BYTES} bytes)")
+            data = handle.read(MAX_KEY_FILE_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"cannot read the key file {path}: {exc}; create keys with `packrat keygen`") from None
-    except ValueError:
-        raise ConfigError(f"{path} is not a ZeroMQ key file (no public-key line); use `packrat keygen`") from None
+    public = secret = None
+    for line in data.splitlines():
+        line = line.strip()
+        if line.startswith(b"public-key") and b"=" in line:
+            public = line.split(b"=", 1)[1].strip(b" \t'\"")
+        elif line.startswith(b"secret-key") and b"=" in line:
+            secret = line.split(b"=", 1)[1].strip(b" \t'\"")
+    if public is None:
+        raise ConfigError(f"{path} is not a ZeroMQ key file (no public-key line); use `packrat keygen`")
     where = str(path)
     return _checked_key(public, where), None if secret is None else _checked_key(secret, where)
 
@@ -161,18 +180,25 @@ class ClientKeys:
 
 
 class AllowedClients:
-    """The public keys in a folder of ``.key`` files; read again whenever the folder changes.
+    """The public keys in a folder of ``.key`` files; read again whenever the folder or one of them changes.
 
-    Each handshake asks `callback`; a changed folder (a key added or deleted) is re-read then, so
-    revoking a key takes effect for the next connection without a restart.
+    Each handshake asks `callback`, which first looks at the folder: its own stamp and every key file's
+    (inode, size, mtime, ctime), at most MAX_ALLOWED_KEYS of them. A changed stamp, or one within RACY_NS of
+    its last change, re-reads every key, so adding, deleting or overwriting a key takes effect for the next
+    connection without a restart. A folder that cannot be read or a key file that is not one fails closed:
+    `names` is emptied (every client refused) and `error` says why, logged once per change.
     """
 
     def __init__(self, folder: Pathish) -> None:
         self.folder = Path(folder)
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[object, ...] | None = None
+        self._settled_ns = 0  # time.time_ns() after which an unchanged stamp means unchanged keys
         self.names: dict[bytes, str] = {}
+        self.error: str | None = None  # why every client is refused now, if it is so
         self._refused: tuple[bytes, float] = (b"", -math.inf)  # the last key refused, and when it was logged
         self.refresh()
+        if self.error is not None:
+            raise ConfigError(self.error)
         if not self.names:
             raise ConfigError(
                 f"the allowed-clients folder {self.folder} holds no {PUBLIC_SUFFIX} file; copy each client's "
@@ -180,8 +206,30 @@ class AllowedClients:
             )
 
     def refresh(self) -> None:
+        """Re-read the keys if the folder or a key file changed; fail closed (see the class)."""
+        now = time.time_ns()
+        try:
+            stamp, newest = self._look()
+        except ConfigError as exc:
+            self._fail(str(exc), ("unreadable", str(exc)), now)
+            return
+        if stamp == self._stamp and now > self._settled_ns:
+            return
+        try:
+            names = {_read_certificate(self.folder / name)[0]: name.removesuffix(PUBLIC_SUFFIX) for name in stamp[1]}
+        except ConfigError as exc:
+            self._fail(str(exc), stamp, newest)
+            return
+        if self.error is not None:
+            log.warning("allowed clients: %s reads again; %d key(s) admitted", self.folder, len(names))
+        self.names, self.error, self._stamp, self._settled_ns = names, None, stamp, newest + RACY_NS
+
+    def _look(self) -> tuple[tuple[object, ...], int]:
+        """(the stamp of the folder and its key files, the newest change among them in ns); ConfigError when the
+        folder is not one that may hold keys."""
         try:
             status = self.folder.stat()
+            entries = sorted(e.name for e in os.scandir(self.folder) if e.name.endswith(PUBLIC_SUFFIX))
         except OSError as exc:
             raise ConfigError(f"cannot read the allowed-clients folder {self.folder}: {exc.strerror}") from None
         if not stat.S_ISDIR(status.st_mode):
@@ -191,20 +239,33 @@ class AllowedClients:
                 f"other users may add keys to the allowed-clients folder {self.folder} "
                 f"(mode {stat.filemode(status.st_mode)}); run `chmod go-w {self.folder}`"
             )
-        stamp = (status.st_mtime_ns, status.st_ino)
-        if stamp == self._stamp:
-            return
-        names = {}
-        for path in sorted(self.folder.glob(f"*{PUBLIC_SUFFIX}")):
-            names[load_public_key(path)] = path.stem
-        self.names, self._stamp = names, stamp
+        if len(entries) > MAX_ALLOWED_KEYS:
+            raise ConfigError(
+                f"the allowed-clients folder {self.folder} holds {len(entries)} {PUBLIC_SUFFIX} files, more than "
+                f"{MAX_ALLOWED_KEYS}; remove the keys no longer used"
+            )
+        files, newest = [], status.st_mtime_ns
+        for name in entries:
+            try:
+                info = os.stat(self.folder / name)
+            except OSError:
+                info = None  # gone since the listing (or a dangling link): the read below says which
+            if info is None:
+                files.append((name, None))
+                continue
+            files.append((name, (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)))
+            newest = max(newest, info.st_mtime_ns, info.st_ctime_ns)
+        return ((status.st_mtime_ns, status.st_ino), tuple(entries), tuple(files)), newest
+
+    def _fail(self, why: str, stamp: tuple[object, ...], newest: int) -> None:
+        """Fail closed: nobody is admitted; one ERROR per change of the folder, not one per handshake."""
+        if stamp != self._stamp or why != self.error:
+            log.error("allowed clients: %s; every CURVE client is refused until it is fixed", why)
+        self.names, self.error, self._stamp, self._settled_ns = {}, why, stamp, newest + RACY_NS
 
     def callback(self, domain: str, key: bytes) -> bool:
         """The ZAP handler's question, from its thread: may this client's key (Z85) connect?"""
-        try:
-            self.refresh()
-        except ConfigError as exc:  # keep the keys last read rather than lock every client out
-            log.error("allowed clients not re-read, the keys read before still apply: %s", exc)
+        self.refresh()  # never raises: a folder gone wrong refuses everyone (fails closed)
         name = self.names.get(key)
         if name is None:
             # A refused client reconnects every 100 ms or so: one warning per key and minute, not each time.

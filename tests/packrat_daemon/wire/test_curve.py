@@ -168,3 +168,52 @@ def test_zap_lets_in_listed_keys_only(keys: Path, curve_server: tuple[zmq.Contex
     assert not _delivered(context, server, endpoint, None)  # plaintext
     wrong_server = ClientKeys.load(keys / "alice.key_secret", keys / "mallory.key")
     assert not _delivered(context, server, endpoint, wrong_server)
+
+
+# -- the allowed list re-read by content, failing closed ----------------------------------------------
+def test_a_key_overwritten_in_place_takes_effect_at_the_next_handshake(keys: Path) -> None:
+    # Before: only the folder's mtime and inode were compared, and writing a file in place changes neither.
+    allowed = AllowedClients(keys / "allowed")
+    alice, mallory = load_public_key(keys / "alice.key"), load_public_key(keys / "mallory.key")
+    assert allowed.callback("packrat", alice)
+    (keys / "allowed" / "alice.key").write_bytes((keys / "mallory.key").read_bytes())  # same size, same name
+    assert allowed.callback("packrat", mallory) and not allowed.callback("packrat", alice)
+
+
+def test_a_malformed_key_file_refuses_everyone_with_one_error_until_it_is_fixed(
+    keys: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before: the re-read failed, the keys read before stayed admitted (a deleted key was not revoked), and an
+    # ERROR was logged at every handshake.
+    allowed = AllowedClients(keys / "allowed")
+    alice, mallory = load_public_key(keys / "alice.key"), load_public_key(keys / "mallory.key")
+    shutil.copy(keys / "mallory.key", keys / "allowed" / "mallory.key")
+    assert allowed.callback("packrat", mallory)
+    (keys / "allowed" / "broken.key").write_text("not a certificate\n")
+    (keys / "allowed" / "mallory.key").unlink()  # revoked, whatever else is wrong in the folder
+    with caplog.at_level(logging.ERROR, "packrat.security"):
+        assert not any(allowed.callback("packrat", key) for key in (alice, mallory) * 5)
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert (
+        len(errors) == 1 and "broken.key" in errors[0].message and "every CURVE client is refused" in errors[0].message
+    )
+    assert allowed.error is not None and allowed.names == {}
+    (keys / "allowed" / "broken.key").unlink()
+    assert allowed.callback("packrat", alice) and not allowed.callback("packrat", mallory)
+    assert allowed.error is None
+
+
+def test_a_key_file_that_never_ends_is_refused_unread(keys: Path) -> None:
+    (keys / "allowed" / "zero.key").symlink_to("/dev/zero")
+    with pytest.raises(ConfigError, match="not a plain file"):
+        AllowedClients(keys / "allowed")  # at start: the daemon says which file
+
+
+def test_too_many_key_files_fail_closed(keys: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from packrat_daemon.wire import curve
+
+    allowed = AllowedClients(keys / "allowed")
+    monkeypatch.setattr(curve, "MAX_ALLOWED_KEYS", 1)
+    shutil.copy(keys / "mallory.key", keys / "allowed" / "mallory.key")
+    assert not allowed.callback("packrat", load_public_key(keys / "alice.key"))
+    assert allowed.error is not None and "more than 1" in allowed.error
