@@ -19,6 +19,7 @@ from pathlib import Path
 
 import zmq
 
+from packrat_daemon.wire.endpoints import allow_ipv6
 from packrat_daemon.wire.errors import ConfigError
 
 log = logging.getLogger("packrat.daemon")
@@ -133,6 +134,7 @@ def check_endpoint(context: zmq.Context, endpoint: str) -> None:
     not after the model has loaded and been profiled; the frontend binds it for good later."""
     probe = context.socket(zmq.ROUTER)
     probe.setsockopt(zmq.LINGER, 0)
+    allow_ipv6(probe, endpoint)  # as the frontend's socket must be, for tcp://[::1]:P
     try:
         probe.bind(endpoint)
     except zmq.ZMQError as exc:

@@ -14,7 +14,7 @@ import zmq
 
 from packrat_daemon.wire.client_side import encode_infer_request, encode_info_request
 from packrat_daemon.wire.curve import ClientKeys, KeyPair
-from packrat_daemon.wire.endpoints import EndpointRing
+from packrat_daemon.wire.endpoints import EndpointRing, allow_ipv6
 from packrat_daemon.wire.errors import BadEndpoint, ClientClosed, ClientTimeout
 
 # How long an endpoint that timed out is skipped while other endpoints remain.
@@ -73,6 +73,7 @@ class ClientBase:
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.SNDHWM, _HWM)
         socket.setsockopt(zmq.RCVHWM, _HWM)
+        allow_ipv6(socket, endpoint)
         try:
             socket.connect(endpoint)
         except zmq.ZMQError as exc:

@@ -1,11 +1,28 @@
-"""Which endpoint a client sends its next request to."""
+"""Which endpoint a client sends its next request to, and what a socket needs for an endpoint's address."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+import zmq
+
 from packrat_daemon.wire.codec import ErrorCode
+
+
+def is_ipv6_endpoint(endpoint: str) -> bool:
+    """True for tcp:// with an IPv6 address, bracketed as ZeroMQ writes it (tcp://[::1]:5555, tcp://[::]:5555)."""
+    transport, _, address = endpoint.partition("://")
+    host = address.rpartition(":")[0]
+    return transport == "tcp" and host.startswith("[") and ":" in host
+
+
+def allow_ipv6(socket: zmq.Socket, endpoint: str) -> None:
+    """Let `socket` bind or connect to `endpoint` when its address is IPv6: ZeroMQ sockets are IPv4-only unless
+    told (ZMQ_IPV6), and otherwise refuse tcp://[::1]:P with the misleading "No such device". Only then: IPV6
+    on a tcp://*:P bind would make it dual-stack, which fails where IPv6 is disabled."""
+    if is_ipv6_endpoint(endpoint):
+        socket.setsockopt(zmq.IPV6, 1)
 
 
 class EndpointRing:

@@ -3,7 +3,12 @@ bet when every endpoint is in back-off."""
 
 from __future__ import annotations
 
-from packrat_daemon.wire.endpoints import EndpointRing
+import socket
+
+import pytest
+import zmq
+
+from packrat_daemon.wire.endpoints import EndpointRing, allow_ipv6, is_ipv6_endpoint
 
 LONG = 3600.0  # a back-off that cannot run out during a test
 OK = {"v": 1, "id": 1, "ok": True}
@@ -53,3 +58,59 @@ def test_a_back_off_of_zero_skips_nothing() -> None:
     ring = EndpointRing(2, 0.0)
     ring.timed_out(0)
     assert picks(ring, 2) == [0, 1]
+
+
+# -- IPv6 addresses --------------------------------------------------------------------------------------
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "ipv6"),
+    [("tcp://[::1]:5555", True), ("tcp://[::]:5555", True), ("tcp://[fe80::1%eth0]:5555", True),
+     ("tcp://127.0.0.1:5555", False), ("tcp://*:5555", False), ("tcp://localhost:5555", False),
+     ("ipc:///run/x.ipc", False), ("inproc://[::1]:1", False)],
+)  # fmt: skip
+def test_which_endpoints_are_ipv6(endpoint: str, ipv6: bool) -> None:
+    assert is_ipv6_endpoint(endpoint) is ipv6
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+def test_a_server_and_client_on_ipv6_loopback_talk() -> None:
+    # Before: binding tcp://[::1]:P failed with "No such device ... free the port".
+    context = zmq.Context()
+    server = context.socket(zmq.ROUTER)
+    try:
+        server.setsockopt(zmq.LINGER, 0)
+        allow_ipv6(server, "tcp://[::1]:1")
+        port = server.bind_to_random_port("tcp://[::1]")
+        endpoint = f"tcp://[::1]:{port}"
+        client = context.socket(zmq.DEALER)
+        client.setsockopt(zmq.LINGER, 0)
+        allow_ipv6(client, endpoint)
+        client.connect(endpoint)
+        client.send(b"hello")
+        assert server.poll(5000) and server.recv_multipart()[-1] == b"hello"
+        client.close()
+    finally:
+        server.close()
+        context.term()
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+def test_the_start_up_bind_check_takes_an_ipv6_endpoint() -> None:
+    from packrat_daemon.ops.hardening import check_endpoint
+
+    with socket.socket(socket.AF_INET6) as free:
+        free.bind(("::1", 0))
+        port = free.getsockname()[1]
+    context = zmq.Context()
+    try:
+        check_endpoint(context, f"tcp://[::1]:{port}")  # raised ConfigError "No such device" before
+    finally:
+        context.term()
