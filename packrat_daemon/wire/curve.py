@@ -24,6 +24,7 @@ import zmq
 import zmq.utils.z85
 from zmq.auth.thread import ThreadAuthenticator
 
+from packrat_daemon.wire.endpoints import allow_ipv6
 from packrat_daemon.wire.errors import ConfigError
 
 log = logging.getLogger("packrat.security")
@@ -323,8 +324,10 @@ class FrontendSecurity:
         """Make `socket` a CURVE server before it binds; the started ZAP handler, for the caller to stop.
 
         The handler runs in its own thread (pyzmq's ThreadAuthenticator), so a handshake is answered while
-        the daemon's loop is busy, and the loop polls nothing more on the request path.
+        the daemon's loop is busy, and the loop polls nothing more on the request path. The bind's own needs
+        come first: IPv6 for tcp://[::1]:P (`allow_ipv6`), since this is what the frontend calls before binding.
         """
+        allow_ipv6(socket, self.endpoint)
         if self.keys is None or self.allowed is None:
             if not self.local:
                 log.warning("the frontend %s takes plaintext from anyone who can reach it", self.endpoint)

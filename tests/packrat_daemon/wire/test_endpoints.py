@@ -4,6 +4,7 @@ bet when every endpoint is in back-off."""
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 import zmq
@@ -114,3 +115,20 @@ def test_the_start_up_bind_check_takes_an_ipv6_endpoint() -> None:
         check_endpoint(context, f"tcp://[::1]:{port}")  # raised ConfigError "No such device" before
     finally:
         context.term()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+def test_a_daemon_serves_on_ipv6_loopback(tmp_path: Path) -> None:
+    import numpy as np
+
+    from packrat_daemon.wire.client import Client
+    from tests.helpers.daemons import running_daemon
+
+    with socket.socket(socket.AF_INET6) as free:
+        free.bind(("::1", 0))
+        port = free.getsockname()[1]
+    args = ("--model", "builtin:tiny-mlp", "--policy", "fixed", "--plan", "1x1", "--max-batch", "2")
+    endpoint = f"tcp://[::1]:{port}"
+    with running_daemon(tmp_path, *args, bind=endpoint), Client(endpoint, timeout=30) as client:
+        assert client.infer(np.zeros((1, 16), dtype=np.float32)).shape[0] == 1
