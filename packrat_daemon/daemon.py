@@ -1,77 +1,46 @@
 """The daemon: start-up, one main loop, staged shutdown (after uvicorn's server and gunicorn's arbiter).
 
-One thread runs everything: the frontend ROUTER, the internal backend ROUTER and a wake-up pipe
-for signals are polled together. Signal handlers only enqueue the event SIGNALS names and wake the
-loop; the loop acts on the queue between two polls. Start-up is in `startup`, the clients' side in
-`frontend`, the workers' side in `supervisor`, adaptation in `adapt.online`.
+One thread runs everything: the frontend ROUTER, the internal backend ROUTER, the control socket and a
+wake-up pipe for signals are polled together. Signal handlers only enqueue an event and wake the loop
+(`signals`); the loop acts on the queue between two polls, then reads what came and ticks the loop core
+(`loop`: expire, check, dispatch, adapt), which `packrat simulate` runs too. Start-up is in `startup`, the
+clients' side in `requests.frontend`, the workers' side in `fleet.supervisor`, adaptation in `adapt.online`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import signal
-import socket
 import time
-from collections import deque
-from collections.abc import Callable, Iterator
-from types import FrameType
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from packrat_daemon import reload
-from packrat_daemon.adapt.online import OnlineAdaptation
 from packrat_daemon.config import ServeConfig
-from packrat_daemon.control.server import Control, control_endpoint
-from packrat_daemon.control.status import live_status
-from packrat_daemon.fleet.pool import Pool
-from packrat_daemon.fleet.reconciler import Reconciler
-from packrat_daemon.fleet.supervisor import Supervisor
+from packrat_daemon.control.server import Control, Planning, control_endpoint
+from packrat_daemon.control.status import Snapshot, live_status
+from packrat_daemon.loop import LoopCore
 from packrat_daemon.ops.metrics import Metrics
 from packrat_daemon.ops.notify import READY, STOPPING, Watchdog, reloading, sd_notify
-from packrat_daemon.requests.batcher import Batcher, plan_latency
-from packrat_daemon.requests.dispatcher import Dispatcher, Splitter
-from packrat_daemon.requests.frontend import Frontend
+from packrat_daemon.signals import SignalQueue
 from packrat_daemon.startup import Started, replan, start_up
-from packrat_daemon.wire.codec import ErrorCode
 from packrat_daemon.wire.errors import PackratError
-from policies.base import Plan
-from policies.planning.profile import Profile
+from packrat_daemon.wiring import assemble, splitter_for
+from policies.base import Plan, Policy
+
+if TYPE_CHECKING:
+    from packrat_daemon.fleet.reconciler import Reconfiguration
 
 log = logging.getLogger("packrat.daemon")
 
-# The signal table: what each handled signal asks the loop to do.
-SIGNALS = {signal.SIGTERM: "stop", signal.SIGINT: "stop", signal.SIGHUP: "reload"}
-
-
-class SignalQueue:
-    """The events of the signals received, and the pipe that wakes the loop's poll for them."""
-
-    def __init__(self) -> None:
-        self.events: deque[str] = deque()
-        self.wake_r, self.wake_w = socket.socketpair()
-        self.wake_w.setblocking(False)  # a handler must never block; one unread wake-up byte is enough
-
-    def _enqueue(self, signum: int, _frame: FrameType | None) -> None:
-        self.events.append(SIGNALS[signal.Signals(signum)])
-        with contextlib.suppress(OSError):
-            self.wake_w.send(b"\0")
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[None]:
-        """Handle SIGNALS inside the block; after it the handlers from before are back, the pipe closed."""
-        previous = {signum: signal.signal(signum, self._enqueue) for signum in SIGNALS}
-        try:
-            yield
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, signal.SIG_DFL if handler is None else handler)
-            self.wake_r.close()
-            self.wake_w.close()
-
 
 class Daemon:
+    """The running daemon: its parts, built here in the order they need each other (each given what it uses,
+    at construction), and the loop that drives them. It is the control channel's `Switchboard`: the plan,
+    the policy and the profile it serves change through `switch`, `set_policy` and a reload only."""
+
     def __init__(
         self,
         config: ServeConfig,
@@ -83,28 +52,22 @@ class Daemon:
     ) -> None:
         self.config = config
         self.reload_config = reload_config  # SIGHUP re-reads the configuration through this
-        self.topology = started.topology
-        self.metrics = metrics
-        self.signals = signals
+        self.topology, self.metrics, self.signals = started.topology, metrics, signals
         self.policy, self.profiles = started.policy, started.profiles
         self.backend, self.info = started.served.backend, started.served.info
         self.profile, self.plan = started.served.profile, started.served.plan
-        self.reconciler = Reconciler(Pool(self.backend, warmup=(1,)), self.topology, metrics.reconfigured)
-        self.reconciler.set_plan(self.plan)
-        deadline = (config.job_timeout_s, config.slice_deadline_margin, config.slice_deadline_floor_ms / 1000.0)
-        deadline += (config.slice_hedge_margin, config.slice_hedge_floor_ms / 1000.0)
-        self.dispatcher = Dispatcher(self.reconciler.pool.run, self._splitter(self.profile, self.plan), *deadline)
-        self.dispatcher.own_times = metrics.own_times
-        self.batcher = Batcher(config.max_batch, config.max_delay_ms / 1000.0, config.max_queue)
-        self.batcher.predict = plan_latency(lambda: self.dispatcher.splitter, lambda: self.supervisor.serving)
-        self.frontend = Frontend(context, config, self.info, metrics, self.batcher, self.dispatcher, self.reconciler)
-        self.frontend.status = lambda: live_status(self)
-        self.adaptation = OnlineAdaptation(config, self.policy, self.profile, self.topology)
-        self.state = started.state.attach(self.adaptation)  # production's estimates from --state-dir, if any
-        self.supervisor = Supervisor(self.reconciler, self.dispatcher, self.frontend, metrics, self.adaptation)
+        (self.reconciler, self.dispatcher, self.batcher, self.frontend, self.adaptation, self.state,
+         self.supervisor) = assemble(config, started, context, metrics, status=self.status)  # fmt: skip
         self.drain_deadline: float | None = None  # set by the first stop signal
         self.watchdog = Watchdog.from_environment(config.startup_timeout_s)  # systemd's WatchdogSec=, if set
         self.control = Control(self, context, control_endpoint(config.control, config.run_dir or self.backend.run_dir))
+        periodic = (
+            lambda now: self.watchdog.tick(now, self.reconciler.converged),
+            lambda _now: self.control.tick(),  # `packrat reconfigure`: the requests the loop read
+            lambda now: self.state.tick(self, now),
+        )
+        self.core = LoopCore(self.batcher, self.supervisor, self.adaptation, self.frontend.reply_error, self.switch,
+                             lambda: (self.plan, self.profile), periodic, metrics.batch_started)  # fmt: skip
 
     def start(self) -> None:
         """Wait for the plan's workers, then open the frontend and tell systemd."""
@@ -125,7 +88,7 @@ class Daemon:
         frontend, backend, wake = self.frontend.socket, self.backend.socket, self.signals.wake_r.fileno()
         events = self.signals.events
         # zmq_poll itself, not zmq.Poller: the loop wakes twice per request and Poller.poll adds a layer.
-        control = self.control.socket  # `packrat reconfigure`: its requests are queued, acted on in _tick
+        control = self.control.socket  # `packrat reconfigure`: its requests are queued, acted on in the tick
         own = self.metrics.own_times  # where the loop's time goes, phase by phase (docs/metrics.md)
         items = [(frontend, zmq.POLLIN), (backend, zmq.POLLIN), (wake, zmq.POLLIN), (control, zmq.POLLIN)]
         while True:
@@ -145,7 +108,7 @@ class Daemon:
                 own.add("answer" if busy and not self.dispatcher.busy else "workers", time.perf_counter() - started)
             if control in ready:
                 self.control.read()
-            self._tick()
+            self.core.tick(time.monotonic())
             if self.drain_deadline is not None and self._drained():
                 return
 
@@ -175,53 +138,50 @@ class Daemon:
     def _poll_timeout_ms(self) -> int:
         """Wake for the next batch that falls due, or the in-flight batch's next deadline (a slice's or a
         request's), else at least every 250 ms for the periodic work."""
-        due = self.dispatcher.next_deadline if self.dispatcher.busy else self.batcher.next_due()
+        due = self.core.next_wake()
         if due is None or due == math.inf:
             return 250
         return min(250, max(0, math.ceil((due - time.monotonic()) * 1000)))
 
-    def _tick(self) -> None:
-        """Expire queued requests, check the workers when due, dispatch a batch when due, adapt when due."""
-        now = time.monotonic()
-        if self.batcher.queue:
-            for request in self.batcher.expire(now):
-                message = "the request's timeout passed while it was queued"
-                self.frontend.reply_error(request, ErrorCode.TIMEOUT, message)
-        supervisor = self.supervisor
-        if now >= self.dispatcher.next_deadline:
-            supervisor.on_deadline(now)
-        if supervisor.changed or now >= supervisor.due:
-            supervisor.check(now)
-            self.metrics.queued.set(self.batcher.queued_inputs)
-        if not self.dispatcher.busy and self.batcher.due(now) and supervisor.serving:
-            started = time.perf_counter()
-            batch = self.batcher.take()
-            self.dispatcher.dispatch(batch, supervisor.serving)
-            rows = sum(r.samples for r in batch)  # bookkeeping after the send: the workers start meanwhile
-            self.adaptation.estimator.observe(rows, now)
-            self.metrics.batch_size.observe(rows)
-            self.metrics.own_times.add("dispatch", time.perf_counter() - started)
-        self.watchdog.tick(now, self.reconciler.converged)
-        self.control.tick()
-        self.state.tick(self, now)
-        if now >= self.adaptation.due:
-            plan = self.adaptation.propose(self.plan, self.profile, now)
-            if plan is not None:
-                self._switch(plan, "adapt")
-
-    # -- reconfiguration ---------------------------------------------------------------------
-    def _switch(self, plan: Plan, reason: str) -> None:
-        """Hand a new plan to the reconciler; the dispatcher splits by its layouts from now on."""
+    # -- reconfiguration (the control channel's Switchboard) ---------------------------------------
+    def switch(self, plan: Plan, reason: str) -> int:
+        """Hand a new plan to the reconciler (the supervisor looks at the new generation on the next check);
+        the dispatcher splits by its layouts from now on. Returns the generation that will serve it."""
         self.plan = plan
         self.reconciler.set_plan(plan, reason, self.adaptation.predicted(self.reconciler.plan, plan, time.monotonic()))
         self.metrics.plan_changed(plan, reason, self.reconciler.planned_workers)
-        self.dispatcher.splitter = self._splitter(self.adaptation.planning_profile(self.profile), plan)
-        self.supervisor.changed = True
+        profile = self.adaptation.planning_profile(self.profile)
+        self.dispatcher.splitter = splitter_for(profile, plan, self.reconciler.layouts, self.config)
         self.state.save(self, reason)
+        return self.reconciler.generation
 
-    def _splitter(self, profile: Profile | None, plan: Plan) -> Splitter:
-        """How each batch is divided under `plan`: its layouts as the reconciler keeps them warm."""
-        return Splitter(profile, plan.split, self.reconciler.layouts, plan.oversubscribed, self.config.min_split_gain)
+    def set_policy(self, policy: Policy) -> None:
+        self.policy = policy
+        self.adaptation.retune(self.config, policy, self.profile)
+
+    def planning(self) -> Planning:
+        return Planning(self.profile, self.topology, self.adaptation.estimator.distribution(time.monotonic()))
+
+    def reconfiguration(self, generation: int) -> Reconfiguration | None:
+        return next((record for record in self.reconciler.history if record.generation == generation), None)
+
+    def status(self) -> dict[str, Any]:
+        """The `status` reply (control.status), read now; never on the request path."""
+        now = time.monotonic()
+        reconciler, estimator, batcher = self.reconciler, self.adaptation.estimator, self.batcher
+        batches_per_s, inputs_per_s = estimator.rates(now)
+        snapshot = Snapshot(
+            info=self.frontend.describe(), runtime=self.info.runtime,
+            workers=reconciler.pool.live(), serving=frozenset(w.id for w in reconciler.serving()),
+            generation=reconciler.generation, history=list(reconciler.history),
+            policy=self.policy.name, adapting=self.adaptation.tuner is not None,
+            adapt_interval_s=self.adaptation.interval_s, override=self.control.override,
+            distribution=estimator.distribution(now), batches_per_s=batches_per_s, inputs_per_s=inputs_per_s,
+            half_life_s=estimator.half_life_s, queued_requests=len(batcher.queue), queued_inputs=batcher.queued_inputs,
+            max_queued_inputs=batcher.max_queued_inputs, batch_in_flight=self.dispatcher.busy,
+            accepting=self.frontend.accepting, profile=self.state.provenance(self, now),
+        )  # fmt: skip
+        return live_status(snapshot)
 
     def _reload(self) -> None:
         """SIGHUP: re-read the configuration and profile, re-plan, apply the live settings (packrat_daemon.reload);
@@ -238,7 +198,7 @@ class Daemon:
         owners = reload.Owners(self.batcher, self.dispatcher, self.watchdog, self.metrics, self.profiles)
         reload.apply(old, new.config, owners)  # each changed live setting to the object that uses it, logged
         log.info("reload: plan %s — %s", new.plan.describe(), new.plan.reason)
-        self._switch(new.plan, "reload")
+        self.switch(new.plan, "reload")
         self.adaptation.retune(new.config, new.policy, new.profile)
         sd_notify(READY)
 
@@ -246,7 +206,8 @@ class Daemon:
     def close(self) -> None:
         """Answer every request still here, close the frontend, keep what production taught us
         (--save-profile), stop the workers."""
-        self.frontend.answer_all_and_close()  # first: no request waits unanswered on the slower steps below
+        # First: no request waits unanswered on the slower steps below.
+        self.frontend.answer_all_and_close(self.batcher.drain() + self.dispatcher.abandon())
         self.control.close()
         learned = self.adaptation.learned(self.profile, self.plan, self.config.model, self.info.runtime)
         if learned is not None and self.profiles.save(learned):

@@ -69,7 +69,7 @@ class LoopCore:
         workers: Workers,
         adaptation: OnlineAdaptation,
         reply_error: ReplyError,
-        switch: Callable[[Plan, str], None],
+        switch: Callable[[Plan, str], object],
         served: Callable[[], tuple[Plan, Profile | None]],
         periodic: Sequence[Hook] = (),
         dispatched: Callable[[int, float], None] | None = None,
@@ -81,7 +81,7 @@ class LoopCore:
         self.switch = switch  # hands adaptation's plan over, with its reason ("adapt")
         self.served = served  # the plan served now and the offline profile it was planned from
         self.periodic = periodic
-        # After each batch start: its inputs and the time.perf_counter() at which the start began (metrics).
+        # After each batch start: its inputs and the seconds the start held the loop (the daemon's metrics).
         self.dispatched = dispatched
 
     def tick(self, now: float) -> None:
@@ -109,7 +109,7 @@ class LoopCore:
         rows = sum(request.samples for request in batch)  # bookkeeping after the send: the workers start meanwhile
         self.adaptation.estimator.observe(rows, now)
         if self.dispatched is not None:
-            self.dispatched(rows, started)
+            self.dispatched(rows, time.perf_counter() - started)
 
     def adapt(self, now: float) -> None:
         if now >= self.adaptation.due:

@@ -58,11 +58,15 @@ def imported_modules(path: Path, root: Path) -> set[str]:
                 target = ".".join([*base, node.module] if node.module else base)
             else:
                 target = node.module or ""
-            found.add(target)
-            for alias in node.names:  # `from pkg import module` imports pkg.module
+            names = False  # a name from the package itself, not only its submodules
+            for alias in node.names:  # `from pkg import module` imports pkg.module, as `import pkg.module` does
                 candidate = root.joinpath(*target.split("."), alias.name)
                 if candidate.with_suffix(".py").exists() or (candidate / "__init__.py").exists():
                     found.add(f"{target}.{alias.name}")
+                else:
+                    names = True
+            if names:
+                found.add(target)
     return found
 
 

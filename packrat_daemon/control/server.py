@@ -11,7 +11,8 @@ change the pool, so nothing else is accepted. One request is one JSON frame, one
 
 The handler only checks and queues; `tick`, called from the daemon's loop, builds the plan and hands it
 to the daemon's switch (the reconciler alone changes the pool), and answers once the new pool serves
-(or at once when nothing changes or the request fails), with the measured reconfiguration.
+(or at once when nothing changes or the request fails), with the measured reconfiguration. What it may
+read and change of the running daemon is the `Switchboard`; `daemon.Daemon` is one.
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 
@@ -32,12 +32,15 @@ from packrat_daemon.startup import distribution_for, policy_for
 from packrat_daemon.wire import errors
 from packrat_daemon.wire.curve import is_local_endpoint
 from packrat_daemon.wire.errors import ConfigError, PackratError, PolicyError
-from policies.base import Policy, PolicySettings
+from policies.base import Plan, Policy, PolicySettings
 from policies.registry import policy_from_settings
 
 if TYPE_CHECKING:
-    from packrat_daemon.daemon import Daemon
+    from packrat_daemon.config import ServeConfig
     from packrat_daemon.fleet.reconciler import Reconfiguration
+    from policies.planning.distribution import BatchDistribution
+    from policies.planning.profile import Profile
+    from policies.planning.topology import Topology
 
 log = logging.getLogger("packrat.control")
 
@@ -66,6 +69,44 @@ def control_endpoint(endpoint: str | None, run_dir: str | os.PathLike[str]) -> s
     )
 
 
+@dataclass(frozen=True)
+class Planning:
+    """What a policy plans from, now: the offline profile, the usable cores, the live batch sizes (None
+    before any batch was seen)."""
+
+    profile: Profile | None
+    topology: Topology
+    live: BatchDistribution | None
+
+
+class Switchboard(Protocol):
+    """What the control channel may read and change of the running daemon."""
+
+    @property
+    def config(self) -> ServeConfig:
+        """The configuration in force (a reload replaces it)."""
+        ...
+
+    @property
+    def plan(self) -> Plan:
+        """The plan served, or being switched to."""
+        ...
+
+    def planning(self) -> Planning: ...
+
+    def switch(self, plan: Plan, reason: str) -> int:
+        """Hand `plan` to the reconciler; returns the generation that will serve it."""
+        ...
+
+    def set_policy(self, policy: Policy) -> None:
+        """Plan with `policy` from now on (online adaptation too)."""
+        ...
+
+    def reconfiguration(self, generation: int) -> Reconfiguration | None:
+        """The record of the change to `generation`, while the history keeps it."""
+        ...
+
+
 @dataclass
 class Pending:
     identity: bytes
@@ -74,13 +115,13 @@ class Pending:
 
 
 class Control:
-    def __init__(self, daemon: Daemon, context: zmq.Context, endpoint: str) -> None:
-        self.daemon = daemon
+    def __init__(self, board: Switchboard, context: zmq.Context, endpoint: str) -> None:
+        self.board = board
         self.endpoint = endpoint
         self.queue: deque[Pending] = deque()
         self.waiting: dict[int, list[Pending]] = {}  # generation -> requests answered once it serves
         self.override: str | None = None  # what the operator asked for, until `auto`
-        if endpoint == daemon.config.endpoint:
+        if endpoint == board.config.endpoint:
             raise ConfigError("the control endpoint must not be the serving endpoint; choose another --control")
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
@@ -115,7 +156,7 @@ class Control:
         while self.queue:
             self._act(self.queue.popleft())
         for generation in list(self.waiting):
-            record = next((r for r in self.daemon.reconciler.history if r.generation == generation), None)
+            record = self.board.reconfiguration(generation)
             if record is None or record.done:
                 for pending in self.waiting.pop(generation):
                     self._reply(pending.identity, self._finished(pending, record))
@@ -127,34 +168,31 @@ class Control:
         self.socket.close(linger=100)
 
     def _act(self, pending: Pending) -> None:
-        daemon = self.daemon
+        board = self.board
         request = pending.request
         try:
             policy = self._policy(request)
-            distribution = daemon.adaptation.estimator.distribution(time.monotonic()) or distribution_for(daemon.config)
-            if policy.needs_profile and daemon.profile is None:
+            planning = board.planning()
+            if policy.needs_profile and planning.profile is None:
                 raise PolicyError(f"policy {policy.name!r} plans from a profile, and this daemon serves without one")
-            plan = policy.plan(daemon.profile, daemon.topology, distribution)
+            plan = policy.plan(planning.profile, planning.topology, planning.live or distribution_for(board.config))
         except PackratError as exc:
             log.warning("control: %s refused: %s", pending.what, exc)
             self._reply(pending.identity, _error(exc))
             return
         self.override = None if request.get("auto") else pending.what
         log.info("control: %s → plan %s", pending.what, plan.describe())
-        changed = plan != daemon.plan
-        if changed:
-            daemon._switch(plan, f"control: {pending.what}")
+        generation = board.switch(plan, f"control: {pending.what}") if plan != board.plan else None
         # After the switch: the history's predicted gain is the previous policy's view of the change.
-        daemon.policy = policy
-        daemon.adaptation.retune(daemon.config, policy, daemon.profile)
-        if changed:
-            self.waiting.setdefault(daemon.reconciler.generation, []).append(pending)
+        board.set_policy(policy)
+        if generation is not None:
+            self.waiting.setdefault(generation, []).append(pending)
         else:
-            done = f"already serving {daemon.plan.describe()}; nothing to change"
-            self._reply(pending.identity, {"ok": True, "done": done, "plan": daemon.plan.to_json()})
+            done = f"already serving {board.plan.describe()}; nothing to change"
+            self._reply(pending.identity, {"ok": True, "done": done, "plan": board.plan.to_json()})
 
     def _policy(self, request: dict[str, Any]) -> Policy:
-        config = self.daemon.config
+        config = self.board.config
         if request.get("auto"):
             return policy_for(config)
         if "plan" in request:
@@ -164,7 +202,7 @@ class Control:
     def _finished(self, pending: Pending, record: Reconfiguration | None) -> dict[str, Any]:
         if record is None or record.superseded:
             return {"ok": True, "done": f"{pending.what}: asked for, but a later plan replaced it before it served",
-                    "plan": self.daemon.plan.to_json()}  # fmt: skip
+                    "plan": self.board.plan.to_json()}  # fmt: skip
         seconds = record.seconds(record.serving) or 0.0
         return {
             "ok": True,
@@ -213,8 +251,7 @@ def _error(exc: PackratError) -> dict[str, Any]:
 def request(endpoint: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     """Send one control request and wait for its answer; the daemon's refusal is raised as its own typed
     error (PolicyError for a plan that does not fit, …), silence as ControlError."""
-    context = zmq.Context.instance()
-    socket = context.socket(zmq.DEALER)
+    socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
     try:
         socket.connect(endpoint)

@@ -2,59 +2,84 @@
 
 It is `info`'s description plus the live state: the plan and why, every live worker, the batch sizes
 and the arrival rate the batcher sees, the queue, where the profile's cells come from, and the history
-of plan changes with their measured durations. Built on request only, never on the request path.
+of plan changes with their measured durations. The daemon reads all of it into one `Snapshot`
+(`Daemon.snapshot`) when a client asks, never on the request path; `live_status` only lays it out.
 """
 
 from __future__ import annotations
 
-import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from packrat_daemon.daemon import Daemon
+    from packrat_daemon.fleet.pool import WorkerHandle
+    from packrat_daemon.fleet.reconciler import Reconfiguration
+    from policies.planning.distribution import BatchDistribution
 
 
-def live_status(daemon: Daemon) -> dict[str, Any]:
-    now = time.monotonic()
-    reconciler, adaptation, batcher = daemon.reconciler, daemon.adaptation, daemon.batcher
-    distribution = adaptation.estimator.distribution(now)
-    batches_per_s, inputs_per_s = adaptation.estimator.rates(now)
-    serving = {w.id for w in reconciler.serving()}
-    reply = daemon.frontend.describe()
+@dataclass(frozen=True)
+class Snapshot:
+    """The daemon's state at one instant, as the `status` reply shows it."""
+
+    info: dict[str, Any]  # the `info` reply (Frontend.describe)
+    runtime: str
+    workers: Sequence[WorkerHandle]  # every live worker, serving or not
+    serving: frozenset[int]  # the ids of those that take batches
+    generation: int
+    history: Sequence[Reconfiguration]
+    policy: str
+    adapting: bool  # online adaptation has a tuner (a policy that adapts, with a profile, adaptation on)
+    adapt_interval_s: float
+    override: str | None  # what `packrat reconfigure` asked for, until `--auto`
+    distribution: BatchDistribution | None  # the live batch sizes
+    batches_per_s: float
+    inputs_per_s: float
+    half_life_s: float
+    queued_requests: int
+    queued_inputs: int
+    max_queued_inputs: int
+    batch_in_flight: bool
+    accepting: bool
+    profile: dict[str, Any]  # the state keeper's account of the profile's cells (StateKeeper.provenance)
+
+
+def live_status(s: Snapshot) -> dict[str, Any]:
+    reply = dict(s.info)
     reply["workers"] = [
         {
             "id": w.id,
             "pid": w.pid,
-            "runtime": daemon.info.runtime,
+            "runtime": s.runtime,
             "threads": w.threads,
             "cores": list(w.cores),
             "state": "switching" if w.pending is not None else w.state.value if w.parked_since is None else "parked",
-            "serving": w.id in serving,
+            "serving": w.id in s.serving,
             "generation": w.generation,
             "batches_served": w.served,
         }
-        for w in sorted(reconciler.pool.live(), key=lambda w: w.id)
+        for w in sorted(s.workers, key=lambda w: w.id)
     ]
-    reply["generation"] = reconciler.generation
+    reply["generation"] = s.generation
     reply["planning"] = {
-        "policy": daemon.policy.name,
-        "adapting": adaptation.tuner is not None,
-        "adapt_interval_s": adaptation.interval_s,
-        "override": daemon.control.override,
+        "policy": s.policy,
+        "adapting": s.adapting,
+        "adapt_interval_s": s.adapt_interval_s,
+        "override": s.override,
     }
     reply["traffic"] = {
-        "batch_sizes": [] if distribution is None else [[b, w] for b, w in distribution.weights],
-        "batches_per_s": batches_per_s,
-        "inputs_per_s": inputs_per_s,
-        "half_life_s": adaptation.estimator.half_life_s,
+        "batch_sizes": [] if s.distribution is None else [[b, w] for b, w in s.distribution.weights],
+        "batches_per_s": s.batches_per_s,
+        "inputs_per_s": s.inputs_per_s,
+        "half_life_s": s.half_life_s,
     }
     reply["queue"] = {
-        "requests": len(batcher.queue),
-        "inputs": batcher.queued_inputs,
-        "max_inputs": batcher.max_queued_inputs,
-        "batch_in_flight": daemon.dispatcher.busy,
-        "accepting": daemon.frontend.accepting,
+        "requests": s.queued_requests,
+        "inputs": s.queued_inputs,
+        "max_inputs": s.max_queued_inputs,
+        "batch_in_flight": s.batch_in_flight,
+        "accepting": s.accepting,
     }
-    reply["profile"] = daemon.state.provenance(daemon, now)  # the state keeper's account, with or without a file
-    reply["history"] = [record.to_json() for record in reconciler.history]
+    reply["profile"] = s.profile
+    reply["history"] = [record.to_json() for record in s.history]
     return reply

@@ -1,9 +1,11 @@
 """The workers' side of the daemon's loop: what the workers and the template send (results, failures,
-exits), and the periodic check for workers that are overdue, hung or gone (gunicorn's arbiter calls
+exits), and the periodic look for workers that are overdue, hung or gone (gunicorn's arbiter calls
 these reap and murder; the reconciler then forks replacements).
 
-`pump` is on the request path (each result is answered from here), so it stays flat; `check` runs
-every RECONCILE_INTERVAL_S, or at once after the pool changed.
+`pump` is on the request path (each result is answered from here), so it stays flat; `look` runs
+every RECONCILE_INTERVAL_S, or at once after the pool or the plan changed. To the loop core the supervisor
+is the daemon's `loop.Workers`. Its answers go to `Replies` (the frontend), and a batch that lost every
+worker goes back to the queue through `requeue` (the batcher's): both are given at construction.
 """
 
 from __future__ import annotations
@@ -11,15 +13,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import psutil
 
-from packrat_daemon.adapt.online import OnlineAdaptation
+from packrat_daemon.adapt.production import ProductionProfile
 from packrat_daemon.fleet.pool import PoolEvent, WorkerHandle
 from packrat_daemon.fleet.reconciler import Reconciler
 from packrat_daemon.ops.metrics import Metrics
-from packrat_daemon.requests.dispatcher import Dispatcher, Job
-from packrat_daemon.requests.frontend import MAX_READS_PER_WAKE, Frontend
+from packrat_daemon.requests.batcher import Request
+from packrat_daemon.requests.dispatcher import Dispatcher
+from packrat_daemon.requests.frontend import MAX_READS_PER_WAKE
+from packrat_daemon.requests.jobs import Completed, Job
 from packrat_daemon.wire.codec import ErrorCode
 from packrat_daemon.wire.errors import ConfigError
 from workers.worker import HEARTBEAT_SECONDS
@@ -55,27 +60,37 @@ class TemplateLost(ConfigError):
     """The template died; without it no worker can be (re)started."""
 
 
+class Replies(Protocol):
+    """Where the supervisor's answers go: the frontend, which owns the clients' socket."""
+
+    def reply_result(self, done: Completed) -> None: ...
+
+    def reply_error(self, request: Request, code: ErrorCode, message: str) -> None: ...
+
+
 class Supervisor:
     def __init__(
         self,
         reconciler: Reconciler,
         dispatcher: Dispatcher,
-        frontend: Frontend,
         metrics: Metrics,
-        adaptation: OnlineAdaptation,
+        production: ProductionProfile,
+        replies: Replies,
+        requeue: Callable[[list[Request]], None],
+        queued: Callable[[], int],
     ) -> None:
         self.pool = reconciler.pool
         self.backend = reconciler.pool.backend
         self.reconciler = reconciler
         self.dispatcher = dispatcher
-        self.frontend = frontend
         self.metrics = metrics
-        self.production = adaptation.production  # learns from every computed slice
-        self.changed = True  # the pool changed since the last check: check on this wake
-        self.due = 0.0  # time.monotonic() of the next periodic check
-        # The reconciler's serving workers: every change to the pool passes through `check`, so the
-        # list is refreshed there rather than rebuilt for every batch.
-        self.serving: list[WorkerHandle] = []
+        self.production = production  # learns from every computed slice
+        self.replies = replies
+        self.requeue = requeue  # a batch whose workers were all lost goes back to the head of the queue
+        self.queued = queued  # the inputs waiting to be batched, for the gauge each look sets
+        self.changed = True  # the pool changed since the last look: look on this wake
+        self.due = 0.0  # time.monotonic() of the next periodic look
+        self._generation = -1  # the reconciler's generation at the last look: a new plan is looked at at once
         self._next_template_check = 0.0
         self._cpu_at_look: dict[int, float] = {}  # job id -> its worker's CPU seconds when last found overdue
 
@@ -106,22 +121,49 @@ class Supervisor:
             self.reconciler.step()
             self.pump(200)
 
+    # -- the loop core's view (loop.Workers) ---------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return self.dispatcher.busy
+
+    @property
+    def serving(self) -> list[WorkerHandle]:
+        return self.dispatcher.serving
+
+    @property
+    def next_deadline(self) -> float:
+        return self.dispatcher.next_deadline
+
+    def check(self, now: float) -> None:
+        """The loop's check: the deadlines of the batch in flight, then a look at the workers every
+        RECONCILE_INTERVAL_S, or at once when the pool or the plan changed."""
+        if now >= self.dispatcher.next_deadline:
+            self.on_deadline(now)
+        if self.changed or now >= self.due or self.reconciler.generation != self._generation:
+            self.look(now)
+            self.metrics.queued.set(self.queued())
+
+    def start(self, batch: list[Request], now: float) -> None:
+        self.dispatcher.dispatch(batch, self.dispatcher.serving)
+
+    # -- deadlines and looks ------------------------------------------------------------------------
     def on_deadline(self, now: float) -> None:
         """A deadline of the batch in flight passed: `timeout_ms` bounds the whole request, so one whose batch
         is still computing is answered now; a slice past its hedge time is sent to an idle worker too; a
-        slice past its deadline makes the next check replace its worker."""
+        slice past its deadline makes the next look replace its worker."""
         self._hedge(now)
         for request in self.dispatcher.expire(now):
-            self.frontend.reply_error(request, ErrorCode.TIMEOUT, "the request's timeout passed while it was computed")
+            self.replies.reply_error(request, ErrorCode.TIMEOUT, "the request's timeout passed while it was computed")
         self.changed = self.changed or bool(self.dispatcher.overdue(now))
 
-    def check(self, now: float) -> None:
+    def look(self, now: float) -> None:
         """Replace overdue and hung workers, let the reconciler converge, refresh `serving`.
 
         Raises WorkerBootError (from the reconciler) when workers keep failing before they are ready.
         """
         self.changed = False
         self.due = now + RECONCILE_INTERVAL_S
+        self._generation = self.reconciler.generation
         for job in self.dispatcher.overdue(now):
             worker = job.worker
             if self._still_computing(job, now):
@@ -142,8 +184,8 @@ class Supervisor:
                 log.warning("worker %d sent no heartbeat for %.0f s; replacing it", worker.id, now - worker.last_seen)
                 self.reconciler.replace(worker)
         self.reconciler.step()
-        self.serving = self.reconciler.serving()
-        self.metrics.workers_serving({worker.id: worker.pid for worker in self.serving})
+        self.dispatcher.serving = self.reconciler.serving()
+        self.metrics.workers_serving({worker.id: worker.pid for worker in self.dispatcher.serving})
         if self.dispatcher.late:  # a late slice waits for an idle worker: a new one may have come
             self._hedge(now)
 
@@ -184,7 +226,7 @@ class Supervisor:
         if event.kind == "result":
             # Answer first, learn after: the client's reply must not wait for bookkeeping.
             for done in self.dispatcher.on_result(worker, event.header, event.payload):
-                self.frontend.reply_result(done)
+                self.replies.reply_result(done)
             if self.dispatcher.late:  # a late slice waits for an idle worker: this one may be it
                 self._hedge(time.monotonic())
             compute_ms = float(event.header["compute_ms"])
@@ -194,7 +236,7 @@ class Supervisor:
             message = event.header.get("message", "the model failed")
             log.error("worker %d failed a batch: %s", worker.id, message)
             for request in self.dispatcher.abandon():
-                self.frontend.reply_error(request, ErrorCode.INTERNAL, f"the model failed on this batch: {message}")
+                self.replies.reply_error(request, ErrorCode.INTERNAL, f"the model failed on this batch: {message}")
         elif event.kind == "lost":
             log.warning("worker %d (pid %s, %d threads) exited unexpectedly", worker.id, worker.pid, worker.threads)
             self._on_lost(worker)
@@ -212,10 +254,10 @@ class Supervisor:
             again = []
             for request in self.dispatcher.abandon():
                 if request.retried:
-                    self.frontend.reply_error(
+                    self.replies.reply_error(
                         request, ErrorCode.INTERNAL, "every worker died while serving this batch, twice"
                     )
                 else:
                     request.retried = True
                     again.append(request)
-            self.frontend.batcher.requeue(again)
+            self.requeue(again)

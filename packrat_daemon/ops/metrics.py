@@ -233,6 +233,11 @@ class Metrics:
         if first_of_batch(done):
             self.layouts.observe(done)
 
+    def batch_started(self, inputs: int, seconds: float) -> None:
+        """A batch of `inputs` went to the workers; starting it held the loop `seconds` (the "dispatch" phase)."""
+        self.batch_size.observe(inputs)
+        self.own_times.add("dispatch", seconds)
+
     def observe_compute(self, threads: int, compute_ms: float) -> None:
         tally = self.compute.get(threads)
         if tally is None:

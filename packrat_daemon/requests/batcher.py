@@ -66,14 +66,16 @@ class Request:
 
 
 class Batcher:
-    def __init__(self, max_batch: int, max_delay_s: float, max_queued_inputs: int) -> None:
+    def __init__(
+        self, max_batch: int, max_delay_s: float, max_queued_inputs: int, predict: Predictor | None = None
+    ) -> None:
         self.configure(max_batch, max_delay_s, max_queued_inputs)
         self.queue: deque[Request] = deque()
         self.queued_inputs = 0
         # No queued request's deadline is earlier (it may be stale-early after take(): the next expire
         # then walks the queue once for nothing and corrects it). Saves that walk on every loop.
         self._earliest_deadline = math.inf
-        self.predict: Predictor | None = None  # the daemon's L(b) under its current plan
+        self.predict = predict  # the daemon's L(b) under its current plan (plan_latency); None: the rate alone decides
         self.mean_gap_s = math.inf  # between two requests' arrivals: no arrivals yet, no rate
         self.mean_samples = 1.0
         self.overhead_s = 0.0  # the daemon's own cost per batch, beyond the workers' compute

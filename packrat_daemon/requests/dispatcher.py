@@ -57,6 +57,9 @@ class Dispatcher:
         # the next check then finds nothing and recomputes it). Lets the loop skip the check on most wakes.
         self.next_deadline = math.inf
         self.own_times = own_times  # where each slice's trip to its worker is summed, if anywhere
+        # The workers batches are split across: the reconciler's serving ones as the supervisor's last look found
+        # them (every change to the pool passes through that look, so the list is not rebuilt for every batch).
+        self.serving: list[WorkerHandle] = []
 
     def set_deadlines(
         self, job_timeout_s: float, margin: float, floor_s: float, hedge_margin: float, hedge_floor_s: float

@@ -2,6 +2,9 @@
 
 This is the request path: `read` runs on every wake that has a request and `reply_result` once per
 answered request, so both stay flat (no per-request layers beyond the wire protocol's own parser).
+What it needs of the rest of the daemon is given at construction: the batcher it queues into, whether a
+batch is in flight (`busy`: reading stops for a full batch only when one can start), where each answer's
+own cost goes (`served`: the batcher's cost model), and the `status` reply.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from packrat_daemon.ops.hardening import claim_ipc
 from packrat_daemon.ops.logs import log_request
 from packrat_daemon.ops.metrics import Metrics
 from packrat_daemon.requests.batcher import Batcher, Request
-from packrat_daemon.requests.dispatcher import Completed, Dispatcher
+from packrat_daemon.requests.jobs import Completed
 from packrat_daemon.wire.codec import (
     ITEMSIZE,
     MAX_HEADER_BYTES,
@@ -88,8 +91,10 @@ class Frontend:
         info: ModelInfo,
         metrics: Metrics,
         batcher: Batcher,
-        dispatcher: Dispatcher,
         reconciler: Reconciler,
+        busy: Callable[[], bool],
+        served: Callable[[float], None],
+        status: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.model = config.model  # neither changes on reload: both take a restart
         self.endpoint = config.endpoint
@@ -99,10 +104,13 @@ class Frontend:
         self.emulation = emulation.describe(config, cores) if info.runtime == EMULATED else None
         self.metrics = metrics
         self.batcher = batcher  # its max_batch is the limit requests are checked against (a reload can shrink it)
-        self.dispatcher = dispatcher
-        self.reconciler = reconciler
+        self.reconciler = reconciler  # the plan and the serving workers `info` describes
+        self.busy = busy  # a batch is in flight
+        # Each answer's time from dispatch to reply less its compute: the daemon's own cost per batch, which the
+        # batcher's decision to wait for company weighs (Batcher.served).
+        self.served = served
+        self.status = status  # the `status` reply, as the daemon builds it (None: answered as `info`)
         self.accepting = False  # inference requests are queued only while serving; `info` is always answered
-        self.status: Callable[[], dict[str, Any]] | None = None  # the `status` reply, as the daemon builds it
         self.sample_bytes = math.prod(info.shape) * ITEMSIZE[info.dtype]
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
@@ -162,8 +170,9 @@ class Frontend:
             self.send(identity, exc.delimiter, encode_error(exc.request_id, exc.code, exc.message))
             return False
         if isinstance(request, InfoRequest):
-            live = request.op == "status" and self.status is not None
-            self.send(identity, delimiter, encode_info(request.request_id, self.status() if live else self.describe()))
+            status = self.status if request.op == "status" else None
+            info = self.describe() if status is None else status()
+            self.send(identity, delimiter, encode_info(request.request_id, info))
             return False
         if not self.accepting:
             self.metrics.count(ErrorCode.SHUTTING_DOWN)
@@ -187,12 +196,12 @@ class Frontend:
             message = f"the queue is full ({self.batcher.queued_inputs} inputs waiting); retry later"
             self.reply_error(queued, ErrorCode.OVERLOADED, message)
             return False
-        return self.batcher.queued_inputs >= self.batcher.max_batch and not self.dispatcher.busy
+        return self.batcher.queued_inputs >= self.batcher.max_batch and not self.busy()
 
-    def answer_all_and_close(self) -> None:
-        """Exactly one reply per request: after a second stop signal the queue and the batch in flight are
-        answered too, and requests that reached the socket after the drain get SHUTTING_DOWN, until it closes."""
-        for request in self.batcher.drain() + self.dispatcher.abandon():
+    def answer_all_and_close(self, left: list[Request]) -> None:
+        """Exactly one reply per request: after a second stop signal the queue and the batch in flight (`left`)
+        are answered too, and requests that reached the socket after the drain get SHUTTING_DOWN, until it closes."""
+        for request in left:
             self.reply_error(request, ErrorCode.SHUTTING_DOWN, "the server is shutting down")
         self.refuse_waiting()
         self.close()
@@ -263,7 +272,7 @@ class Frontend:
         )  # fmt: skip
         self.send(request.identity, request.delimiter, [header, payload], output.nbytes >= ZERO_COPY_MIN_BYTES)
         self.metrics.answered(done, total_ms)
-        self.batcher.served((total_ms - done.queue_ms - done.compute_ms) / 1000.0)  # what batching waits for
+        self.served((total_ms - done.queue_ms - done.compute_ms) / 1000.0)  # what batching waits for
         log_request(done, total_ms)
 
     def max_message_bytes(self) -> int:

@@ -130,8 +130,8 @@ class Simulation:
         self.loop = EventLoop(self.clock)
         self.policy = policy_for(config)
         self.allocator = CoreAllocator(self.topology)
-        self.batcher = Batcher(config.max_batch, config.max_delay_ms / 1000.0, config.max_queue)
-        self.batcher.predict = plan_latency(lambda: self.splitter, lambda: self.workers)  # as the daemon does
+        predict = plan_latency(lambda: self.splitter, lambda: self.workers)  # as the daemon does
+        self.batcher = Batcher(config.max_batch, config.max_delay_ms / 1000.0, config.max_queue, predict)
         self.adaptation = OnlineAdaptation(config, self.policy, profile, self.topology)
         self.plan = self.policy.plan(profile, self.topology, distribution_for(config))
         self.plan_changes: list[dict[str, Any]] = []

@@ -24,6 +24,7 @@ from packrat_daemon.wire import client_side
 from packrat_daemon.wire.client import AsyncClient, BadRequest, Client, Overloaded, TooLarge, UnsupportedVersion
 from policies.planning.profile import Profile
 from tests.helpers.daemons import running_daemon
+from tests.helpers.signals import HANDLED, own_handlers
 from workers.models.loading import load_model
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs for two pinned workers")
@@ -396,39 +397,6 @@ def test_production_timings_are_saved_into_the_profile(tmp_path: Path) -> None:
     learned = Profile.read_csv(saved)
     assert learned.cell(1, 2).samples > 1 and learned.latency(1, 2) < 50.0 / 4
     assert "profile with production timings saved" in (tmp_path / "daemon.log").read_text()
-
-
-HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-@contextlib.contextmanager
-def own_handlers() -> Iterator[dict[int, object]]:
-    """Handlers of our own for the daemon's signals, as a program embedding `serve` would have."""
-    before = {signum: signal.getsignal(signum) for signum in HANDLED}
-    ours = {signum: (lambda *_: None) for signum in HANDLED}
-    for signum, handler in ours.items():
-        signal.signal(signum, handler)
-    try:
-        yield ours
-    finally:
-        for signum, handler in before.items():
-            signal.signal(signum, handler)
-
-
-def test_signal_queue_turns_signals_into_events_and_restores_the_handlers() -> None:
-    from packrat_daemon.daemon import SIGNALS, SignalQueue
-
-    assert set(SIGNALS) == set(HANDLED)
-    queue = SignalQueue()
-    with own_handlers() as ours:
-        with queue.installed():
-            os.kill(os.getpid(), signal.SIGHUP)
-            os.kill(os.getpid(), signal.SIGTERM)
-            os.kill(os.getpid(), signal.SIGINT)
-            assert list(queue.events) == ["reload", "stop", "stop"]
-            assert queue.wake_r.recv(16)  # the loop's poll would have woken
-        assert {signum: signal.getsignal(signum) for signum in HANDLED} == ours
-    assert queue.wake_r.fileno() == -1  # the wake-up pipe lives as long as the handlers
 
 
 def test_serve_restores_the_signal_handlers_when_start_up_fails(tmp_path: Path) -> None:

@@ -68,7 +68,9 @@ def served(tmp_path: Path) -> Iterator[Served]:
     )
     batcher = Batcher(max_batch=4, max_delay_s=10.0, max_queued_inputs=6)
     config = ServeConfig(model=INFO.model, endpoint=f"ipc://{tmp_path}/front.ipc")
-    frontend = Frontend(context, config, INFO, Metrics(INFO.model), batcher, dispatcher, reconciler)
+    frontend = Frontend(
+        context, config, INFO, Metrics(INFO.model), batcher, reconciler, lambda: dispatcher.busy, batcher.served
+    )
     client = context.socket(zmq.DEALER)
     client.setsockopt(zmq.LINGER, 0)
     try:
