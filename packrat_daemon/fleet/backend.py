@@ -14,7 +14,6 @@ from __future__ import annotations
 import ctypes.util
 import glob
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from typing import Any
 
 import zmq
 
+from packrat_daemon.fleet.exits import exit_description
 from packrat_daemon.ops.hardening import claim_ipc, private_dir
 from packrat_daemon.wire.errors import ConfigError, PackratError
 from packrat_daemon.wire.zmqio import NOBLOCK, ZERO_COPY_MIN_BYTES, readable, recv_frames, send_frames
@@ -57,16 +57,6 @@ class TemplateLost(TemplateError):
     """The template died while serving: no worker can be (re)started, and its workers died with it. The daemon
     stops with this error (exit status 2) so that its supervisor (systemd's Restart=on-failure) starts it
     afresh; restarting the template in place would reload the model, which takes as long as a restart."""
-
-
-def exit_description(returncode: int) -> str:
-    """How a child process ended, from Popen's returncode: "killed by SIGKILL" or "exited with status 1"."""
-    if returncode < 0:
-        try:
-            return f"killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    return f"exited with status {returncode}"
 
 
 @dataclass(frozen=True)

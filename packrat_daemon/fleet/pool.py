@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from packrat_daemon.fleet.backend import Backend, TemplateError
+from packrat_daemon.fleet.exits import ExitCauses
 from workers import messages
 from workers.arena import SHARED_MIN_BYTES, Arena, Location, PeerArena, locate, warn_no_shared_memory
 
@@ -99,6 +100,7 @@ class Pool:
         self.boot_failures = 0  # workers in a row that exited before they were ready; a ready one resets it
         self.boot_error = ""  # what the last of them reported
         self.boot_failed_at = 0.0  # time.monotonic() of the last
+        self.exits = ExitCauses()  # words each exit: a SIGKILL from the OOM killer told apart
 
     def spawn(self, threads: int, cores: tuple[int, ...], generation: int) -> WorkerHandle:
         worker = WorkerHandle(next(_worker_ids), threads, cores, generation)
@@ -223,7 +225,9 @@ class Pool:
             if was is WorkerState.STARTING:
                 return self._boot_failed(worker, header)
             if was is not WorkerState.STOPPING:
-                return PoolEvent("lost", worker, header, [])
+                cause = self.exits.describe(header.get("status"))
+                log.warning("worker %d (pid %s, %d thread(s)) %s", worker.id, worker.pid, worker.threads, cause)
+                return PoolEvent("lost", worker, {**header, "cause": cause}, [])
         return None
 
     def _boot_failed(self, worker: WorkerHandle, header: dict[str, Any]) -> PoolEvent:
@@ -234,10 +238,8 @@ class Pool:
         self.boot_failed_at = time.monotonic()
         if status == messages.WORKER_BOOT_ERROR and header.get("error"):
             self.boot_error = str(header["error"])
-        elif isinstance(status, int) and status < 0:
-            self.boot_error = f"the worker was killed by signal {-status} before it was ready"
         else:
-            self.boot_error = f"the worker exited with status {status} before it was ready"
+            self.boot_error = f"the worker {self.exits.describe(status)} before it was ready"
         log.warning("worker %d (%d thread(s)) failed to start, %d in a row: %s",
                     worker.id, worker.threads, self.boot_failures, self.boot_error)  # fmt: skip
         return PoolEvent("boot-failed", worker, header, [])

@@ -191,3 +191,33 @@ def _v1_quotas(base: Path, controllers: str, path: PurePosixPath) -> list[float]
             # Found the hierarchy; the other names are links to the same folder.
             break
     return quotas
+
+
+def read_oom_kills(root: Path = Path("/"), cgroup_file: Path = Path("/proc/self/cgroup")) -> int | None:
+    """How many processes the kernel's OOM killer has killed in this process's memory cgroup (the `oom_kill`
+    line of v2 ``memory.events`` or v1 ``memory.oom_control``), or None where no file says (never raises:
+    it only words a log line)."""
+    try:
+        text = read_text(cgroup_file)
+        entries = [] if text is None else _parse_proc_cgroup(text, cgroup_file)
+    except TopologyError:
+        return None
+    base = root / "sys/fs/cgroup"
+    for hierarchy, controllers, path in entries:
+        if hierarchy == "0" and controllers == [""]:
+            folders, name = _ancestors(base, path), "memory.events"
+        elif "memory" in controllers:
+            folders, name = _ancestors(base / "memory", path), "memory.oom_control"
+        else:
+            continue
+        for folder in folders:  # the deepest that has the file: this process's own cgroup
+            try:
+                lines = (folder / name).read_text().splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and value.strip().isdigit():
+                    return int(value)
+            break
+    return None

@@ -17,7 +17,8 @@ import pytest
 import zmq
 
 from packrat_daemon.fleet import backend as backend_module
-from packrat_daemon.fleet.backend import Backend, TemplateError, TemplateLost, exit_description
+from packrat_daemon.fleet.backend import Backend, TemplateError, TemplateLost
+from packrat_daemon.fleet.exits import exit_description
 from packrat_daemon.fleet.pool import Pool
 from packrat_daemon.fleet.reconciler import Reconciler
 from packrat_daemon.wire.errors import ConfigError, PackratError
@@ -57,7 +58,7 @@ def test_the_template_fd_is_readable_the_moment_the_template_dies(backend: Backe
     backend.check_template()
     _killed(backend)
     assert zmq.zmq_poll([(fd, zmq.POLLIN)], 5000) == [(fd, zmq.POLLIN)]
-    with pytest.raises(TemplateLost, match=r"template process \(pid \d+\) killed by SIGKILL.*the daemon stops"):
+    with pytest.raises(TemplateLost, match=r"template process \(pid \d+\) was killed by SIGKILL.*the daemon stops"):
         backend.check_template()
 
 
@@ -78,7 +79,7 @@ def test_the_reconciler_stops_at_its_next_step_once_the_template_is_gone(backend
 
 
 @pytest.mark.parametrize(
-    ("code", "said"), [(-9, "killed by SIGKILL"), (1, "exited with status 1"), (-200, "killed by signal 200")]
+    ("code", "said"), [(-9, "was killed by SIGKILL"), (1, "exited with status 1"), (-200, "was killed by signal 200")]
 )
 def test_an_exit_is_described_by_its_signal_or_status(code: int, said: str) -> None:
     assert exit_description(code) == said

@@ -17,6 +17,7 @@ from policies.planning.kernel_files import (
     read_cgroup_limits,
     read_cpulist_file,
     read_int_file,
+    read_oom_kills,
     read_text,
 )
 
@@ -130,3 +131,24 @@ def test_a_malformed_cgroup_file_is_named(tmp_path: Path, relative: str, text: s
     write(tmp_path, relative, text)
     with pytest.raises(TopologyError, match=complaint):
         limits(tmp_path)
+
+
+# --- the OOM killer's count -------------------------------------------------------------------------
+def test_the_oom_kill_count_is_read_from_the_v2_cgroup(tmp_path: Path) -> None:
+    write(tmp_path, "proc/self/cgroup", "0::/system.slice/packrat.service")
+    write(
+        tmp_path, "sys/fs/cgroup/system.slice/packrat.service/memory.events", "low 0\nhigh 0\nmax 3\noom 2\noom_kill 2"
+    )
+    assert read_oom_kills(tmp_path, tmp_path / "proc/self/cgroup") == 2
+
+
+def test_the_oom_kill_count_is_read_from_the_v1_memory_controller(tmp_path: Path) -> None:
+    write(tmp_path, "proc/self/cgroup", "5:cpu,cpuacct:/x\n4:memory:/init.scope\n0::/init.scope")
+    write(tmp_path, "sys/fs/cgroup/memory/init.scope/memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 7")
+    assert read_oom_kills(tmp_path, tmp_path / "proc/self/cgroup") == 7
+
+
+def test_no_oom_kill_count_is_none_never_an_error(tmp_path: Path) -> None:
+    assert read_oom_kills(tmp_path, tmp_path / "proc/self/cgroup") is None  # no /proc/self/cgroup
+    write(tmp_path, "proc/self/cgroup", "not a cgroup line")
+    assert read_oom_kills(tmp_path, tmp_path / "proc/self/cgroup") is None
