@@ -80,7 +80,7 @@ def loop() -> Loop:
     core = LoopCore(
         batcher,
         workers,
-        adaptation,  # the parts of OnlineAdaptation the loop uses
+        adaptation,  # type: ignore[arg-type]  # the parts of OnlineAdaptation the loop uses
         reply_error=lambda request, code, message: log.append(("error", code, request.samples)),
         switch=lambda plan, reason: log.append(("switch", plan.reason, reason)),
         served=lambda: (PLAN, None),

@@ -1,4 +1,5 @@
-"""The supervisor's test for a worker past its slice's deadline: hung only once its CPU time stops advancing."""
+"""The supervisor: a worker past its slice's deadline is hung only once its CPU time stops advancing; when the
+loop's check looks at the workers; where the answers, and a batch that lost its workers, go."""
 
 from __future__ import annotations
 
@@ -7,11 +8,23 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
 
-from packrat_daemon.fleet.supervisor import MIN_PROGRESS_CPU_S, PROGRESS_LOOK_S, Supervisor, cpu_seconds
+from packrat_daemon.adapt.production import ProductionProfile
+from packrat_daemon.fleet.pool import PoolEvent, WorkerHandle, WorkerState
+from packrat_daemon.fleet.supervisor import (
+    MIN_PROGRESS_CPU_S,
+    PROGRESS_LOOK_S,
+    RECONCILE_INTERVAL_S,
+    Supervisor,
+    cpu_seconds,
+)
+from packrat_daemon.ops.metrics import Metrics
+from packrat_daemon.requests.batcher import Request
+from packrat_daemon.wire.codec import ErrorCode
 
 
 def overdue_job(pid: int, sent_at: float) -> SimpleNamespace:
@@ -62,3 +75,96 @@ def test_past_the_job_timeout_even_a_computing_worker_is_replaced() -> None:
     finally:
         busy.kill()
         busy.wait()
+
+
+@dataclass
+class Fleet:
+    """A supervisor on stand-ins for its parts, recording what it asks of them."""
+
+    supervisor: Supervisor
+    reconciler: SimpleNamespace
+    dispatcher: SimpleNamespace
+    metrics: Metrics
+    requeued: list[list[Request]]
+    replies: list[tuple[str, object]]
+
+
+def fleet(abandoned: list[Request] | None = None, completed: list[object] | None = None) -> Fleet:
+    worker = WorkerHandle(1, 2, (0, 1), 1, WorkerState.READY, pid=101)
+    looks: list[float] = []
+    reconciler = SimpleNamespace(
+        pool=SimpleNamespace(backend=None, ready=lambda: [worker]),
+        generation=1,
+        looks=looks,
+        step=lambda: looks.append(time.monotonic()),
+        serving=lambda: [worker],
+        replace=lambda _worker: None,
+    )
+    dispatcher = SimpleNamespace(
+        busy=False,
+        next_deadline=math.inf,
+        serving=[],
+        jobs={},
+        late=[],
+        overdue=lambda _now: [],
+        reassign=lambda _lost, _workers: False,
+        abandon=lambda: list(abandoned or []),
+        on_result=lambda _worker, _header, _payload: list(completed or []),
+    )
+    replies: list[tuple[str, object]] = []
+    requeued: list[list[Request]] = []
+
+    class Replies:
+        def reply_result(self, done: object) -> None:
+            replies.append(("result", done))
+
+        def reply_error(self, request: Request, code: ErrorCode, message: str) -> None:
+            replies.append((code.value, request))
+
+    metrics = Metrics("builtin:tiny-mlp")
+    supervisor = Supervisor(
+        reconciler,  # type: ignore[arg-type]
+        dispatcher,  # type: ignore[arg-type]
+        metrics,
+        ProductionProfile(),
+        Replies(),
+        requeue=requeued.append,
+        queued=lambda: 5,
+    )
+    return Fleet(supervisor, reconciler, dispatcher, metrics, requeued, replies)
+
+
+def request(samples: int, retried: bool = False) -> Request:
+    return Request(b"id", None, 1, "float32", (samples, 4), b"\0" * (16 * samples), 0.0, None, retried=retried)
+
+
+def test_the_check_looks_at_once_after_the_pool_or_the_plan_changed_else_every_interval() -> None:
+    f = fleet()
+    f.supervisor.check(100.0)  # the first wake: nothing looked at yet
+    f.supervisor.check(100.05)
+    assert len(f.reconciler.looks) == 1
+    assert f.dispatcher.serving == f.reconciler.serving()  # what batches are split across from now on
+    assert f.metrics.registry.get_sample_value("packrat_queued_inputs") == 5
+    f.reconciler.generation = 2  # a switch: the new plan's workers are looked after at once
+    f.supervisor.check(100.06)
+    f.supervisor.check(100.07)
+    assert len(f.reconciler.looks) == 2
+    f.supervisor.check(100.06 + RECONCILE_INTERVAL_S)
+    assert len(f.reconciler.looks) == 3
+
+
+def test_a_batch_that_lost_every_worker_is_requeued_once_then_answered_internal() -> None:
+    first, again = request(2), request(3, retried=True)
+    f = fleet(abandoned=[first, again])
+    f.supervisor._on_lost(WorkerHandle(1, 2, (0, 1), 1, WorkerState.DEAD))
+    assert f.requeued == [[first]] and first.retried
+    assert f.replies == [("INTERNAL", again)]
+
+
+def test_results_and_failures_are_answered_through_the_replies_given() -> None:
+    worker = WorkerHandle(1, 2, (0, 1), 1, WorkerState.READY)
+    done = object()
+    f = fleet(abandoned=[request(1)], completed=[done])
+    f.supervisor._on_event(PoolEvent("result", worker, {"compute_ms": 3.0, "batch": 4, "job": 1}, []))
+    f.supervisor._on_event(PoolEvent("failed", worker, {"message": "boom"}, []))
+    assert [kind for kind, _ in f.replies] == ["result", "INTERNAL"] and f.replies[0][1] is done
