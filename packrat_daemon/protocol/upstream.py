@@ -19,6 +19,7 @@ import zmq.asyncio
 from packrat_daemon.wire.client_side import decode_reply, encode_infer_request, encode_info_request
 from packrat_daemon.wire.codec import ProtocolError
 from packrat_daemon.wire.curve import ClientKeys
+from packrat_daemon.wire.zmqio import ZERO_COPY_MIN_BYTES
 
 log = logging.getLogger("packrat.oip")
 
@@ -68,7 +69,10 @@ class Upstream:
         self._pending[request_id] = waiter
         try:
             async with asyncio.timeout(timeout_s):
-                await self._socket.send_multipart(frames, copy=False)
+                # Zero-copy only for a big tensor: for a small one pyzmq's tracked frames (released through its
+                # garbage-collector thread) cost far more than the copy.
+                large = len(frames) > 1 and len(frames[-1]) >= ZERO_COPY_MIN_BYTES
+                await self._socket.send_multipart(frames, copy=not large)
                 return await waiter
         except TimeoutError:
             raise UpstreamTimeout(f"no reply from the daemon at {self.endpoint} within {timeout_s:g} s") from None

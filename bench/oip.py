@@ -1,0 +1,228 @@
+"""What the Open Inference Protocol costs over Packrat's own protocol, side by side in one run.
+
+    .venv/bin/python bench/oip.py [--model builtin:resnet50] [--batch 16] [--rounds 10] [--requests 10]
+                                  [--variants process,thread] [--paths zmq,grpc,http] [--plan 1*2x16]
+
+One daemon per variant, each with the gateway (REST and gRPC) beside it:
+
+- process: `packrat serve --http-port --grpc-port`, the gateway in a child process (what serve does);
+- thread: the same gateway in a thread of the daemon's own process (started before `serve` by this script),
+  to measure whether the GIL it shares with the serving loop costs more than the process's extra hops save.
+
+Each round visits every variant and, on it, every path in a rotating order, sending `--requests` requests of
+`--batch` samples one after the other from this process: `zmq` through Packrat's client library straight
+to the daemon, `grpc` through tritonclient's gRPC client (raw tensors), `http` through tritonclient's HTTP
+client with the binary-data extension, `json` (only if asked) with JSON tensors. A path's figure is the
+median latency; each round's ratio and difference to `zmq` on the same daemon pair them, and the reported
+ratio and difference are the medians over rounds. JSON on stdout (`--out FILE` also writes it there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+# The thread variant: the gateway in a daemon thread of the daemon's process, then `packrat serve` itself.
+THREAD_LAUNCH = """
+import asyncio, sys, threading
+from packrat_daemon.protocol.gateway import GatewayOptions, serve_gateway
+options = GatewayOptions(connect=sys.argv[1], http_port=int(sys.argv[2]), grpc_port=int(sys.argv[3]))
+threading.Thread(target=lambda: asyncio.run(serve_gateway(options, install_signals=False)), daemon=True).start()
+from packrat_daemon.cli import main
+sys.exit(main(["serve", *sys.argv[4:]]))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Served:
+    """One daemon with its gateway, started as `variant` says."""
+
+    def __init__(self, variant: str, serve_args: list[str], folder: Path) -> None:
+        self.variant = variant
+        self.endpoint = f"ipc://{folder}/{variant}.ipc"
+        self.http_port, self.grpc_port = free_port(), free_port()
+        args = ["--endpoint", self.endpoint, *serve_args]
+        if variant == "process":
+            command = [sys.executable, "-m", "packrat_daemon", "serve", *args]
+            command += ["--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port)]
+        else:
+            command = [sys.executable, "-c", THREAD_LAUNCH, self.endpoint, str(self.http_port), str(self.grpc_port)]
+            command += args
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        self.log = folder / f"{variant}.log"
+        with open(self.log, "wb") as out:
+            self.process = subprocess.Popen(command, env=env, stdout=out, stderr=out)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        import tritonclient.http as httpclient
+
+        deadline = time.monotonic() + timeout_s
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{self.http_port}")
+        while True:
+            if self.process.poll() is not None:
+                raise SystemExit(f"the {self.variant} daemon exited:\n{self.log.read_text()[-3000:]}")
+            try:
+                if client.is_server_ready():
+                    break
+            except Exception:
+                pass  # the gateway is not listening yet
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the {self.variant} daemon is not ready after {timeout_s:.0f} s")
+            time.sleep(0.5)
+        # The one model the gateway serves is the one its statistics name (Packrat has no repository index).
+        self.model = client.get_inference_statistics()["model_stats"][0]["name"]
+        client.close()
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+class Paths:
+    """The clients of one daemon, one per path, each a function that sends a batch and waits for the result."""
+
+    def __init__(self, served: Served, batch: np.ndarray) -> None:
+        import tritonclient.grpc as grpcclient
+        import tritonclient.http as httpclient
+
+        from packrat_daemon.wire.client import Client
+
+        self.zmq = Client(served.endpoint, timeout=120)
+        self.grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{served.grpc_port}")
+        self.http = httpclient.InferenceServerClient(f"127.0.0.1:{served.http_port}", network_timeout=120)
+        name, shape = served.model, list(batch.shape)
+        grpc_input = grpcclient.InferInput("input", shape, "FP32")
+        grpc_input.set_data_from_numpy(batch)
+        binary_input = httpclient.InferInput("input", shape, "FP32")
+        binary_input.set_data_from_numpy(batch, binary_data=True)
+        json_input = httpclient.InferInput("input", shape, "FP32")
+        json_input.set_data_from_numpy(batch, binary_data=False)
+        binary_output = [httpclient.InferRequestedOutput("output", binary_data=True)]
+        json_output = [httpclient.InferRequestedOutput("output", binary_data=False)]
+        self.send = {
+            "zmq": lambda: self.zmq.infer(batch),
+            "grpc": lambda: self.grpc.infer(name, [grpc_input]).as_numpy("output"),
+            "http": lambda: self.http.infer(name, [binary_input], outputs=binary_output).as_numpy("output"),
+            "json": lambda: self.http.infer(name, [json_input], outputs=json_output).as_numpy("output"),
+        }
+
+    def timed(self, path: str, requests: int) -> list[float]:
+        send, latencies = self.send[path], []
+        for _ in range(requests):
+            started = time.perf_counter()
+            send()
+            latencies.append((time.perf_counter() - started) * 1000.0)
+        return latencies
+
+    def close(self) -> None:
+        self.zmq.close()
+        self.grpc.close()
+        self.http.close()
+
+
+def summary(latencies: dict[str, list[float]], rounds: list[dict[str, float]], paths: list[str]) -> dict[str, Any]:
+    """Per path: median and p90 of every request, and the medians over rounds of its ratio and difference to zmq."""
+    report: dict[str, Any] = {}
+    for path in paths:
+        values = sorted(latencies[path])
+        entry: dict[str, Any] = {
+            "median_ms": round(statistics.median(values), 3),
+            "p90_ms": round(values[int(0.9 * (len(values) - 1))], 3),
+        }
+        if path != "zmq":
+            entry["ratio_to_zmq"] = round(statistics.median(r[path] / r["zmq"] for r in rounds), 4)
+            entry["minus_zmq_ms"] = round(statistics.median(r[path] - r["zmq"] for r in rounds), 3)
+        report[path] = entry
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="builtin:resnet50")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--plan", default=None, help="a fixed plan (default: 1 instance of every core, --batch)")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--requests", type=int, default=10, help="per path and round")
+    parser.add_argument("--warmup", type=int, default=3, help="requests per path before the rounds")
+    parser.add_argument("--variants", default="process,thread")
+    parser.add_argument("--paths", default="zmq,grpc,http", help="of zmq, grpc, http, json")
+    parser.add_argument("--out", type=Path, help="also write the JSON report here")
+    args = parser.parse_args()
+    variants, paths = args.variants.split(","), args.paths.split(",")
+    cores = len(os.sched_getaffinity(0))
+    plan = args.plan or f"1*{cores}x{args.batch}"
+    serve_args = ["--model", args.model, "--policy", "fixed", "--plan", plan, "--max-batch", str(args.batch)]
+    serve_args += ["--max-delay-ms", "0", "--no-adapt"]
+
+    from packrat_daemon.wire.client import Client
+
+    with tempfile.TemporaryDirectory(prefix="packrat-oip-") as folder:
+        daemons = [Served(variant, serve_args, Path(folder)) for variant in variants]
+        clients: dict[str, Paths] = {}
+        try:
+            for served in daemons:
+                served.wait_ready(900)
+            with Client(daemons[0].endpoint, timeout=30) as probe:
+                info = probe.info()
+            batch = np.random.default_rng(0).standard_normal((args.batch, *info["input"]["shape"])).astype(np.float32)
+            clients = {served.variant: Paths(served, batch) for served in daemons}
+            for client in clients.values():
+                for path in paths:
+                    client.timed(path, args.warmup)
+            latencies = {variant: {path: [] for path in paths} for variant in variants}
+            per_round: dict[str, list[dict[str, float]]] = {variant: [] for variant in variants}
+            for index in range(args.rounds):
+                order = paths[index % len(paths) :] + paths[: index % len(paths)]  # rotate who goes first
+                for variant in variants[index % len(variants) :] + variants[: index % len(variants)]:
+                    medians = {}
+                    for path in order:
+                        measured = clients[variant].timed(path, args.requests)
+                        latencies[variant][path] += measured
+                        medians[path] = statistics.median(measured)
+                    per_round[variant].append(medians)
+        finally:
+            for client in clients.values():
+                client.close()
+            for served in daemons:
+                served.stop()
+    report = {
+        "bench": "oip",
+        "model": args.model,
+        "batch": args.batch,
+        "plan": plan,
+        "cores": cores,
+        "rounds": args.rounds,
+        "requests_per_round": args.requests,
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "variants": {variant: summary(latencies[variant], per_round[variant], paths) for variant in variants},
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
