@@ -37,9 +37,10 @@ log = logging.getLogger("packrat.daemon")
 
 
 class Daemon:
-    """The running daemon: its parts, built here in the order they need each other (each given what it uses,
-    at construction), and the loop that drives them. It is the control channel's `Switchboard`: the plan,
-    the policy and the profile it serves change through `switch`, `set_policy` and a reload only."""
+    """The running daemon: the parts `wiring.assemble` builds, those that need the daemon itself (the loop
+    core, the control channel, the `status` reply), and the loop that drives them. It is the control
+    channel's `Switchboard`: the plan, the policy and the profile it serves change through `switch`,
+    `set_policy` and a reload only."""
 
     def __init__(
         self,

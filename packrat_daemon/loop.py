@@ -1,7 +1,7 @@
 """The main loop's core: what one wake of the loop does, in order, whatever the clock and the sockets.
 
-`LoopCore.tick(now)` runs the phases of a wake (named after gunicorn's arbiter, which also reaps, murders
-and manages from one loop):
+`LoopCore.tick(now)` runs the phases of a wake (as gunicorn's arbiter reaps, murders and manages its
+workers from one loop):
 
 1. **expire**: answer the queued requests whose timeout passed, TIMEOUT;
 2. **check**: the workers' deadlines and, when due, a look at the workers (`Workers.check`);
