@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import zmq
-import zmq.asyncio
 
 from packrat_daemon.wire.client_side import decode_reply, encode_infer_request, encode_info_request
 from packrat_daemon.wire.codec import ProtocolError
@@ -31,12 +30,16 @@ class UpstreamTimeout(Exception):
 
 
 class Upstream:
-    """One DEALER to the daemon's ZeroMQ frontend and the reader task that routes its replies."""
+    """One DEALER to the daemon's ZeroMQ frontend; replies are read when the loop sees its descriptor readable.
 
-    def __init__(self, endpoint: str, keys: ClientKeys | None = None, context: zmq.asyncio.Context | None = None):
+    A plain socket on the loop's own reader rather than zmq.asyncio: this is the request path, and each
+    zmq.asyncio call adds futures and a poll of its own. ZeroMQ's descriptor is edge-triggered, so every
+    wake-up (and every send, which may take the edge) reads until no message is left.
+    """
+
+    def __init__(self, endpoint: str, keys: ClientKeys | None = None, context: zmq.Context | None = None) -> None:
         self.endpoint = endpoint
-        self._context = context or zmq.asyncio.Context.instance()
-        self._socket = self._context.socket(zmq.DEALER)
+        self._socket = (context or zmq.Context.instance()).socket(zmq.DEALER)
         if keys is not None:
             keys.apply(self._socket)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -47,7 +50,7 @@ class Upstream:
         self._socket.connect(endpoint)
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Reply]] = {}
-        self._reader: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
     async def infer(self, array: np.ndarray, timeout_s: float, dtype: str | None = None) -> Reply:
@@ -63,43 +66,50 @@ class Upstream:
         return header
 
     async def _request(self, request_id: int, frames: list[Any], timeout_s: float) -> Reply:
-        if self._reader is None or self._reader.done():
-            self._reader = asyncio.create_task(self._read())
-        waiter: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._loop = loop
+            loop.add_reader(self._socket.getsockopt(zmq.FD), self._read)
+        waiter: asyncio.Future[Reply] = loop.create_future()
         self._pending[request_id] = waiter
         try:
             async with asyncio.timeout(timeout_s):
-                # Zero-copy only for a big tensor: for a small one pyzmq's tracked frames (released through its
-                # garbage-collector thread) cost far more than the copy.
-                large = len(frames) > 1 and len(frames[-1]) >= ZERO_COPY_MIN_BYTES
-                await self._socket.send_multipart(frames, copy=not large)
+                await self._send(frames)
+                self._read()  # the send may have taken the descriptor's edge for a reply already here
                 return await waiter
         except TimeoutError:
             raise UpstreamTimeout(f"no reply from the daemon at {self.endpoint} within {timeout_s:g} s") from None
         finally:
             self._pending.pop(request_id, None)
 
-    async def _read(self) -> None:
-        while not self._closed:
+    async def _send(self, frames: list[Any]) -> None:
+        # Zero-copy only for a big tensor: for a small one pyzmq's tracked frames (released through its
+        # garbage-collector thread) cost far more than the copy.
+        large = len(frames) > 1 and len(frames[-1]) >= ZERO_COPY_MIN_BYTES
+        while True:
             try:
-                frames = await self._socket.recv_multipart(copy=False)
-            except zmq.ZMQError:
-                if self._closed:
-                    return
-                log.exception("receiving from the daemon failed; the reader restarts with the next request")
-                raise
+                self._socket.send_multipart(frames, zmq.NOBLOCK, copy=not large)
+                return
+            except zmq.Again:
+                # 10 000 requests queued for a daemon that does not read them: wait (the caller's timeout bounds it).
+                await asyncio.sleep(0.01)
+
+    def _read(self) -> None:
+        socket = self._socket
+        while not self._closed and socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
             try:
                 reply: Reply = decode_reply(frames)
-                request_id = reply[0].get("id")
             except ProtocolError as exc:
                 log.warning("dropping a reply from the daemon that breaks its protocol: %s", exc)
                 continue
+            request_id = reply[0].get("id")
             waiter = self._pending.get(request_id) if isinstance(request_id, int) else None
             if waiter is not None and not waiter.done():
                 waiter.set_result(reply)
 
     def close(self) -> None:
         self._closed = True
-        if self._reader is not None:
-            self._reader.cancel()
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._socket.getsockopt(zmq.FD))
         self._socket.close(linger=0)
