@@ -263,8 +263,8 @@ class DataPlane:
             input_ns=sent_ns - started_ns,
         )
 
-    def answered(self, result: InferResult, encoded_ns: int) -> None:
-        """Count an answered request, once the transport has encoded its result (at `encoded_ns`)."""
+    def answered(self, result: InferResult, encoding_ns: int) -> None:
+        """Count an answered request, once the transport has encoded its result (which it began at `encoding_ns`)."""
         now = time.perf_counter_ns()
         self.statistics.succeeded(
             result.array.shape[0],
@@ -272,7 +272,7 @@ class DataPlane:
             result.queue_ns,
             result.compute_ns,
             result.input_ns,
-            now - encoded_ns,
+            now - encoding_ns,
         )
 
     @staticmethod

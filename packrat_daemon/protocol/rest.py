@@ -115,8 +115,9 @@ class RestApp:
         inputs, outputs, binary_outputs, timeout_s = parse_infer_request(request, binary)
         request_id = request.get("id", "")
         result = await self.plane.infer(name, version, inputs, outputs, str(request_id), timeout_s, started)
+        encoding = time.perf_counter_ns()
         response = encode_infer_response(result, request_id, binary_outputs)
-        self.plane.answered(result, time.perf_counter_ns())
+        self.plane.answered(result, encoding)
         return response
 
 

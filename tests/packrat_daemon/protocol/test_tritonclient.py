@@ -170,7 +170,8 @@ def test_statistics_count_what_was_served(served: Served) -> None:
         after = http.get_inference_statistics(MODEL)["model_stats"][0]
     assert after["inference_count"] == before["inference_count"] + 3
     assert after["inference_stats"]["success"]["count"] == before["inference_stats"]["success"]["count"] + 1
-    assert after["inference_stats"]["compute_infer"]["ns"] > before["inference_stats"]["compute_infer"]["ns"]
+    for duration in ("compute_infer", "compute_input", "compute_output"):
+        assert after["inference_stats"][duration]["ns"] > before["inference_stats"][duration]["ns"], duration
     assert 3 in {entry["batch_size"] for entry in after["batch_stats"]}
     rpc = grpcclient.InferenceServerClient(served.grpc)
     try:
