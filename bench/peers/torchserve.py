@@ -79,6 +79,7 @@ class TorchServe:
             "max_request_size": str(64 << 20),
             "max_response_size": str(64 << 20),
             "default_response_timeout": "300",
+            "disable_system_metrics": "true",  # its collector starts a Python process every minute: noise here
         }
         if self.launcher:
             properties["cpu_launcher_enable"] = "true"
@@ -96,7 +97,11 @@ class TorchServe:
                    "--ts-config", str(properties)]  # fmt: skip
         if self.preload:
             command += ["--models", f"{self.model}={self.model}.mar"]
-        env = dict(os.environ, PATH=f"{venv / 'bin'}:{os.environ['PATH']}", LOG_LOCATION=str(home / "logs"))
+        # TorchServe keeps its pid file in the temporary folder and refuses a second server that shares it.
+        tmp = home / "tmp"
+        tmp.mkdir()
+        env = dict(os.environ, PATH=f"{venv / 'bin'}:{os.environ['PATH']}", LOG_LOCATION=str(home / "logs"),
+                   TMPDIR=str(tmp))  # fmt: skip
         env.pop("PYTHONPATH", None)
         self.process = start(command, self.log_path, cwd=home, env=env)
         wait_http(f"{self.url}/ping", self.process, self.log_path, START_TIMEOUT_S)
