@@ -83,10 +83,8 @@ def stop(process: subprocess.Popen, grace_s: float = 30.0) -> None:
     if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            pass
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)  # stragglers of the group (TorchServe's workers, tritonserver)
     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -106,7 +104,9 @@ def http(
         return error.code, error.read()
 
 
-def wait_http(url: str, process: subprocess.Popen, log_path: Path, timeout_s: float, ok: tuple[int, ...] = (200,)) -> None:
+def wait_http(
+    url: str, process: subprocess.Popen, log_path: Path, timeout_s: float, ok: tuple[int, ...] = (200,)
+) -> None:
     """Until GET `url` answers one of `ok`; RuntimeError with the log's tail if the process dies or time runs out."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

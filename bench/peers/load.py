@@ -12,7 +12,6 @@ import time
 from typing import Any
 
 import numpy as np
-
 from payload import expected_output_bytes, make_input, oip_request
 
 try:
@@ -75,7 +74,7 @@ class Sender:
                 header = reply.headers.get("Inference-Header-Content-Length")
                 size = len(data) - int(header) if header is not None else len(data)
                 return None if size == self.expected else "WRONG_SIZE"
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return "CLIENT_TIMEOUT"
         except Exception as exc:  # noqa: BLE001 - every failure is counted under its own name
             return getattr(exc, "code", None) or type(exc).__name__
@@ -118,8 +117,11 @@ async def closed_loop(sender: Sender, concurrency: int, duration_s: float, warmu
     began = time.perf_counter()
     until = began + duration_s
     await asyncio.gather(*(client(until, latencies, errors) for _ in range(concurrency)))
-    return {"mode": "closed", "concurrency": concurrency, **_report(latencies, errors, time.perf_counter() - began,
-                                                                   len(sender.array))}  # fmt: skip
+    return {
+        "mode": "closed",
+        "concurrency": concurrency,
+        **_report(latencies, errors, time.perf_counter() - began, len(sender.array)),
+    }
 
 
 async def open_loop(sender: Sender, rate: float, duration_s: float, seed: int, warmup_s: float) -> dict[str, Any]:
@@ -148,12 +150,19 @@ async def open_loop(sender: Sender, rate: float, duration_s: float, seed: int, w
             errors["UNFINISHED"] = errors.get("UNFINISHED", 0) + 1
     window = max(time.perf_counter() - began, duration_s)
     report = _report(latencies, errors, window, len(sender.array))
-    return {"mode": "poisson", "rate_rps": rate, "send_lag_p99_ms": round(float(np.percentile(lags, 99)), 2),
-            **report}  # fmt: skip
+    return {"mode": "poisson", "rate_rps": rate, "send_lag_p99_ms": round(float(np.percentile(lags, 99)), 2), **report}
 
 
-async def measure(target: dict[str, Any], model: str, batch: int, point: dict[str, Any], duration_s: float,
-                  warmup_s: float, timeout_s: float, seed: int = 0) -> dict[str, Any]:  # fmt: skip
+async def measure(
+    target: dict[str, Any],
+    model: str,
+    batch: int,
+    point: dict[str, Any],
+    duration_s: float,
+    warmup_s: float,
+    timeout_s: float,
+    seed: int = 0,
+) -> dict[str, Any]:
     """One point (closed loop {"concurrency": N} or Poisson {"rate": R}) against one target."""
     sender = Sender(target, model, batch, timeout_s)
     await sender.open()

@@ -2,8 +2,9 @@
 query sample over the server's own API (the Open Inference Protocol's REST API with binary data, TorchServe's REST
 API, or Packrat's ZeroMQ client). Runs in bench/peers/.venv-loadgen (bash bench/peers/install_loadgen.sh):
 
-    .venv-loadgen/bin/python bench/peers/loadgen.py --target '{"kind": "oip", "url": "http://127.0.0.1:P/v2/models/resnet50/infer"}' \\
-        --name packrat_oip --scenario Server --bound-ms 100 --duration 20 --out bench/results/peers-loadgen-resnet50/packrat_oip
+    .venv-loadgen/bin/python bench/peers/loadgen.py --name packrat_oip \\
+        --target '{"kind": "oip", "url": "http://127.0.0.1:P/v2/models/resnet50/infer"}' \\
+        --scenario Server --bound-ms 100 --duration 20 --out bench/results/peers-loadgen-resnet50/packrat_oip
 
 SingleStream: one query at a time, LoadGen's p90. Server: Poisson arrivals at a target QPS; the search doubles the
 QPS from half SingleStream's rate while a trial's p99 stays under --bound-ms with no failed query, then bisects
@@ -34,7 +35,9 @@ sys.path.insert(0, str(HERE.parent.parent))
 try:
     import mlperf_loadgen as lg
 except ImportError as exc:
-    raise SystemExit(f"mlcommons-loadgen is not installed here ({exc}); run: bash bench/peers/install_loadgen.sh")
+    raise SystemExit(
+        f"mlcommons-loadgen is not installed here ({exc}); run: bash bench/peers/install_loadgen.sh"
+    ) from exc
 
 from payload import expected_output_bytes, make_input, oip_request  # noqa: E402
 
@@ -121,8 +124,9 @@ def _ms(fields: dict[str, str], *keys: str) -> float | None:
     return None
 
 
-def run_test(sut: Sut, scenario: str, folder: Path, duration_s: float, bound_ms: float, qps: float | None,
-             expected_ms: float) -> dict[str, Any]:  # fmt: skip
+def run_test(
+    sut: Sut, scenario: str, folder: Path, duration_s: float, bound_ms: float, qps: float | None, expected_ms: float
+) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     settings = lg.TestSettings()
     settings.mode = lg.TestMode.PerformanceOnly
@@ -172,7 +176,9 @@ def run_test(sut: Sut, scenario: str, folder: Path, duration_s: float, bound_ms:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", required=True, help='JSON: {"kind": "oip"|"torchserve", "url": …} or {"kind": "zmq", "endpoint": …}')
+    parser.add_argument(
+        "--target", required=True, help='JSON: {"kind": "oip"|"torchserve", "url": …} or {"kind": "zmq", "endpoint": …}'
+    )
     parser.add_argument("--name", required=True)
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--scenario", choices=("SingleStream", "Server"), required=True)
@@ -196,8 +202,9 @@ def main() -> int:
     if args.start_qps:
         qps = args.start_qps
     else:
-        probe = run_test(sut, "SingleStream", out / "server-probe-SingleStream", min(args.duration, 10.0),
-                         args.bound_ms, None, 50.0)  # fmt: skip
+        probe = run_test(
+            sut, "SingleStream", out / "server-probe-SingleStream", min(args.duration, 10.0), args.bound_ms, None, 50.0
+        )
         qps = round(max(0.5, 500.0 / (probe["p50_ms"] or 1000.0)), 2)  # half of one-at-a-time's rate
     trials: list[dict[str, Any]] = []
     good: float | None = None
@@ -218,10 +225,19 @@ def main() -> int:
             if bad - good <= max(0.05 * good, 0.1):
                 break
             qps = round((good + bad) / 2, 2)
-    print(json.dumps({
-        "name": args.name, "scenario": "Server", "bound_ms": args.bound_ms, "qps_at_bound": good,
-        "first_failing_qps": bad, "trials": trials, "search_s": round(time.monotonic() - began, 1),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "name": args.name,
+                "scenario": "Server",
+                "bound_ms": args.bound_ms,
+                "qps_at_bound": good,
+                "first_failing_qps": bad,
+                "trials": trials,
+                "search_s": round(time.monotonic() - began, 1),
+            }
+        )
+    )
     return 0
 
 

@@ -47,9 +47,19 @@ class PackratServer:
         python = sys.executable
         serve_log = self.folder / f"{self.name}.log"
         self.serve = start(
-            [python, "-m", "packrat_daemon", "serve", "--model", self.spec, "--endpoint", self.endpoint,
-             *self.serve_args], serve_log,
-        )  # fmt: skip
+            [
+                python,
+                "-m",
+                "packrat_daemon",
+                "serve",
+                "--model",
+                self.spec,
+                "--endpoint",
+                self.endpoint,
+                *self.serve_args,
+            ],
+            serve_log,
+        )
         client = Client(self.endpoint, timeout=5.0)
         try:
             deadline = time.monotonic() + START_TIMEOUT_S

@@ -46,10 +46,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--concurrency", default="1,2,4,8", help="closed-loop concurrencies (default 1,2,4,8)")
     parser.add_argument("--batches", default="1,8", help="samples per request (default 1,8)")
     parser.add_argument(
-        "--rate-fractions", default="0.3,0.6,0.9",
+        "--rate-fractions",
+        default="0.3,0.6,0.9",
         help="open-loop Poisson rates, as fractions of the highest closed-loop throughput any configuration reached "
         "at that batch size in this run (default 0.3,0.6,0.9)",
-    )  # fmt: skip
+    )
     parser.add_argument("--rates", help="fixed Poisson rates (requests/s) instead, the same for every batch size")
     parser.add_argument("--duration", type=float, default=8.0, help="seconds per point per configuration (default 8)")
     parser.add_argument("--warmup", type=float, default=1.0, help="uncounted seconds before each point (default 1)")
@@ -63,7 +64,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--loadgen", action=argparse.BooleanOptionalAction, default=True, help="run MLPerf LoadGen")
     parser.add_argument("--loadgen-duration", type=float, default=20.0, help="seconds per LoadGen test (default 20)")
     parser.add_argument("--bound-ms", type=float, default=None, help="Server scenario's p99 bound (default per model)")
-    parser.add_argument("--loadgen-out", help="folder for LoadGen's summaries (default bench/results/peers-loadgen-MODEL)")
+    parser.add_argument(
+        "--loadgen-out", help="folder for LoadGen's summaries (default bench/results/peers-loadgen-MODEL)"
+    )
     parser.add_argument("--out", help="write the JSON here too")
     parser.add_argument("--work", help="folder for logs and archives (default: a temporary one, kept on failure)")
     return parser.parse_args()
@@ -90,10 +93,22 @@ def probe_score(target: dict[str, Any], args: argparse.Namespace, probes: list[t
     request failed)."""
     results = {}
     for concurrency, batch in probes:
-        report = asyncio.run(measure(target, args.model, batch, {"concurrency": concurrency}, args.search_duration,
-                                     min(args.warmup, 1.0), args.timeout))  # fmt: skip
-        results[f"c{concurrency}_b{batch}"] = {"p99": report["latency_ms"]["p99"], "errors": report["errors"],
-                                                "throughput_rps": report["throughput_rps"]}  # fmt: skip
+        report = asyncio.run(
+            measure(
+                target,
+                args.model,
+                batch,
+                {"concurrency": concurrency},
+                args.search_duration,
+                min(args.warmup, 1.0),
+                args.timeout,
+            )
+        )
+        results[f"c{concurrency}_b{batch}"] = {
+            "p99": report["latency_ms"]["p99"],
+            "errors": report["errors"],
+            "throughput_rps": report["throughput_rps"],
+        }
     p99s = [entry["p99"] for entry in results.values()]
     failed = any(entry["errors"] for entry in results.values()) or None in p99s
     return {"probes": results, "score_p99_geomean_ms": None if failed else round(geomean(p99s), 2)}
@@ -126,10 +141,16 @@ def main() -> int:
     concurrencies, batches = ints(args.concurrency), ints(args.batches)
     probes = [(concurrency, batch) for batch in batches for concurrency in (min(concurrencies), max(concurrencies))]
     result: dict[str, Any] = {
-        "bench": "peers", "model": model["spec"], "cores": cores, "machine": os.uname().nodename,
-        "load_average_at_start": os.getloadavg(), "options": vars(args), "configured": {}, "search": {},
+        "bench": "peers",
+        "model": model["spec"],
+        "cores": cores,
+        "machine": os.uname().nodename,
+        "load_average_at_start": os.getloadavg(),
+        "options": vars(args),
+        "configured": {},
+        "search": {},
         "started_s": {},
-    }  # fmt: skip
+    }
     servers: list[Any] = []
     targets: dict[str, dict[str, Any]] = {}
     try:
@@ -164,15 +185,20 @@ def main() -> int:
                 for batch_size in ints(args.torchserve_batch):
                     name = f"ts_w{workers}_b{batch_size}"
                     ts_tuned.register(name, workers, batch_size, args.torchserve_batch_delay_ms)
-                    scored[name] = {"config": ts_tuned.describe(name),
-                                    **probe_score(ts_tuned.target(name), args, probes)}  # fmt: skip
+                    scored[name] = {
+                        "config": ts_tuned.describe(name),
+                        **probe_score(ts_tuned.target(name), args, probes),
+                    }
                     log(f"  {name}: score {scored[name]['score_p99_geomean_ms']} ms")
                     ts_tuned.unregister(name)  # one at a time: workers of another config would hold the cores' memory
             best = pick_best(scored)
             best_config = scored[best]["config"]
             ts_tuned.register(best, best_config["workers"], best_config["batch_size"], args.torchserve_batch_delay_ms)
-            result["search"]["torchserve"] = {"configurations": scored, "best": best,
-                                              "search_s": round(time.monotonic() - began, 1)}  # fmt: skip
+            result["search"]["torchserve"] = {
+                "configurations": scored,
+                "best": best,
+                "search_s": round(time.monotonic() - began, 1),
+            }
             targets["torchserve_best"] = ts_tuned.target(best)
             result["configured"]["torchserve_best"] = ts_tuned.describe(best)
 
@@ -192,9 +218,12 @@ def main() -> int:
                 scored[config["name"]] = {"config": config, **probe_score(triton.target(config["name"]), args, probes)}
                 log(f"  {config['name']}: score {scored[config['name']]['score_p99_geomean_ms']} ms")
             best = pick_best(scored)
-            result["search"]["triton"] = {"configurations": scored, "best": best,
-                                          "search_s": round(time.monotonic() - began, 1),
-                                          "note": "search_s includes starting Triton with every configuration"}  # fmt: skip
+            result["search"]["triton"] = {
+                "configurations": scored,
+                "best": best,
+                "search_s": round(time.monotonic() - began, 1),
+                "note": "search_s includes starting Triton with every configuration",
+            }
             targets["triton_best"] = triton.target(best)
             result["configured"]["triton_best"] = triton.describe(best)
 
@@ -206,8 +235,9 @@ def main() -> int:
         if args.loadgen:
             best_peer = result["summary"]["best_peer"]
             loadgen_dir = Path(args.loadgen_out or REPO / "bench" / "results" / f"peers-loadgen-{args.model}")
-            result["loadgen"] = run_loadgen(args, {"packrat_oip": targets["packrat_oip"],
-                                                   best_peer: targets[best_peer]}, bound_ms, loadgen_dir)  # fmt: skip
+            result["loadgen"] = run_loadgen(
+                args, {"packrat_oip": targets["packrat_oip"], best_peer: targets[best_peer]}, bound_ms, loadgen_dir
+            )
     finally:
         for server in reversed(servers):
             server.close()
@@ -220,8 +250,9 @@ def main() -> int:
     return 0
 
 
-def run_points(args: argparse.Namespace, targets: dict[str, dict[str, Any]], concurrencies: list[int],
-               batches: list[int]) -> list[dict[str, Any]]:  # fmt: skip
+def run_points(
+    args: argparse.Namespace, targets: dict[str, dict[str, Any]], concurrencies: list[int], batches: list[int]
+) -> list[dict[str, Any]]:
     """Every point, the configurations taking turns (the order rotating from point to point and round to round);
     closed-loop points first, so that the Poisson rates can follow from the throughputs they reached."""
     names = list(targets)
@@ -237,9 +268,11 @@ def run_points(args: argparse.Namespace, targets: dict[str, dict[str, Any]], con
                 else:
                     capacity = max(
                         (run["throughput_rps"] or 0.0)
-                        for done in points if done["batch"] == batch and "concurrency" in done
-                        for runs in done["runs"].values() for run in runs
-                    )  # fmt: skip
+                        for done in points
+                        if done["batch"] == batch and "concurrency" in done
+                        for runs in done["runs"].values()
+                        for run in runs
+                    )
                     rates = [round(fraction * capacity, 2) for fraction in floats(args.rate_fractions)]
                 todo += [{"batch": batch, "rate": rate} for rate in rates if rate > 0]
         else:
@@ -256,11 +289,23 @@ def run_points(args: argparse.Namespace, targets: dict[str, dict[str, Any]], con
                 )
                 for name in order:
                     spec = {key: point[key] for key in ("concurrency", "rate") if key in point}
-                    report = asyncio.run(measure(targets[name], args.model, point["batch"], spec, args.duration,
-                                                 args.warmup, args.timeout, seed=round_index))  # fmt: skip
+                    report = asyncio.run(
+                        measure(
+                            targets[name],
+                            args.model,
+                            point["batch"],
+                            spec,
+                            args.duration,
+                            args.warmup,
+                            args.timeout,
+                            seed=round_index,
+                        )
+                    )
                     point["runs"][name].append(report)
-                    log(f"{label} round {round_index + 1}: {name} p50 {report['latency_ms']['p50']} "
-                        f"p99 {report['latency_ms']['p99']} ms, {report['throughput_rps']}/s, errors {report['errors']}")
+                    log(
+                        f"{label} round {round_index + 1}: {name} p50 {report['latency_ms']['p50']} "
+                        f"p99 {report['latency_ms']['p99']} ms, {report['throughput_rps']}/s, errors {report['errors']}"
+                    )
     return points
 
 
@@ -269,8 +314,9 @@ def _median(values: list[Any]) -> Any:
     return round(statistics.median(present), 2) if present else None
 
 
-def summarize(points: list[dict[str, Any]], names: list[str], concurrencies: list[int],
-              batches: list[int]) -> dict[str, Any]:  # fmt: skip
+def summarize(
+    points: list[dict[str, Any]], names: list[str], concurrencies: list[int], batches: list[int]
+) -> dict[str, Any]:
     """Per point and configuration the medians across rounds; the ratios the issue's targets are stated in."""
     table = []
     for point in points:
@@ -284,6 +330,7 @@ def summarize(points: list[dict[str, Any]], names: list[str], concurrencies: lis
             }
         table.append(row)
     peers = [name for name in names if not name.startswith("packrat")]
+
     def p99(row: dict[str, Any], name: str) -> float:
         value = row[name]["p99"]
         return math.inf if value is None or row[name]["errors"] else value
@@ -302,8 +349,11 @@ def summarize(points: list[dict[str, Any]], names: list[str], concurrencies: lis
             entry.update(best_peer_here=best_here, packrat_vs_best_peer_p99=round(ratio, 3), within_5pct=ratio <= 1.05)
         entry["packrat_zmq_vs_oip_p99"] = round(p99(row, "packrat_zmq") / mine, 3)
         checks.append(entry)
-    closed_ts = [entry["packrat_vs_torchserve_default_p99"] for entry in checks
-                 if "concurrency" in entry and "packrat_vs_torchserve_default_p99" in entry]  # fmt: skip
+    closed_ts = [
+        entry["packrat_vs_torchserve_default_p99"]
+        for entry in checks
+        if "concurrency" in entry and "packrat_vs_torchserve_default_p99" in entry
+    ]
     return {
         "table": table,
         "checks": checks,
@@ -317,18 +367,39 @@ def summarize(points: list[dict[str, Any]], names: list[str], concurrencies: lis
     }
 
 
-def run_loadgen(args: argparse.Namespace, targets: dict[str, dict[str, Any]], bound_ms: float,
-                out: Path) -> dict[str, Any]:  # fmt: skip
+def run_loadgen(
+    args: argparse.Namespace, targets: dict[str, dict[str, Any]], bound_ms: float, out: Path
+) -> dict[str, Any]:
     """bench/peers/loadgen.py in LoadGen's own environment, for each target in turn: SingleStream, then the
     Server scenario's search for the highest QPS whose p99 is under `bound_ms`."""
     python = str(require("loadgen") / "bin/python")
-    results: dict[str, Any] = {"bound_ms": bound_ms, "summaries": str(out.relative_to(REPO)) if out.is_relative_to(REPO) else str(out)}
+    results: dict[str, Any] = {
+        "bound_ms": bound_ms,
+        "summaries": str(out.relative_to(REPO)) if out.is_relative_to(REPO) else str(out),
+    }
     for scenario in ("SingleStream", "Server"):
         for name, target in targets.items():
             log(f"LoadGen {scenario}: {name}")
-            command = [python, str(LOADGEN), "--target", json.dumps(target), "--name", name, "--model", args.model,
-                       "--scenario", scenario, "--duration", str(args.loadgen_duration), "--bound-ms", str(bound_ms),
-                       "--timeout", str(args.timeout), "--out", str(out / name)]  # fmt: skip
+            command = [
+                python,
+                str(LOADGEN),
+                "--target",
+                json.dumps(target),
+                "--name",
+                name,
+                "--model",
+                args.model,
+                "--scenario",
+                scenario,
+                "--duration",
+                str(args.loadgen_duration),
+                "--bound-ms",
+                str(bound_ms),
+                "--timeout",
+                str(args.timeout),
+                "--out",
+                str(out / name),
+            ]
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0:
                 raise RuntimeError(f"loadgen.py failed for {name} {scenario}: {done.stderr[-3000:]}")

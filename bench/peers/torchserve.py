@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common import REPO, HERE, free_port, http, require, start, stop, tail, wait_http
+from common import HERE, REPO, free_port, http, require, start, stop, tail, wait_http
 from payload import MODELS
 
 HANDLER = HERE / "torchserve_handler.py"
@@ -34,10 +34,23 @@ def build_archive(model: str, store: Path) -> Path:
         extra = Path(scratch) / "peer.json"
         extra.write_text(json.dumps({"repo": str(REPO), "model": MODELS[model]["spec"]}))
         subprocess.run(
-            [str(venv / "bin/torch-model-archiver"), "--model-name", model, "--version", "1.0",
-             "--handler", str(HANDLER), "--extra-files", str(extra), "--export-path", str(store), "--force"],
-            check=True, capture_output=True,
-        )  # fmt: skip
+            [
+                str(venv / "bin/torch-model-archiver"),
+                "--model-name",
+                model,
+                "--version",
+                "1.0",
+                "--handler",
+                str(HANDLER),
+                "--extra-files",
+                str(extra),
+                "--export-path",
+                str(store),
+                "--force",
+            ],
+            check=True,
+            capture_output=True,
+        )
     return store / f"{model}.mar"
 
 
@@ -93,15 +106,24 @@ class TorchServe:
         home.mkdir(parents=True)
         properties = home / "config.properties"
         properties.write_text("".join(f"{key}={value}\n" for key, value in self.config().items()))
-        command = [str(venv / "bin/torchserve"), "--start", "--foreground", "--ncs", "--model-store", str(store),
-                   "--ts-config", str(properties)]  # fmt: skip
+        command = [
+            str(venv / "bin/torchserve"),
+            "--start",
+            "--foreground",
+            "--ncs",
+            "--model-store",
+            str(store),
+            "--ts-config",
+            str(properties),
+        ]
         if self.preload:
             command += ["--models", f"{self.model}={self.model}.mar"]
         # TorchServe keeps its pid file in the temporary folder and refuses a second server that shares it.
         tmp = home / "tmp"
         tmp.mkdir()
-        env = dict(os.environ, PATH=f"{venv / 'bin'}:{os.environ['PATH']}", LOG_LOCATION=str(home / "logs"),
-                   TMPDIR=str(tmp))  # fmt: skip
+        env = dict(
+            os.environ, PATH=f"{venv / 'bin'}:{os.environ['PATH']}", LOG_LOCATION=str(home / "logs"), TMPDIR=str(tmp)
+        )
         env.pop("PYTHONPATH", None)
         self.process = start(command, self.log_path, cwd=home, env=env)
         wait_http(f"{self.url}/ping", self.process, self.log_path, START_TIMEOUT_S)
@@ -111,10 +133,17 @@ class TorchServe:
 
     def register(self, name: str, workers: int, batch_size: int, max_batch_delay_ms: int) -> None:
         """The model again under `name` with `workers` workers and TorchServe's batching of `batch_size` requests."""
-        query = urllib.parse.urlencode({
-            "url": f"{self.model}.mar", "model_name": name, "initial_workers": workers, "batch_size": batch_size,
-            "max_batch_delay": max_batch_delay_ms, "synchronous": "true", "response_timeout": 300,
-        })  # fmt: skip
+        query = urllib.parse.urlencode(
+            {
+                "url": f"{self.model}.mar",
+                "model_name": name,
+                "initial_workers": workers,
+                "batch_size": batch_size,
+                "max_batch_delay": max_batch_delay_ms,
+                "synchronous": "true",
+                "response_timeout": 300,
+            }
+        )
         status, body = http("POST", f"{self.management}/models?{query}", timeout=START_TIMEOUT_S)
         if status != 200:
             raise RuntimeError(f"TorchServe would not register {name}: {status} {body[:300]!r}: {tail(self.log_path)}")

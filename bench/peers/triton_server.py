@@ -27,11 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from payload import INPUT_NAME, MODELS, OUTPUT_NAME  # noqa: E402
 from pytriton.decorators import batch  # noqa: E402
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor  # noqa: E402
 from pytriton.triton import Triton, TritonConfig  # noqa: E402
 
-from payload import INPUT_NAME, MODELS, OUTPUT_NAME  # noqa: E402
 from workers.models.loading import load_model  # noqa: E402
 
 
@@ -65,9 +65,14 @@ def main() -> int:
     model = MODELS[args.model]
     configs = json.loads(Path(args.configs).read_text())
     triton_config = TritonConfig(
-        http_address="127.0.0.1", http_port=args.http_port, grpc_address="127.0.0.1", grpc_port=args.grpc_port,
-        metrics_address="127.0.0.1", metrics_port=args.metrics_port, exit_on_error=True,
-    )  # fmt: skip
+        http_address="127.0.0.1",
+        http_port=args.http_port,
+        grpc_address="127.0.0.1",
+        grpc_port=args.grpc_port,
+        metrics_address="127.0.0.1",
+        metrics_port=args.metrics_port,
+        exit_on_error=True,
+    )
     dtype = np.dtype(model["dtype"]).type
     with Triton(config=triton_config, workspace=args.workspace) as triton:
         for config in configs:

@@ -1,0 +1,120 @@
+"""The tables of docs/peers.md from run.py's JSON:
+
+.venv/bin/python bench/peers/tables.py bench/results/peers-resnet50.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+NAMES = {
+    "packrat_oip": "Packrat (OIP)",
+    "packrat_zmq": "Packrat (ZeroMQ)",
+    "torchserve_default": "TorchServe defaults",
+    "torchserve_best": "TorchServe best",
+    "triton_default": "Triton defaults",
+    "triton_best": "Triton best",
+}
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+    return str(value)
+
+
+def point_label(row: dict[str, Any]) -> str:
+    traffic = f"c={row['concurrency']}" if "concurrency" in row else f"Poisson {row['rate']:g}/s"
+    return f"B={row['batch']}, {traffic}"
+
+
+def render(result: dict[str, Any]) -> str:
+    summary = result["summary"]
+    names = [name for name in NAMES if name in summary["table"][0]]
+    lines = [
+        f"{result['model']} on {result['cores']} cores; {result['options']['duration']:g} s per point, "
+        f"{result['options']['rounds']} round(s); load average at start {result['load_average_at_start'][0]:.1f}",
+        "",
+    ]
+    lines.append("p50 / p99 ms (throughput req/s; errors if any):")
+    lines.append("")
+    lines.append("| point | " + " | ".join(NAMES[name] for name in names) + " |")
+    lines.append("|---" * (len(names) + 1) + "|")
+    for row in summary["table"]:
+        cells = []
+        for name in names:
+            entry = row[name]
+            cell = f"{fmt(entry['p50'])} / {fmt(entry['p99'])} ({fmt(entry['throughput_rps'])})"
+            if entry["errors"]:
+                cell += f" {entry['errors']} err"
+            cells.append(cell)
+        lines.append(f"| {point_label(row)} | " + " | ".join(cells) + " |")
+    lines += ["", "Packrat (OIP) p99 ÷ the others':", ""]
+    lines.append("| point | ÷ TorchServe defaults | ÷ the best peer here | best peer here | within 5% |")
+    lines.append("|---|---|---|---|---|")
+    for check in summary["checks"]:
+        lines.append(
+            f"| {point_label(check)} | {fmt(check.get('packrat_vs_torchserve_default_p99'))} | "
+            f"{fmt(check.get('packrat_vs_best_peer_p99'))} | {NAMES.get(check.get('best_peer_here'), '—')} | "
+            f"{'yes' if check.get('within_5pct') else 'no'} |"
+        )
+    lines += [
+        "",
+        "Searches:",
+        "",
+        "| peer | configurations tried | best | its score (geomean p99 of the probes) | search time |",
+        "|---|---|---|---|---|",
+    ]
+    for peer, search in result.get("search", {}).items():
+        best = search["best"]
+        lines.append(
+            f"| {peer} | {len(search['configurations'])} | {best} | "
+            f"{fmt(search['configurations'][best]['score_p99_geomean_ms'])} ms | {search['search_s']:.0f} s |"
+        )
+    lines.append(
+        f"| packrat | 0 (its defaults) | {result['configured']['packrat_oip'].get('plan')} | — | "
+        f"{result['started_s']['packrat']:.0f} s from start to serving |"
+    )
+    loadgen = result.get("loadgen")
+    if loadgen:
+        lines += [
+            "",
+            f"MLPerf LoadGen (Server bound: p99 ≤ {loadgen['bound_ms']:g} ms):",
+            "",
+            "| SUT | SingleStream p90 | SingleStream p50 | Server QPS at the bound | first failing QPS | "
+            "Server trials |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, scenarios in loadgen.items():
+            if not isinstance(scenarios, dict) or "Server" not in scenarios:
+                continue
+            single, server = scenarios["SingleStream"], scenarios["Server"]
+            lines.append(
+                f"| {NAMES.get(name, name)} | {fmt(single['p90_ms'])} ms | {fmt(single['p50_ms'])} ms | "
+                f"{fmt(server['qps_at_bound'])} | {fmt(server['first_failing_qps'])} | "
+                f"{len(server['trials'])} |"
+            )
+    targets = summary["targets"]
+    lines += [
+        "",
+        f"Targets: Packrat's p99 below TorchServe's defaults at every concurrency: "
+        f"{targets['packrat_p99_below_torchserve_default_every_concurrency']}; within 5% of the best peer at "
+        f"every point: {targets['packrat_within_5pct_of_best_peer_every_point']}.",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    for path in sys.argv[1:]:
+        print(render(json.loads(Path(path).read_text())))
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
