@@ -3,7 +3,7 @@
 It is `info`'s description plus the live state: the plan and why, every live worker, the batch sizes
 and the arrival rate the batcher sees, the queue, where the profile's cells come from, and the history
 of plan changes with their measured durations. The daemon reads all of it into one `Snapshot`
-(`Daemon.snapshot`) when a client asks, never on the request path; `live_status` only lays it out.
+(`Daemon.status`) when a client asks, never on the request path; `live_status` only lays it out.
 """
 
 from __future__ import annotations
