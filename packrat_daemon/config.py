@@ -58,7 +58,7 @@ SETTINGS: tuple[Setting, ...] = sectioned(
         "model",
         TEXT,
         "builtin:resnet50",
-        "model spec: builtin:NAME, a .pt2 or .pt file, or module:function",
+        "model spec: builtin:NAME, a .pt2, .pt or .onnx file, a Hugging Face folder (hf:DIR), or module:function",
         reload="restart",
     ),
     Setting(
@@ -89,8 +89,9 @@ SETTINGS: tuple[Setting, ...] = sectioned(
         "emulate_interference",
         OPTIONAL_TEXT,
         None,
-        "runtime emulated: none, default, or a CSV of busy_cores,factor rows: how much slower each call "
-        "waits while that many cores are busy",
+        "runtime emulated: none, default, auto (the model's own, measured side by side on this machine "
+        "once and cached), a number F (the slow-down with every core busy, linear in the cores busy), or a "
+        "CSV of busy_cores,factor rows: how much slower each call waits while that many cores are busy",
         unset="default (fitted to Inception-v3 side by side on 16 cores)",
         reload="restart",
     ),

@@ -37,7 +37,15 @@ from policies.planning.topology import Topology
 from policies.registry import policy_from_settings
 from workers.models.calibration import template_precision
 from workers.models.precision import cpu_units
-from workers.models.spec import EMULATED, PRECISIONS, available_runtimes, check_precision, runtime_precisions
+from workers.models.spec import (
+    EMULATED,
+    PRECISIONS,
+    available_runtimes,
+    check_model_runtime,
+    check_precision,
+    model_runtimes,
+    runtime_precisions,
+)
 
 log = logging.getLogger("packrat.daemon")
 
@@ -98,7 +106,7 @@ def start_up(
         log.warning("%s", emulation.describe(config, topology.usable_cores)["note"])
     policy = policy_for(config)
     check_cores(config, policy, topology)  # before the model loads: a plan or profile beyond the cores fails now
-    pairs = candidate_pairs(config.runtime, config.precision)
+    pairs = candidate_pairs(config.runtime, config.precision, model=config.model)
     measure = policy.needs_profile or len(pairs) > 1
     profiles = ProfileFile(config.save_profile)
     state = StateKeeper(config.state_dir)
@@ -186,10 +194,16 @@ def resume(
     return dataclasses.replace(served, plan=plan)
 
 
-def candidate_pairs(runtime: str, precision: str, flags: frozenset[str] | None = None) -> list[tuple[str, str]]:
+def candidate_pairs(
+    runtime: str, precision: str, flags: frozenset[str] | None = None, model: str | None = None
+) -> list[tuple[str, str]]:
     """The (runtime, precision) pairs to prepare for `--runtime` and `--precision`, fp32 first. `auto` adds a
-    reduced precision only for runtimes that have it, where the CPU flags show its units (`flags`: a test's CPU)."""
+    reduced precision only for runtimes that have it, where the CPU flags show its units (`flags`: a test's CPU).
+    With `model`, only runtimes that can load it (an ONNX file: not torch); ConfigError when a pinned one cannot."""
+    if model is not None:
+        check_model_runtime(model, runtime)  # before any template starts: which runtimes can load it
     runtimes = available_runtimes() if runtime == "auto" else [runtime]
+    runtimes = runtimes if model is None else model_runtimes(model, runtimes)
     if precision != "auto":
         pairs = [(r, precision) for r in runtimes if precision in runtime_precisions(r)]
         if not pairs:

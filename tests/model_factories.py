@@ -106,3 +106,53 @@ def paced_mlp() -> nn.Module:
     (shared with other tests) idle, and the client's own overhead (about a millisecond on a busy machine)
     stays a small part of what it measures."""
     return SlowMLP(delay_s=0.025)
+
+
+class TwoOutputs(nn.Module):
+    """Returns a dict of two outputs, class scores and their softmax: the first, `scores`, is served."""
+
+    packrat_input = "float32:16"
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(11)
+        self.body = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        scores = self.body(x)
+        return {"scores": scores, "probabilities": scores.softmax(-1)}
+
+
+def two_outputs() -> nn.Module:
+    return TwoOutputs()
+
+
+def two_outputs_serving_probabilities() -> nn.Module:
+    """The same model, naming the output it serves."""
+    model = TwoOutputs()
+    model.packrat_output = "probabilities"
+    return model
+
+
+class PairOutput(TwoOutputs):
+    """The same two outputs as a tuple."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        outputs = super().forward(x)
+        return outputs["scores"], outputs["probabilities"]
+
+
+def pair_output() -> nn.Module:
+    return PairOutput()
+
+
+def tiny_bert_model() -> nn.Module:
+    """A 2-layer transformers BertModel as it comes (random weights): it returns a model-output object."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(13)
+    config = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64)  # fmt: skip
+    model = BertModel(config)
+    model.packrat_input = "int64:12"
+    return model

@@ -75,7 +75,7 @@ def run_grid(args: argparse.Namespace) -> int:
     cells = [(t, b) for t in threads for b in args.batches]
     profiles: list[Profile] = []
     stopped: str | None = None
-    for runtime, precision in candidate_pairs(args.runtime, args.precision):
+    for runtime, precision in candidate_pairs(args.runtime, args.precision, model=args.model):
         measured, stopped = _measure_runtime(topology, args, runtime, precision, cells)
         if measured:
             profiles.append(Profile(measured, model=args.model, runtime=runtime, precision=precision))

@@ -1,8 +1,8 @@
 """A disk cache of models converted for ONNX Runtime and OpenVINO, so a model is converted once per version.
 
-A conversion runs `python -m workers.models.convert` in a subprocess: exporting a model runs it (tracing,
-constant folding, the converter's own check against PyTorch), and the template process that asks for
-it must never start a thread pool before it forks. The result lands in
+A conversion runs `python -m workers.models.convert` in a subprocess (`workers.models.onnx_files` for an ONNX
+file): exporting a model runs it (tracing, constant folding, the converter's own check against PyTorch), and
+the template process that asks for it must never start a thread pool before it forks. The result lands in
 
     $PACKRAT_CACHE_DIR (default ~/.cache/packrat) / RUNTIME-KEY /  model.onnx | model.xml + model.bin,
                                                                    meta.json (the model's input, the check)
@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,13 +38,33 @@ import numpy as np
 
 from packrat_daemon.wire.errors import ConfigError, ModelSpecError
 from workers.models.calibration import read_calibration
-from workers.models.spec import RUNTIME_REQUIREMENTS, InputSpec, installed, sample_input
+from workers.models.spec import (
+    BUILTIN,
+    FUNCTION,
+    HUGGING_FACE,
+    ONNX_FILE,
+    RUNTIME_REQUIREMENTS,
+    InputSpec,
+    hf_folder,
+    installed,
+    model_kind,
+    sample_input,
+)
 from workers.models.subprocesses import run_module
 
 # Bump when the converter changes what it writes, so old cache entries are no longer used.
 CACHE_FORMAT = 1
 ARTIFACTS = {"onnxruntime": "model.onnx", "openvino": "model.xml"}
 CONVERT_TIMEOUT_S = 1800.0
+# A converted model's agreement with its source (PyTorch, or an ONNX file on ONNX Runtime), relative to the
+# output's scale: max|out - reference| <= ATOL + RTOL * max|reference|. Measured: ResNet-50 7.6e-5 on logits
+# of magnitude ~106 (7e-7 relative), BERT-base 1.6e-6 on ~0.96.
+RTOL = 1e-4
+ATOL = 1e-5
+CHECK_BATCHES = (1, 3)  # neither is the export's example batch (2): proves the batch axis is dynamic
+# The converters end a refusal (a PackratError) with this line, so that its message reaches the user whole,
+# without the child's other output or the name of an internal command.
+REFUSAL_MARK = "packrat-refusal: "
 # Without --calibration, int8 is calibrated on this many seeded sample inputs (NNCF's default is 300; random
 # inputs say nothing about the real data's range, so more of them would cost time and gain nothing).
 QUANTIZE_SAMPLES = 32
@@ -174,11 +195,20 @@ def read_entry(entry: Path, runtime: str) -> Converted | None:
 
 
 def run_converter(spec: str, input_override: str | None, runtime: str, out: Path) -> None:
-    """Run `python -m workers.models.convert` (a separate process: conversion runs the model)."""
+    """Run `python -m workers.models.convert`, or `workers.models.onnx_files` for an ONNX file (a separate
+    process: conversion runs the model)."""
     args = ["--model", spec, "--runtime", runtime, "--out", str(out)]
     if input_override:
         args += ["--input", input_override]
-    run_step("workers.models.convert", args, f"converting {spec} for {runtime}")
+    if model_kind(spec) == ONNX_FILE:
+        run_step("workers.models.onnx_files", args, f"preparing {spec} for {runtime}")
+    else:
+        run_step("workers.models.convert", args, f"converting {spec} for {runtime}")
+
+
+def refuse(message: str) -> None:
+    """In a converter's process: say why the model is refused, for `run_step` to raise it whole."""
+    print(REFUSAL_MARK + json.dumps(message), file=sys.stderr)
 
 
 def run_step(module: str, args: list[str], what: str) -> None:
@@ -189,7 +219,11 @@ def run_step(module: str, args: list[str], what: str) -> None:
     except subprocess.TimeoutExpired:
         raise ConversionError(f"{what} took over {CONVERT_TIMEOUT_S:.0f} s") from None
     if done.returncode != 0:
-        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        refusals = [line.removeprefix(REFUSAL_MARK) for line in lines if line.startswith(REFUSAL_MARK)]
+        if refusals:
+            raise ConversionError(f"{what}: {json.loads(refusals[-1])}")
+        tail = "\n".join(lines[-15:])
         raise ConversionError(f"{what} failed:\n{tail}")
 
 
@@ -220,11 +254,18 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _source_fingerprint(spec: str) -> list | None:
-    """Size and mtime of the file behind a file or module:function spec (builtins have none)."""
-    if spec.startswith("builtin:"):
+    """Size and mtime of the file behind a file or module:function spec, of every file in a Hugging Face
+    folder (builtins have none)."""
+    kind = model_kind(spec)
+    if kind == BUILTIN:
         return None
+    if kind == HUGGING_FACE:
+        folder = hf_folder(spec)
+        files = sorted(path for path in folder.rglob("*") if path.is_file()) if folder.is_dir() else []
+        stats = [(path, path.stat()) for path in files]
+        return [str(folder.resolve()), *([str(p.relative_to(folder)), s.st_size, s.st_mtime_ns] for p, s in stats)]
     path: str | None = spec
-    if not Path(spec).is_file() and ":" in spec:
+    if kind == FUNCTION:
         module = spec.partition(":")[0]
         try:
             found = importlib.util.find_spec(module)

@@ -5,16 +5,20 @@ A spec string is one of:
                         weights from a fixed seed, never downloaded), tiny-mlp, tiny-cnn (for tests)
   PATH.pt2              a torch.export program (torch.export.save)
   PATH.pt / PATH.ts     a TorchScript file (torch.jit.save)
+  hf:DIR / DIR          a Hugging Face save_pretrained folder (workers.models.huggingface)
   module:function       a function returning an nn.Module
+  PATH.onnx             an ONNX file: served by ONNX Runtime and OpenVINO only (workers.models.onnx_files)
 
 Every model declares its input (dtype and per-sample shape). Files and functions that cannot tell
-take it from `input` ("float32:3x224x224"), or from a `packrat_input` attribute on the module.
+take it from `input` ("float32:3x224x224"), or from a `packrat_input` attribute on the module. A model
+that returns several outputs is served one of them (workers.models.outputs).
 This module imports torch: only the template process and tests import it (the torch-free
 `workers.models.spec` holds what the daemon needs to know about a model's input).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +28,17 @@ import torch
 from torch import nn
 
 from packrat_daemon.wire.errors import ModelSpecError
-from workers.models.spec import INPUT_DTYPES, InputSpec
+from workers.models.outputs import serve_one_output
+from workers.models.spec import (
+    BUILTIN,
+    EXPORTED,
+    HUGGING_FACE,
+    INPUT_DTYPES,
+    ONNX_FILE,
+    TORCHSCRIPT,
+    InputSpec,
+    model_kind,
+)
 
 SEED = 20231130
 
@@ -35,6 +49,7 @@ class LoadedModel:
     module: Callable[[torch.Tensor], torch.Tensor]
     input: InputSpec
     channels_last: bool = False
+    notes: tuple[str, ...] = ()  # what the log should say about how it is served (an output or input left out)
 
 
 # Every dtype an input may declare has a torch dtype of the same name.
@@ -114,35 +129,47 @@ def load_model(spec: str, input_override: str | None = None) -> LoadedModel:
     torch.manual_seed(SEED)
     override = InputSpec.parse(input_override) if input_override else None
     channels_last = False
-    if spec.startswith("builtin:"):
+    notes: list[str | None] = []
+    kind = model_kind(spec)  # ModelSpecError, listing the kinds, for none of them
+    if kind == BUILTIN:
         name = spec.removeprefix("builtin:")
         if name not in BUILTINS:
             raise ModelSpecError(f"unknown built-in model {name!r}; choose one of: {', '.join(BUILTINS)}")
         module, input_spec, channels_last = BUILTINS[name]()
-    elif spec.endswith(".pt2"):
-        module, input_spec = _load_exported(spec)
-    elif spec.endswith((".pt", ".ts", ".torchscript")):
-        module, input_spec = _load_torchscript(spec)
-    elif ":" in spec:
-        module, input_spec = _load_function(spec)
-    else:
+    elif kind == ONNX_FILE:
         raise ModelSpecError(
-            f"cannot tell what model {spec!r} is; give builtin:NAME, a .pt2 or .pt file, or module:function"
+            f"PyTorch cannot run the ONNX file {spec}: serve it with --runtime onnxruntime, openvino or auto"
         )
+    elif kind == EXPORTED:
+        module, input_spec = _load_exported(spec)
+    elif kind == TORCHSCRIPT:
+        module, input_spec = _load_torchscript(spec)
+    elif kind == HUGGING_FACE:
+        from workers.models.huggingface import load_folder
+
+        module, input_spec, note = load_folder(spec)
+        notes.append(note)
+    else:
+        module, input_spec = _load_function(spec)
+    if override is not None and input_spec is not None and override.high is None and override.dtype == input_spec.dtype:
+        override = dataclasses.replace(override, high=input_spec.high)  # a longer sequence of the same token ids
     input_spec = override or input_spec
     if input_spec is None:
         raise ModelSpecError(f"model {spec!r} does not declare its input; pass --input DTYPE:D1xD2..., e.g. float32:16")
     if isinstance(module, nn.Module):
         # An exported program's train/eval behaviour was fixed at export time; it refuses .eval().
-        if not spec.endswith(".pt2"):
+        if kind != EXPORTED:
             module.eval()
         for parameter in module.parameters():
             parameter.requires_grad_(False)
         if channels_last:
             module = module.to(memory_format=torch.channels_last)
-    if spec.endswith(".pt2"):
+    if kind == EXPORTED:
         _check_batch_sizes(spec, module, input_spec)
-    return LoadedModel(spec, module, input_spec, channels_last)
+    if kind != BUILTIN:  # the built-ins return one tensor; anything else may return several outputs
+        module, note = serve_one_output(spec, module, input_spec)
+        notes.append(note)
+    return LoadedModel(spec, module, input_spec, channels_last, tuple(note for note in notes if note))
 
 
 def _declared_input(module: object) -> InputSpec | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,46 @@ PRECISIONS = ("fp32", "bf16")
 # how well the calibration inputs stand for the real ones, which random samples cannot tell (docs/precision.md).
 OPT_IN_PRECISIONS = ("int8",)
 PRECISION_CHOICES = (*PRECISIONS, *OPT_IN_PRECISIONS, "auto")
+
+
+# What a model spec names (workers.models.loading builds or loads each kind).
+BUILTIN, ONNX_FILE, EXPORTED, TORCHSCRIPT, HUGGING_FACE, FUNCTION = (
+    "builtin", "onnx", "exported", "torchscript", "huggingface", "function"
+)  # fmt: skip
+HF_PREFIX = "hf:"
+SPEC_KINDS = (
+    "builtin:NAME, a .pt2, .pt or .onnx file, a Hugging Face save_pretrained folder (hf:DIR or DIR), or module:function"
+)
+
+
+def model_kind(spec: str) -> str:
+    """What `spec` names; ModelSpecError, listing the kinds, when it is none of them.
+
+    A folder is a Hugging Face model when it holds the config.json `save_pretrained` writes: checked here, in
+    the daemon, so that a folder that is not one is refused before any process starts.
+    """
+    if spec.startswith("builtin:"):
+        return BUILTIN
+    if spec.startswith(HF_PREFIX) or (Path(spec).is_dir() and (Path(spec) / "config.json").is_file()):
+        return HUGGING_FACE
+    if spec.endswith(".onnx"):
+        return ONNX_FILE
+    if spec.endswith(".pt2"):
+        return EXPORTED
+    if spec.endswith((".pt", ".ts", ".torchscript")):
+        return TORCHSCRIPT
+    if ":" in spec and not Path(spec).exists():
+        return FUNCTION
+    if Path(spec).is_dir():
+        raise ModelSpecError(
+            f"{spec} is a folder without a config.json, so not a Hugging Face save_pretrained folder; give {SPEC_KINDS}"
+        )
+    raise ModelSpecError(f"cannot tell what model {spec!r} is; give {SPEC_KINDS}")
+
+
+def hf_folder(spec: str) -> Path:
+    """The folder of a Hugging Face spec (`hf:DIR` or `DIR`)."""
+    return Path(spec.removeprefix(HF_PREFIX))
 
 
 @dataclass(frozen=True)
@@ -148,6 +189,34 @@ def available_runtimes() -> list[str]:
     return [
         name for name, needs in RUNTIME_REQUIREMENTS.items() if not needs.emulated and missing_package(name) is None
     ]
+
+
+# The runtimes that can load each kind of model when it is not all of them: an ONNX file needs no PyTorch model,
+# and PyTorch cannot run one.
+KIND_RUNTIMES: dict[str, tuple[str, ...]] = {ONNX_FILE: ("onnxruntime", "openvino", EMULATED)}
+
+
+def model_runtimes(spec: str, runtimes: list[str]) -> list[str]:
+    """Those of `runtimes` that can load `spec`, in their order."""
+    able = KIND_RUNTIMES.get(model_kind(spec))
+    return runtimes if able is None else [name for name in runtimes if name in able]
+
+
+def check_model_runtime(spec: str, runtime: str) -> None:
+    """Raise ConfigError, saying which runtimes to use, unless `runtime` can load `spec` (`auto`: unless none of
+    those that can is installed)."""
+    able = KIND_RUNTIMES.get(model_kind(spec))
+    if able is None:
+        return
+    computing = [name for name in able if not RUNTIME_REQUIREMENTS[name].emulated]
+    if runtime == "auto" and not model_runtimes(spec, available_runtimes()):
+        installs = " or ".join(RUNTIME_REQUIREMENTS[name].install for name in computing)
+        raise ConfigError(f"{spec} is served by {' or '.join(computing)}, and neither is installed: {installs}")
+    if runtime != "auto" and runtime.partition(":")[0] not in able:
+        raise ConfigError(
+            f"runtime {runtime} cannot load {spec}: it is served by {' or '.join(computing)}; "
+            f"give --runtime {', '.join(computing)} or auto"
+        )
 
 
 def check_runtime(name: str) -> None:

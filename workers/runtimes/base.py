@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +29,12 @@ from packrat_daemon.wire.errors import ConfigError
 from workers.models.cache import ensure_converted, ensure_quantized
 from workers.models.calibration import split_precision
 from workers.models.spec import InputSpec, check_precision
+
+
+def log_notes(notes: list[str] | tuple[str, ...]) -> None:
+    """Say in the daemon's log (the template's stderr) what the user should know of how the model is served."""
+    for note in notes:
+        print(f"packrat: {note}", file=sys.stderr, flush=True)
 
 
 class Runtime(abc.ABC):
@@ -108,6 +115,7 @@ class SessionRuntime(Runtime):
             self.quantization = converted.meta.get("quantization")
         else:
             converted = ensure_converted(spec, input_override, self.name)  # a subprocess, if not cached
+        log_notes(converted.meta.get("notes", []))  # e.g. the one output served of several
         self.use_file(converted.path, converted.input)
         return converted.input
 

@@ -38,7 +38,15 @@ import numpy as np
 
 from packrat_daemon.wire.errors import ConfigError, ModelSpecError
 from workers.models.cache import entry_dir
-from workers.models.spec import EMULATED, InputSpec, sample_input
+from workers.models.spec import (
+    EMULATED,
+    ONNX_FILE,
+    InputSpec,
+    available_runtimes,
+    model_kind,
+    model_runtimes,
+    sample_input,
+)
 from workers.runtimes.base import Runtime
 from workers.runtimes.torch_runtime import TorchRuntime
 
@@ -247,13 +255,19 @@ def learn_shapes(spec: str, input_override: str | None) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The throwaway process of `learn_shapes`: load the model with torch, run one sample, print the shapes."""
+    """The throwaway process of `learn_shapes`: load the model with torch (an ONNX file with a runtime that
+    runs it), run one sample, print the shapes."""
     parser = argparse.ArgumentParser(prog="python -m workers.runtimes.emulated")
     parser.add_argument("--model", required=True)
     parser.add_argument("--input")
     args = parser.parse_args(argv)
-    runtime = TorchRuntime()
+    runtime: Runtime = TorchRuntime()
+    if model_kind(args.model) == ONNX_FILE:  # PyTorch cannot run one: the first installed runtime that can
+        from workers.runtimes import make_runtime
+
+        runtime = make_runtime(next(iter(model_runtimes(args.model, available_runtimes())), "onnxruntime"))
     input_spec = runtime.load(args.model, args.input)
+    runtime.set_threads(1)
     output = runtime.run(sample_input(input_spec, 1))
     shapes = {"input": input_spec.to_json(), "output": {"dtype": output.dtype.str, "shape": list(output.shape[1:])}}
     print(json.dumps(shapes))

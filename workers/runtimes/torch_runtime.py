@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from workers.models.spec import InputSpec
-from workers.runtimes.base import Runtime
+from workers.runtimes.base import Runtime, log_notes
 
 if TYPE_CHECKING:  # workers.models.loading imports torch: the emulated runtime's template and workers never do
     from workers.models.loading import LoadedModel
@@ -47,6 +47,7 @@ class TorchRuntime(Runtime):
 
         self.prepare_template()
         self.model = load_model(spec, input_override)
+        log_notes(self.model.notes)
         if self.precision == "bf16" and isinstance(self.model.module, self._torch.nn.Module):
             self.model.module = self.model.module.to(self._torch.bfloat16)  # in the template: shared copy-on-write
         return self.model.input

@@ -168,7 +168,7 @@ FACTORY_SOURCE = textwrap.dedent(
 
 
     def declared_as_tuple():
-        module = nn.Linear(4, 2)
+        module = nn.Embedding(100, 2)
         module.packrat_input = ("int64", [7])
         return module
 
@@ -241,7 +241,7 @@ def test_garbage_model_file_says_what_was_expected(tmp_path: Path, name: str, me
 
 
 def test_spec_of_no_known_kind_lists_the_kinds() -> None:
-    with pytest.raises(ModelSpecError, match=r"give builtin:NAME, a \.pt2 or \.pt file, or module:function"):
+    with pytest.raises(ModelSpecError, match=r"give builtin:NAME, a \.pt2, \.pt or \.onnx file, a Hugging Face"):
         load_model("resnet50")
 
 

@@ -1,0 +1,231 @@
+"""ONNX files (`--model m.onnx`), served by ONNX Runtime and OpenVINO with no PyTorch model behind them.
+
+    python -m workers.models.onnx_files --model PATH.onnx --runtime onnxruntime|openvino --out PATH [--input ...]
+
+Run by `workers.models.cache` in a subprocess, like `workers.models.convert` (checking a model runs it, and
+the template must not start a thread pool before it forks). It reads the input and outputs from the graph,
+writes the model for the runtime into the cache entry (the file itself for ONNX Runtime, its external data
+included, so that a file rewritten while the daemon serves never reaches a worker; OpenVINO's IR converted
+from it for OpenVINO), runs it at two batch sizes, and writes meta.json. OpenVINO's IR is compared with ONNX
+Runtime on the same file (the reference, at fp32) where ONNX Runtime is installed, within the converter's
+tolerance; ONNX Runtime's copy is the file itself, so it is only checked to run with a free batch axis.
+
+The graph's input is its one input that is not an initializer. Its first axis is the batch and must be free
+(a name or unknown); the others are read from the graph, or from `--input` where they are free too. An
+integer input that indexes an embedding table (a Gather on an initializer) is declared below the table's
+size, so that sample inputs are valid token ids. A graph of several inputs is refused, and of several outputs
+the first is served (several named inputs and outputs are not served yet: docs/serving.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packrat_daemon.wire.errors import ModelSpecError, PackratError
+from workers.models.cache import ARTIFACTS, ATOL, CHECK_BATCHES, RTOL, ConversionError, refuse
+from workers.models.spec import INPUT_DTYPES, InputSpec, installed, sample_input
+
+EXTERNAL_DATA = "model.onnx.data"
+
+
+def read_graph(path: Path) -> Any:
+    """The graph, without its weights (a header read: external data is not loaded)."""
+    import onnx
+
+    if not path.is_file():
+        raise ModelSpecError(f"model file {path} does not exist")
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf's DecodeError and others: say what was expected
+        raise ModelSpecError(f"{path} is not an ONNX model ({type(exc).__name__}: {exc})") from exc
+
+
+def graph_input(model: Any, spec: str, override: InputSpec | None) -> tuple[str, InputSpec]:
+    """The graph's one input: its name and what a sample of it is (checked against `override`, if given)."""
+    from onnx import helper
+
+    initializers = {tensor.name: tensor for tensor in model.graph.initializer}
+    inputs = [value for value in model.graph.input if value.name not in initializers]
+    if len(inputs) != 1:
+        names = ", ".join(value.name for value in inputs) or "none"
+        raise ModelSpecError(
+            f"{spec} takes {len(inputs)} inputs ({names}); Packrat serves models of one input so far (several "
+            "named inputs are not served yet: docs/serving.md, 'Inputs and outputs')"
+        )
+    value = inputs[0]
+    tensor = value.type.tensor_type
+    try:
+        dtype = helper.tensor_dtype_to_np_dtype(tensor.elem_type).name
+    except (KeyError, ValueError):
+        dtype = f"ONNX element type {tensor.elem_type}"
+    if dtype not in INPUT_DTYPES or dtype == "bfloat16":
+        raise ModelSpecError(f"{spec}'s input {value.name!r} is {dtype}, which this runtime cannot take")
+    dims = [dim.dim_value if dim.HasField("dim_value") else None for dim in tensor.shape.dim]
+    if not dims:
+        raise ModelSpecError(f"{spec}'s input {value.name!r} has no batch axis (it is a scalar)")
+    if dims[0] is not None:
+        raise ModelSpecError(
+            f"{spec}'s input {value.name!r} has a fixed batch size {dims[0]}; Packrat batches requests, so export "
+            f"it with a free batch axis: torch.onnx.export(..., dynamo=True, dynamic_shapes=({{0: "
+            f'torch.export.Dim("batch")}},)) or dynamic_axes={{"{value.name}": {{0: "batch"}}}}'
+        )
+    sample = dims[1:]
+    if override is not None:
+        fits = len(override.shape) == len(sample) and all(
+            d in (None, o) for d, o in zip(sample, override.shape, strict=True)
+        )
+        if override.dtype != dtype or not fits:
+            raise ModelSpecError(
+                f"--input {override.dtype}:{'x'.join(map(str, override.shape))} does not fit {spec}'s input "
+                f"{value.name!r}, {dtype} of per-sample shape {_axes(sample)}"
+            )
+        shape = override.shape
+    elif None in sample:
+        raise ModelSpecError(
+            f"{spec}'s input {value.name!r} ({dtype}, per-sample shape {_axes(sample)}) has free axes; pass "
+            f"--input {dtype}:{'x'.join('N' if d is None else str(d) for d in sample)} with their sizes"
+        )
+    else:
+        shape = tuple(int(d) for d in sample)
+    return value.name, InputSpec(dtype, tuple(shape), _embedding_rows(model, value.name, initializers))
+
+
+def output_names(model: Any) -> list[str]:
+    return [value.name for value in model.graph.output]
+
+
+def _embedding_rows(model: Any, name: str, initializers: dict[str, Any]) -> int | None:
+    """The rows of the table an integer input indexes (a Gather of an initializer by it), else None."""
+    for node in model.graph.node:
+        if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] == name:
+            table = initializers.get(node.input[0])
+            if table is not None and table.dims:
+                return int(table.dims[0])
+    return None
+
+
+def _axes(dims: Sequence[int | None]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+def prepare(spec: str, input_override: str | None, runtime: str, out: Path) -> dict[str, Any]:
+    """Write the model for `runtime` at `out` and check it; the entry's meta."""
+    source = Path(spec)
+    model = read_graph(source)
+    name, input_spec = graph_input(model, spec, InputSpec.parse(input_override) if input_override else None)
+    outputs = output_names(model)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if runtime == "onnxruntime":
+        _copy_model(source, model, out)
+    else:
+        import openvino as ov
+
+        # compress_to_fp16 would round the weights: keep float32, to agree with the file.
+        ov.save_model(ov.convert_model(str(source)), str(out), compress_to_fp16=False)
+    reference = source if runtime == "openvino" and installed("onnxruntime") else None
+    errors = check(runtime, out, input_spec, reference)
+    notes = []
+    if len(outputs) > 1:
+        notes.append(
+            f"{spec} has {len(outputs)} outputs ({', '.join(outputs)}); serving the first, {outputs[0]!r}, only: "
+            "several outputs are not served yet (docs/serving.md, 'Inputs and outputs')"
+        )
+    return {
+        "model": spec,
+        "input_override": input_override,
+        "runtime": runtime,
+        "input": input_spec.to_json(),
+        "input_name": name,
+        "outputs": outputs,
+        "exporter": "none: an ONNX file",
+        "checked_against": "onnxruntime on the ONNX file" if reference else "nothing (the batch axis only)",
+        "max_abs_error": errors,
+        "tolerance": {"rtol": RTOL, "atol": ATOL},
+        "notes": notes,
+    }
+
+
+def _copy_model(source: Path, model: Any, out: Path) -> None:
+    """The file into the entry; a model with external data is saved again with its data beside it."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    if not any(uses_external_data(tensor) for tensor in model.graph.initializer):
+        shutil.copyfile(source, out)
+        return
+    whole = onnx.load(str(source))  # the weights too, from beside the source file
+    onnx.save_model(whole, str(out), save_as_external_data=True, all_tensors_to_one_file=True, location=EXTERNAL_DATA)
+
+
+def check(runtime: str, path: Path, input_spec: InputSpec, reference: Path | None) -> dict[str, float]:
+    """Run the model at CHECK_BATCHES; refuse it if a batch's output has another batch size or, against
+    `reference` (the ONNX file on ONNX Runtime), differs beyond the tolerance. The errors per batch."""
+    from workers.runtimes import make_runtime
+    from workers.runtimes.base import SessionRuntime
+
+    served = make_runtime(runtime)
+    assert isinstance(served, SessionRuntime), f"{runtime} runs no files"
+    served.use_file(path, input_spec)
+    served.set_threads(1)
+    expected_by = None
+    if reference is not None:
+        expected_by = make_runtime("onnxruntime")
+        assert isinstance(expected_by, SessionRuntime)
+        expected_by.use_file(reference, input_spec)
+        expected_by.set_threads(1)
+    errors: dict[str, float] = {}
+    for batch in CHECK_BATCHES:
+        data = sample_input(input_spec, batch, seed=batch)
+        try:
+            got = served.run(data)
+        except Exception as exc:
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConversionError(
+                f"{runtime} cannot run {path.name} on a batch of {batch} ({first_line}); Packrat batches requests, "
+                "so the model must take any batch size on its first axis"
+            ) from exc
+        if got.ndim == 0 or got.shape[0] != batch:
+            raise ConversionError(
+                f"{runtime} gives an output of shape {list(got.shape)} for a batch of {batch}: Packrat needs the "
+                "output's first axis to be the batch"
+            )
+        if expected_by is None:
+            continue
+        expected = expected_by.run(data).astype(np.float64)
+        error = float(np.max(np.abs(got.astype(np.float64) - expected))) if expected.size else 0.0
+        errors[str(batch)] = error
+        bound = ATOL + RTOL * float(np.max(np.abs(expected))) if expected.size else ATOL
+        if got.shape != expected.shape or not error <= bound:
+            raise ConversionError(
+                f"{runtime} disagrees with ONNX Runtime on the ONNX file at batch {batch}: max abs error "
+                f"{error:.3g} > {bound:.3g} (rtol {RTOL} of the output's scale + atol {ATOL})"
+            )
+    return errors
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workers.models.onnx_files", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="the ONNX file")
+    parser.add_argument("--runtime", required=True, choices=sorted(ARTIFACTS))
+    parser.add_argument("--out", required=True, type=Path, help="the file to write (model.onnx or model.xml)")
+    parser.add_argument("--input", help="input override, e.g. int64:128 for a free sequence axis")
+    args = parser.parse_args(argv)
+    try:
+        meta = prepare(args.model, args.input, args.runtime, args.out)
+    except PackratError as exc:
+        refuse(str(exc))
+        return 2
+    (args.out.parent / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
