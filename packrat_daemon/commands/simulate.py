@@ -37,6 +37,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--runtime", help="which runtime's rows to use when the profile holds several")
     # As serve --runtime emulated takes them; unset, the cores are the profile's most threads.
     add_settings(parser, ["emulate_cores", "emulate_interference"])
+    parser.add_argument(
+        "--model",
+        help="with --emulate-interference auto: the model whose own slow-down side by side to measure on this "
+        "machine (as serve's --model, e.g. builtin:bert-base; measured once, then cached)",
+    )
+    parser.add_argument("--input", help="with --model: its input, where the model does not declare it")
     add_settings(parser, SERVE_SETTINGS)
     # serve's --batches (the sizes the start-up plan is made for) under another flag: here --batches is
     # the traffic's mix, as packrat load spells it.
@@ -127,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
 
     profile = Profile.read_csv(args.profile, runtime=args.runtime)
     cores = args.emulate_cores or max(profile.threads())
-    interference = Interference.named(args.emulate_interference)
+    interference = Interference.named(args.emulate_interference, args.model, args.input)
     config = ServeConfig(batches=args.batches, **{name: getattr(args, name) for name in SERVE_SETTINGS})
     traffic = traffic_from(args)
     started = time.monotonic()

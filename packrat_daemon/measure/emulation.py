@@ -7,12 +7,14 @@ module decides what the emulating daemon plans for and hands its workers:
 
 - `check`: the emulate settings only with the emulated runtime, and the emulated runtime only with a profile;
 - `topology`: `--emulate-cores T` plans for a made-up machine of T cores (`Topology.synthetic`);
-- `Interference`: the slow-down for c of the T cores busy, `none`, `default` or a FILE;
+- `Interference`: the slow-down for c of the T cores busy: `none`, `default`, `auto` (the model's own,
+  measured side by side on this machine: packrat_daemon.measure.interference), a number F, or a FILE;
 - `template_runtime`: writes the workers' numbers to the run folder and names them to the template;
 - `describe`: what the log and `info` say, so that nobody mistakes an emulation for a measurement.
 
 The default interference is fitted to Inception-v3 run side by side on a 16-core server (`fit_full_load`);
-docs/emulation.md gives the fit and its limits.
+`speedup_errors` checks any full-load factor against the same runs. docs/emulation.md gives both and
+their limits.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ def check(config: ServeConfig) -> bool:
             "--runtime emulated waits the latencies of a profile: give one with --profile FILE "
             "(e.g. bench/profiles/inception3-cloudlab16.csv, or one measured with --save-profile)"
         )
-    Interference.named(config.emulate_interference)  # a bad FILE fails now, not in the template
+    # A bad FILE fails now, not in the template; auto measures now (once per model and machine).
+    Interference.named(config.emulate_interference, config.model, config.input)
     return True
 
 
@@ -80,17 +83,44 @@ def emulated_profile(path: str) -> Profile:
 
 @dataclass(frozen=True)
 class Interference:
-    """The slow-down of every busy instance while c of the machine's T cores are busy."""
+    """The slow-down of every busy instance while c of the machine's T cores are busy.
 
-    name: str  # none, default, or the file it was read from
+    A profile's L(t, b) was measured with that instance's own t cores busy, so a call of t threads waits
+    L̂(t, b) · f(c) / f(t) (`numbers`): alone it waits exactly its profiled latency, whatever the model.
+    """
+
+    name: str  # none, default, auto, the number given, or the file it was read from
+    full_load: float | None = None  # the linear models: f(T), the factor with every core busy
     points: tuple[tuple[float, float], ...] = ()  # (busy cores, factor) from a FILE, by busy cores
+    source: str = ""  # where full_load comes from, in words
 
     @classmethod
-    def named(cls, text: str | None) -> Interference:
-        """`none`, `default` (also when unset) or a CSV FILE of `busy_cores,factor` rows."""
-        if text in (None, "default", "none"):
-            return cls(text or "default")
-        return cls(text, _read_points(text))
+    def named(cls, text: str | None, model: str | None = None, input_override: str | None = None) -> Interference:
+        """`none`, `default` (also when unset), `auto` (measured for `model`, or read from its cache), a
+        number F >= 1 (f(T) = F, linear in the cores busy), or a CSV FILE of `busy_cores,factor` rows."""
+        if text in (None, "default"):
+            return cls("default", DEFAULT_FULL_LOAD, source=DEFAULT_SOURCE)
+        if text == "none":
+            return cls("none")
+        if text == "auto":
+            if not model:
+                raise ConfigError(
+                    "--emulate-interference auto measures a model's own slow-down side by side on this machine: "
+                    "name the model with --model (e.g. builtin:bert-base), or give default or a number"
+                )
+            from packrat_daemon.measure.interference import estimate
+
+            found = estimate(model, input_override)
+            return cls("auto", found.factor, source=found.describe())
+        given = _number(text)
+        if given is not None:
+            if not given >= 1.0:
+                raise ConfigError(
+                    f"--emulate-interference {text}: a factor is the slow-down with every core busy, at least 1 "
+                    "(1: none; the default is 1.157)"
+                )
+            return cls(text, given, source="given")
+        return cls(text, points=_read_points(text))
 
     def contention(self, cores: int) -> tuple[float, ...]:
         """f(1) … f(cores)."""
@@ -99,18 +129,28 @@ class Interference:
     def factor(self, busy: int, cores: int) -> float:
         if self.name == "none" or cores <= 1:
             return 1.0
-        if self.name == "default":
-            # Linear from 1 (alone) to the fitted factor at full load, by the fraction of cores busy: the
-            # fit has no point in between (docs/emulation.md).
-            return 1.0 + (DEFAULT_FULL_LOAD - 1.0) * (busy - 1) / (cores - 1)
+        if self.full_load is not None:
+            # Linear from 1 (alone) to the factor at full load, by the fraction of cores busy: the fit has
+            # no point in between (docs/emulation.md).
+            return 1.0 + (self.full_load - 1.0) * (min(busy, cores) - 1) / (cores - 1)
         return _interpolate(self.points, busy)
 
     def describe(self) -> str:
         if self.name == "none":
             return "none (each call waits exactly the profile's latency)"
-        if self.name == "default":
-            return f"default: ×{DEFAULT_FULL_LOAD} with every core busy, linear in the cores busy ({DEFAULT_SOURCE})"
+        if self.full_load is not None:
+            label = self.name if self.name in ("default", "auto") else "given"
+            if label == "given":
+                return f"×{self.full_load:g} with every core busy, linear in the cores busy (given)"
+            return f"{label}: ×{self.full_load:.3f} with every core busy, linear in the cores busy ({self.source})"
         return f"from {self.name}"
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def _read_points(path: str) -> tuple[tuple[float, float], ...]:
@@ -138,19 +178,28 @@ def _interpolate(points: tuple[tuple[float, float], ...], busy: int) -> float:
 
 
 def numbers(profile: Profile, cores: int, max_batch: int, interference: Interference) -> Numbers:
-    """What each emulated worker waits: L̂(t, b) for every profiled t up to the cores and b up to max_batch."""
+    """What each emulated worker waits: L̂(t, b) for every profiled t up to the cores and b up to max_batch.
+
+    Handed as L̂(t, b) / f(t): the profile measured each cell with its own t cores busy, and the worker
+    multiplies by f(cores busy), its own included, so a t-thread call alone waits L̂(t, b) itself.
+    """
     latency = {
-        threads: tuple(profile.lhat(threads, batch) for batch in range(1, max_batch + 1))
+        threads: tuple(_over(profile.lhat(threads, batch), interference.factor(threads, cores))
+                       for batch in range(1, max_batch + 1))
         for threads in profile.threads()
         if threads <= cores
-    }
+    }  # fmt: skip
     return Numbers(latency, cores, interference.contention(cores), summary(cores, interference))
+
+
+def _over(latency: float | None, factor: float) -> float | None:
+    return None if latency is None else latency / factor
 
 
 def template_runtime(config: ServeConfig, cores: int, run_dir: Path) -> str:
     """Write the workers' numbers into the run folder; the --runtime to start the template with."""
     assert config.profile is not None  # check() refused otherwise
-    interference = Interference.named(config.emulate_interference)
+    interference = Interference.named(config.emulate_interference, config.model, config.input)
     handed = numbers(emulated_profile(config.profile), cores, config.max_batch, interference)
     path = run_dir / NUMBERS_FILE
     path.write_text(json.dumps(handed.to_json()))
@@ -166,7 +215,7 @@ def summary(cores: int, interference: Interference) -> str:
 
 def describe(config: ServeConfig, cores: int) -> dict[str, Any]:
     """The `info` reply's `emulation` entry."""
-    interference = Interference.named(config.emulate_interference)
+    interference = Interference.named(config.emulate_interference, config.model, config.input)
     return {
         "emulated": True,
         "cores": cores,
@@ -176,34 +225,76 @@ def describe(config: ServeConfig, cores: int) -> dict[str, Any]:
     }
 
 
-def fit_full_load(multi_csv: str | Path, isolated_csv: str | Path) -> float:
-    """f(T) from instances run side by side (the fiddle table) against one instance alone (a profile).
+@dataclass(frozen=True)
+class Group:
+    """One group of the side-by-side table: an all-core instance alone, then n instances at once."""
 
-    The side-by-side file holds groups: one all-core instance alone at batch 16·b, then instances of t
+    alone_batch: int
+    alone_ms: float  # the all-core instance alone, on the side-by-side server
+    threads: int  # of each instance side by side
+    batch: int  # of each instance side by side
+    side_ms: float  # the median latency of the instances side by side
+    scale: float  # side-by-side server over the isolated table's server, at the all-core run
+    isolated_ms: float  # the isolated table's L(threads, batch), unscaled
+
+    @property
+    def factor(self) -> float:
+        """The instances' slow-down side by side, over the isolated table's L(t, b) (scaled)."""
+        return self.side_ms / (self.isolated_ms * self.scale)
+
+
+def side_by_side_groups(multi_csv: str | Path, isolated_csv: str | Path) -> list[Group]:
+    """The fiddle table's groups of one shape each, with the isolated latencies they are read against.
+
+    The side-by-side file holds groups: one all-core instance alone at batch n·b, then n instances of t
     threads at batch b, all at once, filling the cores. The isolated profile comes from another server of
-    the same size; each group's all-core run, measured on both, scales it to the side-by-side server. A
-    group's factor is its instances' median latency over the scaled isolated L(t, b); f(T) is the median
-    over groups.
+    the same size; each group's all-core run, measured on both, scales it to the side-by-side server.
     """
     isolated = Profile.read_csv(isolated_csv)
-    groups: list[tuple[tuple[int, float], list[tuple[int, int, float]]]] = []
+    cores = max(isolated.threads())
+    rows: list[tuple[tuple[int, float], list[tuple[int, int, float]]]] = []
     with open(multi_csv, newline="") as handle:
         for row in csv.DictReader(line for line in handle if not line.startswith("#")):
             threads, batch, latency = int(row["intraop_threads"]), int(row["batch_size"]), float(row["latency(avg)"])
-            if threads == max(isolated.threads()):
-                groups.append(((batch, latency), []))
-            elif groups:
-                groups[-1][1].append((threads, batch, latency))
-    factors = []
-    for (alone_batch, alone_ms), instances in groups:
+            if threads == cores:
+                rows.append(((batch, latency), []))
+            elif rows:
+                rows[-1][1].append((threads, batch, latency))
+    groups = []
+    for (alone_batch, alone_ms), instances in rows:
         by_shape: dict[tuple[int, int], list[float]] = defaultdict(list)
         for threads, batch, latency in instances:
             by_shape[(threads, batch)].append(latency)
         if len(by_shape) != 1:
             continue  # a group must run one shape side by side
         ((threads, batch), latencies), = by_shape.items()  # fmt: skip
-        scale = alone_ms / isolated.latency(max(isolated.threads()), alone_batch)
-        factors.append(statistics.median(latencies) / (isolated.latency(threads, batch) * scale))
-    if not factors:
+        scale = alone_ms / isolated.latency(cores, alone_batch)
+        isolated_ms = isolated.latency(threads, batch)
+        groups.append(Group(alone_batch, alone_ms, threads, batch, statistics.median(latencies), scale, isolated_ms))
+    if not groups:
         raise ProfileError(f"{multi_csv}: no group of instances side by side to fit")
-    return statistics.median(factors)
+    return groups
+
+
+def fit_full_load(multi_csv: str | Path, isolated_csv: str | Path) -> float:
+    """f(T) from instances run side by side (the fiddle table) against one instance alone (a profile): the
+    median over groups of each group's factor (`Group.factor`)."""
+    return statistics.median(group.factor for group in side_by_side_groups(multi_csv, isolated_csv))
+
+
+def speedup_errors(multi_csv: str | Path, isolated_csv: str | Path, interference: Interference) -> list[float]:
+    """Per group, how far the split's speed-up over the all-core instance, as the emulation predicts it
+    from the isolated table, is from the side-by-side server's: predicted / measured − 1 (> 0: optimistic).
+
+    Measured: L(alone) / L(side by side), both on the side-by-side server (the inputs per call scale alike).
+    Predicted: L̂(T, n·b) / (L̂(t, b) · f(T) / f(t)), all from the isolated table, as `numbers` waits them.
+    """
+    isolated = Profile.read_csv(isolated_csv)
+    cores = max(isolated.threads())
+    errors = []
+    for group in side_by_side_groups(multi_csv, isolated_csv):
+        measured = group.alone_ms / group.side_ms
+        slowdown = interference.factor(cores, cores) / interference.factor(group.threads, cores)
+        predicted = isolated.latency(cores, group.alone_batch) / (group.isolated_ms * slowdown)
+        errors.append(predicted / measured - 1.0)
+    return errors

@@ -24,10 +24,12 @@ def test_each_slice_takes_lhat_of_its_rows_without_interference():
 def test_slices_slow_down_while_others_are_busy_and_speed_up_when_they_finish():
     model = service("default")
     f = model.numbers.slowdown
-    # Two 2-thread slices: 4 threads busy until the shorter (6 ms of work) ends, then 2.
+    # Two 2-thread slices: 4 threads busy until the shorter (6 ms profiled) ends, then 2. The profile
+    # measured each cell with its own 2 cores busy, so the slow-down is f(busy) / f(2): alone, 6 ms.
     short, long = model.batch_ms([(2, 1), (2, 4)])
-    assert short == pytest.approx(6.0 * f(4))
-    assert long == pytest.approx(6.0 * f(4) + (16.0 - 6.0) * f(2))
+    assert short == pytest.approx(6.0 * f(4) / f(2))
+    assert long == pytest.approx(6.0 * f(4) / f(2) + (16.0 - 6.0))
+    assert model.batch_ms([(2, 1)]) == [pytest.approx(6.0)]
     assert f(4) > f(2) > 1.0
 
 
