@@ -46,3 +46,38 @@ def test_requests_larger_than_max_batch_are_refused(profile: str, capsys: pytest
     args = ["simulate", "--profile", profile, "--concurrency", "1", "--batch", "32", "--requests", "5"]
     assert main([*args, "--max-batch", "16"]) == 2
     assert "exceed max_batch 16" in capsys.readouterr().err
+
+
+def _split_gain(profile: str, interference: str, capsys: pytest.CaptureFixture[str], *extra: str) -> float:
+    """p50 of one all-core instance over p50 of the packrat plan, one client at batch 8."""
+    p50 = {}
+    for policy in ("single", "packrat"):
+        args = ["simulate", "--profile", profile, "--concurrency", "1", "--batch", "8", "--requests", "20"]
+        assert main([*args, "--policy", policy, "--plan-batches", "8", "--max-batch", "8",
+                     "--max-delay-ms", "0", "--emulate-interference", interference, *extra, "--json"]) == 0  # fmt: skip
+        report = json.loads(capsys.readouterr().out)
+        p50[policy] = report["latency_ms"]["p50"]
+    return p50["single"] / p50["packrat"]
+
+
+def test_the_split_gain_shrinks_as_the_interference_grows(profile: str, capsys: pytest.CaptureFixture[str]):
+    # The all-core instance waits its profiled latency whatever the interference; the instances of a
+    # split slow each other down, so their gain over it shrinks from none to the default to F = 1.4.
+    gains = [_split_gain(profile, text, capsys) for text in ("none", "default", "1.4")]
+    assert gains[0] > gains[1] > gains[2]
+
+
+def test_auto_takes_the_models_estimate(
+    profile: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
+    from packrat_daemon.measure import interference
+
+    args = ["simulate", "--profile", profile, "--concurrency", "1", "--requests", "5", "--emulate-interference", "auto"]
+    assert main(args) == 2
+    assert "name the model with --model" in capsys.readouterr().err
+    measured = interference.Estimate(
+        "builtin:bert-base", (0, 1), {1: (1.4,)}, {1: (1.4,)}, on_cpu=1.0, machine="cpu", load=0.0
+    )
+    monkeypatch.setattr(interference, "estimate", lambda model, input_override=None: measured)
+    assert main([*args, "--model", "builtin:bert-base", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["inputs"]["interference"].startswith("auto: ×1.400")

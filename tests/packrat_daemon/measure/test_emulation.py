@@ -52,6 +52,44 @@ def test_interference_none_default_and_from_a_file(tmp_path: Path) -> None:
     assert from_file.contention(6) == pytest.approx((1.0, 1.0, 1.1, 1.2, 1.2, 1.2))
 
 
+def test_a_number_is_the_factor_with_every_core_busy() -> None:
+    given = emulation.Interference.named("1.4")
+    assert given.contention(5) == pytest.approx((1.0, 1.1, 1.2, 1.3, 1.4))
+    assert "×1.4 with every core busy" in given.describe()
+    with pytest.raises(ConfigError, match="at least 1"):
+        emulation.Interference.named("0.9")
+
+
+def test_an_instance_alone_waits_its_profiled_latency_whatever_the_interference() -> None:
+    # The profile measured each cell with that instance's own cores busy: a call of t threads waits
+    # L̂(t, b) · f(busy) / f(t), so alone (busy = t) it waits L̂(t, b), beside others f(T) / f(t) more.
+    profile = Profile.read_csv(PROFILES / "inception3-cloudlab16.csv")
+    interference = emulation.Interference.named("1.4")
+    handed = emulation.numbers(profile, 16, 8, interference)
+    for threads in (1, 4, 16):
+        alone = handed.latency_s(threads, 8) * handed.slowdown(threads) * 1000.0
+        assert alone == pytest.approx(profile.lhat(threads, 8))
+        full = handed.latency_s(threads, 8) * handed.slowdown(16) * 1000.0
+        assert full == pytest.approx(profile.lhat(threads, 8) * 1.4 / interference.factor(threads, 16))
+
+
+def test_the_speedup_errors_on_the_side_by_side_groups() -> None:
+    multi, isolated = PROFILES / "multi-inception-fiddle16.csv", PROFILES / "inception3-cloudlab16.csv"
+    groups = emulation.side_by_side_groups(multi, isolated)
+    assert len(groups) == 8 and {g.threads for g in groups} == {1, 4}
+
+    def mean_abs(text: str) -> float:
+        errors = emulation.speedup_errors(multi, isolated, emulation.Interference.named(text))
+        assert len(errors) == len(groups)
+        return sum(abs(e) for e in errors) / len(errors)
+
+    # Without interference every split looks better than it ran; the fitted default is closer, and a
+    # pessimistic factor overshoots the other way.
+    assert all(e > 0 for e in emulation.speedup_errors(multi, isolated, emulation.Interference.named("none")))
+    assert mean_abs("default") < mean_abs("none") and mean_abs("default") < mean_abs("1.4")
+    assert all(e < 0 for e in emulation.speedup_errors(multi, isolated, emulation.Interference.named("1.4")))
+
+
 def test_the_default_interference_is_the_fit_on_the_shipped_tables() -> None:
     fitted = emulation.fit_full_load(PROFILES / "multi-inception-fiddle16.csv", PROFILES / "inception3-cloudlab16.csv")
     assert round(fitted, 3) == emulation.DEFAULT_FULL_LOAD
