@@ -16,6 +16,9 @@
 4. Multipart flood: clients send messages of 3 frames near the frame cap without reading replies; the
    daemon's peak RSS against the bound docs/protocol.md states. Then the gap that bound leaves: one
    message of many frames, which ZeroMQ buffers whole before the daemon can refuse it.
+5. Attacks (bench/attacks.py): plan bombs over the control socket, a hostile state folder, the template
+   killed, too few file descriptors, CURVE keys changed in place, IPv6 loopback and a worker SIGKILLed;
+   each with an innocent client's requests, answers, losses, longest stall and the daemon's peak RSS.
 
     .venv/bin/python bench/faults.py > bench/results/faults.json
 """
@@ -23,7 +26,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import random
@@ -43,76 +45,16 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]
 import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 from harness import DaemonProcess  # noqa: E402
+from innocent import Load  # noqa: E402
 from zmq.utils.monitor import recv_monitor_message  # noqa: E402
 
 from packrat_daemon.requests.frontend import RECEIVE_HWM  # noqa: E402
-from packrat_daemon.wire.client import AsyncClient, ClientTimeout, ServerError  # noqa: E402
 from packrat_daemon.wire.client_side import encode_infer_request  # noqa: E402
 from policies.planning.profile import Profile  # noqa: E402
 from tests.helpers.fuzz_frontend import Model, PeakRss, fuzz, rss_bytes  # noqa: E402
 
 SLOW = "tests.model_factories:slow_mlp"
 MIB = 1 << 20
-
-
-class Load:
-    """`concurrency` async requests in a loop on one client; every outcome with its send and reply time."""
-
-    def __init__(self, endpoint: str, concurrency: int, timeout_s: float = 30.0) -> None:
-        self.endpoint, self.concurrency, self.timeout_s = endpoint, concurrency, timeout_s
-        self.outcomes: list[tuple[float, float, str]] = []  # (sent, answered, "ok" | error code | "lost")
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-
-    def start(self) -> Load:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    async def _run(self) -> None:
-        x = np.ones((1, 16), dtype=np.float32)
-        async with AsyncClient(self.endpoint, timeout=self.timeout_s) as client:
-
-            async def one() -> None:
-                while not self._stop.is_set():
-                    sent = time.monotonic()
-                    try:
-                        await client.infer(x)
-                        outcome = "ok"
-                    except ServerError as exc:
-                        outcome = exc.code
-                    except ClientTimeout:
-                        outcome = "lost"
-                    self.outcomes.append((sent, time.monotonic(), outcome))
-
-            await asyncio.gather(*(one() for _ in range(self.concurrency)))
-
-    def longest_stall(self, start: float, end: float) -> float:
-        """The longest time in [start, end] with a request waiting and no reply of any kind."""
-        replies = sorted(answered for _, answered, outcome in self.outcomes if outcome != "lost")
-        marks = [start] + [t for t in replies if start <= t <= end] + [end]
-        return max(b - a for a, b in zip(marks, marks[1:], strict=False))
-
-    def last_reply_before(self, when: float) -> float:
-        """The time of the last reply before `when` (or `when`): a stall that a signal extends began there."""
-        return max((answered for _, answered, outcome in self.outcomes if outcome != "lost" and answered <= when),
-                   default=when)  # fmt: skip
-
-    def summary(self, start: float, end: float) -> dict[str, Any]:
-        window = [o for o in self.outcomes if start <= o[0] <= end]
-        codes: dict[str, int] = {}
-        for _, _, outcome in window:
-            codes[outcome] = codes.get(outcome, 0) + 1
-        return {
-            "requests": len(window),
-            "answered_ok": codes.pop("ok", 0),
-            "lost": codes.pop("lost", 0),
-            "typed_errors": codes,
-            "longest_stall_s": round(self.longest_stall(start, end), 3),
-        }
 
 
 def pids(daemon: DaemonProcess) -> list[int]:
@@ -393,7 +335,8 @@ def main() -> None:
     parser.add_argument("--flood-clients", type=int, default=8)
     parser.add_argument("--flood-messages", type=int, default=100)
     parser.add_argument("--gap-frames", type=int, default=2000)
-    parser.add_argument("--skip", choices=["workers", "drains", "hostile"], action="append", default=[])
+    parser.add_argument("--skip", choices=["workers", "drains", "hostile", "attacks"], action="append", default=[])
+    parser.add_argument("--attack", action="append", default=[], help="only these of bench/attacks.py (default: all)")
     options = parser.parse_args()
     out: dict[str, Any] = {"machine": {"cpus": len(os.sched_getaffinity(0)), "load_average": os.getloadavg()[0]}}
     with tempfile.TemporaryDirectory() as folder:
@@ -405,6 +348,10 @@ def main() -> None:
             out["hostile"] = hostile(
                 Path(folder), options.fuzz, options.flood_clients, options.flood_messages, options.gap_frames
             )
+        if "attacks" not in options.skip:
+            import attacks
+
+            out["attacks"] = attacks.run(Path(folder), options.attack)
     print(json.dumps(out, indent=1))
 
 
