@@ -31,7 +31,8 @@ def die_with_parent(parent: int | None = None, sig: int = signal.SIGKILL) -> Non
     SIGKILL by default: it is the one signal a SIGSTOPped process still receives (a SIGTERM would wait,
     pending, for a SIGCONT that never comes, and the stopped process would be left an orphan), and a process
     whose parent is gone has nothing left to finish. `parent`: the pid expected as parent; when it is no
-    longer the parent, it died before the request took effect, and this process ends now.
+    longer the parent, it died before the request took effect, and this process ends now (0 or None: not
+    checked).
     """
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -40,5 +41,5 @@ def die_with_parent(parent: int | None = None, sig: int = signal.SIGKILL) -> Non
         return  # not Linux: the heartbeat's parent check still ends orphans
     if prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(int(sig)), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)):
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed: a process could outlive its parent")
-    if parent is not None and os.getppid() != parent:
+    if parent and os.getppid() != parent:  # 0 or None: no parent to check against
         os.kill(os.getpid(), sig)  # the parent died between fork and prctl: the kernel will not send it
