@@ -1,16 +1,21 @@
 """The daemon's logic at many cores by simulation (`packrat simulate`'s engine): docs/evaluation.md's tables.
 
-    .venv/bin/python bench/simulate.py [--tables a,b,c] [--duration 600] [--seed 13]
+    .venv/bin/python bench/simulate.py [--tables a,b,c] [--duration 600] [--seed 13] > bench/results/simulate.json
+    .venv/bin/python bench/simulate.py --render bench/results/simulate.json   # the docs' band tables
 
 Every number here is a simulation: the daemon's own batcher, splitter, policy and online adaptation on a
 virtual clock, each slice waiting as `packrat serve --runtime emulated`'s workers wait: its profile's
-L̂(threads, rows) times the emulated interference (packrat_daemon.measure.emulation's `default`, fitted to
-Inception-v3 side by side on 16 cores, for (b) and (c); none for (a)). They say what the daemon's logic does
-with those latencies, not what a real machine measures. Prints one JSON object; progress on stderr.
+L̂(threads, rows) times the emulated interference f(cores busy) / f(its own threads). They say what the
+daemon's logic does with those latencies, not what a real machine measures.
+
+Every case runs at four interference points (BAND): none; the default (F = 1.157, fitted to Inception-v3
+side by side on 16 cores); the table's model's own estimate (`--emulate-interference auto`, measured
+on this machine by bench/interference.py and read from its JSON: Inception-v3's for the Inception table,
+BERT-base's for BERT); and a pessimistic F = 1.4.
 
 - (a) T = 16 on the shipped tables (bench/profiles/): one client at a time, batch B = 1…64, per policy,
   beside the solver's prediction. With no interference and no wait (max_delay 0) the simulation serves
-  exactly L̂ of the plan, so for packrat and single this checks the plumbing, not a hypothesis.
+  exactly L̂ of the plan, so at `none` this checks the plumbing for packrat and single, not a hypothesis.
 - (b) T = 16 on the shipped tables under shifting traffic (phases of single inputs, batches of 8, and a
   1/16 mix) and bursty traffic (on 2 s, off 8 s): adaptive packrat, its start-up plan kept (--no-adapt),
   single, torchserve and the paper's estimator.
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -65,7 +71,25 @@ SHIFT_PHASES = [("1", 0.4), ("8", 0.4), ("1:0.5,16:0.5", 0.4)]  # (mix, load), r
 BURST = (2.0, 8.0)  # on, off seconds
 BURST_MIX = "1:0.5,8:0.5"
 BURST_LOAD = 1.0  # during a burst: the all-core instance's capacity
-INTERFERENCE = "default"  # (b), (c): the emulated daemon's default slow-down; (a): none, as its check asks
+INTERFERENCE = "default"  # the main rows of (b) and (c), and what the emulated (b) runs use
+PESSIMISTIC = "1.4"
+ESTIMATES = ROOT / "bench" / "results" / "interference.json"  # bench/interference.py's measurements
+ESTIMATE_OF = {"inception3": ("inception3", "resnet50"), "bert": ("bert-base",)}  # table → models, first found
+
+
+def band(estimates: Path) -> dict[str, dict[str, str]]:
+    """Per table, the four interference settings: none, default, the model's own estimate, pessimistic."""
+    if not estimates.is_file():
+        raise SystemExit(f"{estimates}: no estimates; run bench/interference.py first (docs/emulation.md)")
+    models = json.loads(estimates.read_text())["models"]
+    points = {}
+    for table, names in ESTIMATE_OF.items():
+        found = next((name for name in names if name in models), None)
+        if found is None:
+            raise SystemExit(f"{estimates} has no estimate for {table} (any of {', '.join(names)})")
+        own = f"{models[found]['factor']:.4f}"
+        points[table] = {"none": "none", "default": "default", "estimate": own, "pessimistic": PESSIMISTIC}
+    return points
 
 
 def capacity_inputs_per_s(table: Profile, cores: int, max_batch: int) -> float:
@@ -119,12 +143,14 @@ def table_a(args: argparse.Namespace) -> list[dict[str, Any]]:
         table = Profile.read_csv(ROOT / path)
         for batch in BATCHES:
             row: dict[str, Any] = {"table": name, "batch": batch}
-            for policy in ("packrat", "single", "torchserve"):
-                config = ServeConfig(policy=policy, max_batch=MAX_BATCH, batches=[batch], max_delay_ms=0.0)
-                traffic = Traffic(BatchMix.single(batch), concurrency=1, requests=200, seed=args.seed)
-                report = simulate(table, 16, config, traffic, interference="none")
-                predicted = solve_plans(table, Topology.synthetic(16), [batch], policy)[0]["latency_ms"]
-                row[policy] = {"p50_ms": report["latency_ms"]["p50"], "predicted_ms": predicted}
+            for point, interference in args.band[name].items():
+                row[point] = {}
+                for policy in ("packrat", "single", "torchserve"):
+                    config = ServeConfig(policy=policy, max_batch=MAX_BATCH, batches=[batch], max_delay_ms=0.0)
+                    traffic = Traffic(BatchMix.single(batch), concurrency=1, requests=200, seed=args.seed)
+                    report = simulate(table, 16, config, traffic, interference=interference)
+                    predicted = solve_plans(table, Topology.synthetic(16), [batch], policy)[0]["latency_ms"]
+                    row[point][policy] = {"p50_ms": report["latency_ms"]["p50"], "predicted_ms": predicted}
             rows.append(row)
         print(f"(a) {name}: done", file=sys.stderr)
     return rows
@@ -164,9 +190,11 @@ def table_b(args: argparse.Namespace) -> list[dict[str, Any]]:
         }
         for pattern, traffic in traffics.items():
             row: dict[str, Any] = {"table": name, "traffic": pattern, "described": traffic.describe()}
-            for label, settings in B_POLICIES.items():
-                config = ServeConfig(max_batch=B_MAX_BATCH, batches=[B_MAX_BATCH], **settings)
-                row[label] = summary(simulate(table, 16, config, traffic))
+            for point, interference in args.band[name].items():
+                row[point] = {}
+                for label, settings in B_POLICIES.items():
+                    config = ServeConfig(max_batch=B_MAX_BATCH, batches=[B_MAX_BATCH], **settings)
+                    row[point][label] = summary(simulate(table, 16, config, traffic, interference))
             rows.append(row)
             print(f"(b) {name} {pattern}: done", file=sys.stderr)
     return rows
@@ -181,12 +209,15 @@ def table_c(args: argparse.Namespace) -> list[dict[str, Any]]:
             table, fit = analytic_table(measured, cores)
             rate = LOAD * capacity_inputs_per_s(table, cores, MAX_BATCH) / mix.mean
             row: dict[str, Any] = {"table": name, "cores": cores, "rate_rps": round(rate, 3), "fit": fit}
-            for label, settings in POLICIES.items():
-                started = time.monotonic()
-                config = ServeConfig(max_batch=MAX_BATCH, batches=[MAX_BATCH], **settings)
-                traffic = Traffic(mix, process=Poisson(rate), duration_s=args.duration, seed=args.seed)
-                row[label] = summary(simulate(table, cores, config, traffic))
-                print(f"(c) {name} T={cores} {label}: {time.monotonic() - started:.1f} s", file=sys.stderr)
+            for point, interference in args.band[name].items():
+                row[point] = {}
+                for label, settings in POLICIES.items():
+                    started = time.monotonic()
+                    config = ServeConfig(max_batch=MAX_BATCH, batches=[MAX_BATCH], **settings)
+                    traffic = Traffic(mix, process=Poisson(rate), duration_s=args.duration, seed=args.seed)
+                    row[point][label] = summary(simulate(table, cores, config, traffic, interference))
+                    spent = time.monotonic() - started
+                    print(f"(c) {name} T={cores} {point} {label}: {spent:.1f} s", file=sys.stderr)
             rows.append(row)
     return rows
 
@@ -196,15 +227,24 @@ def main() -> None:
     parser.add_argument("--tables", default="a,b,c", help="which of docs/evaluation.md's tables to make")
     parser.add_argument("--duration", type=float, default=600.0, help="virtual seconds of traffic per case")
     parser.add_argument("--seed", type=int, default=13)
+    parser.add_argument("--estimates", type=Path, default=ESTIMATES, help="bench/interference.py's JSON")
+    parser.add_argument("--render", type=Path, help="print the band tables of this JSON as markdown, run nothing")
     args = parser.parse_args()
+    if args.render:
+        from simulate_band import render
+
+        print(render(json.loads(args.render.read_text())))
+        return
     makers = {"a": table_a, "b": table_b, "c": table_c}
     wanted = args.tables.split(",")
     unknown = [t for t in wanted if t not in makers]
     if unknown:
         parser.error(f"unknown table(s) {unknown}; choose from a, b, c")
+    args.band = band(args.estimates)
     results: dict[str, Any] = {
-        "kind": "simulation (virtual clock, the emulated workers' service times: L̂ × interference)",
-        "interference": {"a": "none", "b": INTERFERENCE, "c": INTERFERENCE},
+        "kind": "simulation (virtual clock, the emulated workers' service times: L̂ × f(busy) / f(own threads))",
+        "interference": args.band,
+        "estimates": os.path.relpath(args.estimates, ROOT),
         "duration_s": args.duration,
         "seed": args.seed,
         "load": {"a": "one client, 200 requests", "b": {"shifting": SHIFT_PHASES, "phase_s": SHIFT_PHASE_S,

@@ -38,7 +38,7 @@ MAX_CPUS = 16  # co-runners beyond this cost memory and minutes; the estimate is
 TIMEOUT_S = 1800.0
 # Below this share of wall time on a core, the instances "side by side" were mostly not running at once.
 BUSY_MACHINE_ON_CPU = 0.8
-ESTIMATE_FORMAT = 1
+ESTIMATE_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,7 @@ class Estimate:
     on_cpu: float  # the least share of wall time on a core, over the co-runners, median over rounds
     machine: str  # the CPU model these were measured on
     load: float  # this machine's 1-minute load average just before
+    niceness: int = 0  # the priority the measurement ran at (packrat_daemon.measure.corun.PRIORITY)
 
     @property
     def by_batch(self) -> dict[int, float]:
@@ -94,6 +95,7 @@ class Estimate:
             "on_cpu": self.on_cpu,
             "machine": self.machine,
             "load": self.load,
+            "niceness": self.niceness,
             "by_batch": {str(b): r for b, r in self.by_batch.items()},
             "raw": self.raw,
             "factor": self.factor,
@@ -109,6 +111,7 @@ class Estimate:
             float(data["on_cpu"]),
             str(data["machine"]),
             float(data["load"]),
+            int(data.get("niceness", 0)),
         )
 
     @classmethod
@@ -124,7 +127,9 @@ class Estimate:
                 on_cpu.append(min(r["side"]["cpu_ms"] / r["side"]["wall_ms"], r["side"]["others_on_cpu"]))
         if not ratios or not on_cpu:
             raise ModelSpecError(f"the side-by-side run of {run.get('model')} timed no round")
-        return cls(str(run["model"]), tuple(run["cpus"]), ratios, walls, statistics.median(on_cpu), machine, load)
+        on_core = statistics.median(on_cpu)
+        niceness = int(run.get("niceness", 0))
+        return cls(str(run["model"]), tuple(run["cpus"]), ratios, walls, on_core, machine, load, niceness)
 
 
 def estimate(
