@@ -61,6 +61,23 @@ def test_auto_precision_adds_bf16_only_where_the_cpu_and_the_runtime_have_it() -
         candidate_pairs("onnxruntime", "bf16", with_units)
 
 
+def test_auto_on_an_onnx_file_measures_only_the_runtimes_that_load_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from packrat_daemon import startup
+
+    monkeypatch.setattr(startup, "available_runtimes", lambda: ["torch", "onnxruntime", "openvino"])
+    monkeypatch.setattr("workers.models.spec.available_runtimes", lambda: ["torch", "onnxruntime", "openvino"])
+    with_units = frozenset({"amx_bf16"})
+    assert startup.candidate_pairs("auto", "fp32", with_units, model="m.onnx") == [
+        ("onnxruntime", "fp32"), ("openvino", "fp32")
+    ]  # fmt: skip
+    assert startup.candidate_pairs("auto", "auto", with_units, model="m.onnx") == [
+        ("onnxruntime", "fp32"), ("openvino", "fp32"), ("openvino", "bf16")
+    ]  # fmt: skip
+    assert startup.candidate_pairs("auto", "fp32", with_units, model="builtin:tiny-mlp")[0] == ("torch", "fp32")
+    with pytest.raises(PackratError, match="runtime torch cannot load m.onnx"):
+        startup.candidate_pairs("torch", "fp32", with_units, model="m.onnx")
+
+
 @pytest.mark.parametrize("max_rel_error", [0.001, 0.5])
 def test_the_guard_decides_auto_leaves_a_failing_candidate_out_and_a_pinned_one_stops(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, max_rel_error: float

@@ -14,12 +14,21 @@ import pytest
 
 from packrat_daemon.wire.errors import ConfigError, ModelSpecError
 from workers.models.spec import (
+    BUILTIN,
+    EXPORTED,
+    FUNCTION,
+    HUGGING_FACE,
     INPUT_DTYPES,
+    ONNX_FILE,
     RUNTIME_REQUIREMENTS,
+    TORCHSCRIPT,
     InputSpec,
     available_runtimes,
+    check_model_runtime,
     check_runtime,
     missing_package,
+    model_kind,
+    model_runtimes,
     sample_input,
 )
 
@@ -142,3 +151,42 @@ def test_a_runtime_missing_its_exporter_is_not_available(
 def test_an_unknown_runtime_lists_the_known_ones() -> None:
     with pytest.raises(ConfigError, match="unknown runtime 'onnx'; available: torch, onnxruntime, openvino"):
         check_runtime("onnx")
+
+
+# -- model kinds and the runtimes that load them ----------------------------------------------------
+def test_each_spec_names_its_kind(tmp_path: Path) -> None:
+    folder = tmp_path / "bert"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    kinds = {
+        "builtin:resnet50": BUILTIN, "m.onnx": ONNX_FILE, "m.pt2": EXPORTED, "m.pt": TORCHSCRIPT, "m.ts": TORCHSCRIPT,
+        f"hf:{folder}": HUGGING_FACE, str(folder): HUGGING_FACE, "hf:./not-there-yet": HUGGING_FACE,
+        "pkg.module:factory": FUNCTION,
+    }  # fmt: skip
+    assert {spec: model_kind(spec) for spec in kinds} == kinds
+
+
+def test_a_folder_without_config_json_or_an_unknown_spec_lists_the_kinds(tmp_path: Path) -> None:
+    with pytest.raises(ModelSpecError, match="without a config.json, so not a Hugging Face save_pretrained folder"):
+        model_kind(str(tmp_path))
+    with pytest.raises(ModelSpecError, match=r"cannot tell what model 'model\.bin' is; give builtin:NAME, a \.pt2"):
+        model_kind("model.bin")
+
+
+def test_an_onnx_file_is_loaded_by_onnx_runtime_and_openvino_only() -> None:
+    every = ["torch", "onnxruntime", "openvino"]
+    assert model_runtimes("m.onnx", every) == ["onnxruntime", "openvino"]
+    assert model_runtimes("builtin:tiny-mlp", every) == every
+    for runtime in ("onnxruntime", "openvino", "emulated", "emulated:/run/numbers.json"):
+        check_model_runtime("m.onnx", runtime)
+    check_model_runtime("builtin:tiny-mlp", "torch")
+    with pytest.raises(ConfigError, match="runtime torch cannot load m.onnx: it is served by onnxruntime or openvino"):
+        check_model_runtime("m.onnx", "torch")
+
+
+def test_auto_on_an_onnx_file_without_its_runtimes_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    monkeypatch.setitem(sys.modules, "openvino", None)
+    with pytest.raises(ConfigError, match=r"neither is installed: pip install -e '\.\[onnx\]' or pip install"):
+        check_model_runtime("m.onnx", "auto")
+    check_model_runtime("builtin:tiny-mlp", "auto")  # torch serves it

@@ -1,0 +1,126 @@
+"""Hugging Face save_pretrained folders: loaded offline with the class their config names, their input declared
+from the config, the same output as transformers' own, on PyTorch and (converted) ONNX Runtime and OpenVINO.
+The models are tiny, with random weights, saved into tmp folders: nothing is downloaded."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from packrat_daemon.wire.errors import ModelSpecError
+from workers.models import cache as conversion
+from workers.models.loading import load_model
+from workers.models.spec import InputSpec, sample_input
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB, POSITIONS, LABELS = 120, 64, 3
+
+
+def tiny_bert_config() -> object:
+    return transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=POSITIONS, num_labels=LABELS,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("models") / "tiny-bert"
+    transformers.BertForSequenceClassification(tiny_bert_config()).eval().save_pretrained(folder)
+    return folder
+
+
+def transformers_logits(folder: Path, ids: np.ndarray) -> np.ndarray:
+    model = transformers.BertForSequenceClassification.from_pretrained(folder, local_files_only=True).eval()
+    with torch.inference_mode():
+        return model(input_ids=torch.from_numpy(ids)).logits.numpy()
+
+
+@pytest.mark.parametrize("prefix", ["hf:", ""])
+def test_a_folder_serves_what_transformers_computes_on_its_input_ids(bert_folder: Path, prefix: str) -> None:
+    loaded = load_model(f"{prefix}{bert_folder}")
+    assert loaded.input == InputSpec("int64", (POSITIONS,), high=VOCAB)  # capped at the position count
+    ids = sample_input(loaded.input, 3)
+    with torch.inference_mode():
+        out = loaded.module(torch.from_numpy(ids)).numpy()
+    np.testing.assert_array_equal(out, transformers_logits(bert_folder, ids))
+    assert out.shape == (3, LABELS)
+    (note,) = loaded.notes
+    assert "(BertForSequenceClassification) is served its input_ids only; attention_mask (all ones" in note
+    assert "token_type_ids (zeros: one segment)" in note and "several inputs are not served yet" in note
+
+
+def test_a_longer_sequence_keeps_the_token_ids_below_the_vocabulary(bert_folder: Path) -> None:
+    assert load_model(str(bert_folder), "int64:16").input == InputSpec("int64", (16,), high=VOCAB)
+
+
+def test_without_architectures_the_auto_model_is_loaded_and_one_output_served(
+    bert_folder: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "bare"
+    shutil.copytree(bert_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    del config["architectures"]
+    (folder / "config.json").write_text(json.dumps(config))
+    loaded = load_model(str(folder))
+    ids = torch.randint(0, VOCAB, (2, POSITIONS))
+    with torch.inference_mode():
+        assert loaded.module(ids).shape == (2, POSITIONS, 32)  # BertModel's last_hidden_state
+    assert any("serving 'last_hidden_state' only" in note for note in loaded.notes)
+
+
+def test_an_image_model_declares_its_pixel_values_from_the_config(tmp_path: Path) -> None:
+    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1,
+                                    num_attention_heads=2, intermediate_size=64, num_labels=LABELS)  # fmt: skip
+    transformers.ViTForImageClassification(config).save_pretrained(tmp_path / "vit")
+    loaded = load_model(f"hf:{tmp_path / 'vit'}")
+    assert loaded.input == InputSpec("float32", (3, 32, 32))
+    with torch.inference_mode():
+        assert loaded.module(torch.zeros(2, 3, 32, 32)).shape == (2, LABELS)
+
+
+def test_a_missing_or_broken_folder_says_what_is_wrong(tmp_path: Path) -> None:
+    with pytest.raises(ModelSpecError, match="model folder .*absent does not exist"):
+        load_model(f"hf:{tmp_path / 'absent'}")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text('{"model_type": "bert"}')  # no weights beside it
+    with pytest.raises(ModelSpecError, match="cannot load the Hugging Face model in .*broken"):
+        load_model(str(tmp_path / "broken"))
+
+
+def test_a_conversion_of_a_folder_is_redone_when_a_file_in_it_changes(bert_folder: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "copy"
+    shutil.copytree(bert_folder, folder)
+    before = conversion.cache_key(str(folder), None, "onnxruntime")
+    with open(folder / "config.json", "a") as handle:
+        handle.write("\n")
+    assert conversion.cache_key(str(folder), None, "onnxruntime") != before
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.setenv("PACKRAT_CACHE_DIR", str(tmp_path / "cache"))
+    yield tmp_path / "cache"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
+def test_onnx_runtime_and_openvino_serve_the_folder_as_transformers_computes_it(
+    bert_folder: Path, cache: Path, runtime: str
+) -> None:
+    pytest.importorskip(runtime)
+    from workers.runtimes import make_runtime
+
+    instance = make_runtime(runtime)
+    input_spec = instance.load(f"hf:{bert_folder}")
+    instance.set_threads(1)
+    ids = sample_input(input_spec, 5, seed=9)
+    np.testing.assert_allclose(instance.run(ids), transformers_logits(bert_folder, ids), rtol=1e-4, atol=1e-5)
