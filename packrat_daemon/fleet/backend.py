@@ -55,8 +55,11 @@ class TemplateError(PackratError):
 
 class TemplateLost(TemplateError):
     """The template died while serving: no worker can be (re)started, and its workers died with it. The daemon
-    stops with this error (exit status 2) so that its supervisor (systemd's Restart=on-failure) starts it
-    afresh; restarting the template in place would reload the model, which takes as long as a restart."""
+    stops with this error, exit status 1 like a crash, so that its supervisor (systemd's Restart=on-failure)
+    starts it afresh: not 2, which says a start cannot succeed (RestartPreventExitStatus=2). Restarting the
+    template in place would reload the model, which takes as long as a restart."""
+
+    exit_status = 1
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ def test_the_template_fd_is_readable_the_moment_the_template_dies(backend: Backe
 def test_template_lost_is_a_fleet_failure_not_a_configuration_error() -> None:
     assert issubclass(TemplateLost, TemplateError) and issubclass(TemplateLost, PackratError)
     assert not issubclass(TemplateLost, ConfigError)  # the configuration was fine; a process died
+    assert TemplateLost("gone").exit_status == 1  # a restart repairs it: not 2, which systemd does not restart
 
 
 def test_the_reconciler_stops_at_its_next_step_once_the_template_is_gone(backend: Backend) -> None:
@@ -116,6 +117,6 @@ def test_a_template_killed_takes_its_stopped_workers_with_it_and_the_daemon_stop
         os.kill(template.pid, signal.SIGKILL)
         assert _wait_for(lambda: all(_gone(w.pid) for w in workers), 10), "a worker outlived its template"
         process.wait(30)
-    assert process.returncode == 2  # non-zero: systemd's Restart=on-failure starts it afresh
+    assert process.returncode == 1  # as a crash: systemd's Restart=on-failure starts it afresh (2 would not)
     log = (tmp_path / "daemon.log").read_text()
     assert "killed by SIGKILL" in log and "template process" in log
