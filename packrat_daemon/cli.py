@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -29,14 +30,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What a shell reports for a process that SIGPIPE ended (128 + 13): `packrat status | head` stops reading early.
+BROKEN_PIPE_EXIT = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.run(args) or 0)
+        code = int(args.run(args) or 0)
+        sys.stdout.flush()  # here, not at exit: a reader that went away is then seen below, not as a traceback
+        return code
+    except BrokenPipeError:
+        # Python's advice (library/signal, "Note on SIGPIPE"): point stdout at /dev/null so that the flush at
+        # exit does not fail again; the reader has what it wanted.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return BROKEN_PIPE_EXIT
     except PackratError as exc:
         print(f"packrat {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        # 2: what cannot start (systemd's RestartPreventExitStatus=2); an error that says otherwise (a template
+        # lost while serving, which a restart repairs) carries its own status.
+        return int(getattr(exc, "exit_status", 2))
     except KeyboardInterrupt:
         print(f"packrat {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -115,15 +115,15 @@ class Client(ClientBase):
             self._check_open()
             index = self._ring.pick()
             try:
-                self._send(index, frames, deadline)
-                reply = self._receive(index, request_id, deadline)
+                self._send(index, frames, deadline, timeout)
+                reply = self._receive(index, request_id, deadline, timeout)
             except ClientTimeout:
                 self._ring.timed_out(index)
                 raise
             self._ring.answered(index, reply[0])
             return reply
 
-    def _send(self, index: int, frames: list[Any], deadline: float) -> None:
+    def _send(self, index: int, frames: list[Any], deadline: float, timeout: float) -> None:
         socket = self._sockets[index]
         while True:
             try:
@@ -133,14 +133,16 @@ class Client(ClientBase):
                 # The endpoint's queue is full (high-water mark): wait for room, within the deadline.
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not socket.poll(ceil_ms(remaining), zmq.POLLOUT):
-                    raise self._no_reply(index) from None
+                    raise self._no_reply(index, timeout) from None
 
-    def _receive(self, index: int, request_id: int, deadline: float) -> tuple[dict[str, Any], np.ndarray | None]:
+    def _receive(
+        self, index: int, request_id: int, deadline: float, timeout: float
+    ) -> tuple[dict[str, Any], np.ndarray | None]:
         socket = self._sockets[index]
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise self._no_reply(index)
+                raise self._no_reply(index, timeout)
             # A receive that blocks up to the deadline, not poll-then-receive: one wake-up per reply. The
             # timeout is set only when it changes (calls with the same timeout round to the same ms).
             wait_ms = max(1, ceil_ms(remaining))
@@ -150,7 +152,7 @@ class Client(ClientBase):
             try:
                 frames = recv_frames(socket)
             except zmq.Again:
-                raise self._no_reply(index) from None
+                raise self._no_reply(index, timeout) from None
             try:
                 header, array = decode_reply(frames)
             except ProtocolError as exc:
@@ -244,7 +246,7 @@ class AsyncClient(ClientBase):
                 result = await reply
         except TimeoutError:
             self._ring.timed_out(index)
-            raise self._no_reply(index) from None
+            raise self._no_reply(index, timeout) from None
         finally:
             self._pending.pop(request_id, None)
         self._ring.answered(index, result[0])

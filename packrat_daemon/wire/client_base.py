@@ -115,9 +115,11 @@ class ClientBase:
         if self._closed:
             raise ClientClosed("the client is closed; create a new one")
 
-    def _no_reply(self, index: int) -> ClientTimeout:
+    def _no_reply(self, index: int, timeout: float) -> ClientTimeout:
         # A CURVE handshake that fails is silent by design: the client only ever sees no reply.
         keys = "; does it know this client's key, and is server_key its key?" if self._keys else ""
+        # The timeout first: a call given less time than the model takes looks like a daemon that is down.
         return ClientTimeout(
-            f"no reply from {self.endpoints[index]} in time; is the daemon running and reachable{keys}?"
+            f"no reply from {self.endpoints[index]} within the call's timeout of {timeout:g} s; if the model takes "
+            f"longer, give a larger timeout (timeout=SECONDS); else, is the daemon running and reachable{keys}?"
         )

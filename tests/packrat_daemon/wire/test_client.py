@@ -239,6 +239,23 @@ def test_timeout_then_success_discards_the_late_reply(context: zmq.Context, serv
     assert [req.request_id for req in server.received] == [1, 2]
 
 
+def test_a_timeout_too_short_for_the_model_is_named_in_the_error(context: zmq.Context, serve: Serve) -> None:
+    silent = serve(lambda req: [])
+    expected = r"within the call's timeout of 0\.001 s; if the model takes longer, give a larger timeout"
+    with (
+        Client(silent.endpoint, context=context, timeout=5) as client,
+        pytest.raises(errors.ClientTimeout, match=expected),
+    ):
+        client.infer(np.ones((1, 3), np.float32), timeout=0.001)
+
+    async def call() -> None:
+        async with AsyncClient(silent.endpoint, context=context, timeout=0.001) as client:
+            await client.infer(np.ones((1, 3), np.float32))
+
+    with pytest.raises(errors.ClientTimeout, match=expected):
+        asyncio.run(call())
+
+
 def test_round_robin_over_two_endpoints(context: zmq.Context, serve: Serve) -> None:
     first, second = serve(filled(0.0)), serve(filled(1.0))
     with Client([first.endpoint, second.endpoint], context=context, timeout=5) as client:
