@@ -129,21 +129,48 @@ async def read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) -
         raise OipError(Status.INVALID_ARGUMENT, f"Content-Encoding {encoding!r} is not supported; use gzip or deflate")
     if length is not None and int(length) > limit:
         raise OipError(Status.TOO_LARGE, f"the request body is {int(length)} bytes; this server takes at most {limit}")
+    if encoding == "identity" and length is not None:
+        return await _read_exactly(receive, int(length))
     decoder = zlib.decompressobj(_DECODERS[encoding]) if encoding in _DECODERS else None
-    # One buffer of the announced size, filled in place: no list of chunks joined (and copied) at the end.
     body = bytearray()
     more = True
     while more:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise OipError(Status.INVALID_ARGUMENT, "the client disconnected before sending the whole body")
-        chunk, more = message.get("body", b""), message.get("more_body", False)
+        chunk, more = await _chunk(receive)
         if decoder is not None:
             chunk = decoder.decompress(chunk, limit + 1 - len(body))
         body += chunk
         if len(body) > limit:
             raise OipError(Status.TOO_LARGE, f"the request body is over {limit} bytes (decoded); send fewer samples")
     return body
+
+
+async def _read_exactly(receive: Receive, size: int) -> bytes | bytearray:
+    """A body of a known size: one buffer of that size filled in place (a large tensor is copied once, not
+    grown and re-copied), or the one chunk itself when it came whole."""
+    chunk, more = await _chunk(receive)
+    if not more and len(chunk) == size:
+        return chunk
+    body = bytearray(size)
+    view, filled = memoryview(body), 0
+    while True:
+        end = filled + len(chunk)
+        if end > size:
+            raise OipError(Status.INVALID_ARGUMENT, f"the body is longer than its Content-Length ({size})")
+        view[filled:end] = chunk
+        filled = end
+        if not more:
+            break
+        chunk, more = await _chunk(receive)
+    if filled != size:
+        raise OipError(Status.INVALID_ARGUMENT, f"the body is {filled} bytes, but its Content-Length says {size}")
+    return body
+
+
+async def _chunk(receive: Receive) -> tuple[bytes, bool]:
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise OipError(Status.INVALID_ARGUMENT, "the client disconnected before sending the whole body")
+    return message.get("body", b""), message.get("more_body", False)
 
 
 def split_body(body: bytes | bytearray, header_length: bytes | None) -> tuple[dict[str, Any], memoryview]:

@@ -3,8 +3,10 @@ REST request parsing, names and endpoints, and the refusal of a public bind with
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import zlib
 
 import numpy as np
 import pytest
@@ -150,3 +152,39 @@ def test_a_public_bind_needs_tls_or_consent() -> None:
         GatewayOptions("ipc:///x", http_port=8000, tls_cert="c.pem").check()
     with pytest.raises(ConfigError, match="serve nothing"):
         GatewayOptions("ipc:///x").check()
+
+
+def _receive(chunks: list[bytes]):  # type: ignore[no-untyped-def]
+    messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+
+    async def receive() -> dict:
+        return messages.pop(0)
+
+    return receive
+
+
+@pytest.mark.parametrize(
+    ("chunks", "headers", "outcome"),
+    [
+        ([b"abc", b"def"], {b"content-length": b"6"}, b"abcdef"),
+        ([b"abcdef"], {b"content-length": b"6"}, b"abcdef"),
+        ([b"abc", b"defg"], {b"content-length": b"6"}, "longer than its Content-Length"),
+        ([b"abc", b""], {b"content-length": b"6"}, "but its Content-Length says 6"),
+        ([b"abc", b"def"], {}, b"abcdef"),
+        ([b"a" * 600, b"a" * 600], {}, "over 1000 bytes"),
+        ([b"a" * 2000], {b"content-length": b"2000"}, "takes at most 1000"),
+        ([zlib.compress(b"x" * 5000)], {b"content-encoding": b"deflate"}, "over 1000 bytes"),
+        ([gzip.compress(b"x" * 500)], {b"content-encoding": b"gzip"}, b"x" * 500),
+        ([b""], {b"content-encoding": b"br"}, "not supported"),
+    ],
+)
+def test_a_body_is_read_within_its_limit(chunks: list[bytes], headers: dict, outcome: bytes | str) -> None:
+    import asyncio
+
+    from packrat_daemon.protocol.rest import read_body
+
+    if isinstance(outcome, bytes):
+        assert bytes(asyncio.run(read_body(_receive(chunks), headers, 1000))) == outcome
+    else:
+        with pytest.raises(OipError, match=outcome):
+            asyncio.run(read_body(_receive(chunks), headers, 1000))

@@ -76,3 +76,17 @@ def test_a_tls_gateway_is_live_and_not_ready_without_a_daemon(tmp_path: Path) ->
     finally:
         stop_process(process, 15)
     assert process.returncode == 0, process.stdout.read().decode() if process.stdout else ""
+
+
+def test_the_gateway_never_imports_torch() -> None:
+    """The gateway process starts in a second and holds no model: `packrat oip` and its modules are torch-free."""
+    code = (
+        "import sys\n"
+        "from packrat_daemon.cli import build_parser\n"
+        "build_parser()\n"
+        "import packrat_daemon.commands.oip, packrat_daemon.protocol.gateway, packrat_daemon.protocol.rest\n"
+        "import packrat_daemon.protocol.grpc.server, packrat_daemon.protocol.launch\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=daemon_env(), capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
