@@ -47,6 +47,7 @@ from packrat_daemon.wire.server_side import (
     encode_error,
     encode_info,
     encode_timed_result,
+    oversized_message,
     parse_request,
 )
 from packrat_daemon.wire.zmqio import NOBLOCK, ZERO_COPY_MIN_BYTES, readable, send_frames
@@ -163,7 +164,7 @@ class Frontend:
         identity = frames[0].bytes
         try:
             if count > len(frames) or size > limit:
-                _refuse_oversized(frames[1:], size, count - 1, limit)
+                _refuse_oversized(frames[1:], size, count - 1, limit, self.batcher.max_batch)
             delimiter, request = parse_request(frames[1:], max_message_bytes=limit)
         except ProtocolError as exc:
             self.metrics.count(exc.code)
@@ -318,15 +319,17 @@ def _recv_bounded(socket: zmq.Socket) -> tuple[list[zmq.Frame], int, int]:
     return frames, size, count
 
 
-def _refuse_oversized(frames: list[zmq.Frame], size: int, count: int, limit: int) -> None:
-    """Raise the error for a message over the byte limit or with dropped frames, with its id when readable."""
-    request_id = None
+def _refuse_oversized(frames: list[zmq.Frame], size: int, count: int, limit: int, max_samples: int) -> None:
+    """Raise the error for a message over the byte limit (in samples, where its header says them) or with dropped
+    frames, with its id when readable."""
+    request_id, loaded = None, None
     header = frames[1] if frames and len(frames[0]) == 0 and len(frames) > 1 else frames[0] if frames else None
     if header is not None and len(header) <= MAX_HEADER_BYTES:
         with contextlib.suppress(ValueError):
-            request_id = _readable_id(load_header(header))
+            loaded = load_header(header)
+            request_id = _readable_id(loaded)
     if size > limit:
-        message = f"message is {size} bytes; this server accepts at most {limit}: send fewer samples"
+        message = oversized_message(size, limit, loaded, max_samples)
         error = ProtocolError(ErrorCode.TOO_LARGE, message, request_id)
     else:
         delimited = bool(frames) and len(frames[0]) == 0

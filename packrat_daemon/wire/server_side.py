@@ -178,11 +178,7 @@ def _parse_frames(buffers: list[Buffer], max_message_bytes: int) -> InferRequest
 
     total = sum(len(buf) for buf in buffers)
     if total > max_message_bytes:
-        raise ProtocolError(
-            ErrorCode.TOO_LARGE,
-            f"message is {total} bytes; this server accepts at most {max_message_bytes}: send fewer samples",
-            request_id,
-        )
+        raise ProtocolError(ErrorCode.TOO_LARGE, oversized_message(total, max_message_bytes, header, None), request_id)
     _check_version(header, request_id)
     if len(buffers) > 2:
         raise _bad(f"message has {len(buffers)} frames; expected [header] or [header, payload]", request_id)
@@ -281,6 +277,21 @@ def check_against_model(req: InferRequest, input_dtype: str, sample_shape: tuple
             f"{req.shape[0]} samples in one request; this server takes at most {max_samples}: split the request",
             req.request_id,
         )
+
+
+def oversized_message(size: int, limit: int, header: Mapping[str, Any] | None, max_samples: int | None) -> str:
+    """What TOO_LARGE says for a message over the byte limit, in samples where they are known: the byte limit is
+    the server's max_batch samples of the model's input plus the header's allowance, so for a model of large
+    inputs it is what a request of too many samples meets first."""
+    if max_samples is None:
+        return f"message is {size} bytes; this server accepts at most {limit}: send fewer samples"
+    shape = header.get("shape") if header is not None else None
+    samples = shape[0] if isinstance(shape, list) and shape and is_int(shape[0]) else None
+    what = "the message" if samples is None else f"the request of {samples} sample{'' if samples == 1 else 's'}"
+    return (
+        f"{what} is {size} bytes; this server takes at most {max_samples} samples, at most {limit} bytes in all: "
+        "send fewer samples per request"
+    )
 
 
 # ------------------------------------------------------------------------------------- replies

@@ -117,6 +117,15 @@ def test_requests_that_do_not_fit_the_model_are_answered_at_once(served: Served)
     assert served.batcher.queued_inputs == 0
 
 
+def test_too_many_samples_over_the_byte_limit_are_refused_in_samples(served: Served) -> None:
+    # The byte limit is max_batch samples plus the header's allowance: a model of large inputs meets it first.
+    many = served.frontend.max_message_bytes() // (16 * 4) + 1
+    header = served.ask(encode_infer_request("big", rows(many)))
+    assert header["id"] == "big" and header["error"]["code"] == "TOO_LARGE"
+    message = header["error"]["message"]
+    assert message.startswith(f"the request of {many} samples is ") and "this server takes at most 4 samples" in message
+
+
 def test_a_draining_frontend_refuses_work_but_still_answers_info(served: Served) -> None:
     served.frontend.accepting = False
     header = served.ask(encode_infer_request(1, rows(1)))
