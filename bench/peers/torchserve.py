@@ -66,6 +66,7 @@ class TorchServe:
     inference_port: int = field(default_factory=free_port)
     management_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
+    worker_port: int = field(default_factory=free_port)
     process: Any = None
     registered: dict[str, dict[str, int]] = field(default_factory=dict)
 
@@ -87,6 +88,8 @@ class TorchServe:
             "inference_address": self.url,
             "management_address": self.management,
             "metrics_address": f"http://127.0.0.1:{self.metrics_port}",
+            # Workers talk to the frontend over unix sockets named /tmp/.ts.sock.PORT: each server its own ports.
+            "initial_worker_port": str(self.worker_port),
             "disable_token_authorization": "true",
             "enable_model_api": "true",
             "max_request_size": str(64 << 20),
@@ -105,7 +108,9 @@ class TorchServe:
         shutil.rmtree(home, ignore_errors=True)
         home.mkdir(parents=True)
         properties = home / "config.properties"
-        properties.write_text("".join(f"{key}={value}\n" for key, value in self.config().items()))
+        (home / "tmp").mkdir()
+        config = {**self.config(), "vmargs": f"-Djava.io.tmpdir={home / 'tmp'}"}
+        properties.write_text("".join(f"{key}={value}\n" for key, value in config.items()))
         command = [
             str(venv / "bin/torchserve"),
             "--start",
@@ -120,7 +125,6 @@ class TorchServe:
             command += ["--models", f"{self.model}={self.model}.mar"]
         # TorchServe keeps its pid file in the temporary folder and refuses a second server that shares it.
         tmp = home / "tmp"
-        tmp.mkdir()
         env = dict(
             os.environ, PATH=f"{venv / 'bin'}:{os.environ['PATH']}", LOG_LOCATION=str(home / "logs"), TMPDIR=str(tmp)
         )
