@@ -284,33 +284,36 @@ class DataPlane:
                 Status.INVALID_ARGUMENT, f"the model takes one input, '{spec.input.name}'; got {len(inputs)}"
             )
         given = inputs[0]
-        if given.name != spec.input.name:
-            raise OipError(
-                Status.INVALID_ARGUMENT, f"unknown input '{given.name}'; the model's input is '{spec.input.name}'"
-            )
-        if given.datatype != spec.input.datatype:
-            raise OipError(
-                Status.INVALID_ARGUMENT,
-                f"input '{given.name}' is {given.datatype}, but the model takes {spec.input.datatype}; cast it",
-            )
-        if given.array.shape[1:] != spec.input.shape:
-            raise OipError(
-                Status.INVALID_ARGUMENT,
-                f"input '{given.name}' has shape {list(given.array.shape)}, but the model takes "
-                f"[N, {', '.join(map(str, spec.input.shape))}] (N samples)",
-            )
-        if given.array.shape[0] > spec.max_batch:
-            raise OipError(
-                Status.TOO_LARGE,
-                f"input '{given.name}' has {given.array.shape[0]} samples; this server takes at most "
-                f"{spec.max_batch} per request: send fewer",
-            )
+        check_tensor(spec, given.name, given.datatype, given.array.shape)
         for output in outputs or ():
             if output != spec.output.name:
                 raise OipError(
                     Status.INVALID_ARGUMENT, f"unknown output '{output}'; the model's output is '{spec.output.name}'"
                 )
         return given.array, "bfloat16" if given.datatype == "BF16" else None
+
+
+def check_tensor(spec: ModelSpec, name: str, datatype: str, shape: tuple[int, ...]) -> None:
+    """INVALID_ARGUMENT or TOO_LARGE unless an input of this name, datatype and shape fits the model. The
+    transports ask it before they decode a tensor, so no request makes them decode more than the largest
+    one the model takes."""
+    if name != spec.input.name:
+        raise OipError(Status.INVALID_ARGUMENT, f"unknown input '{name}'; the model's input is '{spec.input.name}'")
+    if datatype != spec.input.datatype:
+        raise OipError(
+            Status.INVALID_ARGUMENT, f"input '{name}' is {datatype}, but the model takes {spec.input.datatype}; cast it"
+        )
+    if tuple(shape[1:]) != spec.input.shape:
+        raise OipError(
+            Status.INVALID_ARGUMENT,
+            f"input '{name}' has shape {list(shape)}, but the model takes "
+            f"[N, {', '.join(map(str, spec.input.shape))}] (N samples)",
+        )
+    if shape[0] > spec.max_batch:
+        raise OipError(
+            Status.TOO_LARGE,
+            f"input '{name}' has {shape[0]} samples; this server takes at most {spec.max_batch} a request: send fewer",
+        )
 
 
 def _config_tensor(tensor: TensorSpec, layout: str | None) -> dict[str, Any]:

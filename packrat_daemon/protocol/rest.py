@@ -9,6 +9,7 @@ read, or as soon as a chunked or compressed body grows past the limit.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from packrat_daemon.protocol import tensors
-from packrat_daemon.protocol.dataplane import DataPlane, InferInput, InferResult, ModelSpec
+from packrat_daemon.protocol.dataplane import DataPlane, InferInput, InferResult, ModelSpec, check_tensor
 from packrat_daemon.protocol.errors import OipError, Status
 
 log = logging.getLogger("packrat.oip")
@@ -33,6 +34,8 @@ HEADER_LENGTH = "inference-header-content-length"
 # infer request is this many times the daemon's own message limit, so the largest JSON request still fits.
 JSON_EXPANSION = 8
 MIN_BODY_LIMIT = 1 << 20
+# JSON bodies (and JSON results) at least this large are decoded (encoded) in a worker thread.
+OFFLOAD_BYTES = 1 << 20
 _DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 _ACTIONS = {"ready", "config", "stats", "infer"}
 
@@ -111,14 +114,28 @@ class RestApp:
         headers = dict(scope["headers"])
         body = await read_body(receive, headers, body_limit(spec))
         header_length = headers.get(HEADER_LENGTH.encode())
-        request, binary = split_body(body, header_length)
-        inputs, outputs, binary_outputs, timeout_s = parse_infer_request(request, binary)
-        request_id = request.get("id", "")
+        # A large JSON body takes a while to parse, a large JSON result to write: in a worker thread, so that
+        # the loop serves the other requests meanwhile (the GIL is handed over every few milliseconds).
+        if header_length is None and len(body) >= OFFLOAD_BYTES:
+            decoded = await asyncio.to_thread(_decode, body, header_length, spec)
+        else:
+            decoded = _decode(body, header_length, spec)
+        request_id, inputs, outputs, binary_outputs, timeout_s = decoded
         result = await self.plane.infer(name, version, inputs, outputs, str(request_id), timeout_s, started)
         encoding = time.perf_counter_ns()
-        response = encode_infer_response(result, request_id, binary_outputs)
+        as_json = binary_outputs is not True and result.model.output.name not in (binary_outputs or ())
+        if as_json and result.array.size * 8 >= OFFLOAD_BYTES:
+            response = await asyncio.to_thread(encode_infer_response, result, request_id, binary_outputs)
+        else:
+            response = encode_infer_response(result, request_id, binary_outputs)
         self.plane.answered(result, encoding)
         return response
+
+
+def _decode(body: bytes | bytearray, header_length: bytes | None, spec: ModelSpec) -> tuple:
+    """(request id, inputs, outputs asked for, which go binary, timeout) of an infer request's body."""
+    request, binary = split_body(body, header_length)
+    return (request.get("id", ""), *parse_infer_request(request, binary, spec))
 
 
 async def read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) -> bytes | bytearray:
@@ -196,9 +213,10 @@ def split_body(body: bytes | bytearray, header_length: bytes | None) -> tuple[di
 
 
 def parse_infer_request(
-    request: dict[str, Any], binary: memoryview
+    request: dict[str, Any], binary: memoryview, spec: ModelSpec | None = None
 ) -> tuple[list[InferInput], list[str] | None, set[str] | bool, float | None]:
-    """(inputs, names of the outputs asked for or None, which outputs go binary (True: all), timeout)."""
+    """(inputs, names of the outputs asked for or None, which outputs go binary (True: all), timeout). With the
+    model's `spec`, each input is checked against it before its data is decoded."""
     parameters = _parameters(request, "the request")
     if "classification" in parameters:
         raise OipError(Status.UNIMPLEMENTED, "the classification extension is not served by Packrat")
@@ -217,6 +235,8 @@ def parse_infer_request(
         tensor_parameters = _parameters(tensor, f"input '{name}'")
         if "shared_memory_region" in tensor_parameters:
             raise OipError(Status.UNIMPLEMENTED, "the shared-memory extensions are not served by Packrat")
+        if spec is not None:
+            check_tensor(spec, name, datatype, shape)
         size = tensor_parameters.get("binary_data_size")
         if size is not None:
             size = _positive(size, f"input '{name}': binary_data_size")

@@ -9,6 +9,7 @@ repository, shared memory) are answered UNIMPLEMENTED by gRPC itself.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -17,7 +18,7 @@ import grpc
 import numpy as np
 
 from packrat_daemon.protocol import tensors
-from packrat_daemon.protocol.dataplane import DataPlane, InferInput, ModelSpec
+from packrat_daemon.protocol.dataplane import DataPlane, InferInput, ModelSpec, check_tensor
 from packrat_daemon.protocol.errors import OipError, Status
 from packrat_daemon.protocol.grpc import inference_pb2 as pb
 from packrat_daemon.protocol.grpc import inference_pb2_grpc as pb_grpc
@@ -154,6 +155,7 @@ def _inputs(request: pb.ModelInferRequest, spec: ModelSpec) -> list[InferInput]:
         shape = tensors.check_shape(list(tensor.shape), tensor.name)
         if "shared_memory_region" in tensor.parameters:
             raise OipError(Status.UNIMPLEMENTED, "the shared-memory extensions are not served by Packrat")
+        check_tensor(spec, tensor.name, datatype, shape)  # before decoding: at most the largest request it takes
         if raw:
             if tensor.HasField("contents"):
                 raise OipError(Status.INVALID_ARGUMENT, f"input '{tensor.name}' has both contents and raw contents")
@@ -164,7 +166,13 @@ def _inputs(request: pb.ModelInferRequest, spec: ModelSpec) -> list[InferInput]:
                 raise OipError(
                     Status.INVALID_ARGUMENT, f"input '{tensor.name}': {datatype} must be sent as raw_input_contents"
                 )
-            array = tensors.from_values(np.asarray(getattr(tensor.contents, field)), datatype, shape, tensor.name)
+            values = getattr(tensor.contents, field)
+            if len(values) != math.prod(shape):  # a count is free; converting the values is not
+                raise OipError(
+                    Status.INVALID_ARGUMENT,
+                    f"input '{tensor.name}': {len(values)} values for shape {list(shape)} ({math.prod(shape)})",
+                )
+            array = tensors.from_values(np.asarray(values), datatype, shape, tensor.name)
         inputs.append(InferInput(tensor.name, datatype, array))
     return inputs
 

@@ -208,6 +208,33 @@ def test_grpc_infer_matches_the_zeromq_client(served: Served) -> None:
         rpc.close()
 
 
+def test_grpc_typed_contents_are_served_and_counted_before_they_are_decoded(served: Served) -> None:
+    """KServe's own clients may send `contents` instead of raw bytes (tritonclient never does): built here
+    from tritonclient's generated messages, sent on its stub."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    array = np.random.default_rng(3).standard_normal((2, 16)).astype(np.float32)
+
+    def request(shape: list[int], values: list[float]) -> object:
+        message = service_pb2.ModelInferRequest(model_name=MODEL)
+        tensor = message.inputs.add(name="input", datatype="FP32", shape=shape)
+        tensor.contents.fp32_contents.extend(values)
+        return message
+
+    with grpc.insecure_channel(served.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        reply = stub.ModelInfer(request([2, 16], array.reshape(-1).tolist()))
+        got = np.frombuffer(reply.raw_output_contents[0], np.float32).reshape(list(reply.outputs[0].shape))
+        np.testing.assert_allclose(got, _expected(served, array), rtol=1e-6)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(request([2, 16], [0.0] * 31))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "31 values" in caught.value.details()
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(request([MAX_BATCH + 1, 16], []))  # refused on its shape, before any value is read
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 def test_asyncio_clients_with_requests_in_flight_together(served: Served) -> None:
     arrays = [np.full((1, 16), i / 10, np.float32) for i in range(MAX_QUEUE)]  # at most a full queue at once
     expected = [_expected(served, array) for array in arrays]
