@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -62,10 +63,12 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"{args.profile} has no cells to draw")
         cores = args.cores or max(profile.threads())
         name = Path(args.profile).name
+        rows = plan_rows(profile, cores)
+        check_predicted(rows, profile, cores, name)  # before any file is written: an empty chart says nothing
         written += [
             save(draw_heatmap(profile, name), out / HEATMAP),
             save(draw_latency(profile, name), out / LATENCY),
-            save(draw_plans(profile, cores, name), out / PLANS),
+            save(draw_plans(profile, cores, name, rows), out / PLANS),
         ]
     if reports is not None:
         plot_sweep(reports, out / LOAD, title=f"{Path(args.load).name}: latency against throughput")
@@ -169,12 +172,36 @@ def plan_rows(profile: Profile, cores: int) -> list[dict[str, Any]]:
     return rows
 
 
-def draw_plans(profile: Profile, cores: int, name: str) -> Any:
+def check_predicted(rows: list[dict[str, Any]], profile: Profile, cores: int, name: str) -> None:
+    """ConfigError when no batch size has a speed-up to draw; a warning naming those without one otherwise.
+
+    The speed-up is over `single`, one instance of `cores` threads: a profile without `cores`-thread cells has
+    nothing to compare with (`--cores 16` on a profile measured with up to 2 threads)."""
+    missing = [row["batch"] for row in rows if row["speedup"] is None]
+    if not missing:
+        return
+    largest = max(profile.threads())
+    why = (
+        f"{name}'s largest thread count is {largest}, so it has no {cores}-thread cells for `single`, the one "
+        f"instance on every core that the speed-up is over"
+        if cores > largest
+        else f"{name} has no {cores}-thread cell for `single` (or no plan) at batch size(s) "
+        f"{', '.join(map(str, missing))}"
+    )
+    if len(missing) == len(rows):
+        raise ConfigError(
+            f"no plan's speed-up can be drawn for {cores} cores: {why}; give --cores {largest} or fewer, or a "
+            f"profile measured with up to {cores} threads"
+        )
+    print(f"packrat report: warning: {why}; those bars are drawn empty", file=sys.stderr)
+
+
+def draw_plans(profile: Profile, cores: int, name: str, rows: list[dict[str, Any]] | None = None) -> Any:
     """For each batch size: the packrat plan's predicted speed-up over one instance on every core, each
     bar labelled with its layout ("2×6 + 4": two 6-thread instances and a 4-thread one)."""
     from matplotlib.figure import Figure
 
-    rows = plan_rows(profile, cores)
+    rows = plan_rows(profile, cores) if rows is None else rows
     figure = Figure(figsize=(min(16.0, max(6.0, 0.6 * len(rows) + 2)), 4.5), layout="constrained")
     axes = figure.subplots()
     positions = range(len(rows))

@@ -61,6 +61,29 @@ def test_the_plans_drawn_are_the_solvers_with_their_speed_up_over_single(tmp_pat
     assert rows[8]["layout"] == "4×1" and rows[8]["speedup"] == pytest.approx(28 / 22)
 
 
+def test_cores_beyond_the_profile_s_threads_are_refused_before_an_empty_chart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    profile, out = profile_csv(tmp_path / "profile.csv"), tmp_path / "out"  # measured with up to 4 threads
+    assert main(["report", "--profile", str(profile), "--cores", "16", "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert "no plan's speed-up can be drawn for 16 cores: profile.csv's largest thread count is 4" in error
+    assert "give --cores 4 or fewer" in error and not list(out.glob("*.png"))
+
+
+def test_batch_sizes_without_a_speed_up_are_named_and_the_rest_drawn(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    profile = profile_csv(tmp_path / "profile.csv")
+    kept = [line for line in profile.read_text().splitlines() if not line.startswith("4,8,")]  # single's, at 8
+    profile.write_text("\n".join(kept) + "\n")
+    assert main(["report", "--profile", str(profile), "--out", str(tmp_path / "out")]) == 0
+    assert "has no 4-thread cell for `single` (or no plan) at batch size(s) 8" in capsys.readouterr().err
+    assert_png(tmp_path / "out" / "plans.png")
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [
