@@ -173,3 +173,24 @@ def test_the_profile_budget_is_a_toml_number_or_string_and_a_bad_one_fails_when_
         kind.parse_toml("profile_budget", 2, "serve.toml")
     with pytest.raises(ValueError, match="got '-5s'"):
         kind.parse_text("-5s")
+
+
+@pytest.mark.slow
+def test_the_readme_s_config_example_fails_on_its_missing_profile_before_the_model_loads(tmp_path: Path) -> None:
+    import re
+    import tomllib
+
+    from tests.helpers.daemons import REPO
+
+    (example,) = re.findall(r"```toml\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)
+    settings = tomllib.loads(example)
+    assert not Path(settings["profile"]).exists()  # as on a machine where nothing was measured yet
+    config = tmp_path / "serve.toml"
+    # Its own endpoint and no metrics port: the example's may be taken on this machine.
+    config.write_text("\n".join(line for line in example.splitlines() if not line.startswith(("endpoint", "metrics"))))
+    command = [sys.executable, "-m", "packrat_daemon", "serve", "--config", str(config), "--endpoint",
+               f"ipc://{tmp_path}/f.ipc"]  # fmt: skip
+    done = subprocess.run(command, env=daemon_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"profile file {settings['profile']} does not exist" in done.stderr
+    assert "loading" not in done.stderr
