@@ -135,7 +135,10 @@ class RestApp:
 def _decode(body: bytes | bytearray, header_length: bytes | None, spec: ModelSpec) -> tuple:
     """(request id, inputs, outputs asked for, which go binary, timeout) of an infer request's body."""
     request, binary = split_body(body, header_length)
-    return (request.get("id", ""), *parse_infer_request(request, binary, spec))
+    request_id = request.get("id", "")
+    if not isinstance(request_id, str):
+        raise OipError(Status.INVALID_ARGUMENT, f"'id' must be a string, got {json.dumps(request_id)[:40]}")
+    return (request_id, *parse_infer_request(request, binary, spec))
 
 
 async def read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) -> bytes | bytearray:
