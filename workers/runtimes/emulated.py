@@ -7,7 +7,8 @@ factor for the emulated cores busy at that moment, and then answers zeros of the
 The daemon (`packrat serve --runtime emulated`, packrat_daemon.measure.emulation) writes the numbers the workers
 need to a JSON file and starts the template with `--runtime emulated:FILE`:
 
-    {"latency_ms": {"T": [L̂(T, 1), L̂(T, 2), …]},   per thread count, batch sizes 1, 2, … (null: not carried)
+    {"latency_ms": {"T": [L̂(T, 1), L̂(T, 2), …]},   per thread count, batch sizes 1, 2, … (null: not carried),
+                                                    each over f(T): alone, a call waits L̂ itself
      "cores": C,                                    the cores emulated
      "contention": [f(1), …, f(C)],                 the slow-down when 1 … C cores are busy
      "label": "…"}                                  how the daemon describes the emulation
