@@ -131,6 +131,7 @@ def load_model(spec: str, input_override: str | None = None) -> LoadedModel:
     channels_last = False
     notes: list[str | None] = []
     kind = model_kind(spec)  # ModelSpecError, listing the kinds, for none of them
+    input_spec: InputSpec | None
     if kind == BUILTIN:
         name = spec.removeprefix("builtin:")
         if name not in BUILTINS:

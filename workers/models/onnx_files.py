@@ -94,7 +94,7 @@ def graph_input(model: Any, spec: str, override: InputSpec | None) -> tuple[str,
             f"--input {dtype}:{'x'.join('N' if d is None else str(d) for d in sample)} with their sizes"
         )
     else:
-        shape = tuple(int(d) for d in sample)
+        shape = tuple(d for d in sample if d is not None)  # every one is: checked above
     return value.name, InputSpec(dtype, tuple(shape), _embedding_rows(model, value.name, initializers))
 
 
