@@ -21,7 +21,7 @@ import numpy as np
 from packrat_daemon import __version__
 from packrat_daemon.protocol.errors import OipError, Status
 from packrat_daemon.protocol.stats import Statistics
-from packrat_daemon.protocol.tensors import OIP_DATATYPE
+from packrat_daemon.protocol.tensors import OIP_DATATYPE, PACKRAT_DTYPE
 from packrat_daemon.protocol.upstream import Upstream, UpstreamTimeout
 from packrat_daemon.wire.codec import ErrorCode
 
@@ -127,9 +127,16 @@ class DataPlane:
             return False
         if not status.get("ok") or not status.get("queue", {}).get("accepting"):
             return False
-        if self.spec is None:
+        if self.spec is None or self._described_differently(status):
+            # First, or the daemon behind changed (restarted with another model, or reloaded to another max_batch).
             self.spec = await self._discover(status)
         return self.spec is not None
+
+    def _described_differently(self, status: dict[str, Any]) -> bool:
+        spec = self.spec
+        assert spec is not None
+        given = (status["model"], status["input"]["dtype"], tuple(status["input"]["shape"]), status["max_batch"])
+        return given != (spec.model, PACKRAT_DTYPE[spec.input.datatype], spec.input.shape, spec.max_batch)
 
     async def _discover(self, info: dict[str, Any]) -> ModelSpec | None:
         """The model's description: `info`, and the output from a single-sample inference of zeros."""
