@@ -208,8 +208,8 @@ def template_runtime(config: ServeConfig, cores: int, run_dir: Path) -> str:
 
 def summary(cores: int, interference: Interference) -> str:
     return (
-        f"EMULATING {cores} cores: workers compute nothing; each call waits the profile's L̂(t, b) "
-        f"× interference {interference.describe()}"
+        f"EMULATING {cores} cores: workers compute nothing; each call of t threads waits the profile's L̂(t, b) "
+        f"× f(cores busy) / f(t), interference {interference.describe()}"
     )
 
 
