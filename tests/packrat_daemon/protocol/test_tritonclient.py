@@ -266,6 +266,20 @@ def test_asyncio_clients_with_requests_in_flight_together(served: Served) -> Non
 # -- every error class --------------------------------------------------------------------------------
 
 
+def _wait_for_queue(served: Served, in_flight: bool, inputs: int) -> None:
+    """Until the daemon's `status` shows a batch in flight (or not) and this many inputs queued behind it."""
+    from packrat_daemon.wire.client import Client
+
+    deadline = time.monotonic() + 30
+    with Client(served.endpoint, timeout=5) as client:
+        while True:
+            queue = client.status()["queue"]
+            if queue["batch_in_flight"] == in_flight and queue["inputs"] == inputs:
+                return
+            assert time.monotonic() < deadline, f"the queue never showed {inputs} input(s) waiting: {queue}"
+            time.sleep(0.02)
+
+
 def _http_error(served: Served, array: np.ndarray, model: str = MODEL, **kwargs: object) -> tuple[str, str]:
     with httpclient.InferenceServerClient(served.http) as http, pytest.raises(InferenceServerException) as caught:
         http.infer(model, [_http_input(array, binary=True)], **kwargs)
@@ -334,12 +348,12 @@ def test_a_full_queue_is_overloaded(served: Served) -> None:
     slow = np.full((1, 16), SLOW, np.float32)
     in_flight = threading.Thread(target=_expected, args=(served, slow))
     in_flight.start()
-    time.sleep(0.3)
+    _wait_for_queue(served, in_flight=True, inputs=0)
     full = np.zeros((MAX_BATCH, 16), np.float32)
     waiting = [threading.Thread(target=_expected, args=(served, full)) for _ in range(MAX_QUEUE // MAX_BATCH)]
     for thread in waiting:
         thread.start()
-    time.sleep(0.2)
+    _wait_for_queue(served, in_flight=True, inputs=MAX_QUEUE)
     try:
         status, message = _http_error(served, np.zeros((1, 16), np.float32))
         assert status == "429" and "queue is full" in message
@@ -357,9 +371,9 @@ def test_refused_and_not_ready_while_draining(served: Served) -> None:
     slow = np.full((1, 16), SLOW, np.float32)
     # Two slow batches, one after the other: the drain finishes both, about two seconds.
     work = [threading.Thread(target=_expected, args=(served, slow)) for _ in range(2)]
-    for thread in work:
+    for queued, thread in enumerate(work):
         thread.start()
-        time.sleep(0.3)
+        _wait_for_queue(served, in_flight=True, inputs=queued)
     served.process.send_signal(signal.SIGTERM)
     try:
         with httpclient.InferenceServerClient(served.http) as http:
