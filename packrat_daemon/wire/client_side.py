@@ -101,7 +101,7 @@ def encode_infer_request(
         # cached template, the payload a view of the array.
         template = _HEADER_TEMPLATES.get((array.dtype, array.shape[1:], timeout_ms))
         if template is not None:
-            return [template % (request_id, array.shape[0]), memoryview(array.reshape(-1).view(np.uint8))]
+            return [template % (request_id, array.shape[0]), array.reshape(-1).view(np.uint8).data]
     _validate_id(request_id)
     array = np.asarray(array)
     if array.ndim == 0 or array.ndim > codec.MAX_NDIM or 0 in array.shape:
@@ -123,7 +123,7 @@ def encode_infer_request(
     if type(request_id) is int and wire is array and array.flags.c_contiguous and dtype is None:
         _remember_template(array, header)
     # A flat uint8 view gives a 1-D byte buffer whatever the dtype (bool, float16) or strides of size-1 axes.
-    return [encoded, memoryview(wire.reshape(-1).view(np.uint8))]
+    return [encoded, wire.reshape(-1).view(np.uint8).data]
 
 
 # (numpy dtype, sample shape, timeout_ms) -> the request header as bytes % (id, samples). Bounded: a

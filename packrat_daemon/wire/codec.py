@@ -12,8 +12,8 @@ has to start fast.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 import numpy as np
 import zmq
@@ -114,7 +114,7 @@ def _reject_constant(name: str) -> Any:
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 # The scanner itself, not decode(): that wraps it in two whitespace regex matches. The request fast path
 # calls it directly; anything it does not take in one piece goes through load_header, which words the error.
-SCAN_ONCE = _DECODER.scan_once
+SCAN_ONCE: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
 
 
 def _scan(text: str) -> tuple[Any, int]:
@@ -128,7 +128,7 @@ def _scan(text: str) -> tuple[Any, int]:
 def load_header(buf: Buffer | zmq.Frame) -> dict[str, Any]:
     """Decode a header frame into a dict, or raise ``ValueError`` saying why it is not one."""
     try:
-        text = (buf.bytes if type(buf) is zmq.Frame else bytes(buf)).decode("utf-8")
+        text = (buf.bytes if type(buf) is zmq.Frame else bytes(cast(Buffer, buf))).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"header is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
     try:

@@ -19,6 +19,7 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import zmq
 import zmq.utils.z85
@@ -192,7 +193,7 @@ class AllowedClients:
 
     def __init__(self, folder: Pathish) -> None:
         self.folder = Path(folder)
-        self._stamp: tuple[object, ...] | None = None
+        self._stamp: tuple[Any, ...] | None = None
         self._settled_ns = 0  # time.time_ns() after which an unchanged stamp means unchanged keys
         self.names: dict[bytes, str] = {}
         self.error: str | None = None  # why every client is refused now, if it is so
@@ -225,7 +226,7 @@ class AllowedClients:
             log.warning("allowed clients: %s reads again; %d key(s) admitted", self.folder, len(names))
         self.names, self.error, self._stamp, self._settled_ns = names, None, stamp, newest + RACY_NS
 
-    def _look(self) -> tuple[tuple[object, ...], int]:
+    def _look(self) -> tuple[tuple[Any, ...], int]:
         """(the stamp of the folder and its key files, the newest change among them in ns); ConfigError when the
         folder is not one that may hold keys."""
         try:
@@ -245,7 +246,8 @@ class AllowedClients:
                 f"the allowed-clients folder {self.folder} holds {len(entries)} {PUBLIC_SUFFIX} files, more than "
                 f"{MAX_ALLOWED_KEYS}; remove the keys no longer used"
             )
-        files, newest = [], status.st_mtime_ns
+        files: list[tuple[str, tuple[int, ...] | None]] = []
+        newest = status.st_mtime_ns
         for name in entries:
             try:
                 info = os.stat(self.folder / name)

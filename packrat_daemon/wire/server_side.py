@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 import numpy as np
 import zmq
@@ -71,14 +71,14 @@ def _version_known(version: Any) -> bool:
     return type(version) is int and version in SUPPORTED_VERSIONS
 
 
-def _dtype_known(dtype: Any) -> bool:
+def _dtype_known(dtype: Any) -> TypeGuard[str]:
     return type(dtype) is str and dtype in ITEMSIZE
 
 
 _INT_ONLY = {int}
 
 
-def _plain_shape(shape: Any) -> bool:
+def _plain_shape(shape: Any) -> TypeGuard[list[int]]:
     """A list of 1 to MAX_NDIM positive ints, in one pass (bool is an int subclass, but not of type int)."""
     return type(shape) is list and 0 < len(shape) <= MAX_NDIM and set(map(type, shape)) == _INT_ONLY and min(shape) > 0
 
@@ -133,6 +133,7 @@ def _well_formed_infer(raw: bytes, payload_frame: Frame, max_message_bytes: int)
         return None
     if end != len(raw) or type(header) is not dict or header.get("op") != "infer":
         return None  # (end counts characters, so a non-ASCII header also goes the long way)
+    request_id: Any
     request_id, dtype, shape, timeout_ms = (
         header.get("id"),
         header.get("dtype"),

@@ -10,8 +10,8 @@ compiled socket methods. Measured with ``bench/e2e.py``'s tiny-model comparison.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import zmq
 from zmq.backend import Socket as _CompiledSocket
@@ -27,7 +27,8 @@ _EVENTS = int(zmq.EVENTS)
 
 _send = _CompiledSocket.send
 _recv = _CompiledSocket.recv
-_get = _CompiledSocket.get
+# An integer option's value is an int (the stubs allow bytes for every option).
+_get = cast(Callable[[zmq.Socket, int], int], _CompiledSocket.get)
 
 
 def send_frames(socket: zmq.Socket, frames: Sequence[Any], flags: int = 0, copy: bool = True) -> None:
