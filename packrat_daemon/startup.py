@@ -265,9 +265,10 @@ def prepare_runtime(
         saved = state.restore(key, ident)
         entry = None
         if config.profile and not config.emulate_measure:
-            profile: Profile | None = read_profile(config.profile, info.runtime, info.precision)
-            log.info("profile %s: %d cells for %s", config.profile, len(profile), info.runtime)
-            profiles.know(profile)
+            read = read_profile(config.profile, info.runtime, info.precision)
+            log.info("profile %s: %d cells for %s", config.profile, len(read), info.runtime)
+            profiles.know(read)
+            profile: Profile | None = read
         elif saved is not None:
             profile, entry = saved.profile, saved
             age = (time.time() - saved.measured_unix) / 3600

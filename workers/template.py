@@ -147,7 +147,11 @@ def _reap(children: dict[int, _Child], socket: zmq.Socket) -> None:
         if pid == 0:
             return
         child = children.pop(pid, None)
-        report = {"worker": child.worker if child else None, "pid": pid, "status": os.waitstatus_to_exitcode(status)}
+        report: dict[str, object] = {
+            "worker": child.worker if child else None,
+            "pid": pid,
+            "status": os.waitstatus_to_exitcode(status),
+        }
         if child is not None:
             error = _read_boot_report(child.boot_report)
             if error:

@@ -214,7 +214,7 @@ def _run_job(runtime: Runtime, kind: bytes, header: dict, payload: list, threads
         "threads": threads,
         "batch": int(header["shape"][0]),
     }
-    data = memoryview(output).cast("B")
+    data = output.data.cast("B")
     # The daemon copies a shared output out before it sends this worker another shared job, and it
     # sends one only when this worker has nothing outstanding: so only a shared job's output may go there.
     if kind == messages.RUN_SHARED and data.nbytes >= SHARED_MIN_BYTES:

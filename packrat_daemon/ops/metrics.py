@@ -159,7 +159,8 @@ class Metrics:
         self.queue_wait = Tally(LATENCY_BUCKETS)
         self.batch_size = Tally(BATCH_BUCKETS)
         self.compute: dict[int, Tally] = {}
-        self.buckets = LATENCY_BUCKETS  # the latency histograms' bounds: from the start plan's prediction
+        # The latency histograms' bounds: from the start plan's prediction.
+        self.buckets: tuple[float, ...] = LATENCY_BUCKETS
         self.layouts = LayoutTimes(LATENCY_BUCKETS)
         self.own_times = OwnTimes()
         r.register(_RequestPathCollector(self))

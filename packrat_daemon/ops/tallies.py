@@ -40,7 +40,8 @@ class Tally:
 
     def cumulative(self) -> list[tuple[str, float]]:
         counts = list(self.counts)
-        buckets, total = [], 0
+        buckets: list[tuple[str, float]] = []
+        total = 0
         for bound, count in zip((*self.bounds, float("inf")), counts, strict=True):
             total += count
             buckets.append((floatToGoString(bound), total))

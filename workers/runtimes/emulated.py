@@ -127,8 +127,8 @@ class BusyBoard:
 
     def claim(self) -> None:
         """Take a slot for this process (in the worker, after the fork)."""
-        owners = np.frombuffer(self._owners, dtype=np.int64)
-        threads = np.frombuffer(self._threads, dtype=np.int32)
+        owners = np.frombuffer(memoryview(self._owners), dtype=np.int64)
+        threads = np.frombuffer(memoryview(self._threads), dtype=np.int32)
         with self._lock:
             for slot in np.flatnonzero(owners):
                 if not _alive(int(owners[slot])):
@@ -145,7 +145,7 @@ class BusyBoard:
 
     def busy(self) -> int:
         """Threads busy now, over every worker."""
-        return int(np.frombuffer(self._threads, dtype=np.int32).sum())
+        return int(np.frombuffer(memoryview(self._threads), dtype=np.int32).sum())
 
     def set(self, threads: int) -> None:
         self._threads[self._slot] = threads
