@@ -92,8 +92,12 @@ class Daemon:
         control = self.control.socket  # `packrat reconfigure`: its requests are queued, acted on in the tick
         own = self.metrics.own_times  # where the loop's time goes, phase by phase (docs/metrics.md)
         items = [(frontend, zmq.POLLIN), (backend, zmq.POLLIN), (wake, zmq.POLLIN), (control, zmq.POLLIN)]
+        template = self.backend.template_fd  # readable once the template exited: TemplateLost stops us via close()
+        items += [(template, zmq.POLLIN)] if template is not None else []
         while True:
             ready = {item for item, _ in zmq.zmq_poll(items, self._poll_timeout_ms())}
+            if template in ready:
+                self.backend.check_template()
             if wake in ready:
                 self.signals.wake_r.recv(4096)
             while events:

@@ -2,8 +2,9 @@
 planning again.
 
 It is a ROUTER socket of its own, never the serving frontend: an ipc socket in a folder only the daemon's
-user may enter (by default `control.ipc` in the run dir), or tcp on loopback. Whoever can reach it can
-change the pool, so nothing else is accepted. One request is one JSON frame, one reply is one JSON frame:
+user may enter (by default `control.ipc` in the run dir). Whoever can reach it can change or stop the pool,
+so nothing else is accepted: not even tcp on loopback, which every local user can reach (the control socket
+has no CURVE keys of its own). One request is one JSON frame, one reply is one JSON frame:
 
     {"op": "reconfigure", "plan": "2*1x1"}   a fixed plan (the fixed policy's syntax)
     {"op": "reconfigure", "policy": "single"} a policy from the registry, planned on the live batch sizes
@@ -30,7 +31,7 @@ import zmq
 from packrat_daemon.ops.hardening import claim_ipc, private_dir
 from packrat_daemon.startup import distribution_for, policy_for
 from packrat_daemon.wire import errors
-from packrat_daemon.wire.curve import is_local_endpoint
+from packrat_daemon.wire.endpoints import allow_ipv6
 from packrat_daemon.wire.errors import ConfigError, PackratError, PolicyError
 from policies.base import Plan, Policy, PolicySettings
 from policies.registry import policy_from_settings
@@ -46,6 +47,7 @@ log = logging.getLogger("packrat.control")
 
 CONTROL_FILE = "control.ipc"
 MAX_REQUEST_BYTES = 4096  # a request is a few fields; anything bigger is not one
+MAX_BRACKETS = 8  # `[` and `{` in one request: it is one flat object, nesting is refused before parsing
 MAX_QUEUED = 16  # requests waiting for the loop; more are refused (a client in a loop, not an operator)
 
 
@@ -55,17 +57,16 @@ class ControlError(PackratError):
 
 def control_endpoint(endpoint: str | None, run_dir: str | os.PathLike[str]) -> str:
     """The endpoint `packrat reconfigure` reaches: the given one, else ipc://RUN_DIR/control.ipc. Refused
-    (ConfigError) unless it is an ipc socket in a private folder or tcp on loopback."""
+    (ConfigError) unless it is an ipc socket in a private folder: only the daemon's user may reach it."""
     if endpoint is None:
         return f"ipc://{Path(run_dir) / CONTROL_FILE}"
     if endpoint.startswith("ipc://"):
         private_dir(Path(endpoint.removeprefix("ipc://")).parent)
         return endpoint
-    if endpoint.startswith("tcp://") and is_local_endpoint(endpoint):
-        return endpoint
+    # tcp, even on loopback, is refused: any local user could connect, and the control socket has no CURVE.
     raise ConfigError(
-        f"the control endpoint {endpoint!r} would let others change the pool; use ipc://PATH in a folder only "
-        "this user may enter, or tcp://127.0.0.1:PORT"
+        f"the control endpoint {endpoint!r} would let other users change or stop the pool; leave --control out "
+        "(the default ipc socket in the private run dir) or give ipc://PATH in a folder only this user may enter"
     )
 
 
@@ -128,6 +129,7 @@ class Control:
         self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
         if endpoint.startswith("ipc://"):
             claim_ipc(endpoint.removeprefix("ipc://"))
+        allow_ipv6(self.socket, endpoint)
         self.socket.bind(endpoint)
         if endpoint.startswith("ipc://"):
             os.chmod(endpoint.removeprefix("ipc://"), 0o600)
@@ -195,9 +197,13 @@ class Control:
         config = self.board.config
         if request.get("auto"):
             return policy_for(config)
+        # max_batch too: a plan's batch beyond it is refused (`--plan 1x100000` was accepted).
         if "plan" in request:
-            return policy_from_settings("fixed", PolicySettings(request["plan"], config.min_split_gain))
-        return policy_from_settings(request["policy"], PolicySettings(config.plan, config.min_split_gain))
+            return policy_from_settings(
+                "fixed", PolicySettings(request["plan"], config.min_split_gain, config.max_batch)
+            )
+        settings = PolicySettings(config.plan, config.min_split_gain, config.max_batch)
+        return policy_from_settings(request["policy"], settings)
 
     def _finished(self, pending: Pending, record: Reconfiguration | None) -> dict[str, Any]:
         if record is None or record.superseded:
@@ -222,9 +228,13 @@ class Control:
 def _parse(body: bytes, frames: int) -> dict[str, Any]:
     if frames != 2:
         raise ControlError(f"a control request is one JSON frame; got {frames - 1}")
+    # Bounded before parsing: json's parser recurses once per nesting level, and 4 000 `[` raised RecursionError
+    # into the loop. A request is one flat object, so a few brackets are all it can hold (MAXMSGSIZE bounds size).
+    if len(body) > MAX_REQUEST_BYTES or body.count(b"[") + body.count(b"{") > MAX_BRACKETS:
+        raise ControlError(f"a control request is one flat JSON object of at most {MAX_REQUEST_BYTES} bytes")
     try:
         request = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ControlError(f"a control request is a JSON object: {exc}") from None
     if not isinstance(request, dict) or request.get("op") != "reconfigure":
         raise ControlError('a control request is {"op": "reconfigure", ...}')
@@ -254,6 +264,7 @@ def request(endpoint: str, body: dict[str, Any], timeout_s: float) -> dict[str, 
     socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
     try:
+        allow_ipv6(socket, endpoint)
         socket.connect(endpoint)
         socket.send(json.dumps(body).encode())
         if not socket.poll(int(timeout_s * 1000)):

@@ -56,10 +56,6 @@ def cpu_seconds(pid: int | None) -> float | None:
     return times.user + times.system
 
 
-class TemplateLost(ConfigError):
-    """The template died; without it no worker can be (re)started."""
-
-
 class Replies(Protocol):
     """Where the supervisor's answers go: the frontend, which owns the clients' socket."""
 
@@ -107,8 +103,7 @@ class Supervisor:
             received = self.backend.recv(0)
         if time.monotonic() >= self._next_template_check:
             self._next_template_check = time.monotonic() + RECONCILE_INTERVAL_S
-            if not self.pool.template_alive():
-                raise TemplateLost("the template process died; the daemon cannot start workers any more")
+            self.pool.check_template()  # TemplateLost (fleet.backend), saying how the template ended
 
     def wait_converged(self, timeout_s: float, interrupted: Callable[[], bool]) -> None:
         """Start-up: step the reconciler until the plan's workers are all ready."""
@@ -238,7 +233,6 @@ class Supervisor:
             for request in self.dispatcher.abandon():
                 self.replies.reply_error(request, ErrorCode.INTERNAL, f"the model failed on this batch: {message}")
         elif event.kind == "lost":
-            log.warning("worker %d (pid %s, %d threads) exited unexpectedly", worker.id, worker.pid, worker.threads)
             self._on_lost(worker)
         elif event.kind == "reconfigured":
             log.info("worker %d now runs %d thread(s) on cores %s", worker.id, worker.threads, list(worker.cores))

@@ -78,8 +78,8 @@ def test_no_daemon_listening_says_where_it_asked(tmp_path: Path, capsys: pytest.
 
 
 def test_a_control_endpoint_others_could_reach_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["reconfigure", "--control", "tcp://0.0.0.0:7001", "--auto"]) == 2
-    assert "would let others change the pool" in capsys.readouterr().err
+    assert main(["reconfigure", "--control", "tcp://127.0.0.1:7001", "--auto"]) == 2
+    assert "would let other users change or stop the pool" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

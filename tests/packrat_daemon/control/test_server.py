@@ -7,13 +7,14 @@ import json
 import os
 import stat
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import zmq
 
 from packrat_daemon.cli import main
-from packrat_daemon.control.server import ControlError, _parse, control_endpoint, request
+from packrat_daemon.control.server import Control, ControlError, _parse, control_endpoint, request
 from packrat_daemon.wire.client import Client
 from packrat_daemon.wire.errors import ConfigError, PolicyError
 from tests.helpers.daemons import running_daemon
@@ -21,11 +22,12 @@ from tests.helpers.daemons import running_daemon
 needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs for two pinned workers")
 
 
-def test_the_control_endpoint_is_private_or_loopback(tmp_path: Path) -> None:
+def test_the_control_endpoint_is_private(tmp_path: Path) -> None:
     assert control_endpoint(None, tmp_path) == f"ipc://{tmp_path}/control.ipc"
-    assert control_endpoint("tcp://127.0.0.1:7001", tmp_path) == "tcp://127.0.0.1:7001"
-    with pytest.raises(ConfigError, match="would let others change the pool"):
-        control_endpoint("tcp://0.0.0.0:7001", tmp_path)
+    # tcp even on loopback: every local user could reconfigure or stop the daemon (issue 27, 1).
+    for endpoint in ("tcp://127.0.0.1:7001", "tcp://[::1]:7001", "tcp://0.0.0.0:7001"):
+        with pytest.raises(ConfigError, match="would let other users change or stop the pool.*default ipc socket"):
+            control_endpoint(endpoint, tmp_path)
     open_dir = tmp_path / "open"
     open_dir.mkdir(mode=0o755)
     open_dir.chmod(0o755)
@@ -47,6 +49,23 @@ def test_the_control_endpoint_is_private_or_loopback(tmp_path: Path) -> None:
 def test_malformed_control_requests_are_refused_with_what_to_send(body: bytes, message: str) -> None:
     with pytest.raises(ControlError, match=message):
         _parse(body, 2)
+
+
+@pytest.mark.parametrize("body", [b"[" * 4000, b"{" * 100_000, b'{"op": "reconfigure", "plan": [[[[[[[[[[1]]]]]]]]]]}'])
+def test_deeply_nested_control_requests_are_refused_before_parsing(body: bytes) -> None:
+    # 4 000 `[` raised RecursionError out of json.loads, past the handler's `except PackratError`: exit 1.
+    with pytest.raises(ControlError, match="one flat JSON object"):
+        _parse(body, 2)
+
+
+def test_a_control_plan_beyond_max_batch_is_refused() -> None:
+    class Board:
+        config = SimpleNamespace(max_batch=8, min_split_gain=0.1, plan=None)
+
+    control = Control.__new__(Control)
+    control.board = Board()  # type: ignore[assignment]
+    with pytest.raises(PolicyError, match="max_batch 8"):
+        control._policy({"op": "reconfigure", "plan": "1x100000"})
 
 
 def reconfigure(capsys: pytest.CaptureFixture[str], run_dir: Path, *args: str) -> tuple[int, str, str]:
