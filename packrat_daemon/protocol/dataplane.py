@@ -22,7 +22,7 @@ from packrat_daemon import __version__
 from packrat_daemon.protocol.errors import OipError, Status
 from packrat_daemon.protocol.stats import Statistics
 from packrat_daemon.protocol.tensors import OIP_DATATYPE, PACKRAT_DTYPE
-from packrat_daemon.protocol.upstream import Upstream, UpstreamTimeout
+from packrat_daemon.protocol.upstream import Upstream, UpstreamGone, UpstreamTimeout
 from packrat_daemon.wire.codec import ErrorCode
 
 log = logging.getLogger("packrat.oip")
@@ -245,6 +245,9 @@ class DataPlane:
             wait = self.timeout_s if timeout_s is None else timeout_s
             try:
                 header, output = await self.upstream.infer(array, max(wait, 1e-3), dtype=dtype)
+            except UpstreamGone as exc:
+                self._ready, self._checked = False, time.monotonic()
+                raise OipError(Status.UNAVAILABLE, f"{exc}; retry later") from None
             except UpstreamTimeout:
                 raise OipError(
                     Status.UNAVAILABLE if timeout_s is None else Status.DEADLINE_EXCEEDED,

@@ -81,7 +81,9 @@ def command(options: GatewayOptions, log_level: str, log_format: str) -> list[st
 
 def _die_with_parent() -> None:
     # The gateway must not outlive a daemon that is killed (SIGKILL gives the daemon no chance to stop it).
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    arguments = (ctypes.c_ulong(int(signal.SIGTERM)), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, *arguments):
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed: the gateway could outlive the daemon")
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from packrat_daemon.wire.client_side import decode_reply, encode_infer_request, encode_info_request
 from packrat_daemon.wire.codec import ProtocolError
@@ -29,12 +30,20 @@ class UpstreamTimeout(Exception):
     """No reply from the daemon in time: it is not running, still starting, or the reply was lost."""
 
 
+class UpstreamGone(UpstreamTimeout):
+    """No connection to the daemon (not started, stopped, restarting), or it went away with the request."""
+
+
 class Upstream:
     """One DEALER to the daemon's ZeroMQ frontend; replies are read when the loop sees its descriptor readable.
 
     A plain socket on the loop's own reader rather than zmq.asyncio: this is the request path, and each
     zmq.asyncio call adds futures and a poll of its own. ZeroMQ's descriptor is edge-triggered, so every
     wake-up (and every send, which may take the edge) reads until no message is left.
+
+    The socket's monitor says whether the daemon is connected: while it is not, a request fails at once
+    instead of waiting in ZeroMQ's queue for its timeout, and requests in flight when the connection drops
+    (the daemon stopped or crashed) fail then.
     """
 
     def __init__(self, endpoint: str, keys: ClientKeys | None = None, context: zmq.Context | None = None) -> None:
@@ -47,6 +56,8 @@ class Upstream:
         # keep a daemon that is down from growing the gateway without bound: sends then wait, within the timeout.
         self._socket.setsockopt(zmq.SNDHWM, 10_000)
         self._socket.setsockopt(zmq.RCVHWM, 10_000)
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self.connected = False
         self._socket.connect(endpoint)
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Reply]] = {}
@@ -70,6 +81,10 @@ class Upstream:
         if self._loop is not loop:
             self._loop = loop
             loop.add_reader(self._socket.getsockopt(zmq.FD), self._read)
+            loop.add_reader(self._monitor.getsockopt(zmq.FD), self._watch)
+            self._watch()
+        if not self.connected:
+            raise UpstreamGone(f"no connection to the daemon at {self.endpoint}: not started, stopped or restarting")
         waiter: asyncio.Future[Reply] = loop.create_future()
         self._pending[request_id] = waiter
         try:
@@ -108,8 +123,23 @@ class Upstream:
             if waiter is not None and not waiter.done():
                 waiter.set_result(reply)
 
+    def _watch(self) -> None:
+        monitor = self._monitor
+        while not self._closed and monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            event = recv_monitor_message(monitor, zmq.NOBLOCK)["event"]
+            self.connected = event == zmq.EVENT_HANDSHAKE_SUCCEEDED
+            if not self.connected:
+                gone = UpstreamGone(f"the daemon at {self.endpoint} went away while this request was in flight")
+                for waiter in self._pending.values():
+                    if not waiter.done():
+                        waiter.set_exception(gone)
+                log.warning("lost the connection to the daemon at %s", self.endpoint)
+
     def close(self) -> None:
         self._closed = True
         if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._socket.getsockopt(zmq.FD))
+            self._loop.remove_reader(self._monitor.getsockopt(zmq.FD))
+        self._socket.disable_monitor()
+        self._monitor.close(linger=0)
         self._socket.close(linger=0)

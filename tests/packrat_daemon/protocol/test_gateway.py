@@ -90,3 +90,62 @@ def test_the_gateway_never_imports_torch() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], env=daemon_env(), capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_a_daemon_that_dies_fails_the_requests_in_flight_at_once(tmp_path: Path) -> None:
+    """`packrat oip` in front of a daemon that is killed mid-request: the request is answered 503 when the
+    connection drops (not after its 60 s timeout), the gateway turns not ready and refuses at once after."""
+    import threading
+
+    import numpy as np
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    from tests.helpers.daemons import running_daemon
+    from tests.packrat_daemon.protocol.oip_models import SLOW
+
+    profile = tmp_path / "profile.csv"
+    profile.write_text("threads,batch,latency_ms\n1,1,0.2\n1,4,0.4\n")
+    args = ["--model", "tests.packrat_daemon.protocol.oip_models:sentinel_mlp", "--policy", "fixed"]
+    args += ["--plan", "1*1x4", "--max-batch", "4", "--profile", str(profile)]
+    with running_daemon(tmp_path, *args) as (endpoint, daemon):
+        port = free_port()
+        command = [sys.executable, "-m", "packrat_daemon", "oip", "--connect", endpoint, "--http-port", str(port)]
+        gateway = subprocess.Popen(command, env=daemon_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            http = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if http.is_server_ready():
+                        break
+                except Exception:
+                    pass  # not listening yet
+                assert gateway.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+            slow = np.full((1, 16), SLOW, np.float32)
+            tensor = httpclient.InferInput("input", [1, 16], "FP32")
+            tensor.set_data_from_numpy(slow, binary_data=True)
+            outcome: dict[str, object] = {}
+
+            def call() -> None:
+                started = time.monotonic()
+                try:
+                    httpclient.InferenceServerClient(f"127.0.0.1:{port}").infer("sentinel_mlp", [tensor])
+                except InferenceServerException as exc:
+                    outcome["status"] = exc.status()
+                outcome["seconds"] = time.monotonic() - started
+
+            in_flight = threading.Thread(target=call)
+            in_flight.start()
+            time.sleep(0.5)  # the request is in the daemon's worker, which takes SLOW_S
+            daemon.kill()
+            in_flight.join(30)
+            assert outcome.get("status") == "503" and float(outcome["seconds"]) < 10, outcome  # type: ignore[arg-type]
+            assert not http.is_server_ready()
+            with pytest.raises(InferenceServerException) as caught:
+                http.infer("sentinel_mlp", [tensor])
+            assert caught.value.status() == "503" and "no connection" in caught.value.message()
+        finally:
+            stop_process(gateway, 15)
