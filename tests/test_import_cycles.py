@@ -96,15 +96,12 @@ def cycles(root: Path) -> list[str]:
 # subprocess) imports `make_runtime` from the registry in `workers.runtimes`, which imports the emulated runtime.
 # It is for whoever owns workers/runtimes/ to break (say, the subprocess's entry point in a module of its own);
 # strict, so this mark fails the suite once the cycle is gone and must then be removed.
-KNOWN_WORKERS_CYCLE = "workers.runtimes → workers.runtimes.emulated → workers.runtimes (since 475cf94)"
-
-
 @pytest.mark.parametrize(
     "package",
     [
         "packrat_daemon",
         "policies",
-        pytest.param("workers", marks=pytest.mark.xfail(strict=True, reason=KNOWN_WORKERS_CYCLE)),
+        "workers",
     ],
 )
 def test_product_code_has_no_import_cycle(package: str) -> None:
