@@ -94,6 +94,10 @@ class LoopCore:
         self.adapt(now)
 
     def expire(self, now: float) -> None:
+        if self.batcher.oversized:  # a reload shrank max_batch below these queued requests: no batch can take them
+            for request in self.batcher.take_oversized():
+                message = f"{request.samples} inputs, over max_batch {self.batcher.max_batch} (reloaded); send fewer"
+                self.reply_error(request, ErrorCode.TOO_LARGE, message)
         if self.batcher.queue:
             for request in self.batcher.expire(now):
                 self.reply_error(request, ErrorCode.TIMEOUT, "the request's timeout passed while it was queued")
@@ -105,6 +109,8 @@ class LoopCore:
             return
         started = time.perf_counter()
         batch = batcher.take()
+        if not batch:  # nothing queued after all: the dispatcher is never handed an empty batch
+            return
         workers.start(batch, now)
         rows = sum(request.samples for request in batch)  # bookkeeping after the send: the workers start meanwhile
         self.adaptation.estimator.observe(rows, now)

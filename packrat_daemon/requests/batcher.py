@@ -69,6 +69,7 @@ class Batcher:
     def __init__(
         self, max_batch: int, max_delay_s: float, max_queued_inputs: int, predict: Predictor | None = None
     ) -> None:
+        self.oversized: list[Request] = []  # queued before a reload shrank max_batch below them (configure)
         self.configure(max_batch, max_delay_s, max_queued_inputs)
         self.queue: deque[Request] = deque()
         self.queued_inputs = 0
@@ -86,10 +87,22 @@ class Batcher:
         self.inbox = Inbox()
 
     def configure(self, max_batch: int, max_delay_s: float, max_queued_inputs: int) -> None:
-        """The limits; a reload changes them between two loop wakes, what is queued stays queued."""
+        """The limits; a reload changes them between two loop wakes. What is queued stays queued, except a
+        request of more inputs than a smaller max_batch: no batch could ever take it (take() returned an empty
+        batch and the dispatcher raised), so it is moved to `oversized` for the loop to answer TOO_LARGE."""
         self.max_batch = max_batch
         self.max_delay_s = max_delay_s
         self.max_queued_inputs = max_queued_inputs
+        queue: deque[Request] | None = getattr(self, "queue", None)  # None while __init__ runs
+        if queue is not None and any(request.samples > max_batch for request in queue):
+            self.oversized += [request for request in queue if request.samples > max_batch]
+            self.queue = deque(request for request in queue if request.samples <= max_batch)
+            self.queued_inputs = sum(request.samples for request in self.queue)
+
+    def take_oversized(self) -> list[Request]:
+        """The queued requests a reload's smaller max_batch left too large for any batch (configure), once."""
+        oversized, self.oversized = self.oversized, []
+        return oversized
 
     def reserve_inbox(self, sample_bytes: int) -> int:
         """Page in the inbox's places for requests of 1 to max_batch inputs before any arrives, so that
@@ -157,10 +170,12 @@ class Batcher:
         return change < 0.0
 
     def take(self) -> list[Request]:
-        """Whole requests in arrival order, up to max_batch inputs (a request is never split)."""
+        """Whole requests in arrival order, up to max_batch inputs (a request is never split). Never empty while
+        anything is queued: no queued request is larger than max_batch (offer's caller and configure see to it),
+        and the head is taken even so, for the workers to refuse, rather than hand the dispatcher nothing."""
         batch: list[Request] = []
         inputs = 0
-        while self.queue and inputs + self.queue[0].samples <= self.max_batch:
+        while self.queue and (not batch or inputs + self.queue[0].samples <= self.max_batch):
             request = self.queue.popleft()
             inputs += request.samples
             batch.append(request)

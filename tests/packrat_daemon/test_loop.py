@@ -134,3 +134,22 @@ def test_the_next_wake_is_the_batch_in_flights_deadline_else_the_queues_head(loo
     assert loop.core.next_wake() == 2.5
     loop.workers.busy, loop.workers.next_deadline = True, 7.0
     assert loop.core.next_wake() == 7.0
+
+
+def test_a_reload_shrinking_max_batch_answers_the_queued_requests_too_large_and_starts_the_rest(loop: Loop) -> None:
+    # Issue 27, 3: take() returned an empty batch for a head of 6 inputs under max_batch 4; the dispatcher raised.
+    loop.batcher.offer(request(6, arrived=0.0))
+    loop.batcher.offer(request(3, arrived=0.1))
+    loop.batcher.configure(max_batch=4, max_delay_s=0.0, max_queued_inputs=64)  # what reload.apply does
+    assert loop.batcher.queued_inputs == 3
+    loop.core.tick(1.0)
+    assert loop.log[:3] == [("error", ErrorCode.TOO_LARGE, 6), "check", ("start", [3])]
+    assert not loop.batcher.queue and loop.batcher.take_oversized() == []
+
+
+def test_no_empty_batch_is_ever_started(loop: Loop) -> None:
+    loop.batcher.offer(request(1, arrived=0.0))
+    loop.batcher.queue[0].shape = (9, 4)  # over max_batch 8 without configure: the head is taken even so
+    loop.batcher.queued_inputs = 9
+    loop.core.tick(1.0)
+    assert ("start", [9]) in loop.log and not loop.batcher.queue
