@@ -6,7 +6,7 @@ The output served is the one the module names in `packrat_output` (a key, a fiel
 else the first: a Hugging Face model's first field that is set (`logits` for the task heads, which compute no
 `loss` without labels; `last_hidden_state` for a bare encoder), a dict's first key, a tuple's first element.
 Which one it is, and what else the model returns, is learned by running one sample when the model loads, and
-said in the daemon's log.
+said in the daemon's log; a model that fails on that sample is served its first output, chosen per call.
 """
 
 from __future__ import annotations
@@ -22,15 +22,21 @@ from workers.models.spec import InputSpec, sample_input
 
 
 class OneOutput(nn.Module):
-    """`model`, answering only its output `key` (a mapping's key or a sequence's index)."""
+    """`model`, answering only its output `key` (a mapping's key or a sequence's index); with no key, the first
+    output of whatever it returns (a model whose sample run failed at load: see `serve_one_output`)."""
 
-    def __init__(self, model: Any, key: str | int) -> None:
+    def __init__(self, model: Any, key: str | int | None) -> None:
         super().__init__()
         self.model = model
         self.key = key
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)[self.key]
+        output = self.model(x)
+        if self.key is not None:
+            return output[self.key]
+        if isinstance(output, torch.Tensor):
+            return output
+        return output[output_names(output)[0]]
 
 
 def output_names(output: Any) -> list[str | int]:
@@ -53,6 +59,8 @@ def serve_one_output(spec: str, module: Any, input_spec: InputSpec) -> tuple[Any
     saying which for the log.
 
     Runs the model once on one sample: in the template, with torch at one thread, as the .pt2 batch check does.
+    A model that fails on it is not refused here (it may refuse only some batch sizes): it is served its first
+    output, whatever it returns, and its workers report the failure if it is the model's; the note says so.
     """
     sample = torch.from_numpy(sample_input(input_spec, 1))
     if input_spec.dtype == "bfloat16":
@@ -62,10 +70,10 @@ def serve_one_output(spec: str, module: Any, input_spec: InputSpec) -> tuple[Any
             output = module(sample)
     except Exception as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelSpecError(
-            f"{spec} fails on a sample input {input_spec.dtype}:{'x'.join(map(str, input_spec.shape))} "
-            f"({type(exc).__name__}: {first_line}); if that is not what it takes, pass --input DTYPE:D1xD2..."
-        ) from exc
+        return OneOutput(module, getattr(module, "packrat_output", None)), (
+            f"{spec} failed on a sample input {input_spec.dtype}:{'x'.join(map(str, input_spec.shape))} of one "
+            f"sample ({type(exc).__name__}: {first_line}); if that is not what it takes, pass --input DTYPE:D1xD2..."
+        )
     names = output_names(output)
     if not names:
         return module, None

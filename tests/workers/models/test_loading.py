@@ -168,7 +168,7 @@ FACTORY_SOURCE = textwrap.dedent(
 
 
     def declared_as_tuple():
-        module = nn.Embedding(100, 2)
+        module = nn.Linear(4, 2)
         module.packrat_input = ("int64", [7])
         return module
 
