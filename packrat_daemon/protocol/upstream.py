@@ -87,27 +87,38 @@ class Upstream:
             raise UpstreamGone(f"no connection to the daemon at {self.endpoint}: not started, stopped or restarting")
         waiter: asyncio.Future[Reply] = loop.create_future()
         self._pending[request_id] = waiter
+        # A timer on the waiter rather than asyncio.timeout(): no task to cancel, one handle a request.
+        timer = loop.call_later(timeout_s, self._expire, waiter, timeout_s)
         try:
-            async with asyncio.timeout(timeout_s):
-                await self._send(frames)
-                self._read()  # the send may have taken the descriptor's edge for a reply already here
-                return await waiter
-        except TimeoutError:
-            raise UpstreamTimeout(f"no reply from the daemon at {self.endpoint} within {timeout_s:g} s") from None
+            if not self._send(frames):
+                await self._send_when_there_is_room(frames, waiter)
+            self._read()  # the send may have taken the descriptor's edge for a reply already here
+            return await waiter
         finally:
+            timer.cancel()
             self._pending.pop(request_id, None)
 
-    async def _send(self, frames: list[Any]) -> None:
+    def _send(self, frames: list[Any]) -> bool:
+        """Send at once if ZeroMQ has room (it nearly always has); False if its queue is full."""
         # Zero-copy only for a big tensor: for a small one pyzmq's tracked frames (released through its
         # garbage-collector thread) cost far more than the copy.
         large = len(frames) > 1 and len(frames[-1]) >= ZERO_COPY_MIN_BYTES
-        while True:
-            try:
-                self._socket.send_multipart(frames, zmq.NOBLOCK, copy=not large)
+        try:
+            self._socket.send_multipart(frames, zmq.NOBLOCK, copy=not large)
+        except zmq.Again:
+            return False
+        return True
+
+    async def _send_when_there_is_room(self, frames: list[Any], waiter: asyncio.Future[Reply]) -> None:
+        # 10 000 requests queued for a daemon that does not read them: wait, until the request's own timeout.
+        while not waiter.done():
+            await asyncio.sleep(0.01)
+            if self._send(frames):
                 return
-            except zmq.Again:
-                # 10 000 requests queued for a daemon that does not read them: wait (the caller's timeout bounds it).
-                await asyncio.sleep(0.01)
+
+    def _expire(self, waiter: asyncio.Future[Reply], timeout_s: float) -> None:
+        if not waiter.done():
+            waiter.set_exception(UpstreamTimeout(f"no reply from the daemon at {self.endpoint} within {timeout_s:g} s"))
 
     def _read(self) -> None:
         socket = self._socket
