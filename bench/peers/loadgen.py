@@ -206,6 +206,13 @@ def main() -> int:
             sut, "SingleStream", out / "server-probe-SingleStream", min(args.duration, 10.0), args.bound_ms, None, 50.0
         )
         qps = round(max(0.5, 500.0 / (probe["p50_ms"] or 1000.0)), 2)  # half of one-at-a-time's rate
+        if probe["p90_ms"] is not None and probe["p90_ms"] > args.bound_ms:
+            print(json.dumps({
+                "name": args.name, "scenario": "Server", "bound_ms": args.bound_ms, "qps_at_bound": None,
+                "first_failing_qps": None, "trials": [], "probe": probe, "search_s": round(time.monotonic() - began, 1),
+                "why": f"one query at a time already takes {probe['p90_ms']} ms at p90, over the bound",
+            }))  # fmt: skip
+            return 0
     trials: list[dict[str, Any]] = []
     good: float | None = None
     bad: float | None = None
@@ -221,6 +228,8 @@ def main() -> int:
             qps = round(qps * 2, 2)
         elif good is None:
             qps = round(qps / 2, 2)
+            if qps * args.duration < 10:  # fewer than 10 queries a trial: nothing holds
+                break
         else:
             if bad - good <= max(0.05 * good, 0.1):
                 break
