@@ -29,6 +29,20 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
+def plan_label(plan: Any) -> str:
+    """A Packrat plan as ⟨instances × threads, batch⟩ groups, e.g. "2 × ⟨1 thread, 8 inputs⟩"."""
+    if not isinstance(plan, dict) or not plan.get("instances"):
+        return str(plan)
+    groups: dict[tuple[int, int], int] = {}
+    for instance in plan["instances"]:
+        key = (instance["threads"], instance["batch"])
+        groups[key] = groups.get(key, 0) + 1
+    return " + ".join(
+        f"{count} × ⟨{threads} thread{'s' if threads > 1 else ''}, {batch} input{'s' if batch > 1 else ''}⟩"
+        for (threads, batch), count in groups.items()
+    )
+
+
 def point_label(row: dict[str, Any]) -> str:
     traffic = f"c={row['concurrency']}" if "concurrency" in row else f"Poisson {row['rate']:g}/s"
     return f"B={row['batch']}, {traffic}"
@@ -78,7 +92,7 @@ def render(result: dict[str, Any]) -> str:
             f"{fmt(search['configurations'][best]['score_p99_geomean_ms'])} ms | {search['search_s']:.0f} s |"
         )
     lines.append(
-        f"| packrat | 0 (its defaults) | {result['configured']['packrat_oip'].get('plan')} | — | "
+        f"| packrat | 0 (its defaults) | {plan_label(result['configured']['packrat_oip'].get('plan'))} | — | "
         f"{result['started_s']['packrat']:.0f} s from start to serving |"
     )
     loadgen = result.get("loadgen")
@@ -100,6 +114,11 @@ def render(result: dict[str, Any]) -> str:
                 f"{fmt(server['qps_at_bound'])} | {fmt(server['first_failing_qps'])} | "
                 f"{len(server['trials'])} |"
             )
+    lines += [
+        "",
+        f"Packrat's plan at start: {plan_label(result.get('packrat_plan_before_measuring'))}; after the "
+        f"run: {plan_label(result.get('packrat_plan_after_measuring'))}.",
+    ]
     targets = summary["targets"]
     lines += [
         "",
