@@ -73,7 +73,7 @@ class Daemon:
     def start(self) -> None:
         """Wait for the plan's workers, then open the frontend and tell systemd."""
         log.info("plan %s — %s", self.plan.describe(), self.plan.reason)
-        self.supervisor.wait_converged(self.config.startup_timeout_s, lambda: bool(self.signals.events))
+        self.supervisor.wait_converged(self.config.startup_timeout_s, lambda: self.signals.interrupting)
         self.metrics.plan_changed(self.plan, "start", self.reconciler.planned_workers)
         reserved = self.batcher.reserve_inbox(self.frontend.sample_bytes)
         if reserved:
@@ -121,6 +121,8 @@ class Daemon:
         """Act on one signal's event; False: exit at once."""
         if event == "reload":
             self._reload()
+        elif event != "stop":  # status (SIGUSR1) or an ignored signal: a log line (signals' table)
+            self.signals.note(event, self.status)
         elif self.drain_deadline is not None:
             log.warning("second stop signal: exiting without draining")
             return False
@@ -229,7 +231,7 @@ def serve(config: ServeConfig, reload_config: Callable[[], ServeConfig] | None =
     daemon: Daemon | None = None
     with signals.installed():
         try:
-            started = start_up(config, context, metrics, lambda: bool(signals.events))
+            started = start_up(config, context, metrics, lambda: signals.interrupting)
             daemon = Daemon(config, started, context, metrics, signals, reload_config)
             daemon.start()
             daemon.run()

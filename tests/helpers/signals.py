@@ -6,18 +6,21 @@ import contextlib
 import signal
 from collections.abc import Iterator
 
-HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+from packrat_daemon.signals import SIGNALS, SILENT
+
+HANDLED = (*SIGNALS, *SILENT)
 
 
 @contextlib.contextmanager
 def own_handlers() -> Iterator[dict[int, object]]:
     """Handlers of our own for the daemon's signals, as a program embedding `serve` would have."""
     before = {signum: signal.getsignal(signum) for signum in HANDLED}
-    ours = {signum: (lambda *_: None) for signum in HANDLED}
-    for signum, handler in ours.items():
-        signal.signal(signum, handler)
+    ours: dict[int, object] = {}
+    for signum in HANDLED:
+        signal.signal(signum, lambda *_: None)
+        ours[signum] = signal.getsignal(signum)
     try:
         yield ours
     finally:
-        for signum, handler in before.items():
-            signal.signal(signum, handler)
+        for signum, previous in before.items():
+            signal.signal(signum, previous)
