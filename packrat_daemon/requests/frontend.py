@@ -183,7 +183,7 @@ class Frontend:
             self.send(identity, delimiter, reply)
             return False
         try:
-            check_against_model(request, self.info.dtype, self.info.shape, self.batcher.max_batch)
+            check_against_model(request, self.info.dtype, self.info.shape, self.batcher.max_batch, self.info.high)
         except ProtocolError as exc:
             self.metrics.count(exc.code)
             self.send(identity, delimiter, encode_error(request.request_id, exc.code, exc.message))

@@ -255,11 +255,16 @@ def _parse_timeout(timeout_ms: Any, request_id: RequestId) -> float | None:
     return None if timeout_ms is None else float(timeout_ms)
 
 
-def check_against_model(req: InferRequest, input_dtype: str, sample_shape: tuple[int, ...], max_samples: int) -> None:
-    """Raise BAD_REQUEST unless ``req`` fits the model's input (a -1 in ``sample_shape`` matches any size),
-    and TOO_LARGE for more samples than ``max_samples``: the same code as a message over the byte limit, so
-    a client gets one answer to "too many samples" whatever the model's sample size."""
+def check_against_model(
+    req: InferRequest, input_dtype: str, sample_shape: tuple[int, ...], max_samples: int, high: int | None = None
+) -> None:
+    """Raise BAD_REQUEST unless ``req`` fits the model's input (a -1 in ``sample_shape`` matches any size, and an
+    integer input's values lie in [0, ``high``) where the model declares it: token ids), and TOO_LARGE for more
+    samples than ``max_samples``: the same code as a message over the byte limit, so a client gets one answer to
+    "too many samples" whatever the model's sample size."""
     if req.dtype == input_dtype and req.shape[1:] == sample_shape and req.shape[0] <= max_samples:
+        if high is not None:
+            _check_range(req, high)
         return  # the common case, checked with three comparisons
     if req.dtype != input_dtype:
         raise _bad(f"dtype is {req.dtype}, but the model takes {input_dtype}; cast the input", req.request_id)
@@ -276,6 +281,18 @@ def check_against_model(req: InferRequest, input_dtype: str, sample_shape: tuple
         raise ProtocolError(
             ErrorCode.TOO_LARGE,
             f"{req.shape[0]} samples in one request; this server takes at most {max_samples}: split the request",
+            req.request_id,
+        )
+
+
+def _check_range(req: InferRequest, high: int) -> None:
+    """BAD_REQUEST for a value outside [0, high): a token id past the vocabulary raised IndexError in the model,
+    which failed every other request batched with it (issue 27, 7). One pass over a (small) integer input."""
+    values = np.frombuffer(req.payload, dtype=req.dtype)
+    if values.size and (int(values.min()) < 0 or int(values.max()) >= high):
+        raise _bad(
+            f"the input's values must lie in [0, {high}) (the model's input.high: token ids in its vocabulary); "
+            f"got {int(values.min())} to {int(values.max())}",
             req.request_id,
         )
 

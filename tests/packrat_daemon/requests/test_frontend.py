@@ -117,6 +117,17 @@ def test_requests_that_do_not_fit_the_model_are_answered_at_once(served: Served)
     assert served.batcher.queued_inputs == 0
 
 
+def test_token_ids_outside_the_models_vocabulary_are_refused_before_they_are_batched(served: Served) -> None:
+    # Issue 27, 7: an id >= input.high raised IndexError in BERT and failed every request batched with it.
+    served.frontend.info = ModelInfo("bert", "torch", "int64", (4,), 100, 4242)
+    header = served.ask(encode_infer_request("bad", np.array([[1, 2, 3, 100]], dtype=np.int64)))
+    assert header["id"] == "bad" and header["error"]["code"] == "BAD_REQUEST" and "[0, 100)" in header["error"]["message"]
+    header = served.ask(encode_infer_request("neg", np.array([[-1, 2, 3, 4]], dtype=np.int64)))
+    assert header["error"]["code"] == "BAD_REQUEST"
+    assert served.ask(encode_infer_request("good", np.array([[0, 1, 2, 99]], dtype=np.int64))) == {}  # queued
+    assert served.batcher.queued_inputs == 1
+
+
 def test_too_many_samples_over_the_byte_limit_are_refused_in_samples(served: Served) -> None:
     # The byte limit is max_batch samples plus the header's allowance: a model of large inputs meets it first.
     many = served.frontend.max_message_bytes() // (16 * 4) + 1
