@@ -121,7 +121,8 @@ def test_token_ids_outside_the_models_vocabulary_are_refused_before_they_are_bat
     # Issue 27, 7: an id >= input.high raised IndexError in BERT and failed every request batched with it.
     served.frontend.info = ModelInfo("bert", "torch", "int64", (4,), 100, 4242)
     header = served.ask(encode_infer_request("bad", np.array([[1, 2, 3, 100]], dtype=np.int64)))
-    assert header["id"] == "bad" and header["error"]["code"] == "BAD_REQUEST" and "[0, 100)" in header["error"]["message"]
+    assert header["id"] == "bad" and header["error"]["code"] == "BAD_REQUEST"
+    assert "[0, 100)" in header["error"]["message"]
     header = served.ask(encode_infer_request("neg", np.array([[-1, 2, 3, 4]], dtype=np.int64)))
     assert header["error"]["code"] == "BAD_REQUEST"
     assert served.ask(encode_infer_request("good", np.array([[0, 1, 2, 99]], dtype=np.int64))) == {}  # queued
