@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -103,10 +104,13 @@ async def serve_gateway(options: GatewayOptions, install_signals: bool, stop: as
     try:
         if options.grpc_port:
             rpc = grpc_server(plane, options.max_request_mb << 20)
-            if options.tls_cert:
-                bound = rpc.add_secure_port(target, _grpc_credentials(options))
-            else:
-                bound = rpc.add_insecure_port(target)
+            try:
+                if options.tls_cert:
+                    bound = rpc.add_secure_port(target, _grpc_credentials(options))
+                else:
+                    bound = rpc.add_insecure_port(target)
+            except RuntimeError:  # what grpcio raises for a port it cannot bind
+                bound = 0
             if not bound:
                 raise ConfigError(f"cannot bind gRPC to {target}; is the port in use?")
             await rpc.start()
@@ -123,7 +127,8 @@ async def serve_gateway(options: GatewayOptions, install_signals: bool, stop: as
                 timeout_graceful_shutdown=int(DRAIN_GRACE_S),
             )
             rest = _QuietServer(config)
-            rest_task = asyncio.create_task(rest.serve())
+            # Bound here, not by uvicorn, whose failure to bind is a sys.exit: a port in use is a ConfigError.
+            rest_task = asyncio.create_task(rest.serve(sockets=[_bound(options.address, options.http_port)]))
         log.info(
             "Open Inference Protocol for %s: %s%s (%s)",
             options.connect,
@@ -155,6 +160,19 @@ async def _warm_up(plane: DataPlane, stop: asyncio.Event) -> None:
     """Ask until the daemon serves, so the model's description is known before the first client asks."""
     while not stop.is_set() and not await plane.ready():
         await asyncio.sleep(WARM_UP_POLL_S)
+
+
+def _bound(address: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart rebinds at once after the last one
+    try:
+        sock.bind((address, port))
+    except OSError as exc:
+        sock.close()
+        where = host_port(address, port)
+        raise ConfigError(f"cannot bind REST to {where}: {exc.strerror}; is the port in use?") from None
+    return sock
 
 
 def _grpc_credentials(options: GatewayOptions) -> grpc.ServerCredentials:

@@ -11,6 +11,7 @@ import logging
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +87,14 @@ def _die_with_parent() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed: the gateway could outlive the daemon")
 
 
+def _watch(child: subprocess.Popen[bytes], stopping: threading.Event) -> None:
+    """Say so when the gateway ends before the daemon (it could not bind, or it failed): REST and gRPC are then
+    down while ZeroMQ still serves, and the readiness probes on /v2/health/ready fail."""
+    code = child.wait()
+    if not stopping.is_set():
+        log.error("the Open Inference Protocol gateway exited (code %d): REST and gRPC are down; see its log", code)
+
+
 @contextlib.contextmanager
 def gateway_beside(config: Any) -> Iterator[subprocess.Popen[bytes] | None]:
     """Run the block with the gateway `config` asks for running as a child; SIGTERM it (and wait) after."""
@@ -94,9 +103,12 @@ def gateway_beside(config: Any) -> Iterator[subprocess.Popen[bytes] | None]:
         yield None
         return
     child = subprocess.Popen(command(options, config.log_level, config.log_format), preexec_fn=_die_with_parent)
+    stopping = threading.Event()
+    threading.Thread(target=_watch, args=(child, stopping), name="oip-gateway-watch", daemon=True).start()
     try:
         yield child
     finally:
+        stopping.set()
         if child.poll() is None:
             child.terminate()
             try:

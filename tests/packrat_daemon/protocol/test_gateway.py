@@ -149,3 +149,17 @@ def test_a_daemon_that_dies_fails_the_requests_in_flight_at_once(tmp_path: Path)
             assert caught.value.status() == "503" and "no connection" in caught.value.message()
         finally:
             stop_process(gateway, 15)
+
+
+@pytest.mark.parametrize("flag", ["--http-port", "--grpc-port"])
+def test_a_port_in_use_is_refused_with_a_message(tmp_path: Path, flag: str) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = [sys.executable, "-m", "packrat_daemon", "oip", "--connect", f"ipc://{tmp_path}/none.ipc"]
+        done = subprocess.run([*command, flag, str(port)], env=daemon_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert f"127.0.0.1:{port}" in done.stderr and "is the port in use?" in done.stderr
