@@ -51,6 +51,24 @@ def refuses_single_inputs() -> nn.Module:
     return RefusesSingleInputs()
 
 
+class PoisonedBy(nn.Module):
+    """Doubles its input after a short pause, but raises on a batch holding a value of POISON or more: one bad
+    input, as a model with an input it cannot take (warm-up's sample inputs are far below it)."""
+
+    packrat_input = "float32:16"
+    POISON = 1000.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.02)
+        if bool((x >= self.POISON).any()):
+            raise ValueError("this model cannot take an input of 1000 or more")
+        return x * 2
+
+
+def poisoned_by_large_values() -> nn.Module:
+    return PoisonedBy()
+
+
 class SlowDoubler(nn.Module):
     """Doubles wide inputs (128 KiB a sample, exactly, in float32) after a pause: tensors big enough to
     travel through shared memory, a result that can be checked bit for bit, and time to kill a worker."""

@@ -228,16 +228,34 @@ class Supervisor:
             self.metrics.observe_compute(worker.threads, compute_ms)
             self.production.observe(worker.threads, int(event.header["batch"]), compute_ms, time.monotonic())
         elif event.kind == "failed":
-            message = event.header.get("message", "the model failed")
-            log.error("worker %d failed a batch: %s", worker.id, message)
-            for request in self.dispatcher.abandon():
-                self.replies.reply_error(request, ErrorCode.INTERNAL, f"the model failed on this batch: {message}")
+            self._on_failed(worker, event.header)
         elif event.kind == "lost":
             self._on_lost(worker)
         elif event.kind == "reconfigured":
             log.info("worker %d now runs %d thread(s) on cores %s", worker.id, worker.threads, list(worker.cores))
         elif event.kind == "ready":
             log.info("worker %d ready: %d thread(s) on cores %s", worker.id, worker.threads, list(worker.cores))
+
+    def _on_failed(self, worker: WorkerHandle, header: dict[str, object]) -> None:
+        """A slice failed (the model raised). One bad input must not fail other clients' requests: the requests
+        whose rows were in that slice are run again each alone, the rest batched again as usual; a request that
+        fails alone (or was its batch's only one) is answered INTERNAL."""
+        message = header.get("message", "the model failed")
+        given_up = self.dispatcher.fail(header.get("job"))
+        if given_up is None:
+            log.warning("worker %d failed job %s, of a batch already answered or given up: ignored (%s)",
+                        worker.id, header.get("job"), message)  # fmt: skip
+            return
+        suspects, others = given_up
+        log.error("worker %d failed a batch (%d request(s) in its slice): %s", worker.id, len(suspects), message)
+        again = []
+        for request in suspects:
+            if request.alone or len(suspects) + len(others) == 1:  # it failed on its own: it is the bad input
+                self.replies.reply_error(request, ErrorCode.INTERNAL, f"the model failed on this request: {message}")
+            else:
+                request.alone = True
+                again.append(request)
+        self.requeue(others + again)  # the innocents first: their rows were never in the failed slice
 
     def _on_lost(self, worker: WorkerHandle) -> None:
         # Also when no batch is in flight: the worker may hold a hedge's losing copy, which is dropped.

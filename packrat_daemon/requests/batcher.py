@@ -59,6 +59,9 @@ class Request:
     deadline: float | None = None  # monotonic time (from timeout_ms) past which it is answered TIMEOUT
     answered: bool = False  # answered (TIMEOUT) while its batch was in flight: the result skips it
     retried: bool = False  # its batch lost every worker once and was queued again
+    # Its batch failed with its rows in the failing slice: it runs in a batch of its own, so that a bad input fails
+    # only its own request (the supervisor answers INTERNAL if it fails alone).
+    alone: bool = False
 
     @property
     def samples(self) -> int:
@@ -176,9 +179,13 @@ class Batcher:
         batch: list[Request] = []
         inputs = 0
         while self.queue and (not batch or inputs + self.queue[0].samples <= self.max_batch):
+            if batch and self.queue[0].alone:
+                break
             request = self.queue.popleft()
             inputs += request.samples
             batch.append(request)
+            if request.alone:
+                break
         self.queued_inputs -= inputs
         return batch
 

@@ -199,6 +199,27 @@ class Dispatcher:
         start = max([now] + [job.deadline for job in self.jobs.values() if job.worker.id == worker.id])
         return (start + hedge_after if hedge_after < allowed else math.inf), start + allowed, predicted
 
+    def fail(self, job_id: object) -> tuple[list[Request], list[Request]] | None:
+        """A worker's FAILED for job `job_id`. None when that job is not of the batch in flight: a late failure of
+        an earlier batch's slice (re-sent elsewhere, or a hedge's other copy), which is ignored (it used to abort
+        whatever batch was in flight then). Else the batch is given up and its unanswered requests are returned
+        as (suspects, others): those with rows in the failed slice, and the rest, whose rows it never held."""
+        job = self.jobs.pop(job_id, None) if isinstance(job_id, int) else None
+        batch = self.batch
+        if job is None or batch is None or job.batch is not batch:
+            return None
+        low, high = job.offset, job.offset + job.rows
+        suspects: list[Request] = []
+        others: list[Request] = []
+        start = 0
+        for request in batch.requests:
+            end = start + request.samples
+            if not request.answered:
+                (suspects if start < high and low < end else others).append(request)
+            start = end
+        self.abandon()
+        return suspects, others
+
     def abandon(self) -> list[Request]:
         """Give up the batch in flight (no worker left); the caller answers its unanswered requests with errors."""
         requests = [r for r in self.batch.requests if not r.answered] if self.batch else []

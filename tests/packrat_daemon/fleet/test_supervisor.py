@@ -89,7 +89,11 @@ class Fleet:
     replies: list[tuple[str, object]]
 
 
-def fleet(abandoned: list[Request] | None = None, completed: list[object] | None = None) -> Fleet:
+def fleet(
+    abandoned: list[Request] | None = None,
+    completed: list[object] | None = None,
+    failed: tuple[list[Request], list[Request]] | None = None,
+) -> Fleet:
     worker = WorkerHandle(1, 2, (0, 1), 1, WorkerState.READY, pid=101)
     looks: list[float] = []
     reconciler = SimpleNamespace(
@@ -109,6 +113,7 @@ def fleet(abandoned: list[Request] | None = None, completed: list[object] | None
         overdue=lambda _now: [],
         reassign=lambda _lost, _workers: False,
         abandon=lambda: list(abandoned or []),
+        fail=lambda _job: failed,
         on_result=lambda _worker, _header, _payload: list(completed or []),
     )
     replies: list[tuple[str, object]] = []
@@ -164,7 +169,25 @@ def test_a_batch_that_lost_every_worker_is_requeued_once_then_answered_internal(
 def test_results_and_failures_are_answered_through_the_replies_given() -> None:
     worker = WorkerHandle(1, 2, (0, 1), 1, WorkerState.READY)
     done = object()
-    f = fleet(abandoned=[request(1)], completed=[done])
+    only = request(1)
+    f = fleet(completed=[done], failed=([only], []))
     f.supervisor._on_event(PoolEvent("result", worker, {"compute_ms": 3.0, "batch": 4, "job": 1}, []))
-    f.supervisor._on_event(PoolEvent("failed", worker, {"message": "boom"}, []))
-    assert [kind for kind, _ in f.replies] == ["result", "INTERNAL"] and f.replies[0][1] is done
+    f.supervisor._on_event(PoolEvent("failed", worker, {"job": 2, "message": "boom"}, []))
+    assert f.replies == [("result", done), ("INTERNAL", only)]  # its batch's only request: it failed alone
+
+
+def test_a_failed_slices_requests_are_run_again_alone_and_the_others_batched_again() -> None:
+    # Issue 27, 7: 97 poisoned requests caused 183 INTERNAL replies to another client, batched with them.
+    worker = WorkerHandle(1, 2, (0, 1), 1, WorkerState.READY)
+    suspect, already_alone, innocent = request(1), request(2), request(3)
+    already_alone.alone = True
+    f = fleet(failed=([suspect, already_alone], [innocent]))
+    f.supervisor._on_event(PoolEvent("failed", worker, {"job": 5, "message": "IndexError"}, []))
+    assert f.replies == [("INTERNAL", already_alone)]  # it failed in a batch of its own: it is the bad one
+    assert f.requeued == [[innocent, suspect]] and suspect.alone and not innocent.alone
+
+
+def test_a_failure_of_no_batch_in_flight_is_ignored() -> None:
+    f = fleet(abandoned=[request(1)], failed=None)
+    f.supervisor._on_event(PoolEvent("failed", WorkerHandle(1, 2, (0, 1), 1, WorkerState.READY), {"job": 3}, []))
+    assert f.replies == [] and f.requeued == []

@@ -156,3 +156,14 @@ def test_a_real_daemon_starts_a_lone_request_without_the_batching_delay(tmp_path
                 totals.append(head["timing"]["total_ms"])
     assert max(waits) < 30.0, waits
     assert max(totals) < 150.0, totals
+
+
+def test_a_request_marked_alone_is_taken_in_a_batch_of_its_own() -> None:
+    batcher = Batcher(max_batch=8, max_delay_s=0.0, max_queued_inputs=100)
+    first, suspect, last = request(1), request(2), request(1)
+    suspect.alone = True  # its batch failed with its rows in the failing slice
+    for queued in (first, suspect, last):
+        batcher.offer(queued)
+    assert batcher.take() == [first]
+    assert batcher.take() == [suspect]
+    assert batcher.take() == [last] and batcher.queued_inputs == 0

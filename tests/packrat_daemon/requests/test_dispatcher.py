@@ -273,3 +273,26 @@ def test_a_worker_lost_while_holding_a_losing_copy_has_it_dropped_not_sent_again
     assert answer(dispatcher, pool, recorder.sent[2]) and not dispatcher.busy  # the copy won
     assert [job.worker.id for job in dispatcher.jobs.values()] == [1]  # the loser, still computing
     assert dispatcher.reassign(pool[0], pool) and not dispatcher.jobs and len(recorder.sent) == 3
+
+
+def test_a_late_failure_of_an_earlier_batch_never_aborts_the_next_and_a_failure_names_its_slices_requests() -> None:
+    # Issue 27, 7: abandon() on any FAILED let a previous batch's late failure abort the next batch (14 of 20 lost).
+    recorder, pool = Recorder(), workers(1, 1)
+    dispatcher = Dispatcher(
+        recorder, Splitter(None, "exact"), job_timeout_s=10, deadline_margin=1.5, deadline_floor_s=0.2
+    )
+    batch, _ = requests(2, 2)
+    dispatcher.dispatch(batch, pool)
+    first, second = recorder.sent
+    assert dispatcher.reassign(pool[0], pool)  # the first slice re-sent: its job id is stale from now on
+    for sent in (second, recorder.sent[2]):
+        answer(dispatcher, pool, sent)
+    assert not dispatcher.busy
+    following, _ = requests(1, 2, 1)
+    dispatcher.dispatch(following, pool)
+    assert dispatcher.fail(first[1]["job"]) is None and dispatcher.busy  # the old slice's late FAILED: ignored
+    assert dispatcher.fail("not a job id") is None and dispatcher.busy
+    slices = recorder.sent[3:]
+    assert [h["shape"][0] for _, h, _ in slices] == [2, 2]  # rows [0, 2) and [2, 4)
+    suspects, others = dispatcher.fail(slices[1][1]["job"]) or ([], [])
+    assert suspects == following[1:] and others == following[:1] and not dispatcher.busy
