@@ -6,9 +6,9 @@
     emulated     workers that compute nothing (a measuring instrument).      workers.runtimes.emulated
 
 The interface they share is `workers.runtimes.base`. Only the runtimes' modules, `workers.models.loading`,
-`workers.models.cache` and `workers.models.convert` import the runtimes' packages, and only when a runtime
-is made or loads: importing this registry stays torch-free. `workers.models.spec` says which packages each
-runtime needs and at which precisions each can serve.
+`workers.models.cache`, `workers.models.convert` and `workers.models.onnx_files` import the runtimes' packages,
+and only when a runtime is made or loads: importing this registry stays torch-free. `workers.models.spec`
+says which packages each runtime needs and at which precisions each can serve.
 """
 
 from __future__ import annotations
