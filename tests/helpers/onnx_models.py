@@ -39,14 +39,15 @@ def two_outputs(path: Path, batch: int | str = "batch", external_data: bool = Fa
     return _save(graph, path, external_data)
 
 
-def token_embedding(path: Path, rows: int = 50, sequence: int | str = "sequence") -> Path:
-    """ids [batch, sequence] int64 → the mean of their rows of a [rows, 8] table: [batch, 8]."""
+def token_embedding(path: Path, rows: int = 50, sequence: int | str = "sequence", axis: int = 0) -> Path:
+    """ids [batch, sequence] int64 → the mean of their rows of a [rows, 8] table: [batch, 8]. With axis 1, the
+    ids pick columns of an [8, rows] table instead (graph reading only: that output's first axis is not the batch)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    table = np.random.default_rng(5).standard_normal((rows, 8)).astype(np.float32)
+    table = np.random.default_rng(5).standard_normal((rows, 8) if axis == 0 else (8, rows)).astype(np.float32)
     graph = helper.make_graph(
         [
-            helper.make_node("Gather", ["table", "ids"], ["rows"]),
+            helper.make_node("Gather", ["table", "ids"], ["rows"], axis=axis),
             helper.make_node("ReduceMean", ["rows", "axes"], ["pooled"], keepdims=0),
         ],
         "token-embedding",

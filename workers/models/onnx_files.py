@@ -103,9 +103,10 @@ def output_names(model: Any) -> list[str]:
 
 
 def _embedding_rows(model: Any, name: str, initializers: dict[str, Any]) -> int | None:
-    """The rows of the table an integer input indexes (a Gather of an initializer by it), else None."""
+    """The rows of the table an integer input indexes (a Gather of an initializer's rows by it), else None."""
     for node in model.graph.node:
-        if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] == name:
+        axis = next((attribute.i for attribute in node.attribute if attribute.name == "axis"), 0)
+        if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] == name and axis == 0:
             table = initializers.get(node.input[0])
             if table is not None and table.dims:
                 return int(table.dims[0])

@@ -42,6 +42,8 @@ def test_the_input_and_outputs_are_read_from_the_graph(tmp_path: Path) -> None:
 def test_token_ids_are_declared_below_the_table_they_index(tmp_path: Path) -> None:
     path = onnx_models.token_embedding(tmp_path / "ids.onnx", rows=50, sequence=12)
     assert read_input(path) == ("ids", InputSpec("int64", (12,), high=50))
+    columns = onnx_models.token_embedding(tmp_path / "columns.onnx", rows=50, sequence=12, axis=1)
+    assert read_input(columns) == ("ids", InputSpec("int64", (12,)))  # not a table's rows: no bound is known
 
 
 def test_a_free_axis_besides_the_batch_takes_its_size_from_input(tmp_path: Path) -> None:
