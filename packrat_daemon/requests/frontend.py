@@ -68,6 +68,11 @@ FRAME_CAP_SLACK_BYTES = 1 << 20
 # Complete messages ZeroMQ queues per connected peer before it stops reading that peer's socket: with
 # the frame cap, what bounds the frontend's memory (docs/protocol.md, "Limits and memory").
 RECEIVE_HWM = 64
+# Replies ZeroMQ queues per connected peer that has stopped reading: past it, with ROUTER_MANDATORY off, a
+# reply is dropped (the client that does not read times out) instead of queued. ZeroMQ's default of 1 000
+# let a client that never read grow the daemon without bound (5 GB for 100 replies of a 4 MiB-output model).
+# A client that reads loses nothing: its own receive queue takes the replies before this one fills.
+SEND_HWM = 64
 # On close, how long ZeroMQ may still try to deliver the last replies (the drain's results, the
 # SHUTTING_DOWN answers) before the process exits.
 CLOSE_LINGER_MS = 1000
@@ -121,6 +126,7 @@ class Frontend:
         )
         self.authenticator: ThreadAuthenticator | None = None  # the ZAP handler, while CURVE serves
         self.socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+        self.socket.setsockopt(zmq.SNDHWM, SEND_HWM)  # unread replies: bounded per client (docs/protocol.md)
 
     def open(self) -> None:
         """Bind the endpoint and accept requests."""

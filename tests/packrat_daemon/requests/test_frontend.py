@@ -129,6 +129,13 @@ def test_token_ids_outside_the_models_vocabulary_are_refused_before_they_are_bat
     assert served.batcher.queued_inputs == 1
 
 
+def test_replies_a_client_never_reads_are_bounded_per_client(served: Served) -> None:
+    # Issue 27, 5: ZeroMQ's default send queue (1 000 replies per peer) took a daemon to the OOM killer.
+    assert served.frontend.socket.getsockopt(zmq.SNDHWM) == frontend_module.SEND_HWM <= 64
+    for k in range(3 * frontend_module.SEND_HWM):  # the client reads none of them
+        served.frontend.send(b"nobody", None, [b"reply %d" % k])  # ROUTER_MANDATORY off: dropped, never blocks
+
+
 def test_too_many_samples_over_the_byte_limit_are_refused_in_samples(served: Served) -> None:
     # The byte limit is max_batch samples plus the header's allowance: a model of large inputs meets it first.
     many = served.frontend.max_message_bytes() // (16 * 4) + 1
