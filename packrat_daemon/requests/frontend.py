@@ -73,6 +73,8 @@ RECEIVE_HWM = 64
 # let a client that never read grow the daemon without bound (5 GB for 100 replies of a 4 MiB-output model).
 # A client that reads loses nothing: its own receive queue takes the replies before this one fills.
 SEND_HWM = 64
+# How long one `status` reply serves every asker: status is for people and scrapers, never the request path.
+STATUS_CACHE_S = 0.1
 # On close, how long ZeroMQ may still try to deliver the last replies (the drain's results, the
 # SHUTTING_DOWN answers) before the process exits.
 CLOSE_LINGER_MS = 1000
@@ -116,6 +118,7 @@ class Frontend:
         # batcher's decision to wait for company weighs (Batcher.served).
         self.served = served
         self.status = status  # the `status` reply, as the daemon builds it (None: answered as `info`)
+        self._status_cache: tuple[float, dict[str, Any]] | None = None  # (built at, reply): _status_now
         self.accepting = False  # inference requests are queued only while serving; `info` is always answered
         self.sample_bytes = math.prod(info.shape) * ITEMSIZE[info.dtype]
         self.socket = context.socket(zmq.ROUTER)
@@ -177,8 +180,7 @@ class Frontend:
             self.send(identity, exc.delimiter, encode_error(exc.request_id, exc.code, exc.message))
             return False
         if isinstance(request, InfoRequest):
-            status = self.status if request.op == "status" else None
-            info = self.describe() if status is None else status()
+            info = self.describe() if self.status is None or request.op != "status" else self._status_now()
             self.send(identity, delimiter, encode_info(request.request_id, info))
             return False
         if not self.accepting:
@@ -234,6 +236,15 @@ class Frontend:
         while (left := grace_end - time.monotonic()) > 0:
             if self.socket.poll(math.ceil(left * 1000)):
                 self.read()
+
+    def _status_now(self) -> dict[str, Any]:
+        """The `status` reply, built at most once per STATUS_CACHE_S whoever asks: a flood of `status` requests
+        (on one connection or many) rebuilt it for each and cut serving 16-fold; each now costs its encoding."""
+        now = time.monotonic()
+        if self._status_cache is None or now - self._status_cache[0] >= STATUS_CACHE_S:
+            assert self.status is not None
+            self._status_cache = (now, self.status())
+        return self._status_cache[1]
 
     def describe(self) -> dict[str, Any]:
         """The `info` reply: the model, its input, the plan and the live workers."""

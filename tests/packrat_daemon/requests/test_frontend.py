@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -134,6 +135,20 @@ def test_replies_a_client_never_reads_are_bounded_per_client(served: Served) -> 
     assert served.frontend.socket.getsockopt(zmq.SNDHWM) == frontend_module.SEND_HWM <= 64
     for k in range(3 * frontend_module.SEND_HWM):  # the client reads none of them
         served.frontend.send(b"nobody", None, [b"reply %d" % k])  # ROUTER_MANDATORY off: dropped, never blocks
+
+
+def test_a_status_flood_builds_the_status_once_per_interval(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 27, 12: a `status` flood on one connection cut serving 16-fold, each request rebuilding the reply.
+    clock = [100.0]
+    monkeypatch.setattr(frontend_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    built: list[float] = []
+    served.frontend.status = lambda: built.append(clock[0]) or {"generation": len(built)}  # type: ignore[func-returns-value]
+    for k in range(20):
+        assert served.ask(encode_info_request(f"s{k}", op="status"))["id"] == f"s{k}"  # every one answered
+    assert built == [100.0]
+    clock[0] += 2 * frontend_module.STATUS_CACHE_S
+    served.ask(encode_info_request("fresh", op="status"))
+    assert built == [100.0, clock[0]]
 
 
 def test_too_many_samples_over_the_byte_limit_are_refused_in_samples(served: Served) -> None:
