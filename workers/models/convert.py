@@ -81,18 +81,38 @@ def convert(spec: str, input_override: str | None, runtime: str, out: Path) -> d
 
 def export_onnx(model: LoadedModel, path: Path) -> str:
     """Export with a dynamic batch axis; returns which exporter succeeded."""
+    module = model.module
+    if not isinstance(module, torch.nn.Module):
+        raise ConversionError(f"{model.name}: only a torch.nn.Module exports to ONNX, not a {type(module).__name__}")
     example = (torch.from_numpy(sample_input(model.input, EXAMPLE_BATCH)),)
-    names = {"input_names": ["input"], "output_names": ["output"]}
+    inputs, outputs = ["input"], ["output"]
     try:
         batch = torch.export.Dim("batch", min=1)
-        torch.onnx.export(model.module, example, str(path), dynamo=True, dynamic_shapes=({0: batch},), **names)
+        torch.onnx.export(
+            module,
+            example,
+            str(path),
+            dynamo=True,
+            dynamic_shapes=({0: batch},),
+            input_names=inputs,
+            output_names=outputs,
+        )
         return "dynamo"
     except Exception as exc:  # any capture failure: try the older exporter before giving up
         print(f"dynamo export failed ({type(exc).__name__}: {exc}); trying the TorchScript exporter", file=sys.stderr)
     for stale in path.parent.glob(path.name + "*"):
         stale.unlink()
     axes = {"input": {0: "batch"}, "output": {0: "batch"}}
-    torch.onnx.export(model.module, example, str(path), dynamo=False, dynamic_axes=axes, opset_version=18, **names)
+    torch.onnx.export(
+        module,
+        example,
+        str(path),
+        dynamo=False,
+        dynamic_axes=axes,
+        opset_version=18,
+        input_names=inputs,
+        output_names=outputs,
+    )
     return "torchscript"
 
 

@@ -73,7 +73,9 @@ class _Logits(nn.Module):
 def _resnet50() -> tuple[nn.Module, InputSpec, bool]:
     from transformers import ResNetConfig, ResNetForImageClassification
 
-    model = ResNetForImageClassification(ResNetConfig(num_labels=1000))  # the 25.6 M-parameter ResNet-50
+    # num_labels is PretrainedConfig's keyword, passed on through ResNetConfig's **kwargs (not in its stub).
+    config = ResNetConfig(num_labels=1000)  # type: ignore[call-arg]
+    model = ResNetForImageClassification(config)  # the 25.6 M-parameter ResNet-50
     return _Logits(model, "logits"), InputSpec("float32", (3, 224, 224)), True
 
 
@@ -164,7 +166,7 @@ def load_model(spec: str, input_override: str | None = None) -> LoadedModel:
         for parameter in module.parameters():
             parameter.requires_grad_(False)
         if channels_last:
-            module = module.to(memory_format=torch.channels_last)
+            module = module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # not in the stub
     if kind == EXPORTED:
         _check_batch_sizes(spec, module, input_spec)
     if kind != BUILTIN:  # the built-ins return one tensor; anything else may return several outputs
@@ -209,7 +211,8 @@ def _check_batch_sizes(spec: str, module: nn.Module, input_spec: InputSpec) -> N
     torch.export fixes the batch size unless dynamic_shapes says otherwise; such a program fails a guard
     on any other batch, and workers forked from it would die on their first request, over and over.
     """
-    placeholders = [n.name for n in module.graph.nodes if n.op == "placeholder"] if hasattr(module, "graph") else []
+    graph = getattr(module, "graph", None)  # an exported program's module has one; its placeholders name the input
+    placeholders = [n.name for n in graph.nodes if n.op == "placeholder"] if graph is not None else []
     name = placeholders[0] if placeholders else "x"
     dtype = getattr(torch, input_spec.dtype)
     for batch in (1, 2):
