@@ -118,7 +118,7 @@ class Frontend:
         # batcher's decision to wait for company weighs (Batcher.served).
         self.served = served
         self.status = status  # the `status` reply, as the daemon builds it (None: answered as `info`)
-        self._status_cache: tuple[float, dict[str, Any]] | None = None  # (built at, reply): _status_now
+        self._status_cache: tuple[float, int, dict[str, Any]] | None = None  # (built at, generation, reply)
         self.accepting = False  # inference requests are queued only while serving; `info` is always answered
         self.sample_bytes = math.prod(info.shape) * ITEMSIZE[info.dtype]
         self.socket = context.socket(zmq.ROUTER)
@@ -240,11 +240,13 @@ class Frontend:
     def _status_now(self) -> dict[str, Any]:
         """The `status` reply, built at most once per STATUS_CACHE_S whoever asks: a flood of `status` requests
         (on one connection or many) rebuilt it for each and cut serving 16-fold; each now costs its encoding."""
-        now = time.monotonic()
-        if self._status_cache is None or now - self._status_cache[0] >= STATUS_CACHE_S:
+        now, generation = time.monotonic(), self.reconciler.generation
+        cache = self._status_cache
+        # A new plan (a switch, a reload, a control request) is shown at once: the cache is of one generation.
+        if cache is None or now - cache[0] >= STATUS_CACHE_S or cache[1] != generation:
             assert self.status is not None
-            self._status_cache = (now, self.status())
-        return self._status_cache[1]
+            cache = self._status_cache = (now, generation, self.status())
+        return cache[2]
 
     def describe(self) -> dict[str, Any]:
         """The `info` reply: the model, its input, the plan and the live workers."""

@@ -105,7 +105,7 @@ def test_reconfigure_and_status_on_a_real_daemon(tmp_path: Path, capsys: pytest.
         code, out, _ = reconfigure(capsys, run_dir, "--plan", "2*1x4")
         assert code == 0 and out.startswith("already serving")
 
-        code, _, err = reconfigure(capsys, run_dir, "--plan", "9x9")
+        code, _, err = reconfigure(capsys, run_dir, "--plan", "9x8")
         assert code == 2 and "needs 9 cores but only 2 are usable" in err
         with pytest.raises(PolicyError, match="unknown policy 'nope'"):
             request(f"ipc://{socket_file}", {"op": "reconfigure", "policy": "nope"}, 10.0)

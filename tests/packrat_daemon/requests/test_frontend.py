@@ -149,6 +149,9 @@ def test_a_status_flood_builds_the_status_once_per_interval(served: Served, monk
     clock[0] += 2 * frontend_module.STATUS_CACHE_S
     served.ask(encode_info_request("fresh", op="status"))
     assert built == [100.0, clock[0]]
+    served.frontend.reconciler.set_plan(Plan((InstancePlan(1, 4),), "fixed", "a new plan"), "test")
+    served.ask(encode_info_request("new plan", op="status"))  # a new generation is shown at once
+    assert len(built) == 3
 
 
 def test_too_many_samples_over_the_byte_limit_are_refused_in_samples(served: Served) -> None:
