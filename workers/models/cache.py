@@ -18,6 +18,7 @@ calibration inputs' bytes and NNCF's version, so other calibration data gives an
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import fcntl
@@ -30,13 +31,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from packrat_daemon.wire.errors import ConfigError, ModelSpecError
+from packrat_daemon.wire.errors import ConfigError, ModelSpecError, PackratError
 from workers.models.calibration import read_calibration
 from workers.models.spec import (
     BUILTIN,
@@ -209,6 +211,29 @@ def run_converter(spec: str, input_override: str | None, runtime: str, out: Path
 def refuse(message: str) -> None:
     """In a converter's process: say why the model is refused, for `run_step` to raise it whole."""
     print(REFUSAL_MARK + json.dumps(message), file=sys.stderr)
+
+
+Converter = Callable[[str, str | None, str, Path], dict[str, Any]]  # (spec, input override, runtime, out) → meta
+
+
+def converter_main(
+    argv: Sequence[str] | None, module: str, doc: str, make: Converter, model_help: str, input_help: str
+) -> int:
+    """A converter subprocess's command line (`python -m MODULE`): make the artefact and its meta.json, or
+    refuse the model so that `run_step` raises the reason whole."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.splitlines()[0])
+    parser.add_argument("--model", required=True, help=model_help)
+    parser.add_argument("--runtime", required=True, choices=sorted(ARTIFACTS))
+    parser.add_argument("--out", required=True, type=Path, help="the file to write (model.onnx or model.xml)")
+    parser.add_argument("--input", help=input_help)
+    args = parser.parse_args(argv)
+    try:
+        meta = make(args.model, args.input, args.runtime, args.out)
+    except PackratError as exc:
+        refuse(str(exc))
+        return 2
+    (args.out.parent / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return 0
 
 
 def run_step(module: str, args: list[str], what: str) -> None:

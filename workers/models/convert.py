@@ -14,8 +14,6 @@ batch sizes other than the export's example and compared with PyTorch before it 
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -24,8 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from packrat_daemon.wire.errors import PackratError
-from workers.models.cache import ARTIFACTS, ATOL, CHECK_BATCHES, RTOL, ConversionError, refuse
+from workers.models.cache import ATOL, CHECK_BATCHES, RTOL, ConversionError, converter_main
 from workers.models.loading import LoadedModel, load_model
 from workers.models.spec import sample_input
 from workers.runtimes import make_runtime
@@ -35,19 +32,8 @@ EXAMPLE_BATCH = 2  # not one of CHECK_BATCHES (the agreement check's, in workers
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workers.models.convert", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="model spec, as for packrat serve")
-    parser.add_argument("--runtime", required=True, choices=sorted(ARTIFACTS))
-    parser.add_argument("--out", required=True, type=Path, help="the file to write (model.onnx or model.xml)")
-    parser.add_argument("--input", help="input override, e.g. float32:3x224x224")
-    args = parser.parse_args(argv)
-    try:
-        meta = convert(args.model, args.input, args.runtime, args.out)
-    except PackratError as exc:
-        refuse(str(exc))
-        return 2
-    (args.out.parent / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    return 0
+    help_model, help_input = "model spec, as for packrat serve", "input override, e.g. float32:3x224x224"
+    return converter_main(argv, "workers.models.convert", __doc__ or "", convert, help_model, help_input)
 
 
 def convert(spec: str, input_override: str | None, runtime: str, out: Path) -> dict:

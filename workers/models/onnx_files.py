@@ -19,8 +19,6 @@ the first is served (several named inputs and outputs are not served yet: docs/s
 
 from __future__ import annotations
 
-import argparse
-import json
 import shutil
 import sys
 from collections.abc import Sequence
@@ -29,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from packrat_daemon.wire.errors import ModelSpecError, PackratError
-from workers.models.cache import ARTIFACTS, ATOL, CHECK_BATCHES, RTOL, ConversionError, refuse
+from packrat_daemon.wire.errors import ModelSpecError
+from workers.models.cache import ATOL, CHECK_BATCHES, RTOL, ConversionError, converter_main
 from workers.models.spec import INPUT_DTYPES, InputSpec, installed, sample_input
 
 EXTERNAL_DATA = "model.onnx.data"
@@ -213,19 +211,8 @@ def check(runtime: str, path: Path, input_spec: InputSpec, reference: Path | Non
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workers.models.onnx_files", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="the ONNX file")
-    parser.add_argument("--runtime", required=True, choices=sorted(ARTIFACTS))
-    parser.add_argument("--out", required=True, type=Path, help="the file to write (model.onnx or model.xml)")
-    parser.add_argument("--input", help="input override, e.g. int64:128 for a free sequence axis")
-    args = parser.parse_args(argv)
-    try:
-        meta = prepare(args.model, args.input, args.runtime, args.out)
-    except PackratError as exc:
-        refuse(str(exc))
-        return 2
-    (args.out.parent / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    return 0
+    help_input = "input override, e.g. int64:128 for a free sequence axis"
+    return converter_main(argv, "workers.models.onnx_files", __doc__ or "", prepare, "the ONNX file", help_input)
 
 
 if __name__ == "__main__":
