@@ -1,4 +1,4 @@
-"""Issue 27's attacks on the control parser, reload, signals and bad inputs (items 1, 3, 7, 8): more scenarios of
+"""Issue 27's attacks on the control parser, reload, signals and bad inputs (items 1, 3, 7, 8, 12): more scenarios of
 bench/faults.py's `--attack NAME`, reported as bench/attacks.py's are (requests, answered, lost, the innocent
 client's longest stall, peak RSS, and `checks`: each true when the daemon held)."""
 
@@ -19,7 +19,7 @@ import numpy as np
 import zmq
 from attacks import Daemon, Innocent
 
-from packrat_daemon.wire.client import AsyncClient
+from packrat_daemon.wire.client import AsyncClient, Client
 
 SLOW = ["--model", "tests.model_factories:slow_mlp", "--policy", "fixed", "--plan", "1x8", "--max-batch", "8"]
 
@@ -121,9 +121,38 @@ def signals(folder: Path) -> dict[str, Any]:
     return result
 
 
+# -- item 12: a status flood on one connection ------------------------------------------------------------------------
+def status_flood(folder: Path, seconds: float = 8.0) -> dict[str, Any]:
+    daemon = Daemon("status", folder, ["--model", "builtin:tiny-mlp", "--policy", "fixed", "--plan", "1x4",
+                                       "--max-batch", "4"])  # fmt: skip
+    daemon.wait()
+    quiet = Innocent(daemon)
+    time.sleep(seconds)
+    baseline = quiet.finish()
+    innocent, flooded, stop = Innocent(daemon), [0], threading.Event()
+
+    def flood() -> None:
+        with Client(daemon.endpoint, timeout=5.0) as client:
+            while not stop.is_set():
+                client.status()
+                flooded[0] += 1
+
+    thread = threading.Thread(target=flood, daemon=True)
+    thread.start()
+    time.sleep(seconds)
+    stop.set()
+    result = {**innocent.finish(), "status_replies": flooded[0], "innocent_without_flood": baseline["requests_sent"]}
+    thread.join(10)
+    daemon.close()
+    kept = result["requests_sent"] / max(1, baseline["requests_sent"])
+    result["checks"] = {"none_lost": result["lost"] == 0, "kept_half_the_throughput": kept >= 0.5}
+    return result
+
+
 SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "control_nesting": control_nesting,
     "shrink_reload": shrink_reload,
     "poisoned_inputs": poisoned_inputs,
     "signals": signals,
+    "status_flood": status_flood,
 }
