@@ -171,6 +171,14 @@ class Dispatcher:
                 request.answered = True
             left = [r.deadline for r in batch.requests if not r.answered and r.deadline is not None]
             batch.deadline = min(left, default=math.inf)
+            if all(r.answered for r in batch.requests):
+                # Every request of it answered TIMEOUT: the batch is cancelled, so the next one may start (a model
+                # that hangs on one input stalled every client behind its batch). Its jobs stay in `jobs`: their
+                # workers are busy until they answer (the result is then dropped: no batch of theirs is in flight)
+                # or their deadline replaces them, and then the slice is not re-sent (reassign: not of this batch).
+                self.batch = None
+                self.late.clear()
+                batch = None
         self.next_deadline = min(
             [min(job.deadline, job.hedge_at) for job in self.jobs.values()]
             + ([batch.deadline] if batch is not None else []),

@@ -176,6 +176,24 @@ def test_timeout_ms_bounds_a_request_in_flight() -> None:
     np.testing.assert_array_equal(done[0].output, arrays[1] * 2)
 
 
+def test_a_batch_past_every_requests_deadline_is_cancelled_and_its_slices_are_not_sent_again() -> None:
+    # Issue 27, 9: timeout_ms answered the requests of a batch that hung, but the batch stayed in flight.
+    recorder, pool = Recorder(), workers(1, 1)
+    dispatcher = Dispatcher(
+        recorder, Splitter(None, "exact"), job_timeout_s=60, deadline_margin=1.5, deadline_floor_s=0.2
+    )
+    batch, _ = requests(1, 2)
+    batch[0].deadline, batch[1].deadline = 5.0, 6.0
+    dispatcher.dispatch(batch, pool)
+    assert dispatcher.expire(5.5) == [batch[0]] and dispatcher.busy  # one request still waits for it
+    assert dispatcher.expire(6.5) == [batch[1]] and not dispatcher.busy  # none: cancelled, the next may start
+    assert len(dispatcher.jobs) == 2  # its workers stay busy until they answer or are replaced
+    assert answer(dispatcher, pool, recorder.sent[0]) == []  # a late result is dropped
+    sent = len(recorder.sent)
+    assert dispatcher.reassign(pool[1], pool) and len(recorder.sent) == sent  # a hung slice is not re-sent
+    assert dispatcher.jobs == {}
+
+
 def test_abandon_leaves_out_requests_already_answered() -> None:
     recorder, pool = Recorder(), workers(1)
     dispatcher = Dispatcher(
