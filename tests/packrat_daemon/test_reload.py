@@ -153,6 +153,7 @@ def test_a_metrics_port_in_use_keeps_the_old_endpoint_and_the_other_settings_sti
     assert "not applied (metrics keeps its old values): cannot serve metrics" in caplog.text
 
 
+@pytest.mark.slow
 def test_metrics_move_to_another_address_on_the_same_port_and_stop_at_port_0(owners: reload.Owners) -> None:
     port = free_port()
     owners.metrics.serve(port, "127.0.0.1")

@@ -102,11 +102,13 @@ def refused_at_start(tmp_path: Path, *args: str) -> str:
     return done.stderr
 
 
+@pytest.mark.slow
 def test_a_public_bind_without_keys_is_refused_saying_how_to_fix_it(tmp_path: Path) -> None:
     message = refused_at_start(tmp_path, "--endpoint", f"tcp://0.0.0.0:{free_port()}")
     assert "packrat keygen" in message and "--server-key" in message and "--insecure-public" in message
 
 
+@pytest.mark.slow
 def test_a_run_dir_others_may_enter_is_refused(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir(mode=0o755)

@@ -60,6 +60,7 @@ def test_pin_process_pins_every_python_thread() -> None:
     assert set(masks.values()) == {"0"}, masks
 
 
+@pytest.mark.slow
 def test_pin_process_pins_the_openmp_pool_threads() -> None:
     # The case that matters: torch's intra-op pool exists before a reconfiguration re-pins the worker.
     setup = "import torch\ntorch.set_num_threads(2)\ntorch.randn(256, 256) @ torch.randn(256, 256)"

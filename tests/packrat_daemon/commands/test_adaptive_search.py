@@ -66,6 +66,7 @@ def test_cli_replay_is_the_library_search_plus_packrat_solve(tmp_path, capsys):
     assert out["plans"] == solve_plans(result.profile, Topology.synthetic(12), [4, 48], "packrat")
 
 
+@pytest.mark.slow
 def test_cli_replay_noise_is_seeded(tmp_path, capsys):
     path = write_table(tmp_path / "full.csv", full_table(cache_cliff, seed=22))
     argv = ["profile", "--adaptive", "--replay", path, "--batches", "8,100", "--noise", "0.02", "--json"]

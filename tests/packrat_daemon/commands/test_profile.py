@@ -73,6 +73,7 @@ def test_an_ordinary_error_exits_1_not_interrupted(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_too_many_threads_are_refused_before_anything_loads(tmp_path: Path) -> None:
     out = tmp_path / "profile.csv"
     command = [sys.executable, "-m", "packrat_daemon", "profile", "--model", "builtin:tiny-mlp", "--threads", "1,4096"]
@@ -85,6 +86,7 @@ def test_too_many_threads_are_refused_before_anything_loads(tmp_path: Path) -> N
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_cores_outside_the_adaptive_search_are_refused_not_ignored(tmp_path: Path) -> None:
     out = tmp_path / "profile.csv"
     command = [sys.executable, "-m", "packrat_daemon", "profile", "--model", "builtin:tiny-mlp", "--cores", "64"]

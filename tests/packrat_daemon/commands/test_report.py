@@ -43,6 +43,7 @@ def assert_png(path: Path) -> None:
     assert height > 200 and width > 300
 
 
+@pytest.mark.slow
 def test_report_writes_every_plot_as_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     profile, sweep = profile_csv(tmp_path / "profile.csv"), sweep_json(tmp_path / "sweep.json")
     out = tmp_path / "report"

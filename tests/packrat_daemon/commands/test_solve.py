@@ -217,6 +217,7 @@ def test_solve_process_never_imports_torch(profile_path: Path) -> None:
     assert [plan["batch"] for plan in json.loads(done.stdout)["plans"]] == [1, 8]
 
 
+@pytest.mark.slow
 def test_solve_process_answers_batch_1024_on_64_cores(tmp_path: Path) -> None:
     # Without overhead one 1-thread instance does the most work per core (1 + 9/t per input is
     # cheapest per core at t = 1), so the exact optimum is 64 instances of 1 thread × 16 inputs:

@@ -51,6 +51,7 @@ def run(client: Any, spec: LoadSpec, info: dict[str, Any] = INFO) -> Any:
     return asyncio.run(go())
 
 
+@pytest.mark.slow
 def test_open_loop_sends_on_schedule_whatever_the_replies():
     client = StandInClient(service_s=0.05)  # slower than the gaps: an open loop does not wait
     spec = LoadSpec(mix=BatchMix.parse("1:0.5,4:0.5"), process=Poisson(200.0), duration_s=1.5, seed=3)

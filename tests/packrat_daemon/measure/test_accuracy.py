@@ -90,6 +90,7 @@ def factories_importable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", daemon_env()["PYTHONPATH"])
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("factories_importable")
 def test_the_guard_refuses_a_model_that_loses_its_output_in_bf16() -> None:
     result = accuracy.check(LOSSY, InputSpec("float32", (16,)), "torch", "bf16")
@@ -99,6 +100,7 @@ def test_the_guard_refuses_a_model_that_loses_its_output_in_bf16() -> None:
     assert "--precision fp32" in message and "max relative error" in message
 
 
+@pytest.mark.slow
 @NEEDS_BF16_UNITS
 def test_the_guard_passes_a_small_cnn_in_bf16_on_both_runtimes() -> None:
     pytest.importorskip("openvino")

@@ -102,6 +102,7 @@ def test_root_outside_systemd_is_warned(monkeypatch: pytest.MonkeyPatch, caplog:
     assert not caplog.records
 
 
+@pytest.mark.slow
 def test_a_worker_that_cannot_reach_the_daemon_fails_its_boot(tmp_path: Path) -> None:
     # In a child process: booting a worker pins it and changes its signal handlers.
     script = textwrap.dedent(

@@ -83,6 +83,7 @@ def test_metrics_count_requests_batches_errors_and_describe_the_plan(tmp_path: P
     assert metrics[("packrat_worker_hop_seconds_sum", ())] > 0
 
 
+@pytest.mark.slow
 def test_metrics_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

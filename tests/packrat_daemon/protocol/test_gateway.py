@@ -78,6 +78,7 @@ def test_a_tls_gateway_is_live_and_not_ready_without_a_daemon(tmp_path: Path) ->
     assert process.returncode == 0, process.stdout.read().decode() if process.stdout else ""
 
 
+@pytest.mark.slow
 def test_the_gateway_never_imports_torch() -> None:
     """The gateway process starts in a second and holds no model: `packrat oip` and its modules are torch-free."""
     code = (
@@ -151,6 +152,7 @@ def test_a_daemon_that_dies_fails_the_requests_in_flight_at_once(tmp_path: Path)
             stop_process(gateway, 15)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", ["--http-port", "--grpc-port"])
 def test_a_port_in_use_is_refused_with_a_message(tmp_path: Path, flag: str) -> None:
     import socket

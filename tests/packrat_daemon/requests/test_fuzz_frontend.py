@@ -58,6 +58,7 @@ def test_generated_messages_leave_the_daemon_up_correct_and_within_its_memory_bo
     np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_generator_reaches_every_kind_of_message() -> None:
     # Without a daemon: the strategies themselves draw good, mutated, REQ-style and many-frame messages.
     from hypothesis import given, settings

@@ -48,6 +48,7 @@ def test_one_client_at_a_time_sees_the_plans_predicted_latency(policy: str, batc
     assert result["simulated"] is True
 
 
+@pytest.mark.slow
 def test_the_same_seed_gives_the_same_result_and_another_seed_another():
     traffic = Traffic(BatchMix.parse("1:0.5,8:0.3,32:0.2"), process=Poisson(150.0), duration_s=60.0, seed=3)
     first, again = simulate(traffic), simulate(traffic)

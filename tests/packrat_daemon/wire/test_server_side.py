@@ -419,6 +419,7 @@ def messages(draw: st.DrawFn) -> tuple[bytes, bytes, int]:
     return raw, payload, limit
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(messages())
 def test_the_fast_path_agrees_with_the_full_parser_on_generated_messages(message: tuple[bytes, bytes, int]) -> None:

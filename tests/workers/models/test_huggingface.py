@@ -44,6 +44,7 @@ def transformers_logits(folder: Path, ids: np.ndarray) -> np.ndarray:
         return model(input_ids=torch.from_numpy(ids)).logits.numpy()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prefix", ["hf:", ""])
 def test_a_folder_serves_what_transformers_computes_on_its_input_ids(bert_folder: Path, prefix: str) -> None:
     loaded = load_model(f"{prefix}{bert_folder}")

@@ -117,6 +117,7 @@ def test_scripted_torchscript_file_loads_from_a_ts_path(tmp_path: Path) -> None:
 
 
 # -- torch.export files --------------------------------------------------------------------------
+@pytest.mark.slow
 def test_exported_program_loads_with_its_inferred_input(tmp_path: Path) -> None:
     torch.manual_seed(2)
     module = TinyMLP().eval()
