@@ -108,6 +108,12 @@ class Sut:
             self._send(0)
 
 
+def _shown(path: Path) -> str:
+    """`path` relative to the repository when it lies inside it."""
+    path = path.resolve()
+    return str(path.relative_to(HERE.parent.parent)) if path.is_relative_to(HERE.parent.parent) else str(path)
+
+
 def read_summary(folder: Path) -> dict[str, str]:
     fields: dict[str, str] = {}
     for line in (folder / "mlperf_log_summary.txt").read_text(errors="replace").splitlines():
@@ -146,6 +152,7 @@ def run_test(
     log_settings = lg.LogSettings()
     log_settings.log_output = output
     log_settings.log_mode = lg.LoggingMode.AsyncPoll
+    log_settings.enable_trace = False  # the trace is megabytes a test; the summary and the detail log are kept
     sut.errors = {}
     handle = lg.ConstructSUT(sut.issue, lambda: None)
     qsl = lg.ConstructQSL(SAMPLES, SAMPLES, lambda indices: None, lambda indices: None)
@@ -157,7 +164,7 @@ def run_test(
     fields = read_summary(folder)
     entry: dict[str, Any] = {
         "scenario": scenario,
-        "summary": str(folder / "mlperf_log_summary.txt"),
+        "summary": _shown(folder / "mlperf_log_summary.txt"),
         "loadgen_result": fields.get("Result is"),
         "p50_ms": _ms(fields, "50.00 percentile latency (ns)"),
         "p90_ms": _ms(fields, "90.00 percentile latency (ns)", "90th percentile latency (ns)"),

@@ -52,17 +52,22 @@ def parse_args() -> argparse.Namespace:
         "at that batch size in this run (default 0.3,0.6,0.9)",
     )
     parser.add_argument("--rates", help="fixed Poisson rates (requests/s) instead, the same for every batch size")
-    parser.add_argument("--duration", type=float, default=6.0, help="seconds per point per configuration (default 6)")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per point per configuration (default 5)")
     parser.add_argument("--warmup", type=float, default=1.0, help="uncounted seconds before each point (default 1)")
     parser.add_argument("--rounds", type=int, default=1, help="rounds over every point; medians across (default 1)")
-    parser.add_argument("--search-duration", type=float, default=4.0, help="seconds per probe in the peers' searches")
+    parser.add_argument(
+        "--search-duration", type=float, default=3.0, help="seconds per probe in the peers' searches (default 3)"
+    )
+    parser.add_argument(
+        "--probe-concurrency", default="1,4", help="closed-loop concurrencies the searches probe, at each batch size"
+    )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds a request may take (default 60)")
     parser.add_argument("--triton-max-batch", default="8,16", help="max_batch_size values Triton's search tries")
     parser.add_argument("--triton-queue-delay-us", type=int, default=2000, help="dynamic batcher delay in the search")
     parser.add_argument("--torchserve-batch", default="1,4", help="TorchServe batch_size values its sweep tries")
     parser.add_argument("--torchserve-batch-delay-ms", type=int, default=5, help="max_batch_delay in the sweep")
     parser.add_argument("--loadgen", action=argparse.BooleanOptionalAction, default=True, help="run MLPerf LoadGen")
-    parser.add_argument("--loadgen-duration", type=float, default=20.0, help="seconds per LoadGen test (default 20)")
+    parser.add_argument("--loadgen-duration", type=float, default=15.0, help="seconds per LoadGen test (default 15)")
     parser.add_argument("--bound-ms", type=float, default=None, help="Server scenario's p99 bound (default per model)")
     parser.add_argument(
         "--loadgen-out", help="folder for LoadGen's summaries (default bench/results/peers-loadgen-MODEL)"
@@ -140,7 +145,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     run_began = time.monotonic()
     concurrencies, batches = ints(args.concurrency), ints(args.batches)
-    probes = [(concurrency, batch) for batch in batches for concurrency in (min(concurrencies), max(concurrencies))]
+    probes = [(concurrency, batch) for batch in batches for concurrency in ints(args.probe_concurrency)]
     result: dict[str, Any] = {
         "bench": "peers",
         "note": args.note,
