@@ -18,6 +18,7 @@ import asyncio
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -129,6 +130,8 @@ def pick_best(scored: dict[str, dict[str, Any]]) -> str:
 
 def main() -> int:
     args = parse_args()
+    # SIGTERM ends the run like Ctrl-C: the servers started so far are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     peers = [peer for peer in args.peers.split(",") if peer]
     cores = len(os.sched_getaffinity(0))
     model = MODELS[args.model]
