@@ -129,9 +129,21 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_compact(result: dict[str, Any]) -> str:
+    """p99 only, one column per configuration (bench/README.md's table)."""
+    table = result["summary"]["table"]
+    names = [name for name in NAMES if name in table[0]]
+    lines = ["| p99 ms | " + " | ".join(NAMES[name] for name in names) + " |", "|---" * (len(names) + 1) + "|"]
+    for row in table:
+        lines.append(f"| {point_label(row)} | " + " | ".join(fmt(row[name]["p99"]) for name in names) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
-    for path in sys.argv[1:]:
-        print(render(json.loads(Path(path).read_text())))
+    compact = "--compact" in sys.argv[1:]
+    for path in (arg for arg in sys.argv[1:] if arg != "--compact"):
+        result = json.loads(Path(path).read_text())
+        print(render_compact(result) if compact else render(result))
         print()
     return 0
 
