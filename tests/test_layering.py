@@ -117,6 +117,7 @@ def test_the_check_catches_a_module_that_crosses_a_layer(tmp_path: Path) -> None
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", TORCH_FREE)
 def test_module_imports_without_torch(module: str) -> None:
     code = f"import sys, {module}; sys.exit('torch' in sys.modules)"

@@ -5,10 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from packrat_daemon.cli import BROKEN_PIPE_EXIT
 from tests.helpers.daemons import REPO, daemon_env
 
 
+@pytest.mark.slow
 def test_a_reader_that_stops_early_gets_no_traceback() -> None:
     # `packrat status | head`: the reader closes the pipe before the command has written; every command prints
     # through the same main, so `solve` (which needs no daemon) stands for them all.

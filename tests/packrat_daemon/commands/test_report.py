@@ -73,6 +73,7 @@ def test_cores_beyond_the_profile_s_threads_are_refused_before_an_empty_chart(
     assert "give --cores 4 or fewer" in error and not list(out.glob("*.png"))
 
 
+@pytest.mark.slow
 def test_batch_sizes_without_a_speed_up_are_named_and_the_rest_drawn(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

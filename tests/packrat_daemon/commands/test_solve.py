@@ -211,6 +211,7 @@ def run_process(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_solve_process_never_imports_torch(profile_path: Path) -> None:
     done = run_process("solve", "--profile", str(profile_path), "--cores", "4", "--batch", "1,8", "--json")
     assert done.returncode == 0, done.stderr

@@ -160,6 +160,7 @@ def _delivered(
         client.close()
 
 
+@pytest.mark.slow
 def test_zap_lets_in_listed_keys_only(keys: Path, curve_server: tuple[zmq.Context, zmq.Socket, str]) -> None:
     context, server, endpoint = curve_server
     server_key = keys / "server.key"

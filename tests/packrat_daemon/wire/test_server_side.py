@@ -427,6 +427,7 @@ def test_the_fast_path_agrees_with_the_full_parser_on_generated_messages(message
     event("the fast path took it" if quick is not None else "the full parser took it")
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(st.sampled_from(list(FIELDS)), ODD), st.booleans())
 def test_info_and_odd_messages_get_a_reply_that_encodes(fields: dict[str, Any], req: bool) -> None:

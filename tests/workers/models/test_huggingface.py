@@ -59,6 +59,7 @@ def test_a_folder_serves_what_transformers_computes_on_its_input_ids(bert_folder
     assert "token_type_ids (zeros: one segment)" in note and "several inputs are not served yet" in note
 
 
+@pytest.mark.slow
 def test_a_longer_sequence_keeps_the_token_ids_below_the_vocabulary(bert_folder: Path) -> None:
     assert load_model(str(bert_folder), "int64:16").input == InputSpec("int64", (16,), high=VOCAB)
 

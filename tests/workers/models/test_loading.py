@@ -131,6 +131,7 @@ def test_exported_program_loads_with_its_inferred_input(tmp_path: Path) -> None:
     assert torch.allclose(loaded.module(x), module(x))
 
 
+@pytest.mark.slow
 def test_fixed_batch_export_is_refused_with_the_dynamic_shapes_fix(tmp_path: Path) -> None:
     # torch.export's defaults fix the batch size: this is the file a user gets without dynamic_shapes.
     program = torch.export.export(TinyMLP().eval(), (torch.randn(2, 16),))

@@ -150,6 +150,7 @@ def test_the_emulated_runtime_needs_the_daemons_numbers_and_is_no_auto_candidate
         runtime.load("builtin:tiny-mlp")
 
 
+@pytest.mark.slow
 def test_the_template_and_the_emulated_workers_import_no_torch() -> None:
     code = "import sys, workers.template, workers.runtimes.emulated; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO, check=False).returncode == 0
