@@ -234,6 +234,7 @@ def main() -> int:
         result["packrat_plan_before_measuring"] = packrat.plan_now()
         log(f"pass A: {', '.join(targets)} taking turns")
         points = run_points(args, targets, concurrencies, batches)
+        checkpoint(args, result, points=points, summary=summarize(points, list(targets)))
         best_peer = summarize(points, list(targets))["best_peer"]
         if args.loadgen and best_peer is not None:
             loadgen_dir = Path(args.loadgen_out or REPO / "bench" / "results" / f"peers-loadgen-{args.model}")
@@ -252,6 +253,7 @@ def main() -> int:
             result["configured"]["torchserve_default"] = ts_default.describe(args.model)
             second = {"packrat_oip_b": targets["packrat_oip"], "torchserve_default": ts_default.target(args.model)}
             log(f"pass B: {', '.join(second)} taking turns")
+            checkpoint(args, result, points=points)
             run_points(args, second, concurrencies, batches, template=points)
             names += list(second)
         result["packrat_plan_after_measuring"] = packrat.plan_now()
@@ -267,6 +269,12 @@ def main() -> int:
     if args.out:
         Path(args.out).write_text(text + "\n")
     return 0
+
+
+def checkpoint(args: argparse.Namespace, result: dict[str, Any], **parts: Any) -> None:
+    """What is measured so far to --out, marked partial, so that a run stopped later keeps it."""
+    if args.out:
+        Path(args.out).write_text(dump({**result, **parts, "partial": True}) + "\n")
 
 
 def run_points(
