@@ -164,7 +164,9 @@ async def _warm_up(plane: DataPlane, stop: asyncio.Event) -> None:
 
 def _bound(address: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not left 0: asyncio sets TCP_NODELAY only on accepted sockets whose proto says TCP, and
+    # without it a reply written as headers then body waits for the client's delayed ACK (tens of ms a request).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart rebinds at once after the last one
     try:
         sock.bind((address, port))

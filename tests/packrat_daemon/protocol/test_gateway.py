@@ -165,3 +165,31 @@ def test_a_port_in_use_is_refused_with_a_message(tmp_path: Path, flag: str) -> N
         done = subprocess.run([*command, flag, str(port)], env=daemon_env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert f"127.0.0.1:{port}" in done.stderr and "is the port in use?" in done.stderr
+
+
+def test_rest_connections_are_accepted_with_nagle_off() -> None:
+    """The REST socket is bound by the gateway, not uvicorn; asyncio turns Nagle off on the connections it
+    accepts only when the listening socket says TCP, else each reply waits for the client's delayed ACK."""
+    import asyncio
+    import socket
+
+    from packrat_daemon.protocol.gateway import _bound
+
+    async def accept_one() -> int:
+        seen: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            seen.set_result(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        listening = _bound("127.0.0.1", 0)
+        server = await asyncio.start_server(handler, sock=listening)
+        port = listening.getsockname()[1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        nodelay = await asyncio.wait_for(seen, 5)
+        writer.close()
+        server.close()
+        await server.wait_closed()
+        return nodelay
+
+    assert asyncio.run(accept_one()) != 0
