@@ -90,8 +90,8 @@ def stop_seconds(stop_at: str | None) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=60.0, help="minutes of traffic")
-    parser.add_argument("--rate", type=float, default=2.0, help="requests per second (Poisson)")
-    parser.add_argument("--batches", default="1:0.5,4:0.3,16:0.2", help="request sizes: size:weight,...")
+    parser.add_argument("--rate", type=float, default=1.5, help="requests per second (Poisson)")
+    parser.add_argument("--batches", default="1:0.6,4:0.3,16:0.1", help="request sizes: size:weight,...")
     parser.add_argument("--sample-s", type=float, default=30.0, help="seconds between RSS samples")
     parser.add_argument("--settle-minutes", type=float, default=10.0, help="minutes left out of the fit")
     parser.add_argument("--stop-at", default=None, help="HH:MM UTC: end the traffic by then at the latest")
