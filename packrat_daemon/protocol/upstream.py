@@ -19,6 +19,7 @@ from zmq.utils.monitor import recv_monitor_message
 from packrat_daemon.wire.client_side import decode_reply, encode_infer_request, encode_info_request
 from packrat_daemon.wire.codec import ProtocolError
 from packrat_daemon.wire.curve import ClientKeys
+from packrat_daemon.wire.endpoints import allow_ipv6
 from packrat_daemon.wire.zmqio import ZERO_COPY_MIN_BYTES
 
 log = logging.getLogger("packrat.oip")
@@ -58,6 +59,7 @@ class Upstream:
         self._socket.setsockopt(zmq.RCVHWM, 10_000)
         self._monitor = self._socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
         self.connected = False
+        allow_ipv6(self._socket, endpoint)  # a daemon on tcp://[::1]:P, which ZeroMQ refuses without ZMQ_IPV6
         self._socket.connect(endpoint)
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Reply]] = {}
