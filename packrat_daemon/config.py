@@ -30,8 +30,10 @@ from packrat_daemon.settings import (
     SWITCH,
     TEXT,
     WAIT,
+    Kind,
     Setting,
     choice,
+    exactly,
     integer,
     markdown,
     number,
@@ -40,6 +42,7 @@ from packrat_daemon.settings import (
     sectioned,
 )
 from policies.packrat import MIN_SPLIT_GAIN
+from policies.planning.kernel_files import parse_cpulist
 from workers.models.spec import PRECISION_CHOICES
 
 # fp32 by default, decided by bench/precision.py (bench/README.md, docs/precision.md): with the default runtime
@@ -51,6 +54,16 @@ DEFAULT_PRECISION = "fp32"
 # The tuner re-plans only for a predicted gain this large: hysteresis, so that noise in the live
 # batch sizes does not make the pool flap between two plans of nearly the same latency.
 MIN_ADAPT_GAIN = 0.05
+
+
+def _cpulist(text: str) -> str:
+    """A non-empty cpulist, kept as written (start-up checks it against the machine's usable CPUs)."""
+    if not parse_cpulist(text):
+        raise ValueError(text)
+    return text
+
+
+CPULIST = Kind("a CPU list like 0-7 or 0,2,4", str | None, _cpulist, lambda value: _cpulist(exactly(str)(value)))
 
 SETTINGS: tuple[Setting, ...] = sectioned(
     "Model",
@@ -196,6 +209,15 @@ SETTINGS: tuple[Setting, ...] = sectioned(
     "Planning",
     Setting("policy", TEXT, "packrat", "packrat, single, torchserve, fixed, or an installed plug-in", reload="live"),
     Setting("plan", OPTIONAL_TEXT, None, "the plan for policy fixed, e.g. 2*1x8", unset="none", reload="live"),
+    Setting(
+        "cpus",
+        CPULIST,
+        None,
+        "plan and pin on these CPUs only (a cpulist like 0-7 or 0,2,4): this model's share of a machine that "
+        "serves others too; `packrat coordinate` moves it while serving (docs/colocation.md)",
+        unset="every usable CPU",
+        reload="restart",
+    ),
     Setting(
         "profile",
         OPTIONAL_TEXT,

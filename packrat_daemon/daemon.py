@@ -12,23 +12,26 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from packrat_daemon import reload
 from packrat_daemon.config import ServeConfig
-from packrat_daemon.control.server import Control, Planning, control_endpoint
+from packrat_daemon.control.server import Control, Planning, Share, control_endpoint
 from packrat_daemon.control.status import Snapshot, live_status
+from packrat_daemon.fleet.pool import WorkerState
 from packrat_daemon.loop import LoopCore
+from packrat_daemon.measure import emulation
 from packrat_daemon.ops.metrics import Metrics
 from packrat_daemon.ops.notify import READY, STOPPING, Watchdog, reloading, sd_notify
 from packrat_daemon.signals import SignalQueue
-from packrat_daemon.startup import Started, replan, start_up
-from packrat_daemon.wire.errors import PackratError
+from packrat_daemon.startup import Started, distribution_for, replan, start_up
+from packrat_daemon.wire.errors import PackratError, PolicyError
 from packrat_daemon.wiring import assemble, splitter_for
 from policies.base import Plan, Policy
+from policies.planning.cores import CoreAllocator
 
 if TYPE_CHECKING:
     from packrat_daemon.fleet.reconciler import Reconfiguration
@@ -54,6 +57,11 @@ class Daemon:
         self.config = config
         self.reload_config = reload_config  # SIGHUP re-reads the configuration through this
         self.topology, self.metrics, self.signals = started.topology, metrics, signals
+        # The whole machine, which a share (--cpus, `packrat coordinate`'s assign) is a part of.
+        self.machine = emulation.topology(config) if config.cpus else started.topology
+        self.share = Share.initial(self.topology, "--cpus" if config.cpus else "every usable CPU")
+        self.moves = 0
+        metrics.share_assigned(self.topology.usable_cores, moved=False)
         self.policy, self.profiles = started.policy, started.profiles
         self.backend, self.info = started.served.backend, started.served.info
         self.profile, self.plan = started.served.profile, started.served.plan
@@ -172,6 +180,68 @@ class Daemon:
     def reconfiguration(self, generation: int) -> Reconfiguration | None:
         return next((record for record in self.reconciler.history if record.generation == generation), None)
 
+    # -- the share of the machine (`packrat coordinate`, docs/colocation.md) -------------------------
+    def assign(self, cpus: Sequence[int], plan: Plan | None, reason: str, gain: float | None = None) -> int | None:
+        """Serve on `cpus` only from now on, with `plan`, else the policy's plan inside them: the allocator and
+        adaptation get the restricted topology and the reconciler switches (no request fails). Returns the
+        generation that will serve it, None when nothing changes. Raises (TopologyError, PolicyError) before
+        anything changed when the CPUs are not this machine's usable ones or the plan does not fit them."""
+        share = self.machine.restricted(cpus)
+        if plan is None:
+            profile = self.adaptation.tuner.profile if self.adaptation.tuner is not None else self.profile
+            distribution = self.adaptation.estimator.distribution(time.monotonic()) or distribution_for(self.config)
+            plan = self.policy.plan(profile, share, distribution)
+        why = plan.misfit(share, self.config.max_batch)
+        if why is not None:
+            raise PolicyError(
+                f"the plan {plan.describe()} does not fit the {share.usable_cores} core(s) assigned: {why}; "
+                "assign more CPUs or a plan of fewer threads (leave the plan out to have this daemon's policy plan)"
+            )
+        moved = share.cpu_ids != self.topology.cpu_ids
+        if not moved and plan == self.plan:
+            return None
+        self.topology = share
+        self.reconciler.allocator = CoreAllocator(share)
+        self.adaptation.restrict(share, time.monotonic())
+        generation = self.switch(plan, f"assign: {reason}")
+        if moved:
+            self.moves += 1
+            self.metrics.share_assigned(share.usable_cores, moved=True)
+            self.share = Share.assigned(share, reason, generation, gain, self.share)
+            log.info("share: %s (%s); plan %s", self.share.describe(), reason, plan.describe())
+        return generation
+
+    def vacated(self) -> bool:
+        """No worker of this daemon, serving, parked, switching or still stopping, holds a CPU outside its share:
+        the cores given away are free for the model they go to."""
+        share = set(self.topology.cpu_ids)
+        return all(
+            set(w.cores) <= share and (w.pending is None or set(w.pending[1]) <= share)
+            for w in self.reconciler.pool.workers.values()
+            if w.state is not WorkerState.DEAD
+        )
+
+    def demand(self) -> dict[str, Any]:
+        """What a coordinator plans this model from: its profile, the live batch sizes and their rate, its share."""
+        now = time.monotonic()
+        estimator = self.adaptation.estimator
+        profile = self.adaptation.tuner.profile if self.adaptation.tuner is not None else self.profile
+        distribution = estimator.distribution(now)
+        batches_per_s, inputs_per_s = estimator.rates(now)
+        return {
+            "model": self.config.model,
+            "runtime": self.info.runtime,
+            "profile": None if profile is None else profile.to_csv(),
+            "batch_sizes": [] if distribution is None else [[b, w] for b, w in distribution.weights],
+            "batches_per_s": batches_per_s,
+            "inputs_per_s": inputs_per_s,
+            "max_batch": self.config.max_batch,
+            "policy": self.policy.name,
+            "plan": self.plan.to_json(),
+            "share": self.share.to_json(),
+            "machine_cpus": list(self.machine.cpu_ids),
+        }
+
     def status(self) -> dict[str, Any]:
         """The `status` reply (control.status), read now; never on the request path."""
         now = time.monotonic()
@@ -187,6 +257,8 @@ class Daemon:
             half_life_s=estimator.half_life_s, queued_requests=len(batcher.queue), queued_inputs=batcher.queued_inputs,
             max_queued_inputs=batcher.max_queued_inputs, batch_in_flight=self.dispatcher.busy,
             accepting=self.frontend.accepting, profile=self.state.provenance(self, now),
+            runtime_choice=self.state.choice_status(),
+            share=self.share.to_json(moves=self.moves),
         )  # fmt: skip
         return live_status(snapshot)
 

@@ -100,7 +100,7 @@ def start_up(
         metrics.serve(config.metrics_port, config.metrics_address)
         log.info("metrics on http://%s:%d/metrics", config.metrics_address, config.metrics_port)
     emulating = emulation.check(config)  # the emulate settings only with --runtime emulated, which needs a profile
-    topology = topology or emulation.topology(config)
+    topology = (topology or emulation.topology(config)).share(config.cpus)  # --cpus: this model's share
     log.info("machine: %s", topology.describe())
     if emulating:
         log.warning("%s", emulation.describe(config, topology.usable_cores)["note"])

@@ -43,6 +43,14 @@ class OnlineAdaptation:
         else:
             self.tuner = None
 
+    def restrict(self, topology: Topology, now: float) -> None:
+        """Plan inside this share of the machine from now on (`packrat coordinate` moved its cores); the plan
+        it was given stands for a cool-down, as a plan the tuner chose would."""
+        self.topology = topology
+        if self.tuner is not None:
+            self.tuner.topology = topology
+            self.tuner.last_switch = now
+
     def planning_profile(self, offline: Profile | None) -> Profile | None:
         """The profile plans are divided by: the tuner's (production's timings folded in) once there is one."""
         self.splitting = self.tuner.profile if self.tuner is not None else offline

@@ -9,11 +9,17 @@ has no CURVE keys of its own). One request is one JSON frame, one reply is one J
     {"op": "reconfigure", "plan": "2*1x1"}   a fixed plan (the fixed policy's syntax)
     {"op": "reconfigure", "policy": "single"} a policy from the registry, planned on the live batch sizes
     {"op": "reconfigure", "auto": true}       back to the configured policy, adaptation on again
+    {"op": "assign", "cpus": [0, 1, 2, 3], "plan": {...}, "reason": "...", "gain": 0.2}
+                                              serve on these CPUs only (`packrat coordinate`); the plan
+                                              (Plan.to_json) is optional: else the policy plans inside them
+    {"op": "demand"}                          what a coordinator plans this model from (Daemon.demand)
 
 The handler only checks and queues; `tick`, called from the daemon's loop, builds the plan and hands it
 to the daemon's switch (the reconciler alone changes the pool), and answers once the new pool serves
-(or at once when nothing changes or the request fails), with the measured reconfiguration. What it may
-read and change of the running daemon is the `Switchboard`; `daemon.Daemon` is one.
+(or at once when nothing changes or the request fails), with the measured reconfiguration. An `assign` is
+answered once, besides, no worker is left on a CPU it gave away (shrink before grow: the coordinator grows the
+other model only then). What it may read and change of the running daemon is the `Switchboard`;
+`daemon.Daemon` is one.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -33,7 +41,8 @@ from packrat_daemon.startup import distribution_for, policy_for
 from packrat_daemon.wire import errors
 from packrat_daemon.wire.endpoints import allow_ipv6
 from packrat_daemon.wire.errors import ConfigError, PackratError, PolicyError
-from policies.base import Plan, Policy, PolicySettings
+from policies.base import InstancePlan, Plan, Policy, PolicySettings
+from policies.planning.topology import Topology, format_cpulist
 from policies.registry import policy_from_settings
 
 if TYPE_CHECKING:
@@ -41,13 +50,15 @@ if TYPE_CHECKING:
     from packrat_daemon.fleet.reconciler import Reconfiguration
     from policies.planning.distribution import BatchDistribution
     from policies.planning.profile import Profile
-    from policies.planning.topology import Topology
 
 log = logging.getLogger("packrat.control")
 
 CONTROL_FILE = "control.ipc"
-MAX_REQUEST_BYTES = 4096  # a request is a few fields; anything bigger is not one
-MAX_BRACKETS = 8  # `[` and `{` in one request: it is one flat object, nesting is refused before parsing
+# A request is a few fields, an assign's CPU list and plan (Plan.to_json of up to MAX_LAYOUTS layouts) included;
+# anything bigger is not one.
+MAX_REQUEST_BYTES = 16384
+MAX_DEPTH = 8  # nesting of `[` and `{`: a plan is 5 deep; deeper is refused before parsing
+OPS = ("reconfigure", "assign", "demand")
 MAX_QUEUED = 16  # requests waiting for the loop; more are refused (a client in a loop, not an operator)
 
 
@@ -107,12 +118,73 @@ class Switchboard(Protocol):
         """The record of the change to `generation`, while the history keeps it."""
         ...
 
+    def assign(self, cpus: Sequence[int], plan: Plan | None, reason: str, gain: float | None = None) -> int | None:
+        """Serve on `cpus` only (with `plan`, else the policy's plan inside them); the generation that will
+        serve it, None when nothing changes. Raises before anything changed when it cannot be done."""
+        ...
+
+    def vacated(self) -> bool:
+        """No worker is left (serving, parked or stopping) on a CPU outside the share."""
+        ...
+
+    def demand(self) -> dict[str, Any]:
+        """The profile, live batch sizes, arrival rate and share a coordinator plans this model from."""
+        ...
+
+
+@dataclass(frozen=True)
+class Share:
+    """This model's share of the machine: the CPUs it plans and pins on, who gave them, and the move that did."""
+
+    cpus: tuple[int, ...]
+    cores: int  # usable cores among them (physical cores, capped by the cgroup quota)
+    by: str  # who assigned it: "--cpus", "every usable CPU", or the coordinator's reason
+    wall: float  # time.time() of the assignment
+    generation: int | None = None  # the plan generation that serves it (None: the start's)
+    predicted_gain: float | None = None  # the coordinator's predicted gain of the move, if it said
+    previous: tuple[int, ...] | None = None  # the CPUs before this move (None: the initial share)
+
+    @classmethod
+    def initial(cls, topology: Topology, by: str) -> Share:
+        return cls(topology.cpu_ids, topology.usable_cores, by, time.time())
+
+    @classmethod
+    def assigned(cls, topology: Topology, reason: str, generation: int, gain: float | None, before: Share) -> Share:
+        return cls(topology.cpu_ids, topology.usable_cores, reason, time.time(), generation, gain, before.cpus)
+
+    def describe(self) -> str:
+        return f"CPUs {format_cpulist(self.cpus)} ({self.cores} core{'s' if self.cores != 1 else ''})"
+
+    def to_json(self, moves: int | None = None) -> dict[str, Any]:
+        last = None
+        if self.previous is not None:
+            last = {
+                "from": format_cpulist(self.previous),
+                "to": format_cpulist(self.cpus),
+                "time": self.wall,
+                "generation": self.generation,
+                "predicted_gain": self.predicted_gain,
+                "reason": self.by,
+            }
+        reply: dict[str, Any] = {
+            "cpus": format_cpulist(self.cpus),
+            "cpu_ids": list(self.cpus),
+            "cores": self.cores,
+            "assigned_by": self.by,
+            "since": self.wall,
+            "last_move": last,
+        }
+        if moves is not None:
+            reply["moves"] = moves
+        return reply
+
 
 @dataclass
 class Pending:
     identity: bytes
     request: dict[str, Any]
     what: str  # the request in words, for the log, the reply and the plan history
+    vacate: bool = False  # an assign: answered once no worker is left outside the new share too
 
 
 class Control:
@@ -160,6 +232,9 @@ class Control:
         for generation in list(self.waiting):
             record = self.board.reconfiguration(generation)
             if record is None or record.done:
+                vacating = record is not None and not record.superseded and not self.board.vacated()
+                if vacating and any(pending.vacate for pending in self.waiting[generation]):
+                    continue  # an assign: the workers that left the cores given away are still stopping
                 for pending in self.waiting.pop(generation):
                     self._reply(pending.identity, self._finished(pending, record))
 
@@ -172,6 +247,12 @@ class Control:
     def _act(self, pending: Pending) -> None:
         board = self.board
         request = pending.request
+        if request["op"] == "demand":
+            self._reply(pending.identity, {"ok": True, "demand": board.demand()})
+            return
+        if request["op"] == "assign":
+            self._assign(pending)
+            return
         try:
             policy = self._policy(request)
             planning = board.planning()
@@ -193,6 +274,23 @@ class Control:
             done = f"already serving {board.plan.describe()}; nothing to change"
             self._reply(pending.identity, {"ok": True, "done": done, "plan": board.plan.to_json()})
 
+    def _assign(self, pending: Pending) -> None:
+        request, board = pending.request, self.board
+        try:
+            plan = _plan_from_request(request["plan"]) if "plan" in request else None
+            generation = board.assign(request["cpus"], plan, request.get("reason", "assign"), request.get("gain"))
+        except PackratError as exc:
+            log.warning("control: %s refused: %s", pending.what, exc)
+            self._reply(pending.identity, _error(exc))
+            return
+        if generation is None:
+            share = board.demand()["share"]
+            done = f"already serving {board.plan.describe()} on CPUs {share['cpus']}; nothing to change"
+            self._reply(pending.identity, {"ok": True, "done": done, "plan": board.plan.to_json(), "share": share})
+            return
+        pending.vacate = True
+        self.waiting.setdefault(generation, []).append(pending)
+
     def _policy(self, request: dict[str, Any]) -> Policy:
         config = self.board.config
         if request.get("auto"):
@@ -210,13 +308,17 @@ class Control:
             return {"ok": True, "done": f"{pending.what}: asked for, but a later plan replaced it before it served",
                     "plan": self.board.plan.to_json()}  # fmt: skip
         seconds = record.seconds(record.serving) or 0.0
-        return {
+        reply = {
             "ok": True,
             "done": f"switched from {record.old.describe() if record.old else '-'} to {record.new.describe()}; "
             f"the new pool served {seconds * 1000:.0f} ms after the decision",
             "plan": record.new.to_json(),
             "reconfiguration": record.to_json(),
         }
+        if pending.vacate:
+            reply["share"] = self.board.demand()["share"]
+            reply["vacated_s"] = time.monotonic() - record.decided
+        return reply
 
     def _reply(self, identity: bytes, body: dict[str, Any]) -> None:
         try:
@@ -230,14 +332,21 @@ def _parse(body: bytes, frames: int) -> dict[str, Any]:
         raise ControlError(f"a control request is one JSON frame; got {frames - 1}")
     # Bounded before parsing: json's parser recurses once per nesting level, and 4 000 `[` raised RecursionError
     # into the loop. A request is one flat object, so a few brackets are all it can hold (MAXMSGSIZE bounds size).
-    if len(body) > MAX_REQUEST_BYTES or body.count(b"[") + body.count(b"{") > MAX_BRACKETS:
-        raise ControlError(f"a control request is one flat JSON object of at most {MAX_REQUEST_BYTES} bytes")
+    if len(body) > MAX_REQUEST_BYTES or _depth(body) > MAX_DEPTH:
+        raise ControlError(
+            f"a control request is one flat JSON object (an assign's plan nested at most {MAX_DEPTH} deep) of at "
+            f"most {MAX_REQUEST_BYTES} bytes"
+        )
     try:
         request = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ControlError(f"a control request is a JSON object: {exc}") from None
-    if not isinstance(request, dict) or request.get("op") != "reconfigure":
-        raise ControlError('a control request is {"op": "reconfigure", ...}')
+    if not isinstance(request, dict) or request.get("op") not in OPS:
+        raise ControlError('a control request is {"op": "reconfigure", ...}, {"op": "assign", ...} or {"op": "demand"}')
+    if request["op"] == "demand":
+        return request
+    if request["op"] == "assign":
+        return _check_assign(request)
     asked = [key for key in ("plan", "policy", "auto") if key in request]
     if len(asked) != 1:
         raise ControlError("ask for exactly one of: a plan (--plan), a policy (--policy), or automatic (--auto)")
@@ -247,7 +356,69 @@ def _parse(body: bytes, frames: int) -> dict[str, Any]:
     return request
 
 
+def _depth(body: bytes) -> int:
+    """The deepest nesting of `[` and `{` (those inside strings counted too: an upper bound)."""
+    depth = deepest = 0
+    for byte in body:
+        if byte in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in b"]}":
+            depth -= 1
+    return deepest
+
+
+def _check_assign(request: dict[str, Any]) -> dict[str, Any]:
+    cpus = request.get("cpus")
+    if not isinstance(cpus, list) or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cpus):
+        raise ControlError("an assign's 'cpus' is a list of CPU numbers, e.g. [0, 1, 2, 3]")
+    if not cpus:
+        raise ControlError("an assign's 'cpus' is empty: give this model at least one usable CPU")
+    if "plan" in request and not isinstance(request["plan"], dict):
+        raise ControlError(
+            "an assign's 'plan' is a plan as Plan.to_json writes it; leave it out to let the policy plan"
+        )
+    if not isinstance(request.get("reason", ""), str):
+        raise ControlError("an assign's 'reason' is a string")
+    gain = request.get("gain")
+    if gain is not None and (isinstance(gain, bool) or not isinstance(gain, int | float)):
+        raise ControlError("an assign's 'gain' is a number (the predicted gain of the move) or absent")
+    return request
+
+
+def _plan_from_request(data: dict[str, Any]) -> Plan:
+    """An assign's plan (Plan.to_json); PolicyError naming what is wrong with it."""
+
+    def instances(items: object) -> tuple[InstancePlan, ...]:
+        if not isinstance(items, list) or not items:
+            raise ValueError("a layout is a non-empty list of instances")
+        return tuple(InstancePlan(int(i["threads"]), int(i["batch"])) for i in items)
+
+    try:
+        plan = Plan(
+            instances=instances(data["instances"]),
+            policy=str(data.get("policy", "coordinate")),
+            reason=str(data.get("reason", "assigned by the coordinator")),
+            predicted_latency_ms=None
+            if data.get("predicted_latency_ms") is None
+            else float(data["predicted_latency_ms"]),
+            oversubscribed=bool(data.get("oversubscribed", False)),
+            split=str(data.get("split", "exact")),
+            alternatives=tuple(instances(layout) for layout in data.get("alternatives", [])),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PolicyError(f"the assign's plan is not a plan as Plan.to_json writes it ({exc!r}); leave it out "
+                          "to let the daemon's policy plan inside the CPUs") from None  # fmt: skip
+    if plan.split not in ("exact", "even"):
+        raise PolicyError(f"the assign's plan splits {plan.split!r}; a plan splits 'exact' or 'even'")
+    return plan
+
+
 def _describe(request: dict[str, Any]) -> str:
+    if request["op"] == "assign":
+        return f"assign CPUs {format_cpulist(request['cpus'])}"
+    if request["op"] == "demand":
+        return "demand"
     if request.get("auto"):
         return "--auto"
     return f"--plan {request['plan']}" if "plan" in request else f"--policy {request['policy']}"

@@ -42,6 +42,8 @@ class Snapshot:
     batch_in_flight: bool
     accepting: bool
     profile: dict[str, Any]  # the state keeper's account of the profile's cells (StateKeeper.provenance)
+    # This model's share of the machine (control.server.Share.to_json): its CPUs, who assigned them, the last move.
+    share: dict[str, Any] | None = None
 
 
 def live_status(s: Snapshot) -> dict[str, Any]:
@@ -81,5 +83,6 @@ def live_status(s: Snapshot) -> dict[str, Any]:
         "accepting": s.accepting,
     }
     reply["profile"] = s.profile
+    reply["share"] = s.share
     reply["history"] = [record.to_json() for record in s.history]
     return reply

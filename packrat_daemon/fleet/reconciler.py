@@ -225,11 +225,17 @@ class Reconciler:
     def _park_or_retire(self, worker: WorkerHandle) -> None:
         """A worker of an older plan, once the new one serves: park it, or stop it once parked long enough."""
         now = time.monotonic()
+        # Cores a coordinator moved to another model (the allocator's topology lost them) are not ours to idle on.
+        outside = not set(worker.cores) <= set(self.allocator.topology.cpu_ids)
         if worker.parked_since is not None:
-            if now - worker.parked_since > PARK_S:
+            if outside or now - worker.parked_since > PARK_S:
                 worker.parked_since = None
                 self.pool.retire(worker)
-        elif worker.state is WorkerState.READY and len(self.parked) < self.allocator.topology.usable_cores:
+        elif (
+            not outside
+            and worker.state is WorkerState.READY
+            and len(self.parked) < self.allocator.topology.usable_cores
+        ):
             worker.parked_since = now
             log.info("worker %d (%d thread(s) on cores %s) parked for a later plan",
                      worker.id, worker.threads, list(worker.cores))  # fmt: skip

@@ -198,6 +198,13 @@ class Metrics:
             ["runtime", "precision"],
             registry=r,
         )
+        # Co-location (docs/colocation.md): this model's share of the machine, and the moves of it.
+        self.assigned_cores = Gauge(
+            "packrat_assigned_cores", "Physical cores this model may plan and pin on (its share)", registry=r
+        )
+        self.share_moves = Counter(
+            "packrat_share_moves", "Assignments that changed this model's CPU set (`packrat coordinate`)", registry=r
+        )
         self.server: Any = None
         # Readiness (/readyz): workers serving now against the workers the plan asks for; plain ints read
         # by the HTTP thread, written by the daemon's loop.
@@ -297,6 +304,12 @@ class Metrics:
             self.predicted.set(plan.predicted_latency_ms / 1000.0)
         layouts = ["+".join(str(i.threads) for i in layout) for layout in plan.layouts]
         self.plan.info({"policy": plan.policy, "threads": " | ".join(layouts), "split": plan.split})
+
+    def share_assigned(self, cores: int, moved: bool) -> None:
+        """This model's share: `cores` usable cores; `moved` when its CPU set changed (not at start)."""
+        self.assigned_cores.set(cores)
+        if moved:
+            self.share_moves.inc()
 
     def reconfigured(self, record: Reconfiguration) -> None:
         """A plan change has finished: how long each stage took after the decision."""

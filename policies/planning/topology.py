@@ -24,7 +24,7 @@ from policies.planning.kernel_files import (
     read_int_file,
 )
 
-__all__ = ["Cpu", "Topology", "ordered_cpus", "parse_cpulist"]
+__all__ = ["Cpu", "Topology", "format_cpulist", "ordered_cpus", "parse_cpulist"]
 
 # Core keys must be unique across packages; core_id is only unique inside one package.
 _CORE_KEY_STRIDE = 10000
@@ -141,6 +141,47 @@ class Topology:
             first_core += count
         return cls(cpus=ordered_cpus(cpus), quota_cores=None)
 
+    @property
+    def cpu_ids(self) -> tuple[int, ...]:
+        """The usable logical CPUs' ids, in topology order."""
+        return tuple(cpu.id for cpu in self.cpus)
+
+    def physical_cores(self) -> tuple[tuple[int, ...], ...]:
+        """Each physical core's usable CPU ids (its first thread, then its siblings), cores in topology order:
+        what a coordinator hands out, so that an SMT sibling never lands in another model's share."""
+        by_core: dict[int, list[int]] = {}
+        for cpu in self.cpus:
+            by_core.setdefault(cpu.core, []).append(cpu.id)
+        return tuple(tuple(ids) for ids in by_core.values())
+
+    def restricted(self, cpu_ids: Iterable[int]) -> Topology:
+        """This machine on `cpu_ids` only: the share of it one model may use while others use the rest
+        (docs/colocation.md). The cgroup quota still caps it. Raises TopologyError for an empty set or for a
+        CPU that is not usable here, naming the usable ones."""
+        wanted = set(cpu_ids)
+        if not wanted:
+            raise TopologyError(
+                f"An empty CPU set leaves no core to serve on; give at least one of the usable CPUs "
+                f"{format_cpulist(self.cpu_ids)}."
+            )
+        unknown = wanted - set(self.cpu_ids)
+        if unknown:
+            raise TopologyError(
+                f"CPU(s) {format_cpulist(unknown)} are not usable here: this process may use "
+                f"{format_cpulist(self.cpu_ids)} ({self.describe()}). Give a subset of those (the affinity mask, "
+                "the cgroup cpuset and the online CPUs decide which)."
+            )
+        return Topology(tuple(cpu for cpu in self.cpus if cpu.id in wanted), self.quota_cores, self.quota)
+
+    def share(self, cpulist: str | None) -> Topology:
+        """`restricted` to a cpulist as `--cpus` gives it ("0-3,8"); None: all of this topology."""
+        if cpulist is None:
+            return self
+        try:
+            return self.restricted(parse_cpulist(cpulist))
+        except ValueError as exc:
+            raise TopologyError(f"--cpus {cpulist!r}: {exc}; give a cpulist like 0-7 or 0,2,4") from None
+
     def describe(self) -> str:
         """One human line, e.g.
         '8 usable cores (16 logical CPUs, SMT 2, 1 NUMA node, cgroup quota 8.0 cores)'."""
@@ -211,19 +252,19 @@ def _read_nodes(node_base: Path) -> dict[int, int]:
 
 
 def _no_cpu_message(affinity: set[int], limits: CgroupLimits, online: list[int] | None) -> str:
-    parts = [f"affinity mask {_format_cpus(affinity)}"]
+    parts = [f"affinity mask {format_cpulist(affinity)}"]
     if limits.cpuset is not None:
-        parts.append(f"cgroup cpuset {_format_cpus(limits.cpuset)} (from {limits.cpuset_file})")
+        parts.append(f"cgroup cpuset {format_cpulist(limits.cpuset)} (from {limits.cpuset_file})")
     if online is not None:
-        parts.append(f"online CPUs {_format_cpus(online)}")
+        parts.append(f"online CPUs {format_cpulist(online)}")
     return (
         f"No usable CPU: {', '.join(parts)} have no CPU in common. Start Packrat with an affinity mask "
         f"(taskset -c) that overlaps the container's or unit's cpuset (--cpuset-cpus, AllowedCPUs=)."
     )
 
 
-def _format_cpus(cpus: Iterable[int]) -> str:
-    """The compact cpulist form of a set of CPU ids ("0-3,8")."""
+def format_cpulist(cpus: Iterable[int]) -> str:
+    """The compact cpulist form of a set of CPU ids ("0-3,8"): what `parse_cpulist` reads."""
     ordered = sorted(set(cpus))
     if not ordered:
         return "(none)"

@@ -42,6 +42,7 @@ SAMPLE: dict[str, Any] = {
     "control": "tcp://127.0.0.1:7001",
     "policy": "fixed",
     "plan": "2*1x8",
+    "cpus": "0",
     "profile": "profile.csv",
     "save_profile": "saved.csv",
     "batches": [1, 4],

@@ -46,7 +46,7 @@ def snapshot() -> Snapshot:
 def test_the_reply_is_info_then_the_live_state() -> None:
     reply = live_status(snapshot())
     assert list(reply) == [
-        "model", "workers", "plan", "generation", "planning", "traffic", "queue", "profile", "history",
+        "model", "workers", "plan", "generation", "planning", "traffic", "queue", "profile", "share", "history",
     ]  # fmt: skip
     assert reply["model"] == "builtin:tiny-mlp" and reply["generation"] == 2
     assert reply["planning"] == {
