@@ -45,11 +45,14 @@ from policies.packrat import MIN_SPLIT_GAIN
 from policies.planning.kernel_files import parse_cpulist
 from workers.models.spec import PRECISION_CHOICES
 
-# fp32 by default, decided by bench/precision.py (bench/README.md, docs/precision.md): with the default runtime
-# (torch), bf16 measured no faster than fp32 on a CPU with avx512_bf16 but no AMX, so `auto` would double
-# start-up's profiling to serve fp32 anyway; and the guard's own inputs are random samples, so a reduced
-# precision is better the user's choice, made with --calibration on their own data.
-DEFAULT_PRECISION = "fp32"
+# auto by default: the accuracy guard, not the user, decides whether a reduced precision is served, and it
+# leaves one out where it fails (or where the CPU flags show no units for it). Whether bf16 pays is measured
+# here at start on this CPU, never assumed: with AMX it served ResNet-50 about 4x faster than fp32, without
+# AMX it measured no faster, and either way what the first start measured is kept in the state directory, so
+# only the first start pays for the extra candidates. int8 is never chosen by auto (it needs --calibration
+# on the user's own data); --precision fp32 pins fp32.
+DEFAULT_PRECISION = "auto"
+DEFAULT_RUNTIME = "auto"  # every installed runtime is measured and the fastest served, under the same rule
 
 # The tuner re-plans only for a predicted gain this large: hysteresis, so that noise in the live
 # batch sizes does not make the pool flap between two plans of nearly the same latency.
@@ -85,8 +88,9 @@ SETTINGS: tuple[Setting, ...] = sectioned(
     Setting(
         "runtime",
         TEXT,
-        "torch",
-        "torch, onnxruntime, openvino, or auto: measure each installed one (serve then serves the fastest); "
+        DEFAULT_RUNTIME,
+        "auto: measure each installed runtime (serve then serves the fastest); torch, onnxruntime or openvino "
+        "pins one; "
         "emulated: workers that compute nothing and wait the --profile's latencies (docs/emulation.md)",
         reload="restart",
     ),
@@ -112,8 +116,8 @@ SETTINGS: tuple[Setting, ...] = sectioned(
         "precision",
         choice(*PRECISION_CHOICES),
         DEFAULT_PRECISION,
-        "fp32, bf16 (under the accuracy guard), or auto: also measure bf16 where the CPU has bf16 units and "
-        "the guard passes, and serve the fastest; int8 (runtime openvino, quantized on --calibration; "
+        "auto: also measure bf16 where the CPU has bf16 units and the accuracy guard passes, and serve the "
+        "fastest; fp32 pins fp32; bf16 (under the guard); int8 (runtime openvino, quantized on --calibration; "
         "never chosen by auto)",
         reload="restart",
     ),
@@ -264,9 +268,11 @@ SETTINGS: tuple[Setting, ...] = sectioned(
         "state_dir",
         OPTIONAL_TEXT,
         None,
-        "folder where the learned profile (cells measured at start, production's timings, the plan) is kept "
-        "across restarts, written atomically (docs/state.md); systemd's StateDirectory= gives one",
-        unset="none: a restart measures again",
+        "folder where what a start measured (each candidate's cells and verdict, the accuracy guard, "
+        "production's timings, the plan) is kept across restarts, written atomically (docs/state.md); "
+        "none: keep nothing, a restart measures again",
+        unset="$STATE_DIRECTORY (systemd's StateDirectory=), else $XDG_STATE_HOME/packrat/MODEL or "
+        "~/.local/state/packrat/MODEL",
         reload="restart",
     ),
     "Adaptation (packrat policy)",

@@ -2,6 +2,10 @@
 precision, each candidate's profile (read or measured) and plan, the candidate to serve with, and the split
 check; also the re-planning a reload (SIGHUP) does.
 
+What a start measures is kept in the state folder (`ops.state`: `--state-dir`, or the default one): each
+candidate's cells, the guard, and each candidate's verdict. A restart whose candidates all match what the file
+was decided for starts only the one chosen, on its saved profile and plan, with no guard run and no profiling.
+
 Everything here runs before the main loop, or (reload) between two of its wakes. A stop signal
 during the minutes of measuring is seen through `interrupted` and ends start-up between two
 measurements with KeyboardInterrupt.
@@ -15,6 +19,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import zmq
 
@@ -23,10 +28,10 @@ from packrat_daemon.config import ServeConfig
 from packrat_daemon.fleet.backend import Backend, ModelInfo
 from packrat_daemon.measure import accuracy, emulation
 from packrat_daemon.measure.profiling import ProfileFile, check_splits, measure_profile
-from packrat_daemon.measure.runtime_choice import RuntimeOption, choose_checked, choose_runtime
+from packrat_daemon.measure.runtime_choice import RuntimeOption, choose_checked, choose_runtime, verdicts
 from packrat_daemon.ops.hardening import check_endpoint, private_dir, raise_fd_limit, warn_if_root
 from packrat_daemon.ops.metrics import Metrics
-from packrat_daemon.ops.state import Entry, StateKeeper
+from packrat_daemon.ops.state import Choice, Entry, StateKeeper, state_folder
 from packrat_daemon.wire.curve import FrontendSecurity
 from packrat_daemon.wire.errors import ProfileError
 from policies.base import Plan, Policy, PolicySettings
@@ -109,17 +114,32 @@ def start_up(
     pairs = candidate_pairs(config.runtime, config.precision, model=config.model)
     measure = policy.needs_profile or len(pairs) > 1
     profiles = ProfileFile(config.save_profile)
-    state = StateKeeper(config.state_dir)
+    folder = state_folder(config.state_dir, config.model, config.policy)
+    state = StateKeeper(folder, default=config.state_dir is None)
+    if state.path is not None and config.state_dir is None:
+        log.info("state: kept in %s (--state-dir DIR elsewhere, --state-dir none for nowhere)", folder)
+    identities = {profile_key(r, p): state.identity(config, r, p, topology.usable_cores) for r, p in pairs}
+    warm = state.warm_choice(identities) if len(pairs) > 1 and not config.profile else None
+    if warm is not None and state.choice is not None:
+        age = (time.time() - state.choice.decided_unix) / 3600
+        log.info("state: serving %s, chosen among %s %.1f h ago; the other candidates are not started again",
+                 warm, ", ".join(identities), age)  # fmt: skip
+        pairs = [pair for pair in pairs if profile_key(*pair) == warm]
+    refused: dict[str, str] = {}
     candidates: list[RuntimeCandidate] = []
     try:
         for runtime, precision in pairs:
             candidate = prepare_runtime(
-                runtime, config, topology, context, policy, profiles, measure, interrupted, precision, metrics, state
-            )
+                runtime, config, topology, context, policy, profiles, measure, interrupted, precision, metrics, state,
+                refused,
+            )  # fmt: skip
             if candidate is not None:
                 candidates.append(candidate)
         # The split check runs before the other candidates' templates stop: it may make another one fastest.
-        served = _settle(candidates, config, policy, topology, profiles, state, interrupted)
+        served, reason = _settle(candidates, config, policy, topology, profiles, state, interrupted)
+        if not state.choice_restored:
+            predicted = {candidate.key: _predicted(candidate.plan, candidate.profile) for candidate in candidates}
+            state.choice = Choice(verdicts(served.key, reason, predicted, refused), identities)
     except BaseException:
         for candidate in candidates:
             candidate.backend.close()
@@ -129,6 +149,11 @@ def start_up(
             candidate.backend.close()
     guard = "not needed" if served.info.guard is None else "passed"
     metrics.served(served.info.runtime, served.info.precision, guard)
+    assert state.choice is not None
+    when = "at this start" if not state.choice_restored else "at an earlier start (the state file)"
+    for verdict in state.choice.verdicts:
+        expected = "" if verdict.predicted_ms is None else f" (predicted {verdict.predicted_ms:.3g} ms)"
+        log.info("candidate %s: %s%s %s: %s", verdict.candidate, verdict.verdict, expected, when, verdict.why)
     log.info("serving %s at %s (accuracy guard: %s)", served.info.runtime, served.info.precision, guard)
     return Started(topology, policy, served, profiles, state)
 
@@ -136,15 +161,18 @@ def start_up(
 def _settle(
     candidates: list[RuntimeCandidate], config: ServeConfig, policy: Policy, topology: Topology,
     profiles: ProfileFile, state: StateKeeper, interrupted: Interrupted,
-) -> RuntimeCandidate:  # fmt: skip
-    """The candidate to serve: chosen, resumed from the state file, its splits checked, and chosen again
+) -> tuple[RuntimeCandidate, str]:  # fmt: skip
+    """The candidate to serve and why: chosen, resumed from the state file, its splits checked, and chosen again
     while the check made another candidate fastest (runtime_choice.choose_checked)."""
     at = {candidate.key: k for k, candidate in enumerate(candidates)}
     distribution = distribution_for(config)
     chosen: list[str] = []
+    reasons: list[str] = []
 
     def choose() -> str:
-        served = resume(_choose(candidates, config, chosen[-1] if chosen else None), state, policy, config, topology)
+        picked, reason = _choose(candidates, config, chosen[-1] if chosen else None)
+        reasons.append(reason)
+        served = resume(picked, state, policy, config, topology)
         candidates[at[served.key]] = served
         chosen.append(served.key)
         return served.key
@@ -161,7 +189,8 @@ def _settle(
             log.info("profile saved to %s", config.save_profile)
         candidates[at[key]] = dataclasses.replace(served, profile=profile, plan=plan)
 
-    return candidates[at[choose_checked(choose, check)]]
+    served = candidates[at[choose_checked(choose, check)]]
+    return served, reasons[-1]
 
 
 def check_cores(config: ServeConfig, policy: Policy, topology: Topology) -> None:
@@ -234,9 +263,11 @@ def prepare_runtime(
     precision: str = "fp32",
     metrics: Metrics | None = None,
     state: StateKeeper | None = None,
+    refused: dict[str, str] | None = None,
 ) -> RuntimeCandidate | None:
-    """Start a template for `runtime` at `precision`, run the accuracy guard on a reduced precision, get the
-    profile (file or measured) and the policy's plan. None: `--precision auto` and the guard refused it."""
+    """Start a template for `runtime` at `precision`, run the accuracy guard on a reduced precision (or take the
+    state file's, run under the same settings), get the profile (file, state file or measured) and the policy's
+    plan. None: `--precision auto` and the guard refused it (why goes into `refused`, by the candidate's label)."""
     key = profile_key(runtime, precision)
     run_dir = None if config.run_dir is None else os.path.join(config.run_dir, key.replace("/", "-"))
     backend = Backend(context, run_dir)
@@ -254,15 +285,24 @@ def prepare_runtime(
         )  # fmt: skip
         info = backend.wait_template(config.startup_timeout_s)
         log.info("model %s: input %s %s per sample", config.model, info.dtype, list(info.shape))
-        if precision != "fp32":
-            guard = run_guard(config, info, precision, metrics)
-            if guard is None:
-                backend.close()
-                return None
-            info = dataclasses.replace(info, guard=guard.to_json())
         state = state or StateKeeper(None)
         ident = state.identity(config, info.runtime, info.precision, topology.usable_cores)
         saved = state.restore(key, ident)
+        guarded: dict[str, Any] | None = None
+        if precision != "fp32":
+            settings = state.guard_settings(config)
+            if saved is not None and saved.guard is not None and saved.guard.get("settings") == settings:
+                result = saved.guard["result"]
+                log.info("accuracy guard: %s passed at an earlier start under the same settings (max relative "
+                         "error %.2e); not run again", key, float(result["max_rel_error"]))  # fmt: skip
+            else:
+                guard = run_guard(config, info, precision, metrics, refused)
+                if guard is None:
+                    backend.close()
+                    return None
+                result = guard.to_json()
+            guarded = {"result": result, "settings": settings}
+            info = dataclasses.replace(info, guard=result)
         entry = None
         if config.profile and not config.emulate_measure:
             read = read_profile(config.profile, info.runtime, info.precision)
@@ -287,7 +327,9 @@ def prepare_runtime(
         else:
             profile = None
         if profile is not None:
-            state.record(key, entry or Entry(ident, profile))
+            kept = entry or Entry(ident, profile)
+            kept.guard = guarded
+            state.record(key, kept)
         plan = policy.plan(profile, topology, distribution_for(config))
     except BaseException:
         backend.close()
@@ -298,10 +340,15 @@ def prepare_runtime(
 
 
 def run_guard(
-    config: ServeConfig, info: ModelInfo, precision: str, metrics: Metrics | None
+    config: ServeConfig,
+    info: ModelInfo,
+    precision: str,
+    metrics: Metrics | None,
+    refused: dict[str, str] | None = None,
 ) -> accuracy.GuardResult | None:
     """The accuracy guard for `info.runtime` at `precision`: the result when it passed; None when it failed
-    under `--precision auto` (logged); AccuracyError when it failed for a precision the user pinned."""
+    under `--precision auto` (logged, and said in `refused`); AccuracyError when it failed for a precision the
+    user pinned."""
     log.info("accuracy guard: running %s at fp32 and %s on the same inputs", info.runtime, precision)
     guard = accuracy.check(
         config.model, info.input, info.runtime, precision,
@@ -316,6 +363,8 @@ def run_guard(
     if config.precision != "auto":
         raise accuracy.refused(guard)
     log.warning("accuracy guard: %s; %s is not served at %s", guard.describe(), info.runtime, precision)
+    if refused is not None:
+        refused[profile_key(info.runtime, precision)] = guard.describe()
     return None
 
 
@@ -362,15 +411,18 @@ def distribution_for(config: ServeConfig) -> BatchDistribution:
     return BatchDistribution.from_counts({b: 1.0 for b in (config.batches or [config.max_batch])})
 
 
-def _choose(candidates: list[RuntimeCandidate], config: ServeConfig, checked: str | None = None) -> RuntimeCandidate:
-    """--runtime auto, --precision auto: the candidate whose plan predicts the lowest latency (see runtime_choice).
-    `checked`: the candidate chosen before, whose splits were just checked (logged again only on a change)."""
+def _choose(
+    candidates: list[RuntimeCandidate], config: ServeConfig, checked: str | None = None
+) -> tuple[RuntimeCandidate, str]:
+    """--runtime auto, --precision auto: the candidate whose plan predicts the lowest latency (see runtime_choice),
+    and why. `checked`: the candidate chosen before, whose splits were just checked (logged again only on a
+    change)."""
     choice = choose_runtime([_runtime_option(candidate, config) for candidate in candidates])
     served = next(c for c in candidates if c.key == choice.runtime)
     if len(candidates) > 1 and served.key != checked:
         after = "" if checked is None else f"; after the split check of {checked}"
         log.info("runtime auto: chose %s (%s%s)", served.key, choice.reason, after)
-    return served
+    return served, choice.reason
 
 
 def _runtime_option(candidate: RuntimeCandidate, config: ServeConfig) -> RuntimeOption:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -11,3 +12,24 @@ import pytest
 @pytest.fixture
 def daemon_log(tmp_path: Path) -> Callable[[], str]:
     return lambda: (tmp_path / "daemon.log").read_text()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_state_in_the_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A daemon keeps what it measured in a default state folder below $XDG_STATE_HOME (or the unit's
+    $STATE_DIRECTORY): never the real one in a test. Session-wide first, for module-scoped daemons."""
+    saved = {name: os.environ.get(name) for name in ("XDG_STATE_HOME", "STATE_DIRECTORY")}
+    os.environ.pop("STATE_DIRECTORY", None)
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state-home"))
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(autouse=True)
+def _own_state_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test its own $XDG_STATE_HOME: no test's daemon serves what an earlier test's learned."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state-home")))

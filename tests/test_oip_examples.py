@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.daemons import REPO, daemon_env, stop_process
+from tests.helpers.daemons import REPO, daemon_env, pinned, stop_process
 from tests.packrat_daemon.protocol.test_tritonclient import free_port
 
 DOC = REPO / "docs" / "oip.md"
@@ -43,7 +43,7 @@ def test_the_examples_run_against_the_docs_command(tmp_path: Path) -> None:
     profile = tmp_path / "profile.csv"
     profile.write_text("threads,batch,latency_ms\n1,1,0.2\n1,2,0.3\n1,4,0.4\n")
     extra = ["--endpoint", f"ipc://{tmp_path}/front.ipc", *FAST, "--profile", str(profile)]
-    command = [sys.executable, "-m", "packrat_daemon", "serve", *args, *extra]
+    command = [sys.executable, "-m", "packrat_daemon", "serve", *args, *extra, *pinned(args)]
     log = tmp_path / "daemon.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(command, env=daemon_env(), stdout=out, stderr=out)

@@ -1,7 +1,8 @@
 """The `status` reply: what the daemon is doing now, read-only (`packrat status`, docs/status.md).
 
 It is `info`'s description plus the live state: the plan and why, every live worker, the batch sizes
-and the arrival rate the batcher sees, the queue, where the profile's cells come from, and the history
+and the arrival rate the batcher sees, the queue, where the profile's cells come from, which runtime and
+precision candidate is served and why each other one lost, and the history
 of plan changes with their measured durations. The daemon reads all of it into one `Snapshot`
 (`Daemon.status`) when a client asks, never on the request path; `live_status` only lays it out.
 """
@@ -44,6 +45,8 @@ class Snapshot:
     profile: dict[str, Any]  # the state keeper's account of the profile's cells (StateKeeper.provenance)
     # This model's share of the machine (control.server.Share.to_json): its CPUs, who assigned them, the last move.
     share: dict[str, Any] | None = None
+    # The choice between the runtime and precision candidates (StateKeeper.choice_status): None before one is made.
+    runtime_choice: dict[str, Any] | None = None
 
 
 def live_status(s: Snapshot) -> dict[str, Any]:
@@ -84,5 +87,6 @@ def live_status(s: Snapshot) -> dict[str, Any]:
     }
     reply["profile"] = s.profile
     reply["share"] = s.share
+    reply["runtime_choice"] = s.runtime_choice
     reply["history"] = [record.to_json() for record in s.history]
     return reply

@@ -13,10 +13,14 @@ fastest runtime at its worst batch size is served.
 A policy that checks its splits revises a plan's prediction after measuring it (`choose_checked`): the
 profile can overrate a split, never underrate it by much, so a runtime chosen on a split that then measured
 slower may no longer be the fastest. The choice is made again until the one chosen has been checked.
+
+Each candidate's `Verdict` (served, slower, or refused by the accuracy guard) and why is what the log and
+`packrat status` show, and what the state file keeps, so that a restart can serve the one chosen at once.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -88,3 +92,51 @@ def worst_lag(option: RuntimeOption, options: Sequence[RuntimeOption]) -> tuple[
         if worst is None or lag > worst[0]:
             worst = (lag, batch)
     return worst
+
+
+SERVED, SLOWER, REFUSED = "served", "slower", "refused"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What became of one candidate at start, for the log, `packrat status` and the state file."""
+
+    candidate: str  # its label: "torch", "openvino/bf16"
+    verdict: str  # SERVED, SLOWER (measured, and another was chosen), REFUSED (by the accuracy guard)
+    predicted_ms: float | None  # its plan's expected latency (None: refused before it was measured, or unknown)
+    why: str
+
+    def to_json(self) -> dict[str, object]:
+        return {"candidate": self.candidate, "verdict": self.verdict, "predicted_ms": self.predicted_ms,
+                "why": self.why}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> Verdict:
+        predicted = data.get("predicted_ms")
+        verdict = str(data["verdict"])
+        if verdict not in (SERVED, SLOWER, REFUSED):
+            raise ValueError(f"unknown verdict {verdict!r}")
+        return cls(str(data["candidate"]), verdict, None if predicted is None else float(str(predicted)),
+                   str(data.get("why", "")))  # fmt: skip
+
+
+def verdicts(served: str, reason: str, predicted: Mapping[str, float], refused: Mapping[str, str]) -> list[Verdict]:
+    """Each candidate's verdict once `served` was chosen for `reason` (choose_runtime's) on the `predicted`
+    expected latencies of those measured; `refused`: the accuracy guard's account of those it left out."""
+    best = predicted.get(served, math.inf)
+    out = []
+    for name, ms in predicted.items():
+        known = None if math.isinf(ms) else ms
+        if name == served:
+            why = "the only candidate" if len(predicted) + len(refused) == 1 else reason
+            out.append(Verdict(name, SERVED, known, why))
+        elif math.isinf(ms):
+            out.append(Verdict(name, SLOWER, None, f"no latency predicted; {served} was chosen ({reason})"))
+        elif math.isinf(best):
+            out.append(Verdict(name, SLOWER, known, f"{served} was chosen ({reason})"))
+        else:
+            behind = ms / best - 1.0
+            tie = "; within the near tie, so decided at the worst batch size" if behind <= NEAR_TIE else ""
+            out.append(Verdict(name, SLOWER, known, f"{behind:+.1%} on {served}'s {best:.3g} ms{tie}"))
+    out += [Verdict(name, REFUSED, None, f"accuracy guard: {why}") for name, why in refused.items()]
+    return out

@@ -1,4 +1,5 @@
-"""The learned profile kept across restarts, in `--state-dir` (systemd's StateDirectory=).
+"""The learned profile kept across restarts, in the state directory (`--state-dir`; by default systemd's
+StateDirectory=, else the user's state folder: `state_folder`).
 
 One JSON file, `learned-profile.json`, holds what this daemon knows about its model on this machine:
 
@@ -6,6 +7,9 @@ One JSON file, `learned-profile.json`, holds what this daemon knows about its mo
   adaptive search only estimated (kept apart, never served on), when they were measured, and the identity
   they hold for: the model (its spec, and a file model's SHA-256), the runtime and precision, the library
   versions that compute it, and the usable cores;
+- the choice between the candidates: each one's verdict (served, slower, refused by the accuracy guard) and
+  why, with the identity it was decided for, so that a restart whose candidates all match serves the one
+  chosen without starting the others;
 - for the runtime served: production's running estimates (latency, decayed sample weight, age), the
   live batch sizes, and the plan served.
 
@@ -28,13 +32,14 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from packrat_daemon.adapt.production import LearnedCell
 from packrat_daemon.config import ServeConfig
+from packrat_daemon.measure.runtime_choice import SERVED, Verdict
 from packrat_daemon.ops.state_files import (
     MAX_STATE_BYTES,
     StateError,
@@ -44,7 +49,7 @@ from packrat_daemon.ops.state_files import (
     set_aside,
     write_atomically,
 )
-from packrat_daemon.wire.errors import PackratError
+from packrat_daemon.wire.errors import ConfigError, PackratError
 from policies.base import InstancePlan, Plan
 from policies.planning.distribution import BatchDistribution
 from policies.planning.profile import Cell, Profile
@@ -58,6 +63,8 @@ log = logging.getLogger("packrat.daemon")
 
 STATE_FILE = "learned-profile.json"
 FORMAT = 1
+NO_STATE = "none"  # --state-dir none: keep nothing
+APP = "packrat"
 SAVE_INTERVAL_S = 60.0  # production's learning a SIGKILL may lose, against a write (and fsync) per interval
 
 # The libraries whose version changes what a runtime measures (the ONNX and OpenVINO runtimes run models
@@ -65,6 +72,24 @@ SAVE_INTERVAL_S = 60.0  # production's learning a SIGKILL may lose, against a wr
 LIBRARIES = {"torch": ("torch",), "onnxruntime": ("torch", "onnxruntime"), "openvino": ("torch", "openvino")}
 
 CellKey = tuple[int, int]
+
+
+def state_folder(setting: str | None, model: str, policy: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """Where the state is kept: `--state-dir` as given (None for `none`); unset, systemd's $STATE_DIRECTORY (the
+    first, when it lists several), else a folder per model and policy under $XDG_STATE_HOME/packrat or
+    ~/.local/state/packrat. Per model and policy because one user may run several daemons (the demo runs two),
+    each of which writes its whole file: one folder for all would have each daemon set the others' file aside."""
+    if setting is not None:
+        return None if setting == NO_STATE else setting
+    environ = os.environ if environ is None else environ
+    if environ.get("STATE_DIRECTORY"):
+        return environ["STATE_DIRECTORY"].split(":")[0]
+    home = environ.get("HOME") or os.path.expanduser("~")
+    base = environ.get("XDG_STATE_HOME") or os.path.join(home, ".local", "state")
+    name = os.path.abspath(model) if os.path.exists(model) else model  # a file or folder: wherever it was named from
+    slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in os.path.basename(name.rstrip("/")))[:40]
+    tag = hashlib.sha256(f"{name}\0{policy}".encode()).hexdigest()[:8]
+    return os.path.join(base, APP, f"{slug.strip('-.') or 'model'}-{policy}-{tag}")
 
 
 class Serving(Protocol):
@@ -124,11 +149,14 @@ class Entry:
     profile: Profile
     estimated: dict[CellKey, float] = field(default_factory=dict)
     measured_unix: float = field(default_factory=time.time)
+    # A reduced precision's accuracy guard: {"result": GuardResult.to_json(), "settings": what it was run under}.
+    guard: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "identity": self.identity,
             "measured_unix": self.measured_unix,
+            "guard": self.guard,
             "cells": [[t, b, c.latency_ms, c.samples, c.p90_ms] for (t, b), c in self.profile.items()],
             "estimated": [[t, b, ms] for (t, b), ms in sorted(self.estimated.items())],
         }
@@ -140,7 +168,35 @@ class Entry:
                  for t, b, ms, n, p90 in data["cells"]}  # fmt: skip
         profile = Profile(cells, model=ident["model"], runtime=ident["runtime"], precision=ident["precision"])
         estimated = {(int(t), int(b)): float(ms) for t, b, ms in data.get("estimated", [])}
-        return cls(ident, profile, estimated, float(data["measured_unix"]))
+        guard = data.get("guard")
+        if guard is not None and not (isinstance(guard, dict) and isinstance(guard.get("result"), dict)):
+            raise StateError("a saved accuracy guard is not an object with a result")
+        return cls(ident, profile, estimated, float(data["measured_unix"]), guard)
+
+
+@dataclass
+class Choice:
+    """The choice between the candidates at a start: each one's verdict, and the identity it was decided for."""
+
+    verdicts: list[Verdict]
+    identities: dict[str, dict[str, Any]]
+    decided_unix: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "decided_unix": self.decided_unix,
+            "candidates": [v.to_json() | {"identity": self.identities.get(v.candidate, {})} for v in self.verdicts],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Choice:
+        verdicts = [Verdict.from_json(item) for item in data["candidates"]]
+        identities = {str(item["candidate"]): dict(item["identity"]) for item in data["candidates"]}
+        return cls(verdicts, identities, float(data["decided_unix"]))
+
+    @property
+    def served(self) -> str | None:
+        return next((v.candidate for v in self.verdicts if v.verdict == SERVED), None)
 
 
 @dataclass
@@ -156,10 +212,12 @@ class Resumed:
 
 
 class StateKeeper:
-    """The state file of one daemon: read at start, written while serving. Without --state-dir it keeps
-    nothing and writes nothing, so the daemon calls it the same way either way."""
+    """The state file of one daemon: read at start, written while serving. Without a state folder (`--state-dir
+    none`, or a default one that cannot be used) it keeps nothing and writes nothing, so the daemon calls it the
+    same way either way. `default`: the folder is the default one (`state_folder`), not one the user gave; one
+    that cannot be used is then logged and nothing kept, where a given one stops the start (ConfigError)."""
 
-    def __init__(self, state_dir: str | None) -> None:
+    def __init__(self, state_dir: str | None, default: bool = False) -> None:
         self.path = None if state_dir is None else Path(state_dir) / STATE_FILE
         self.entries: dict[str, Entry] = {}
         self.saved: dict[str, Entry] = {}  # entries read from the file, served again when they match
@@ -168,8 +226,19 @@ class StateKeeper:
         self.served_key: str | None = None
         self.last_saved = -math.inf  # the first tick writes: a SIGKILL right after start keeps the start-up profile
         self._digest = functools.cache(_sha256)  # the model is hashed once, not once per runtime candidate
+        self.saved_choice: Choice | None = None  # the file's choice between the candidates
+        self.choice: Choice | None = None  # this start's (or the file's, when served from it)
+        self.choice_restored = False  # the choice is the file's: the other candidates were not started
         if self.path is not None:
-            check_folder(self.path.parent)
+            try:
+                check_folder(self.path.parent)
+            except ConfigError as exc:
+                if not default:
+                    raise
+                log.warning("state: the default state folder cannot be used (%s); nothing is kept across "
+                            "restarts: give --state-dir DIR, or --state-dir none to say so", exc)  # fmt: skip
+                self.path = None
+                return
             self._load()
 
     # -- start ----------------------------------------------------------------------------------
@@ -191,20 +260,29 @@ class StateKeeper:
             if not isinstance(data, dict) or data.get("format") != FORMAT:
                 raise StateError(f"not a format-{FORMAT} state file")
             self.saved = {key: Entry.from_json(entry) for key, entry in data["entries"].items()}
+            choice = data.get("choice")
+            self.saved_choice = None if choice is None else Choice.from_json(choice)
             served = data.get("served")
             if served is not None:
                 self.resumed = _resumed(served, float(data["saved_unix"]))
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
-            self.saved, self.resumed = {}, None
+            self.saved, self.resumed, self.saved_choice = {}, None, None
             self.set_aside(f"it cannot be read ({type(exc).__name__}: {exc})")
             return
         except PackratError as exc:  # a bad cell (ProfileError): still never a reason not to start
-            self.saved, self.resumed = {}, None
+            self.saved, self.resumed, self.saved_choice = {}, None, None
             self.set_aside(f"it holds an unusable profile ({exc})")
 
     def identity(self, config: ServeConfig, runtime: str, precision: str, cores: int) -> dict[str, Any]:
         """`identity` for this start; empty without --state-dir (nothing is kept to match, no file is hashed)."""
         return {} if self.path is None else identity(config, runtime, precision, cores, self._digest)
+
+    def guard_settings(self, config: ServeConfig) -> dict[str, Any]:
+        """What an accuracy guard's verdict holds for besides the identity: the same verdict comes only from the
+        same tolerance, top-1 rule and calibration inputs."""
+        calibration = None if not config.calibration else self._digest(config.calibration)
+        return {"max_rel_error": config.max_rel_error, "accuracy_top1": config.accuracy_top1,
+                "calibration_sha256": calibration}  # fmt: skip
 
     def restore(self, key: str, current: dict[str, Any]) -> Entry | None:
         """The saved profile of `key` when its identity matches `current`; a mismatch sets the file aside."""
@@ -213,10 +291,34 @@ class StateKeeper:
             return None
         why = mismatch(entry.identity, current)
         if why is not None:
-            self.saved, self.resumed = {}, None
+            self.saved, self.resumed, self.saved_choice = {}, None, None
             self.set_aside(f"it was measured for another setting ({key}: {why})")
             return None
         return entry
+
+    def warm_choice(self, identities: dict[str, dict[str, Any]]) -> str | None:
+        """The candidate to serve without starting the others: the one the file says was chosen, when the file
+        holds a choice between exactly these candidates (`identities`: each one's identity now, by label), each
+        decided for the identity it has now, and the chosen one's profile and served plan. None otherwise (every
+        candidate is then prepared; a mismatch of a profile is logged and set aside as it is restored)."""
+        saved = self.saved_choice
+        if saved is None or self.path is None:
+            return None
+        if sorted(saved.identities) != sorted(identities):
+            log.info("state: the candidates changed (%s at the last choice, %s now); choosing again",
+                     ", ".join(sorted(saved.identities)), ", ".join(sorted(identities)))  # fmt: skip
+            return None
+        for key, current in identities.items():
+            why = mismatch(saved.identities[key], current)
+            if why is not None:
+                log.info("state: the choice was made for another setting (%s: %s); choosing again", key, why)
+                return None
+        served = saved.served
+        resumed = self.resumed
+        if served is None or served not in self.saved or resumed is None or resumed.key != served:
+            return None
+        self.choice, self.choice_restored = saved, True
+        return served
 
     def set_aside(self, why: str) -> None:
         """Rename the file out of the way (kept for a look), and say why."""
@@ -272,6 +374,7 @@ class StateKeeper:
             "saved_unix": time.time(),
             "why": why,
             "entries": {key: entry.to_json() for key, entry in self.entries.items()},
+            "choice": None if self.choice is None else self.choice.to_json(),
             "served": {
                 "key": self.served_key,
                 "production": [
@@ -288,6 +391,19 @@ class StateKeeper:
             write_atomically(self.path, data)
         except (OSError, ValueError, PackratError) as exc:  # a folder changed under the daemon: ConfigError
             log.error("state: could not write %s (%s); still serving", self.path, exc)
+
+    def choice_status(self) -> dict[str, Any] | None:
+        """The choice between the candidates, for `packrat status`: what is served, each candidate's verdict and
+        why, and whether it was made at this start or at an earlier one whose file this start served from."""
+        choice = self.choice
+        if choice is None:
+            return None
+        return {
+            "served": choice.served,
+            "decided_at_this_start": not self.choice_restored,
+            "decided_age_s": round(time.time() - choice.decided_unix, 1),
+            "candidates": [verdict.to_json() for verdict in choice.verdicts],
+        }
 
     def provenance(self, serving: Serving, now: float | None = None) -> dict[str, Any]:
         """Where the served profile's cells come from, for `packrat status`: measured at start (and when),

@@ -22,7 +22,7 @@ import pytest
 from packrat_daemon.cli import build_parser
 from packrat_daemon.commands.options import typed_settings
 from packrat_daemon.config import ServeConfig, load_config
-from tests.helpers.daemons import daemon_env, stop_process
+from tests.helpers.daemons import daemon_env, pinned, stop_process
 
 kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate is not installed (pip install -e '.[test]')"
@@ -165,7 +165,7 @@ def test_the_runtimes_command_starts_a_daemon_whose_probes_answer(tmp_path: Path
     profile.write_text("threads,batch,latency_ms\n1,1,0.2\n1,4,0.4\n")
     small = ["--model", "builtin:tiny-mlp", "--max-batch", "4", "--policy", "fixed", "--plan", "1*1x4"]
     small += ["--profile", str(profile), "--endpoint", f"ipc://{tmp_path}/front.ipc"]
-    command = [sys.executable, "-m", "packrat_daemon", "serve", *args, *small]
+    command = [sys.executable, "-m", "packrat_daemon", "serve", *args, *small, *pinned(args)]
     with open(tmp_path / "daemon.log", "wb") as log:
         process = subprocess.Popen(command, env=daemon_env(), stdout=log, stderr=log)
     try:

@@ -421,7 +421,8 @@ def test_serve_returns_after_sigterm_with_the_signal_handlers_restored(tmp_path:
     from packrat_daemon.daemon import serve
 
     endpoint = f"ipc://{tmp_path}/front.ipc"
-    config = ServeConfig(model="builtin:tiny-mlp", policy="fixed", plan="1x4", max_batch=4, endpoint=endpoint)
+    config = ServeConfig(model="builtin:tiny-mlp", policy="fixed", plan="1x4", max_batch=4, endpoint=endpoint,
+                         runtime="torch", precision="fp32")  # fmt: skip
     answered: list[np.ndarray] = []
 
     def client_then_sigterm() -> None:

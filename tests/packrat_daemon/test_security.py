@@ -18,10 +18,10 @@ import pytest
 
 from packrat_daemon.wire.client import AsyncClient, Client, ClientTimeout
 from packrat_daemon.wire.curve import write_key_pair
-from tests.helpers.daemons import daemon_env, running_daemon
+from tests.helpers.daemons import PINNED_ARGS, daemon_env, running_daemon
 
 SERVE = [sys.executable, "-m", "packrat_daemon", "serve"]
-TINY = ["--model", "builtin:tiny-mlp", "--policy", "fixed", "--plan", "1*1x4", "--max-batch", "4"]
+TINY = ["--model", "builtin:tiny-mlp", "--policy", "fixed", "--plan", "1*1x4", "--max-batch", "4", *PINNED_ARGS]
 
 
 def free_port() -> int:

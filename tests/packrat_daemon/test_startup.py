@@ -194,3 +194,56 @@ def test_the_readme_s_config_example_fails_on_its_missing_profile_before_the_mod
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"profile file {settings['profile']} does not exist" in done.stderr
     assert "loading" not in done.stderr
+
+
+def test_runtime_and_precision_default_to_auto_so_the_guard_decides_a_reduced_precision() -> None:
+    from packrat_daemon.config import load_config
+
+    config = load_config({}, None)
+    assert (config.runtime, config.precision, config.state_dir) == ("auto", "auto", None)
+
+
+@pytest.mark.slow
+def test_a_first_start_keeps_its_choice_and_a_restart_serves_it_at_once(tmp_path: Path) -> None:
+    """No flags but the model's size: every candidate is measured, each one's verdict is in `status`, and a restart
+    on the default state folder starts the chosen one only, measuring and guarding nothing again."""
+    import os
+
+    from packrat_daemon.wire.client import Client
+    from tests.helpers.daemons import running_daemon
+
+    home = tmp_path / "home-state"
+    small = ("--model", "builtin:tiny-mlp", "--max-batch", "4", "--batches", "1,4", "--split-check-rounds", "0")
+    auto = ("--runtime", "auto", "--precision", "auto")  # running_daemon pins torch fp32 otherwise
+    with (
+        running_daemon(tmp_path, *small, *auto, timeout=400, state_home_dir=home) as (endpoint, _),
+        Client(endpoint, timeout=30) as client,
+    ):
+        first = client.status()["runtime_choice"]
+        info = client.info()
+    log = (tmp_path / "daemon.log").read_text()
+    assert "state: kept in " + str(home / "packrat") in log
+    candidates = {c["candidate"]: c for c in first["candidates"]}
+    assert {"torch", "onnxruntime", "openvino"} <= set(candidates) and first["decided_at_this_start"]
+    served = [name for name, c in candidates.items() if c["verdict"] == "served"]
+    assert served == [first["served"]] and info["runtime"] == first["served"].split("/")[0]
+    assert all(c["verdict"] in ("slower", "refused") and c["why"] for n, c in candidates.items() if n not in served)
+    for name in candidates:
+        assert f"loading builtin:tiny-mlp in the {name} template process" in log
+        assert f"candidate {name}: " in log
+    os.rename(tmp_path / "daemon.log", tmp_path / "first.log")
+    with (
+        running_daemon(tmp_path, *small, *auto, timeout=120, state_home_dir=home) as (endpoint, _),
+        Client(endpoint, timeout=30) as client,
+    ):
+        again = client.status()["runtime_choice"]
+        assert client.info()["runtime"] == info["runtime"] and client.info()["precision"] == info["precision"]
+    log = (tmp_path / "daemon.log").read_text()
+    assert again["served"] == first["served"] and again["decided_at_this_start"] is False
+    assert again["candidates"] == first["candidates"]
+    assert [line for line in log.splitlines() if "template process" in line][0].endswith(
+        f"in the {first['served']} template process"
+    )
+    assert len([line for line in log.splitlines() if "template process" in line]) == 1
+    assert not any(f"profiling {name}" in log for name in candidates) and "accuracy guard: running" not in log
+    assert "the other candidates are not started again" in log

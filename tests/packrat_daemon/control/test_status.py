@@ -46,7 +46,8 @@ def snapshot() -> Snapshot:
 def test_the_reply_is_info_then_the_live_state() -> None:
     reply = live_status(snapshot())
     assert list(reply) == [
-        "model", "workers", "plan", "generation", "planning", "traffic", "queue", "profile", "share", "history",
+        "model", "workers", "plan", "generation", "planning", "traffic", "queue", "profile", "share",
+        "runtime_choice", "history",
     ]  # fmt: skip
     assert reply["model"] == "builtin:tiny-mlp" and reply["generation"] == 2
     assert reply["planning"] == {
@@ -78,3 +79,13 @@ def test_no_batch_seen_yet_has_no_batch_sizes_and_the_info_given_is_not_changed(
     reply = live_status(quiet)
     assert reply["traffic"]["batch_sizes"] == []
     assert quiet.info["workers"] == []  # the reply's own list, not the frontend's dict written over
+
+
+def test_the_runtime_choice_is_shown_as_the_state_keeper_gives_it() -> None:
+    candidates = [
+        {"candidate": "openvino/bf16", "verdict": "served", "predicted_ms": 2.0, "why": "fastest"},
+        {"candidate": "torch", "verdict": "slower", "predicted_ms": 8.0, "why": "+300%"},
+    ]
+    choice = {"served": "openvino/bf16", "decided_at_this_start": True, "decided_age_s": 1.0, "candidates": candidates}
+    assert live_status(replace(snapshot(), runtime_choice=choice))["runtime_choice"] == choice
+    assert live_status(snapshot())["runtime_choice"] is None  # before a choice (a test's snapshot)

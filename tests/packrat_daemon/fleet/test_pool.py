@@ -20,7 +20,7 @@ from packrat_daemon.fleet.exits import ExitCauses
 from packrat_daemon.fleet.pool import Pool, PoolEvent, WorkerHandle, WorkerState
 from packrat_daemon.fleet.reconciler import MAX_BOOT_FAILURES
 from packrat_daemon.wire.client import Client
-from tests.helpers.daemons import daemon_env, running_daemon
+from tests.helpers.daemons import PINNED_ARGS, daemon_env, running_daemon
 from workers import messages
 
 
@@ -97,7 +97,7 @@ def test_daemon_whose_workers_cannot_start_stops_with_the_models_error(tmp_path:
     """Before back-off and the give-up rule, this daemon re-forked its worker every 0.1 s for 10 minutes."""
     command = [
         sys.executable, "-m", "packrat_daemon", "serve", "--endpoint", f"ipc://{tmp_path}/front.ipc",
-        "--model", "tests.model_factories:refuses_single_inputs", "--policy", "fixed", "--plan", "1x1",
+        "--model", "tests.model_factories:refuses_single_inputs", "--policy", "fixed", "--plan", "1x1", *PINNED_ARGS,
     ]  # fmt: skip
     started = time.monotonic()
     done = subprocess.run(command, env=daemon_env(), capture_output=True, text=True, timeout=120)

@@ -114,7 +114,7 @@ def test_the_guard_passes_a_small_cnn_in_bf16_on_both_runtimes() -> None:
 def test_a_pinned_bf16_that_fails_the_guard_stops_the_daemon_with_what_it_measured(tmp_path: Path) -> None:
     command = [
         sys.executable, "-m", "packrat_daemon", "serve", "--endpoint", f"ipc://{tmp_path}/front.ipc",
-        "--model", LOSSY, "--precision", "bf16", "--policy", "single", "--max-batch", "2",
+        "--model", LOSSY, "--runtime", "torch", "--precision", "bf16", "--policy", "single", "--max-batch", "2",
     ]  # fmt: skip
     done = subprocess.run(command, env=daemon_env(), capture_output=True, text=True, timeout=300, cwd=REPO)
     assert done.returncode == 2, done.stderr

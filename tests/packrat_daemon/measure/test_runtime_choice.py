@@ -81,3 +81,19 @@ def test_after_every_check_the_best_checked_candidate_is_served() -> None:
     # Each check makes the chosen one the slowest: all are checked once, and the best measured wins.
     chosen, checks = _checked_choice({"a": 1.0, "b": 2.0, "c": 3.0}, {"a": 9.0, "b": 8.0, "c": 7.0})
     assert (chosen, sorted(checks)) == ("c", ["a", "b", "c"])
+
+
+def test_each_candidate_gets_a_verdict_saying_why_it_won_or_lost() -> None:
+    from packrat_daemon.measure.runtime_choice import REFUSED, SERVED, SLOWER, Verdict, verdicts
+
+    predicted = {"torch": 40.0, "openvino": 20.0, "openvino/bf16": 10.0, "onnxruntime": float("inf")}
+    judged = verdicts("openvino/bf16", "predicted: …", predicted, {"torch/bf16": "max relative error 0.2: failed"})
+    by = {v.candidate: v for v in judged}
+    assert by["openvino/bf16"] == Verdict("openvino/bf16", SERVED, 10.0, "predicted: …")
+    assert by["torch"].verdict == SLOWER and by["torch"].why == "+300.0% on openvino/bf16's 10 ms"
+    assert by["onnxruntime"].verdict == SLOWER and by["onnxruntime"].predicted_ms is None
+    assert by["torch/bf16"] == Verdict("torch/bf16", REFUSED, None, "accuracy guard: max relative error 0.2: failed")
+    assert [Verdict.from_json(v.to_json()) for v in judged] == judged
+    assert verdicts("torch", "r", {"torch": 5.0}, {})[0].why == "the only candidate"
+    with pytest.raises(ValueError, match="unknown verdict"):
+        Verdict.from_json({"candidate": "torch", "verdict": "best", "predicted_ms": 1.0})

@@ -190,3 +190,87 @@ def test_a_state_dir_that_cannot_be_made_fails_before_anything_loads(tmp_path: P
     blocker.write_text("not a folder")
     with pytest.raises(ConfigError, match="--state-dir .*cannot create it"):
         StateKeeper(str(blocker / "state"))
+
+
+def test_the_default_state_folder_is_systemds_else_the_users_per_model_and_policy(tmp_path: Path) -> None:
+    from packrat_daemon.ops.state import state_folder
+
+    assert state_folder("/srv/state", "builtin:resnet50", "packrat") == "/srv/state"  # as given
+    assert state_folder("none", "builtin:resnet50", "packrat") is None  # nothing kept
+    unit = {"STATE_DIRECTORY": "/var/lib/packrat:/var/lib/other", "XDG_STATE_HOME": str(tmp_path)}
+    assert state_folder(None, "builtin:resnet50", "packrat", unit) == "/var/lib/packrat"
+    xdg = state_folder(None, "builtin:resnet50", "packrat", {"XDG_STATE_HOME": str(tmp_path), "HOME": "/nowhere"})
+    assert xdg is not None and Path(xdg).parent == tmp_path / "packrat"
+    assert Path(xdg).name.startswith("builtin-resnet50-packrat-")
+    home = state_folder(None, "builtin:resnet50", "packrat", {"HOME": str(tmp_path)})
+    assert home is not None and Path(home).parent == tmp_path / ".local" / "state" / "packrat"
+    # Two daemons of one user never share a file: another policy (the demo's `single`) or model, another folder.
+    others = {state_folder(None, m, p, {"HOME": str(tmp_path)}) for m in ("builtin:resnet50", "builtin:tiny-mlp")
+              for p in ("packrat", "single")}  # fmt: skip
+    assert len(others) == 4
+
+
+def test_a_default_state_folder_that_cannot_be_used_keeps_nothing_and_never_stops_a_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with caplog.at_level(logging.WARNING, logger="packrat.daemon"):
+        keeper = StateKeeper(str(blocker / "state"), default=True)
+    assert keeper.path is None and "the default state folder cannot be used" in caplog.text
+    keeper.served_key = "torch"
+    keeper.save(Serving(), "stop")  # writes nothing, raises nothing
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def choice_saved(folder: Path, guard: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """A start that chose torch over torch/bf16 (refused by the guard) and kept that: the identities it held for."""
+    from packrat_daemon.measure.runtime_choice import REFUSED, SERVED, Verdict
+    from packrat_daemon.ops.state import Choice
+
+    identities = {"torch": identity(CONFIG, "torch", "fp32", 2), "torch/bf16": identity(CONFIG, "torch", "bf16", 2)}
+    keeper = StateKeeper(str(folder))
+    keeper.record("torch", Entry(identities["torch"], PROFILE, guard=guard))
+    keeper.served_key = "torch"
+    keeper.choice = Choice([Verdict("torch", SERVED, 1.5, "the fastest"),
+                            Verdict("torch/bf16", REFUSED, None, "accuracy guard: failed")], identities)  # fmt: skip
+    keeper.save(Serving(), "stop")
+    return identities
+
+
+def test_a_restart_among_the_same_candidates_serves_the_one_chosen_with_its_verdicts(tmp_path: Path) -> None:
+    guard = {"result": {"max_rel_error": 0.01}, "settings": {"max_rel_error": 0.05}}
+    identities = choice_saved(tmp_path, guard)
+    keeper = StateKeeper(str(tmp_path))
+    assert keeper.warm_choice(identities) == "torch"
+    assert keeper.saved["torch"].guard == guard  # the guard's verdict comes back with the profile
+    status = keeper.choice_status()
+    assert status is not None and status["served"] == "torch" and status["decided_at_this_start"] is False
+    assert [(c["candidate"], c["verdict"]) for c in status["candidates"]] == [("torch", "served"),
+                                                                              ("torch/bf16", "refused")]  # fmt: skip
+
+
+@pytest.mark.parametrize("change", ["another candidate", "another library version", "no choice kept"])
+def test_a_restart_chooses_again_when_the_candidates_or_their_identity_changed(tmp_path: Path, change: str) -> None:
+    identities = choice_saved(tmp_path)
+    if change == "another candidate":
+        identities["openvino"] = identity(CONFIG, "openvino", "fp32", 2)
+    elif change == "another library version":
+        identities["torch/bf16"] = {**identities["torch/bf16"], "versions": {"torch": "0.0.1"}}
+    else:
+        data = json.loads((tmp_path / STATE_FILE).read_text())
+        data["choice"] = None
+        (tmp_path / STATE_FILE).write_text(json.dumps(data))
+    keeper = StateKeeper(str(tmp_path))
+    assert keeper.warm_choice(identities) is None
+    assert keeper.choice is None and keeper.choice_restored is False
+
+
+def test_a_crafted_verdict_sets_the_file_aside(tmp_path: Path) -> None:
+    choice_saved(tmp_path)
+    data = json.loads((tmp_path / STATE_FILE).read_text())
+    data["choice"]["candidates"][0]["verdict"] = "best ever"
+    (tmp_path / STATE_FILE).write_text(json.dumps(data))
+    keeper = StateKeeper(str(tmp_path))
+    assert keeper.saved_choice is None and keeper.saved == {}
+    assert any(".set-aside-" in p.name for p in tmp_path.iterdir())

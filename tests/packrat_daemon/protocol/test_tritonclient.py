@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers.daemons import daemon_env, stop_process
+from tests.helpers.daemons import PINNED_ARGS, daemon_env, stop_process
 from tests.packrat_daemon.protocol.oip_models import FAIL, SLOW
 
 pytest.importorskip("tritonclient.grpc", reason="tritonclient is not installed (pip install -e '.[test]')")
@@ -84,7 +84,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     endpoint = f"ipc://{tmp}/front.ipc"
     args = ["--endpoint", endpoint, "--model", "tests.packrat_daemon.protocol.oip_models:sentinel_mlp"]
     args += ["--policy", "fixed", "--plan", "1*1x4", "--max-batch", str(MAX_BATCH), "--max-queue", str(MAX_QUEUE)]
-    args += ["--profile", str(profile), "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
+    args += ["--profile", str(profile), "--http-port", str(http_port), "--grpc-port", str(grpc_port), *PINNED_ARGS]
     log = tmp / "daemon.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
