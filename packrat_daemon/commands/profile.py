@@ -18,6 +18,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     details = "Each cell runs in a pinned worker. A reduced precision is timed only: `serve` runs the accuracy guard."
     parser = add_command(subparsers, "profile", summary, details)
     add_settings(parser, ["model", "input", "runtime", "precision", "allocator"])  # as `serve` takes them
+    # One runtime at fp32 unless asked: a profile is a table of one runtime's cells (serve's auto default measures
+    # every candidate itself); --runtime auto --precision auto measures them all here too.
+    parser.set_defaults(runtime="torch", precision="fp32")
+    for action in parser._actions:  # the help says so, not serve's default
+        if action.dest in ("runtime", "precision") and action.help:
+            action.help = action.help.replace('(default: "auto")', f'(default here: "{action.default}")')
     parser.add_argument("--threads", type=int_list, help="thread counts (default: 1..usable cores)")
     parser.add_argument("--batches", type=int_list, default=[1, 2, 4, 8, 16], help="batch sizes (default 1,2,4,8,16)")
     parser.add_argument("--out", default="profile.csv", help="output CSV (default: profile.csv)")
