@@ -174,3 +174,22 @@ def tiny_bert_model() -> nn.Module:
     model = BertModel(config)
     model.packrat_input = "int64:12"
     return model
+
+
+class HangsOnMarked(nn.Module):
+    """Doubles its input after a short pause, but spins for ever (a busy hang: its CPU time keeps advancing, as a
+    model stuck in a loop) on a batch holding a value of MARK or less; warm-up's sample inputs are far above it."""
+
+    packrat_input = "float32:16"
+    MARK = -1000.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.02)
+        if bool((x <= self.MARK).any()):
+            while True:  # never returns: the daemon must replace this worker
+                pass
+        return x * 2
+
+
+def hangs_on_marked_inputs() -> nn.Module:
+    return HangsOnMarked()

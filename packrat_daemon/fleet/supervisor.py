@@ -22,7 +22,7 @@ from packrat_daemon.fleet.pool import PoolEvent, WorkerHandle
 from packrat_daemon.fleet.reconciler import Reconciler
 from packrat_daemon.ops.metrics import Metrics
 from packrat_daemon.requests.batcher import Request
-from packrat_daemon.requests.dispatcher import Dispatcher
+from packrat_daemon.requests.dispatcher import Dispatcher, Hang
 from packrat_daemon.requests.frontend import MAX_READS_PER_WAKE
 from packrat_daemon.requests.jobs import Completed, Job
 from packrat_daemon.wire.codec import ErrorCode
@@ -54,6 +54,14 @@ def cpu_seconds(pid: int | None) -> float | None:
     except psutil.Error:
         return None
     return times.user + times.system
+
+
+def stopped(pid: int | None) -> bool:
+    """True for a process stopped by a signal or a tracer (SIGSTOP, a debugger): hung, but not by its input."""
+    try:
+        return pid is not None and psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
 
 
 class Replies(Protocol):
@@ -161,6 +169,10 @@ class Supervisor:
         self._generation = self.reconciler.generation
         for job in self.dispatcher.overdue(now):
             worker = job.worker
+            hang = None if stopped(worker.pid) else self.dispatcher.hang(job)
+            if hang is not None:  # a stopped worker is not its input's doing: its slice is re-sent below
+                self._on_hang(job, hang, now)
+                continue
             if self._still_computing(job, now):
                 continue
             predicted = "no prediction" if job.predicted_ms is None else f"predicted {job.predicted_ms:.0f} ms"
@@ -183,6 +195,25 @@ class Supervisor:
         self.metrics.workers_serving({worker.id: worker.pid for worker in self.dispatcher.serving})
         if self.dispatcher.late:  # a late slice waits for an idle worker: a new one may have come
             self._hedge(now)
+
+    def _on_hang(self, job: Job, hang: Hang, now: float) -> None:
+        """A slice of the batch in flight is past its deadline (Dispatcher.hang): the hang's requests are answered,
+        the others queued again; the slice's worker and those holding a hung request's rows are replaced."""
+        took = f"{(now - job.sent_at) * 1000.0:.0f} ms"
+        predicted = "no prediction" if job.predicted_ms is None else f"predicted {job.predicted_ms:.0f} ms"
+        log.warning(
+            "worker %d (pid %s) has not answered its %d rows in %s (%s): the batch is given up, %d request(s) "
+            "answered as hung (they hung alone too), %d queued again (the slice's each alone), %d worker(s) replaced",
+            job.worker.id, job.worker.pid, job.rows, took, predicted, len(hang.hung), len(hang.again),
+            len(hang.replace),
+        )  # fmt: skip
+        for request in hang.hung:
+            message = f"the model hung on this request (no answer in {took}, {predicted}, run alone); not retried"
+            self.replies.reply_error(request, ErrorCode.INTERNAL, message)
+        self.requeue(hang.again)
+        for worker in hang.replace:
+            self.reconciler.replace(worker)
+            self._on_lost(worker)
 
     def _still_computing(self, job: Job, now: float) -> bool:
         """True, with the job's deadline moved PROGRESS_LOOK_S on, while its worker's CPU time advances."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -216,17 +217,37 @@ class Dispatcher:
         batch = self.batch
         if job is None or batch is None or job.batch is not batch:
             return None
-        low, high = job.offset, job.offset + job.rows
-        suspects: list[Request] = []
-        others: list[Request] = []
-        start = 0
-        for request in batch.requests:
-            end = start + request.samples
-            if not request.answered:
-                (suspects if start < high and low < end else others).append(request)
-            start = end
+        suspects, others = _sort(batch, job)
         self.abandon()
         return suspects, others
+
+    def hang(self, job: Job) -> Hang | None:
+        """A slice of the batch in flight past its deadline on a worker that is not stopped: the model may hang on
+        one of its inputs, so the slice is never re-sent as it is (that hung a second worker, then a third, for
+        ever). The batch is given up (the next one may start) and its unanswered requests sorted: those with rows
+        in the slice that had already been run alone are the hang's (the caller answers them with an error), the
+        other suspects run again each alone, and the rest batched again as usual. Its jobs stay in `jobs` (their
+        workers are busy until they answer, the answer then dropped, or are replaced). None when `job` is not of
+        the batch in flight (a hedge's loser, a slice of a batch given up): its worker is the caller's to judge."""
+        batch = self.batch
+        if batch is None or job.batch is not batch or job.output is not None:
+            return None
+        suspects, others = _sort(batch, job)
+        hung = [request for request in suspects if request.alone]
+        again = [request for request in suspects if not request.alone]
+        for request in again:
+            request.alone = True
+        self.batch = None
+        self.late.clear()
+        # Its worker is replaced whether or not its CPU time still advances: the answer is no longer waited for,
+        # and a model that spins on an input would keep the worker, and every batch sent to it, until the job
+        # timeout (a worker that was only slow costs a fork and a warm-up). A hung request may also hang every
+        # other worker that holds its rows: a hedge's copy, its first batch's slice.
+        workers = {job.worker.id: job.worker}
+        workers.update((j.worker.id, j.worker) for j in self.jobs.values() if any(_holds(j, r) for r in hung))
+        batch.jobs = []  # see _finish: no cycle (each job still names its batch: `_holds` reads its requests)
+        self.next_deadline = min([min(j.deadline, j.hedge_at) for j in self.jobs.values()], default=math.inf)
+        return Hang(hung, others + again, list(workers.values()))
 
     def abandon(self) -> list[Request]:
         """Give up the batch in flight (no worker left); the caller answers its unanswered requests with errors."""
@@ -244,6 +265,10 @@ class Dispatcher:
         """Send rows [offset, offset+rows) of `batch` to `worker`; `twin`: the slice this job hedges."""
         now = time.monotonic()
         hedge_at, deadline, predicted = self._times(worker, rows, now)
+        if len(batch.requests) == 1 and batch.requests[0].alone:
+            # A suspect of a failure or a hang, run alone to tell it from its neighbours: a hedge's copy on a second
+            # worker would only spread what it does to the first.
+            hedge_at = math.inf
         job = Job(self._next_job, batch, offset, rows, worker, now, deadline, predicted, hedge_at, twin)
         self._next_job += 1
         self.next_deadline = min(self.next_deadline, deadline, hedge_at)
@@ -279,6 +304,40 @@ class Dispatcher:
                 completed.append(Completed(request, rows, queue_ms, compute_ms, jobs))
             offset += request.samples
         return completed
+
+
+@dataclass
+class Hang:
+    """What `Dispatcher.hang` made of a slice past its deadline."""
+
+    hung: list[Request]  # run alone already and hung again: the caller answers them with an error, never re-sends
+    again: list[Request]  # to queue again at the head: the batch's other requests, then each suspect alone
+    replace: list[WorkerHandle]  # the slice's worker and those holding a hung request's rows: nobody waits for them
+
+
+def _sort(batch: InFlightBatch, job: Job) -> tuple[list[Request], list[Request]]:
+    """The batch's unanswered requests: (those with rows in `job`'s slice, the others)."""
+    low, high = job.offset, job.offset + job.rows
+    suspects: list[Request] = []
+    others: list[Request] = []
+    start = 0
+    for request in batch.requests:
+        end = start + request.samples
+        if not request.answered:
+            (suspects if start < high and low < end else others).append(request)
+        start = end
+    return suspects, others
+
+
+def _holds(job: Job, request: Request) -> bool:
+    """Whether `job`'s slice holds rows of `request` (by identity: the same request may be in a later batch too)."""
+    start = 0
+    for queued in job.batch.requests:
+        end = start + queued.samples
+        if queued is request:
+            return start < job.offset + job.rows and job.offset < end
+        start = end
+    return False
 
 
 def _put_in_place_of(jobs: list[Job], old: Job, new: Job) -> None:

@@ -314,3 +314,27 @@ def test_a_late_failure_of_an_earlier_batch_never_aborts_the_next_and_a_failure_
     assert [h["shape"][0] for _, h, _ in slices] == [2, 2]  # rows [0, 2) and [2, 4)
     suspects, others = dispatcher.fail(slices[1][1]["job"]) or ([], [])
     assert suspects == following[1:] and others == following[:1] and not dispatcher.busy
+
+
+def test_a_slice_past_its_deadline_is_never_sent_again_its_requests_run_alone_and_a_hang_alone_is_final() -> None:
+    # Issue 27, 9: a hung slice was re-sent to the next worker, which hung on it too, worker after worker.
+    recorder, pool = Recorder(), workers(1, 1)
+    dispatcher = Dispatcher(
+        recorder, Splitter(None, "exact"), job_timeout_s=10, deadline_margin=1.5, deadline_floor_s=0.2
+    )
+    batch, _ = requests(1, 1, 2)
+    dispatcher.dispatch(batch, pool)
+    first, second = recorder.sent  # rows [0, 2): requests 0 and 1; rows [2, 4): request 2
+    job = dispatcher.jobs[first[1]["job"]]
+    verdict = dispatcher.hang(job)
+    assert verdict is not None and not dispatcher.busy and len(recorder.sent) == 2  # given up, nothing re-sent
+    assert verdict.hung == [] and verdict.again == [batch[2], batch[0], batch[1]]  # the others first
+    assert [r.alone for r in verdict.again] == [False, True, True] and verdict.replace == [pool[0]]
+    assert answer(dispatcher, pool, second) == [] and first[1]["job"] in dispatcher.jobs  # its worker: still busy
+    assert dispatcher.hang(job) is None  # no longer of the batch in flight
+    dispatcher.dispatch([batch[1]], pool[1:])  # the suspect alone: hung again, it is the hang's
+    alone = dispatcher.jobs[recorder.sent[-1][1]["job"]]
+    assert alone.hedge_at == math.inf  # a suspect alone is never hedged onto another worker
+    verdict = dispatcher.hang(alone)
+    assert verdict is not None and verdict.hung == [batch[1]] and verdict.again == []
+    assert {w.id for w in verdict.replace} == {1, 2}  # its worker, and the first one, which still holds its rows
