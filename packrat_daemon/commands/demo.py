@@ -1,12 +1,15 @@
 """`packrat demo`: the newcomer's first run — serve a built-in model and compare with one instance.
 
-Starts the daemon with the packrat policy (it profiles the cells it needs, with a progress line),
-then a second daemon with the `single` policy (PyTorch's default: one instance, all cores), and sends
+Starts the daemon as `packrat serve` starts by default: the packrat policy on every runtime and precision
+candidate (each measured, a reduced precision under the accuracy guard, the fastest served; what it measured
+kept in the default state folder, so a second demo starts at once). Then a second daemon with the `single`
+policy on torch at fp32 (PyTorch's default: one instance, all cores, full precision), and sends
 the same request to both through the client library in paired rounds (one to each, the order
 alternating), so that a noisy neighbour slows both alike. It prints the plan, the median latencies and
 a verdict that holds up to noise: the median of the rounds' speed-ups with a distribution-free
 confidence interval (the sign test's), and "faster" or "slower" only when the whole interval lies
-beyond `--tie-within` of 1, else "a tie within noise". Both daemons are stopped before it returns.
+beyond `--tie-within` of 1, else "a tie within noise". It says which runtime and precision the packrat
+daemon chose and why each other candidate lost. Both daemons are stopped before it returns.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="serve a built-in model with packrat and with one instance, and compare their latency",
         description="Start the daemon on a built-in model, send a burst of requests, compare with `single`.",
     )
-    add_settings(parser, ["model", "precision", "max_rel_error"])  # as `serve` takes them; both daemons use them
+    # As `serve` takes them, for the packrat daemon; the `single` baseline is torch at fp32 whatever they say.
+    add_settings(parser, ["model", "runtime", "precision", "max_rel_error"])
     parser.add_argument("--batch", type=positive_int, default=8, help="samples per request (default 8)")
     parser.add_argument(
         "--requests", type=positive_int, default=20, help="paired rounds: requests per policy (default 20)"
@@ -116,14 +120,19 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="packrat-demo-") as tmp:
         folder = Path(tmp)
         common = ["--model", args.model, "--max-batch", str(args.batch), "--max-delay-ms", "0"]
-        common += ["--precision", args.precision, "--max-rel-error", str(args.max_rel_error)]
+        chosen = ["--runtime", args.runtime, "--precision", args.precision, "--max-rel-error", str(args.max_rel_error)]
         try:
-            print(f"packrat demo: serving {args.model} with the packrat policy (profiling first) ...", file=sys.stderr)
-            packrat, packrat_endpoint = _start(folder, "packrat", [*common, "--policy", "packrat"])
+            print(
+                f"packrat demo: serving {args.model} with the packrat policy at runtime {args.runtime}, precision "
+                f"{args.precision} (measuring each candidate first; a later demo serves what this one chose) ...",
+                file=sys.stderr,
+            )
+            packrat, packrat_endpoint = _start(folder, "packrat", [*common, *chosen, "--policy", "packrat"])
             processes.append(packrat)
             info = _wait(packrat, packrat_endpoint)
-            print("packrat demo: starting the `single` baseline ...", file=sys.stderr)
-            single, single_endpoint = _start(folder, "single", [*common, "--policy", "single"])
+            print("packrat demo: starting the `single` baseline (torch at fp32) ...", file=sys.stderr)
+            baseline = ["--runtime", "torch", "--precision", "fp32", "--policy", "single"]
+            single, single_endpoint = _start(folder, "single", [*common, *baseline])
             processes.append(single)
             single_info = _wait(single, single_endpoint)
             spec = info["input"]
@@ -144,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
                         start = time.perf_counter()
                         client.infer(batch)
                         times[name].append((time.perf_counter() - start) * 1000.0)
+                choice = fast.status().get("runtime_choice")
         finally:
             for process in processes:
                 process.terminate()
@@ -161,8 +171,9 @@ def run(args: argparse.Namespace) -> int:
     if predicted is not None:
         print(f"  predicted from the profile: {predicted:.1f} ms")
     print(f"  why: {plan['reason']}")
-    print(f"median latency  packrat: {packrat_ms:8.1f} ms")
-    print(f"median latency  single : {single_ms:8.1f} ms   (one instance, all cores: PyTorch's default)")
+    served = f"{info.get('runtime')} {info.get('precision', 'fp32')}"
+    print(f"median latency  packrat: {packrat_ms:8.1f} ms   ({served})")
+    print(f"median latency  single : {single_ms:8.1f} ms   (torch fp32, one instance, all cores: PyTorch's default)")
     judged = verdict(times["packrat"], times["single"], args.tie_within)
     print(f"speed-up of packrat over single: {judged.speedup:.2f}× (median of {judged.rounds} paired rounds)")
     if judged.high < math.inf:
@@ -175,16 +186,30 @@ def run(args: argparse.Namespace) -> int:
         print(f"verdict: a tie within noise ({closer})")
     else:
         print(f"verdict: packrat is {judged.word} than single")
-    for name, served in (("packrat", info), ("single", single_info)):
-        guard = served.get("accuracy_guard")
+    for name, daemon in (("packrat", info), ("single", single_info)):
+        guard = daemon.get("accuracy_guard")
         measured = "" if not guard else f" (accuracy guard: max relative error {guard['max_rel_error']:.2e})"
-        print(f"{name} serves {served.get('runtime')} at {served.get('precision', 'fp32')}{measured}")
-    if _layout(plan) == _layout(single_info["plan"]):
+        print(f"{name} serves {daemon.get('runtime')} at {daemon.get('precision', 'fp32')}{measured}")
+    if _layout(plan) == _layout(single_info["plan"]) and served == "torch fp32":
         print(
             "  packrat serves the same layout as single here (splitting is not predicted to pay on this "
             "machine), so the difference above is noise between two processes"
         )
+    for line in _choice_lines(choice):  # last: a line per candidate
+        print(line)
     return 0
+
+
+def _choice_lines(choice: dict[str, Any] | None) -> list[str]:
+    """How the packrat daemon chose its runtime and precision: one line per candidate (status' runtime_choice)."""
+    if not choice or len(choice["candidates"]) < 2:
+        return []
+    when = "at this start" if choice["decided_at_this_start"] else "at an earlier start, kept in the state folder"
+    lines = [f"packrat chose among {len(choice['candidates'])} candidates {when}:"]
+    for candidate in choice["candidates"]:
+        predicted = "" if candidate["predicted_ms"] is None else f" (predicted {candidate['predicted_ms']:.3g} ms)"
+        lines.append(f"  {candidate['candidate']}: {candidate['verdict']}{predicted}: {candidate['why']}")
+    return lines
 
 
 def _layout(plan: dict) -> list[int]:

@@ -31,7 +31,15 @@ def test_demo_serves_both_policies_and_prints_the_comparison() -> None:
     assert any(line.startswith("  97% confidence interval: ") for line in lines)  # 6 rounds: their min and max
     assert any(line.startswith("verdict: ") for line in lines)
     assert "starting the `single` baseline" in done.stderr
-    assert "packrat serves torch at fp32" in lines and "single serves torch at fp32" in lines  # the default precision
+    assert "single serves torch at fp32" in lines  # the baseline, whatever packrat chose
+    served = next(line for line in lines if line.startswith("packrat serves "))
+    runtime, precision = served.split()[2], served.split()[4]
+    assert any(line.startswith("median latency  packrat: ") and f"({runtime} {precision})" in line for line in lines)
+    # The defaults are auto: every candidate was measured, and each one's verdict is printed.
+    chose = lines.index(next(line for line in lines if line.startswith("packrat chose among ")))
+    verdicts = [line.split(":")[1].split()[0] for line in lines[chose + 1 :]]
+    assert verdicts.count("served") == 1 and set(verdicts) <= {"served", "slower", "refused"}
+    assert f"  {runtime if precision == 'fp32' else runtime + '/' + precision}: served" in "\n".join(lines)
 
 
 def noisy(base: float, factor: float, rounds: int, seed: int) -> tuple[list[float], list[float]]:
