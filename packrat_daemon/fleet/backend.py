@@ -72,11 +72,12 @@ class ModelInfo:
     template_pid: int
     precision: str = "fp32"
     guard: dict[str, Any] | None = None  # what the accuracy guard measured (None: fp32, which needs none)
+    tensors: InputSpec | None = None  # the template's whole spec: named inputs and outputs (None: dtype, shape, high)
 
     @property
     def input(self) -> InputSpec:
         """The model's declared input, as the workers know it (for sample inputs)."""
-        return InputSpec(self.dtype, self.shape, self.high)
+        return self.tensors or InputSpec(self.dtype, self.shape, self.high)
 
 
 def allocator_library(name: str) -> str | None:
@@ -180,7 +181,7 @@ class Backend:
                 spec = header["input"]
                 return ModelInfo(
                     header["model"], header["runtime"], spec["dtype"], tuple(spec["shape"]), spec.get("high"),
-                    header["pid"], header.get("precision", "fp32"),
+                    header["pid"], header.get("precision", "fp32"), tensors=InputSpec.from_json(spec),
                 )  # fmt: skip
         raise TemplateError(f"the template did not load the model within {timeout:.0f} s")
 

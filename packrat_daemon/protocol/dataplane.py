@@ -146,7 +146,7 @@ class DataPlane:
             header, output = await self.upstream.infer(probe, PROBE_TIMEOUT_S * 5, dtype=dtype)
         except UpstreamTimeout:
             return None
-        if not header.get("ok") or output is None:
+        if not header.get("ok") or not isinstance(output, np.ndarray):  # version 1: one tensor
             log.warning("the probe for the model's output failed (%s); trying again later", header.get("error"))
             return None
         name = self.model_name or default_model_name(info["model"])
@@ -261,7 +261,7 @@ class DataPlane:
         except OipError:
             self.statistics.failed(time.perf_counter_ns() - started_ns)
             raise
-        assert output is not None  # an ok infer reply always carries its tensor (decode_reply checks)
+        assert isinstance(output, np.ndarray)  # an ok version-1 infer reply carries its tensor (decode_reply checks)
         timing = header.get("timing") or {}
         return InferResult(
             spec,

@@ -16,7 +16,13 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from packrat_daemon.wire.client_side import decode_reply, encode_infer_request, encode_info_request
+from packrat_daemon.wire.client_side import (
+    Result,
+    decode_reply,
+    encode_infer_request,
+    encode_info_request,
+    encode_tensors_request,
+)
 from packrat_daemon.wire.codec import ProtocolError
 from packrat_daemon.wire.curve import ClientKeys
 from packrat_daemon.wire.endpoints import allow_ipv6
@@ -24,7 +30,7 @@ from packrat_daemon.wire.zmqio import ZERO_COPY_MIN_BYTES
 
 log = logging.getLogger("packrat.oip")
 
-Reply = tuple[dict[str, Any], np.ndarray | None]
+Reply = tuple[dict[str, Any], Result | None]
 
 
 class UpstreamTimeout(Exception):
@@ -66,10 +72,16 @@ class Upstream:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
-    async def infer(self, array: np.ndarray, timeout_s: float, dtype: str | None = None) -> Reply:
-        """The daemon's reply to an infer request of `array` (the header says ok or the error)."""
+    async def infer(
+        self, array: np.ndarray | dict[str, np.ndarray], timeout_s: float, dtype: str | None = None
+    ) -> Reply:
+        """The daemon's reply to an infer request of `array`, or of named arrays (protocol version 2; the reply's
+        outputs are then named too); the header says ok or the error."""
         request_id = next(self._ids)
-        frames = encode_infer_request(request_id, array, timeout_ms=timeout_s * 1000.0, dtype=dtype)
+        if isinstance(array, dict):
+            frames = encode_tensors_request(request_id, array, timeout_ms=timeout_s * 1000.0)
+        else:
+            frames = encode_infer_request(request_id, array, timeout_ms=timeout_s * 1000.0, dtype=dtype)
         return await self._request(request_id, frames, timeout_s)
 
     async def describe(self, op: str, timeout_s: float) -> dict[str, Any]:

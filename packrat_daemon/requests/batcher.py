@@ -62,6 +62,7 @@ class Request:
     # Its batch failed with its rows in the failing slice: it runs in a batch of its own, so that a bad input fails
     # only its own request (the supervisor answers INTERNAL if it fails alone).
     alone: bool = False
+    named: bool = False  # a version-2 request: answered with every output by name (packrat_daemon.requests.tensors)
 
     @property
     def samples(self) -> int:

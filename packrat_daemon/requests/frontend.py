@@ -29,10 +29,12 @@ from packrat_daemon.ops.logs import log_request
 from packrat_daemon.ops.metrics import Metrics
 from packrat_daemon.requests.batcher import Batcher, Request
 from packrat_daemon.requests.jobs import Completed
+from packrat_daemon.requests.tensors import ModelTensors
 from packrat_daemon.wire.codec import (
     ITEMSIZE,
     MAX_HEADER_BYTES,
     MAX_ID_CHARS,
+    MAX_TENSORS,
     MAX_TIMEOUT_MS,
     SUPPORTED_VERSIONS,
     ErrorCode,
@@ -59,7 +61,7 @@ log = logging.getLogger("packrat.daemon")
 MAX_READS_PER_WAKE = 256  # bound how long the frontend can starve the workers' socket
 # Frames of a request: the ROUTER's identity, a REQ client's empty delimiter, the header, the payload.
 # Frames past these are received one at a time and dropped at once, never held as a list.
-MAX_KEPT_FRAMES = 4
+MAX_KEPT_FRAMES = 3 + MAX_TENSORS  # version 2: a frame per named tensor
 # ZeroMQ's cap is per frame (ZMQ_MAXMSGSIZE): a frame up to twice the message limit, and at least 1 MiB over
 # it (a small model's limit is mostly the header's allowance), is read and answered TOO_LARGE; a peer that
 # sends a bigger frame is disconnected by ZeroMQ without an answer.
@@ -121,6 +123,7 @@ class Frontend:
         self._status_cache: tuple[float, int, dict[str, Any]] | None = None  # (built at, generation, reply)
         self.accepting = False  # inference requests are queued only while serving; `info` is always answered
         self.sample_bytes = math.prod(info.shape) * ITEMSIZE[info.dtype]
+        self.tensors = ModelTensors(info.input)  # named inputs and outputs: protocol version 2
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a vanished client must not stall the daemon
@@ -190,8 +193,12 @@ class Frontend:
             )
             self.send(identity, delimiter, reply)
             return False
+        named = request.tensors is not None
         try:
-            check_against_model(request, self.info.dtype, self.info.shape, self.batcher.max_batch, self.info.high)
+            if not named and not self.tensors.records:  # version 1, as always
+                check_against_model(request, self.info.dtype, self.info.shape, self.batcher.max_batch, self.info.high)
+            else:
+                request = self.tensors.checked(request, self.batcher.max_batch)
         except ProtocolError as exc:
             self.metrics.count(exc.code)
             self.send(identity, delimiter, encode_error(request.request_id, exc.code, exc.message))
@@ -201,6 +208,7 @@ class Frontend:
         queued = Request(
             identity, delimiter, request.request_id, request.dtype, request.shape, request.payload, now, deadline
         )
+        queued.named = named
         if not self.batcher.offer(queued):
             message = f"the queue is full ({self.batcher.queued_inputs} inputs waiting); retry later"
             self.reply_error(queued, ErrorCode.OVERLOADED, message)
@@ -256,6 +264,7 @@ class Frontend:
             "versions": list(SUPPORTED_VERSIONS),
             "model": self.model,
             "input": {"dtype": self.info.dtype, "shape": list(self.info.shape), "high": self.info.high},
+            **self.tensors.describe(),
             "runtime": self.info.runtime,
             "precision": self.info.precision,
             "accuracy_guard": self.info.guard,
@@ -286,11 +295,14 @@ class Frontend:
         request = done.request
         total_ms = (time.monotonic() - request.arrived) * 1000.0
         output = done.output
-        header, payload = encode_timed_result(
-            request.request_id, numpy_name(output.dtype), output.shape, output,
-            done.queue_ms, done.compute_ms, total_ms, done.instances,
-        )  # fmt: skip
-        self.send(request.identity, request.delimiter, [header, payload], output.nbytes >= ZERO_COPY_MIN_BYTES)
+        if request.named or self.tensors.output_records:  # named tensors (protocol version 2)
+            reply = self.tensors.reply(done, request.named, total_ms)
+        else:
+            reply = encode_timed_result(
+                request.request_id, numpy_name(output.dtype), output.shape, output,
+                done.queue_ms, done.compute_ms, total_ms, done.instances,
+            )  # fmt: skip
+        self.send(request.identity, request.delimiter, reply, output.nbytes >= ZERO_COPY_MIN_BYTES)
         self.metrics.answered(done, total_ms)
         self.served((total_ms - done.queue_ms - done.compute_ms) / 1000.0)  # what batching waits for
         log_request(done, total_ms)

@@ -2,9 +2,11 @@
 
     with Client("tcp://127.0.0.1:5555") as client:
         logits = client.infer(batch)          # batch.shape[0] samples in, as many rows out
+        outputs = client.infer({"input_ids": ids, "attention_mask": mask})  # named inputs; named outputs
 
-The client speaks protocol version 1 (docs/protocol.md) over one DEALER socket per endpoint and spreads
-requests round-robin across endpoints. It never imports torch, so it starts in milliseconds.
+The client speaks protocol versions 1 (one array) and 2 (named arrays; docs/protocol.md) over one DEALER
+socket per endpoint and spreads requests round-robin across endpoints. It never imports torch, so it starts
+in milliseconds.
 """
 
 from __future__ import annotations
@@ -14,15 +16,15 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import zmq
 import zmq.asyncio
 
-from packrat_daemon.wire.client_base import DEFAULT_BACKOFF_S, ClientBase, ceil_ms, sample_count
+from packrat_daemon.wire.client_base import DEFAULT_BACKOFF_S, ClientBase, Inputs, ceil_ms, sample_count
 from packrat_daemon.wire.client_side import (
+    Result,
     decode_reply,
     infer_result,
     info_result,
@@ -91,10 +93,15 @@ class Client(ClientBase):
         self._lock = threading.Lock()
         self._receive_timeout_ms = [-1] * len(self._sockets)  # RCVTIMEO as last set, per socket
 
-    def infer(self, array: np.ndarray, *, timeout: float | None = None, dtype: str | None = None) -> np.ndarray:
+    def infer(
+        self, array: Inputs, *, timeout: float | None = None, dtype: str | Mapping[str, str] | None = None
+    ) -> Result:
         """Run the model on ``array`` (first axis = samples); returns one output row per sample.
 
-        ``dtype`` is only needed for bfloat16: pass the raw bits as uint16 with ``dtype="bfloat16"``.
+        ``array`` is one array (a model of one input), or a dict of arrays by input name (any model; each counts
+        the same samples). A model of several outputs answers a dict of arrays by output name when given a dict;
+        one array in gets its first output, as protocol version 1 carries one. ``dtype`` is only needed for
+        bfloat16: pass the raw bits as uint16 with ``dtype="bfloat16"`` (for named arrays, a dict by name).
         """
         header, result = self._request(*self._infer_request(array, timeout, dtype))
         return infer_result(header, result, sample_count(array))
@@ -109,7 +116,7 @@ class Client(ClientBase):
         header, _ = self._request(*self._info_request(timeout, "status"))
         return info_result(header)
 
-    def _request(self, frames: list[Any], request_id: int, timeout: float) -> tuple[dict[str, Any], np.ndarray | None]:
+    def _request(self, frames: list[Any], request_id: int, timeout: float) -> tuple[dict[str, Any], Result | None]:
         deadline = time.monotonic() + timeout
         with self._lock:
             self._check_open()
@@ -137,7 +144,7 @@ class Client(ClientBase):
 
     def _receive(
         self, index: int, request_id: int, deadline: float, timeout: float
-    ) -> tuple[dict[str, Any], np.ndarray | None]:
+    ) -> tuple[dict[str, Any], Result | None]:
         socket = self._sockets[index]
         while True:
             remaining = deadline - time.monotonic()
@@ -211,13 +218,18 @@ class AsyncClient(ClientBase):
         else:
             async_context = zmq.asyncio.Context(shadow=context)  # share the caller's I/O threads
         super().__init__(endpoints, timeout, async_context, backoff, key, server_key)
-        self._pending: dict[int, asyncio.Future[tuple[dict[str, Any], np.ndarray | None]]] = {}
+        self._pending: dict[int, asyncio.Future[tuple[dict[str, Any], Result | None]]] = {}
         self._readers: list[asyncio.Task[None]] = []
 
-    async def infer(self, array: np.ndarray, *, timeout: float | None = None, dtype: str | None = None) -> np.ndarray:
+    async def infer(
+        self, array: Inputs, *, timeout: float | None = None, dtype: str | Mapping[str, str] | None = None
+    ) -> Result:
         """Run the model on ``array`` (first axis = samples); returns one output row per sample.
 
-        ``dtype`` is only needed for bfloat16: pass the raw bits as uint16 with ``dtype="bfloat16"``.
+        ``array`` is one array (a model of one input), or a dict of arrays by input name (any model; each counts
+        the same samples). A model of several outputs answers a dict of arrays by output name when given a dict;
+        one array in gets its first output, as protocol version 1 carries one. ``dtype`` is only needed for
+        bfloat16: pass the raw bits as uint16 with ``dtype="bfloat16"`` (for named arrays, a dict by name).
         """
         header, result = await self._request(*self._infer_request(array, timeout, dtype))
         return infer_result(header, result, sample_count(array))
@@ -234,7 +246,7 @@ class AsyncClient(ClientBase):
 
     async def _request(
         self, frames: list[Any], request_id: int, timeout: float
-    ) -> tuple[dict[str, Any], np.ndarray | None]:
+    ) -> tuple[dict[str, Any], Result | None]:
         self._check_open()
         self._start_readers()
         index = self._ring.pick()

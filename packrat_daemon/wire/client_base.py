@@ -6,13 +6,13 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import zmq
 
-from packrat_daemon.wire.client_side import encode_infer_request, encode_info_request
+from packrat_daemon.wire.client_side import encode_infer_request, encode_info_request, encode_tensors_request
 from packrat_daemon.wire.curve import ClientKeys, KeyPair
 from packrat_daemon.wire.endpoints import EndpointRing, allow_ipv6
 from packrat_daemon.wire.errors import BadEndpoint, ClientClosed, ClientTimeout
@@ -34,7 +34,15 @@ def ceil_ms(seconds: float) -> int:
 
 
 def sample_count(array: Any) -> int:
-    return array.shape[0] if type(array) is np.ndarray else np.shape(array)[0]
+    if type(array) is np.ndarray:
+        return array.shape[0]
+    if isinstance(array, Mapping):  # named inputs: each counts the same samples (encode_tensors_request checks)
+        return np.shape(next(iter(array.values())))[0] if array else 0
+    return np.shape(array)[0]
+
+
+# What `infer` takes: one array (protocol version 1), or named arrays (version 2).
+Inputs = np.ndarray | Mapping[str, np.ndarray]
 
 
 class ClientBase:
@@ -94,15 +102,20 @@ class ClientBase:
         self._timeout_ms = self._timeout * 1000  # what every request header carries, computed once
 
     def _infer_request(
-        self, array: np.ndarray, timeout: float | None, dtype: str | None
+        self, array: Inputs, timeout: float | None, dtype: str | Mapping[str, str] | None
     ) -> tuple[list[Any], int, float]:
-        """``(frames, request_id, timeout)`` of one infer call."""
+        """``(frames, request_id, timeout)`` of one infer call: version 1 for one array, 2 for named arrays."""
         if timeout is None:
             timeout, timeout_ms = self._timeout, self._timeout_ms
         else:
             timeout = check_timeout(timeout)
             timeout_ms = timeout * 1000
         request_id = next(self._ids)
+        if type(array) is not np.ndarray and isinstance(array, Mapping):  # (the type first: one array is the hot path)
+            dtypes = dtype if isinstance(dtype, Mapping) else None
+            return encode_tensors_request(request_id, array, timeout_ms, dtypes=dtypes), request_id, timeout
+        if dtype is not None and isinstance(dtype, Mapping):
+            raise ValueError("dtype= as a dict names the dtypes of named arrays; for one array give one dtype name")
         return encode_infer_request(request_id, array, timeout_ms=timeout_ms, dtype=dtype), request_id, timeout
 
     def _info_request(self, timeout: float | None, op: str = "info") -> tuple[list[Any], int, float]:

@@ -4,7 +4,7 @@ the typed exceptions of :mod:`packrat_daemon.wire.errors`)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -12,6 +12,9 @@ import zmq
 
 from packrat_daemon.wire import codec, errors
 from packrat_daemon.wire.codec import ErrorCode, ProtocolError, RequestId
+
+# What a result reply holds: version 1's one tensor, or version 2's named tensors.
+Result = np.ndarray | dict[str, np.ndarray]
 
 # (kind, itemsize) -> wire name; byte order is normalised on encode, so it is not part of the key.
 _NAME_BY_KIND: dict[tuple[str, int], str] = {
@@ -141,6 +144,43 @@ def _remember_template(array: np.ndarray, header: dict[str, Any]) -> None:
     _HEADER_TEMPLATES[(array.dtype, array.shape[1:], header.get("timeout_ms"))] = template
 
 
+def encode_tensors_request(
+    request_id: RequestId,
+    arrays: Mapping[str, np.ndarray],
+    timeout_ms: float | None = None,
+    *,
+    dtypes: Mapping[str, str] | None = None,
+) -> list[bytes | memoryview]:
+    """``[header, payload, ...]`` for a version-2 infer request: one frame per named array, each a view of the
+    array, not a copy. Every array's first axis counts the same samples. ``dtypes`` names the wire dtype of any
+    array that needs it (bfloat16's raw bits as uint16). Raises ValueError for what the protocol cannot carry."""
+    _validate_id(request_id)
+    if not 0 < len(arrays) <= codec.MAX_TENSORS:
+        raise ValueError(f"give 1 to {codec.MAX_TENSORS} named arrays, got {len(arrays)}")
+    entries, payloads = [], []
+    for name, given in arrays.items():
+        problem = codec.check_tensor_name(name)
+        if problem is not None:
+            raise ValueError(problem)
+        array = np.asarray(given)
+        if array.ndim == 0 or array.ndim > codec.MAX_NDIM or 0 in array.shape:
+            raise ValueError(
+                f"cannot send {name!r} of shape {array.shape}: it needs 1 to {codec.MAX_NDIM} dimensions, none of them "
+                "empty, the first one counting samples"
+            )
+        wire_name, wire = _wire_array(array, (dtypes or {}).get(name))
+        entries.append({"name": name, "dtype": wire_name, "shape": list(wire.shape)})
+        payloads.append(wire.reshape(-1).view(np.uint8).data)
+    counts = {entry["shape"][0] for entry in entries}
+    if len(counts) > 1:
+        listed = ", ".join(f"{entry['name']} {entry['shape'][0]}" for entry in entries)
+        raise ValueError(f"every array's first axis counts the samples, and these differ: {listed}")
+    header: dict[str, Any] = {"v": codec.TENSORS_VERSION, "id": request_id, "op": "infer", "inputs": entries}
+    if timeout_ms is not None:
+        header["timeout_ms"] = timeout_ms
+    return [codec.dump_header(header), *payloads]
+
+
 def encode_info_request(request_id: RequestId, op: str = "info") -> list[bytes]:
     """An `info` request, or with `op="status"` a `status` request (the same reply with the live state)."""
     _validate_id(request_id)
@@ -155,8 +195,9 @@ def _malformed(message: str, request_id: RequestId | None = None) -> ProtocolErr
     return ProtocolError(ErrorCode.INTERNAL, f"malformed reply from the server: {message}", request_id)
 
 
-def decode_reply(frames: Sequence[codec.Frame]) -> tuple[dict[str, Any], np.ndarray | None]:
-    """Read a reply: ``(header, array)`` for a result, ``(header, None)`` for info and errors.
+def decode_reply(frames: Sequence[codec.Frame]) -> tuple[dict[str, Any], Result | None]:
+    """Read a reply: ``(header, array)`` for a result (version 2: a dict of arrays by name), ``(header, None)``
+    for info and errors.
 
     Error replies are returned, not raised: ``header["ok"]`` is False and ``header["error"]`` holds
     ``code`` and ``message``. A reply that breaks the protocol raises :class:`ProtocolError` (INTERNAL),
@@ -164,8 +205,8 @@ def decode_reply(frames: Sequence[codec.Frame]) -> tuple[dict[str, Any], np.ndar
     """
     if frames and len(frames[0]) == 0:
         frames = frames[1:]  # the delimiter a REQ-style client gets back
-    if not frames or len(frames) > 2:
-        raise _malformed(f"{len(frames)} frames; expected [header] or [header, payload]")
+    if not frames or len(frames) > 1 + codec.MAX_TENSORS:
+        raise _malformed(f"{len(frames)} frames; expected [header] or [header, payload, ...]")
     try:
         header = codec.load_header(frames[0] if type(frames[0]) is zmq.Frame else codec.as_buffer(frames[0]))
     except ValueError as exc:
@@ -179,6 +220,10 @@ def decode_reply(frames: Sequence[codec.Frame]) -> tuple[dict[str, Any], np.ndar
     if not ok:
         _check_error_header(header, request_id, len(frames))
         return header, None
+    if "outputs" in header and header["v"] == codec.TENSORS_VERSION:
+        return header, _decode_tensors(header, request_id, frames)
+    if len(frames) > 2:
+        raise _malformed(f"{len(frames)} frames; a version-1 reply is [header] or [header, payload]", request_id)
     if "dtype" not in header:
         if len(frames) != 1:
             raise _malformed("a reply without 'dtype' must not carry a payload frame", request_id)
@@ -204,10 +249,27 @@ def _check_error_header(header: dict[str, Any], request_id: RequestId | None, n_
 _INT_ONLY = {int}
 
 
-def _decode_result(header: dict[str, Any], request_id: RequestId | None, frames: Sequence[codec.Frame]) -> np.ndarray:
+def _decode_tensors(
+    header: dict[str, Any], request_id: RequestId | None, frames: Sequence[codec.Frame]
+) -> dict[str, np.ndarray]:
+    outputs = header["outputs"]
+    if type(outputs) is not list or not outputs or len(outputs) != len(frames) - 1:
+        raise _malformed("a version-2 result needs 'outputs', one entry per payload frame", request_id)
+    arrays: dict[str, np.ndarray] = {}
+    for entry, frame in zip(outputs, frames[1:], strict=True):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or codec.check_tensor_name(name) is not None or name in arrays:
+            raise _malformed(f"output name {name!r} is not a valid, distinct tensor name", request_id)
+        arrays[name] = _decode_result(entry, request_id, [frames[0], frame], f"output {name!r}: ")
+    return arrays
+
+
+def _decode_result(
+    header: dict[str, Any], request_id: RequestId | None, frames: Sequence[codec.Frame], what: str = ""
+) -> np.ndarray:
     dtype, shape = header.get("dtype"), header.get("shape")
     if dtype not in codec.DTYPES:
-        raise _malformed(f"unknown 'dtype' {dtype!r}", request_id)
+        raise _malformed(f"{what}unknown 'dtype' {dtype!r}", request_id)
     # Unlike a request's, an output's dimensions after the first may be 0.
     if not (
         type(shape) is list
@@ -250,10 +312,15 @@ def server_error(header: dict[str, Any]) -> errors.ServerError:
     return cls(code, error["message"], header.get("id"))
 
 
-def infer_result(header: dict[str, Any], array: np.ndarray | None, samples: int) -> np.ndarray:
-    """The result array of a decoded infer reply; raises the server's error, or INTERNAL for a wrong count."""
+def infer_result(header: dict[str, Any], array: Result | None, samples: int) -> Result:
+    """The result of a decoded infer reply: the array, or for a version-2 reply of several outputs a dict of them
+    by name (of one output, its array); raises the server's error, or INTERNAL for a wrong count."""
     if not header["ok"]:
         raise server_error(header)
+    if isinstance(array, dict):
+        for one in array.values():
+            infer_result(header, one, samples)
+        return next(iter(array.values())) if len(array) == 1 else array
     if array is None or array.ndim == 0 or array.shape[0] != samples:
         got = "no tensor" if array is None else f"shape {list(array.shape)}"
         raise ProtocolError(ErrorCode.INTERNAL, f"server answered {samples} samples with {got}", header.get("id"))

@@ -1,9 +1,11 @@
-"""Packrat wire protocol, version 1: what both sides share. Limits, dtypes, error codes, the header's
-JSON codec and the rule for request ids.
+"""Packrat wire protocol, versions 1 and 2: what both sides share. Limits, dtypes, error codes, the header's
+JSON codec, the rule for request ids and tensor names, and the record layout of several tensors.
 
-A client message is ``[header, payload]`` (infer) or ``[header]`` (info); a reply is ``[header]`` or
-``[header, payload]``. The header is a UTF-8 JSON object, the payload raw little-endian C-order tensor
-bytes. docs/protocol.md is the normative description; this module, :mod:`~packrat_daemon.wire.server_side`
+A client message is ``[header, payload]`` (infer, version 1: one unnamed tensor), ``[header, payload, ...]``
+(infer, version 2: one frame per named tensor the header lists) or ``[header]`` (info); a reply is
+``[header]``, ``[header, payload]`` (version 1) or ``[header, payload, ...]`` (version 2). The header is a
+UTF-8 JSON object, each payload raw little-endian C-order tensor bytes. docs/protocol.md is the normative
+description; this module, :mod:`~packrat_daemon.wire.server_side`
 (parse requests, encode replies) and :mod:`~packrat_daemon.wire.client_side` (encode requests, decode
 replies) are its reference implementation. None of them may import torch: the client imports them and
 has to start fast.
@@ -12,7 +14,7 @@ has to start fast.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -23,7 +25,13 @@ import zmq
 from packrat_daemon.wire.errors import ErrorCode, PackratError, RequestId
 
 PROTOCOL_VERSION = 1
-SUPPORTED_VERSIONS: tuple[int, ...] = (1,)
+# Version 2 names its tensors: several inputs in, several outputs out. Version 1 (one unnamed tensor each way)
+# is still spoken, unchanged, so that every client written for it keeps working.
+TENSORS_VERSION = 2
+SUPPORTED_VERSIONS: tuple[int, ...] = (1, TENSORS_VERSION)
+# Version 2's bounds, checked before anything is allocated for the tensors a header lists.
+MAX_TENSORS = 32
+MAX_NAME_CHARS = 128
 MAX_HEADER_BYTES = 65536
 MAX_ID_CHARS = 128
 # Ids cross language boundaries: keep integer ids inside a signed 64-bit range every client can hold.
@@ -192,3 +200,58 @@ def check_request_id(request_id: Any) -> str | None:
             return "'id' integer does not fit in a signed 64-bit integer"
         return None
     return f"'id' must be a string or an integer, got {json_type(request_id)}"
+
+
+def check_tensor_name(name: Any) -> str | None:
+    """Why ``name`` is not a valid tensor name (version 2), or None: 1 to MAX_NAME_CHARS printable ASCII
+    characters, so that every client can write it and every error can quote it."""
+    if type(name) is not str:
+        return f"a tensor's 'name' must be a string, got {json_type(name)}"
+    if not 0 < len(name) <= MAX_NAME_CHARS:
+        return f"a tensor's 'name' has {len(name)} characters; give 1 to {MAX_NAME_CHARS}"
+    if not (name.isascii() and name.isprintable()):
+        return f"tensor name {short_repr(name)} must be printable ASCII"
+    return None
+
+
+# ------------------------------------------------------------------------------------- records
+#
+# Inside the daemon a request of several tensors travels as one: each sample's bytes of every tensor, one after
+# another, make one row of bytes (a record), so that batching, splitting, shared memory and gathering move rows
+# as they do for one tensor. A record's layout is the tensors' (dtype, per-sample shape), in order.
+
+Layout = Sequence[tuple[str, Sequence[int]]]
+
+
+def record_bytes(layout: Layout) -> int:
+    """Bytes of one sample's record."""
+    return sum(ITEMSIZE[dtype] * _count(shape) for dtype, shape in layout)
+
+
+def _count(shape: Sequence[int]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def pack_records(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """``(samples, record bytes)`` uint8: row k holds sample k of every array in turn (each C-ordered)."""
+    samples = arrays[0].shape[0]
+    pieces = [np.ascontiguousarray(a).reshape(samples, -1).view(np.uint8) for a in arrays]
+    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=1)
+
+
+def unpack_records(rows: np.ndarray, layout: Layout) -> list[np.ndarray]:
+    """The arrays ``pack_records`` packed into ``rows`` (uint8, one record per row), by ``layout``; copies."""
+    samples = rows.shape[0]
+    rows = rows.reshape(samples, -1)
+    if rows.shape[1] != record_bytes(layout):
+        raise ValueError(f"records of {rows.shape[1]} bytes, but the layout needs {record_bytes(layout)}")
+    arrays, start = [], 0
+    for dtype, shape in layout:
+        end = start + ITEMSIZE[dtype] * _count(shape)
+        piece = np.ascontiguousarray(rows[:, start:end])
+        arrays.append(piece.view(DTYPES[dtype]).reshape(samples, *shape))
+        start = end
+    return arrays

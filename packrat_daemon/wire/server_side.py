@@ -23,10 +23,12 @@ from packrat_daemon.wire.codec import (
     ITEMSIZE,
     MAX_HEADER_BYTES,
     MAX_NDIM,
+    MAX_TENSORS,
     MAX_TIMEOUT_MS,
     PROTOCOL_VERSION,
     SCAN_ONCE,
     SUPPORTED_VERSIONS,
+    TENSORS_VERSION,
     Buffer,
     ErrorCode,
     Frame,
@@ -34,6 +36,7 @@ from packrat_daemon.wire.codec import (
     RequestId,
     as_buffer,
     check_request_id,
+    check_tensor_name,
     dump_header,
     is_int,
     json_type,
@@ -42,15 +45,35 @@ from packrat_daemon.wire.codec import (
 )
 
 
+class Tensor(NamedTuple):
+    """One named tensor of a version-2 request."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    payload: memoryview | bytes
+
+
 class InferRequest(NamedTuple):
     """One parsed infer request (a tuple: one is built per request, and a frozen dataclass's fields
-    cost a setattr each)."""
+    cost a setattr each). A version-2 request lists its named `tensors`; dtype, shape and payload are then
+    its first one's (None: version 1, one unnamed tensor)."""
 
     request_id: RequestId
     dtype: str
     shape: tuple[int, ...]
     payload: memoryview | bytes
     timeout_ms: float | None = None
+    tensors: tuple[Tensor, ...] | None = None
+
+
+class ModelTensor(NamedTuple):
+    """One input a model takes, as requests are checked against it."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]  # per sample; -1 matches any size
+    high: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,8 +163,10 @@ def _well_formed_infer(raw: bytes, payload_frame: Frame, max_message_bytes: int)
         header.get("shape"),
         header.get("timeout_ms"),
     )
+    version = header.get("v")
     if not (
-        _version_known(header.get("v"))
+        type(version) is int
+        and version == PROTOCOL_VERSION  # version 2's tensors go the long way
         and _dtype_known(dtype)
         and check_request_id(request_id) is None
         and _plain_shape(shape)
@@ -181,10 +206,12 @@ def _parse_frames(buffers: list[Buffer], max_message_bytes: int) -> InferRequest
     if total > max_message_bytes:
         raise ProtocolError(ErrorCode.TOO_LARGE, oversized_message(total, max_message_bytes, header, None), request_id)
     _check_version(header, request_id)
+    op = header.get("op")
+    if op == "infer" and header["v"] == TENSORS_VERSION:
+        return _parse_tensors(header, request_id, buffers)
     if len(buffers) > 2:
         raise _bad(f"message has {len(buffers)} frames; expected [header] or [header, payload]", request_id)
 
-    op = header.get("op")
     if op == "infer":
         return _parse_infer(header, request_id, buffers)
     if op == "info" or op == "status":
@@ -196,7 +223,7 @@ def _parse_frames(buffers: list[Buffer], max_message_bytes: int) -> InferRequest
 
 def _check_version(header: dict[str, Any], request_id: RequestId) -> None:
     if "v" not in header:
-        raise _bad("header has no 'v'; set it to the protocol version, 1", request_id)
+        raise _bad("header has no 'v'; set it to the protocol version, 1 (or 2 for named tensors)", request_id)
     version = header["v"]
     if _version_known(version):
         return
@@ -228,17 +255,73 @@ def _parse_infer(header: dict[str, Any], request_id: RequestId, buffers: list[Bu
     return InferRequest(request_id, dtype, shape, payload, timeout_ms)
 
 
-def _parse_shape(shape: Any, request_id: RequestId) -> tuple[int, ...]:
+def _parse_tensors(header: dict[str, Any], request_id: RequestId, buffers: list[Buffer]) -> InferRequest:
+    """A version-2 infer request: `inputs` lists each tensor's name, dtype and shape, one payload frame each."""
+    inputs = header.get("inputs")
+    if type(inputs) is not list or not 0 < len(inputs) <= MAX_TENSORS:
+        what = f"{len(inputs)} tensors" if type(inputs) is list else json_type(inputs)
+        raise _bad(
+            f"a version-2 'infer' needs 'inputs': an array of 1 to {MAX_TENSORS} objects "
+            "{'name', 'dtype', 'shape'}, one per payload frame; got " + what,
+            request_id,
+        )
+    if len(buffers) - 1 != len(inputs):
+        raise _bad(
+            f"'inputs' lists {len(inputs)} tensors, but the message has {len(buffers) - 1} payload frames: send one "
+            "frame per tensor, in the order 'inputs' lists them",
+            request_id,
+        )
+    timeout_ms = _parse_timeout(header.get("timeout_ms"), request_id)
+    tensors: list[Tensor] = []
+    seen: set[str] = set()
+    for k, (entry, payload) in enumerate(zip(inputs, buffers[1:], strict=True)):
+        if type(entry) is not dict:
+            raise _bad(
+                f"'inputs'[{k}] must be an object {{'name', 'dtype', 'shape'}}, got {json_type(entry)}", request_id
+            )
+        name: str = entry.get("name")  # type: ignore[assignment]  # checked on the next line
+        problem = check_tensor_name(name)
+        if problem is not None:
+            raise _bad(f"'inputs'[{k}]: {problem}", request_id)
+        if name in seen:
+            raise _bad(f"input {name!r} is listed twice; give each input once", request_id)
+        seen.add(name)
+        dtype = entry.get("dtype")
+        if not _dtype_known(dtype):
+            raise _bad(
+                f"input {name!r}: unknown 'dtype' {short_repr(dtype)}; expected one of {', '.join(DTYPES)}", request_id
+            )
+        shape = _parse_shape(entry.get("shape"), request_id, f"input {name!r}: ")
+        expected = math.prod(shape) * ITEMSIZE[dtype]
+        if len(payload) != expected:
+            raise _bad(
+                f"input {name!r}: its frame is {len(payload)} bytes; {dtype} of shape {list(shape)} needs {expected}",
+                request_id,
+            )
+        tensors.append(Tensor(name, dtype, shape, payload))
+    samples = {tensor.shape[0] for tensor in tensors}
+    if len(samples) > 1:
+        counts = ", ".join(f"{tensor.name} {tensor.shape[0]}" for tensor in tensors)
+        raise _bad(
+            f"the inputs have different numbers of samples ({counts}); every input's first axis counts the same "
+            "samples",
+            request_id,
+        )
+    first = tensors[0]
+    return InferRequest(request_id, first.dtype, first.shape, first.payload, timeout_ms, tuple(tensors))
+
+
+def _parse_shape(shape: Any, request_id: RequestId, what: str = "") -> tuple[int, ...]:
     if _plain_shape(shape):
         return tuple(shape)
     if not isinstance(shape, list) or not shape:
-        raise _bad(f"'shape' must be a non-empty array of integers, got {json_type(shape)}", request_id)
+        raise _bad(f"{what}'shape' must be a non-empty array of integers, got {json_type(shape)}", request_id)
     if len(shape) > MAX_NDIM:
-        raise _bad(f"'shape' has {len(shape)} dimensions; at most {MAX_NDIM} are allowed", request_id)
+        raise _bad(f"{what}'shape' has {len(shape)} dimensions; at most {MAX_NDIM} are allowed", request_id)
     for axis, size in enumerate(shape):
         if not is_int(size) or size < 1:
             raise _bad(
-                f"'shape'[{axis}] is {short_repr(size)}; every dimension must be a positive integer "
+                f"{what}'shape'[{axis}] is {short_repr(size)}; every dimension must be a positive integer "
                 "(the first one, the number of samples, too)",
                 request_id,
             )
@@ -256,7 +339,12 @@ def _parse_timeout(timeout_ms: Any, request_id: RequestId) -> float | None:
 
 
 def check_against_model(
-    req: InferRequest, input_dtype: str, sample_shape: tuple[int, ...], max_samples: int, high: int | None = None
+    req: InferRequest,
+    input_dtype: str,
+    sample_shape: tuple[int, ...],
+    max_samples: int,
+    high: int | None = None,
+    what: str = "",
 ) -> None:
     """Raise BAD_REQUEST unless ``req`` fits the model's input (a -1 in ``sample_shape`` matches any size, and an
     integer input's values lie in [0, ``high``) where the model declares it: token ids), and TOO_LARGE for more
@@ -264,16 +352,16 @@ def check_against_model(
     "too many samples" whatever the model's sample size."""
     if req.dtype == input_dtype and req.shape[1:] == sample_shape and req.shape[0] <= max_samples:
         if high is not None:
-            _check_range(req, high)
+            _check_range(req, high, f"{what[:-2]}'s" if what else "the input's")
         return  # the common case, checked with three comparisons
     if req.dtype != input_dtype:
-        raise _bad(f"dtype is {req.dtype}, but the model takes {input_dtype}; cast the input", req.request_id)
+        raise _bad(f"{what}dtype is {req.dtype}, but the model takes {input_dtype}; cast the input", req.request_id)
     got = req.shape[1:]
     if len(got) != len(sample_shape) or any(
         want != -1 and want != size for want, size in zip(sample_shape, got, strict=True)
     ):
         raise _bad(
-            f"each sample has shape {list(got)}, but the model takes {list(sample_shape)} "
+            f"{what}each sample has shape {list(got)}, but the model takes {list(sample_shape)} "
             f"(send shape [samples, {', '.join(map(str, sample_shape))}])",
             req.request_id,
         )
@@ -285,13 +373,52 @@ def check_against_model(
         )
 
 
-def _check_range(req: InferRequest, high: int) -> None:
+def check_tensors_against_model(
+    req: InferRequest, inputs: Sequence[ModelTensor], max_samples: int
+) -> list[memoryview | bytes]:
+    """The payloads of a request for a model of several named `inputs`, in the model's order; BAD_REQUEST,
+    naming what to fix, for a version-1 request, a name the model does not take, an input missing or one that
+    does not fit, and TOO_LARGE for more samples than ``max_samples``."""
+    names = ", ".join(tensor.name for tensor in inputs)
+    if req.tensors is None:
+        raise _bad(
+            f'the model takes {len(inputs)} inputs ({names}); send a version-2 request ("v": 2) naming each in '
+            "'inputs', one payload frame per input (docs/protocol.md)",
+            req.request_id,
+        )
+    given = {tensor.name: tensor for tensor in req.tensors}
+    unknown = [name for name in given if name not in {tensor.name for tensor in inputs}]
+    if unknown:
+        raise _bad(f"unknown input {short_repr(unknown[0])}; the model takes {names}", req.request_id)
+    missing = [tensor.name for tensor in inputs if tensor.name not in given]
+    if missing:
+        raise _bad(f"input {missing[0]!r} is missing; the model takes {names}, all of them", req.request_id)
+    payloads = []
+    for model_tensor in inputs:
+        tensor = given[model_tensor.name]
+        one = InferRequest(req.request_id, tensor.dtype, tensor.shape, tensor.payload)
+        check_against_model(one, model_tensor.dtype, model_tensor.shape, max_samples, model_tensor.high,
+                            f"input {model_tensor.name!r}: ")  # fmt: skip
+        payloads.append(tensor.payload)
+    return payloads
+
+
+def check_named_input(req: InferRequest, name: str) -> None:
+    """BAD_REQUEST unless a version-2 request to a model of one input names it (a version-1 request names none)."""
+    if req.tensors is None:
+        return
+    if len(req.tensors) != 1 or req.tensors[0].name != name:
+        listed = ", ".join(short_repr(tensor.name) for tensor in req.tensors)
+        raise _bad(f"the model takes one input, {name!r}; got {listed}", req.request_id)
+
+
+def _check_range(req: InferRequest, high: int, what: str = "the input's") -> None:
     """BAD_REQUEST for a value outside [0, high): a token id past the vocabulary raised IndexError in the model,
     which failed every other request batched with it (issue 27, 7). One pass over a (small) integer input."""
     values = np.frombuffer(req.payload, dtype=req.dtype)
     if values.size and (int(values.min()) < 0 or int(values.max()) >= high):
         raise _bad(
-            f"the input's values must lie in [0, {high}) (the model's input.high: token ids in its vocabulary); "
+            f"{what} values must lie in [0, {high}) (the model's input.high: token ids in its vocabulary); "
             f"got {int(values.min())} to {int(values.max())}",
             req.request_id,
         )
@@ -361,6 +488,27 @@ _TIMED_RESULT = (
     f'{{"v":{PROTOCOL_VERSION},"id":%d,"ok":true,"dtype":"%s","shape":[%s],'
     '"timing":{"queue_ms":%.3f,"compute_ms":%.3f,"total_ms":%.3f,"instances":%d}}'
 )
+
+
+def encode_tensors_result(
+    request_id: RequestId,
+    outputs: Sequence[Tensor],
+    queue_ms: float,
+    compute_ms: float,
+    total_ms: float,
+    instances: int,
+) -> list[bytes | memoryview]:
+    """The version-2 reply to an infer request: ``[header, payload, ...]``, one frame per named output, in the
+    order the header's ``outputs`` lists them; the payloads are passed through uncopied."""
+    timing = {"queue_ms": round(queue_ms, 3), "compute_ms": round(compute_ms, 3), "total_ms": round(total_ms, 3)}
+    header = {
+        "v": TENSORS_VERSION,
+        "id": request_id,
+        "ok": True,
+        "outputs": [{"name": out.name, "dtype": out.dtype, "shape": list(map(int, out.shape))} for out in outputs],
+        "timing": {**timing, "instances": instances},
+    }
+    return [dump_header(header), *[out.payload for out in outputs]]
 
 
 def encode_info(request_id: RequestId, info: Mapping[str, Any]) -> list[bytes]:

@@ -1,10 +1,11 @@
 """The models a user has, served by a real daemon: an ONNX file on ONNX Runtime and on OpenVINO, a Hugging Face
-save_pretrained folder checked against transformers' own output, and a model that returns a dict of two
-outputs (its first is served, and the log says so). Several named inputs and outputs are not served yet
-(docs/serving.md, 'Inputs and outputs'): the BERT folder is served its input_ids."""
+save_pretrained folder served its three inputs by name and checked against transformers' own output, a model
+that returns a dict of two outputs (both answered, named), and a raw version-1 message, as a client written from
+the old docs/protocol.md sends it, answered as it always was."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import zmq
 
-from packrat_daemon.wire.client import Client
+from packrat_daemon.wire.client import BadRequest, Client
 from tests.helpers import onnx_models
 from tests.helpers.daemons import daemon_env, running_daemon
 
@@ -54,36 +56,112 @@ def test_torch_is_refused_an_onnx_file_before_anything_loads(tmp_path: Path) -> 
     assert "loading" not in done.stderr
 
 
-@pytest.mark.slow
-def test_a_hugging_face_folder_is_served_as_transformers_computes_it(tmp_path: Path) -> None:
+def tiny_bert_folder(folder: Path) -> Path:
+    """A save_pretrained folder of a 2-layer BERT classifier with random weights, its config built by hand."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(1)
     config = transformers.BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                      intermediate_size=64, max_position_embeddings=32, num_labels=3)  # fmt: skip
-    folder = tmp_path / "tiny-bert"
     transformers.BertForSequenceClassification(config).save_pretrained(folder)
-    ids = np.random.default_rng(9).integers(0, 120, (3, 32)).astype(np.int64)
+    return folder
+
+
+def padded_pairs(samples: int) -> dict[str, np.ndarray]:
+    """What a tokenizer gives for pairs of sentences, padded to 32: each row its own length, two segments."""
+    rng = np.random.default_rng(9)
+    mask = np.ones((samples, 32), dtype=np.int64)
+    for k in range(samples):
+        mask[k, 20 + 4 * k :] = 0
+    segments = np.zeros((samples, 32), dtype=np.int64)
+    segments[:, 10:] = 1
+    ids = rng.integers(0, 120, (samples, 32)).astype(np.int64) * mask
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": segments}
+
+
+def transformers_logits(folder: Path, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    transformers = pytest.importorskip("transformers")
     model = transformers.BertForSequenceClassification.from_pretrained(folder, local_files_only=True).eval()
     with torch.inference_mode():
-        expected = model(input_ids=torch.from_numpy(ids)).logits.numpy()  # attention_mask: all ones, the default
-    serving = running_daemon(tmp_path, "--model", f"hf:{folder}", *QUICK)
-    with serving as (endpoint, _), Client(endpoint, timeout=60) as client:
-        assert client.info()["input"] == {"dtype": "int64", "shape": [32], "high": 120}
-        np.testing.assert_allclose(client.infer(ids), expected, rtol=1e-5, atol=1e-6)
-    log = (tmp_path / "daemon.log").read_text()
-    assert "is served its input_ids only; attention_mask (all ones: every token attended)" in log
+        return model(**{name: torch.from_numpy(array) for name, array in inputs.items()}).logits.numpy()
+
+
+def raw_request(endpoint: str, frames: list[bytes]) -> tuple[dict, list[bytes]]:
+    """One message on a bare DEALER, as a client written from docs/protocol.md sends it; the reply's frames."""
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.RCVTIMEO, 60_000)
+    try:
+        socket.connect(endpoint)
+        socket.send_multipart(frames)
+        reply = socket.recv_multipart()
+    finally:
+        socket.close()
+    return json.loads(reply[0]), reply[1:]
 
 
 @pytest.mark.slow
-def test_a_model_returning_a_dict_of_two_outputs_is_served_its_first(tmp_path: Path) -> None:
+def test_a_hugging_face_folder_is_served_its_three_inputs_as_transformers_computes_them(tmp_path: Path) -> None:
+    folder = tiny_bert_folder(tmp_path / "tiny-bert")
+    inputs = padded_pairs(3)
+    expected = transformers_logits(folder, inputs)
+    unmasked = transformers_logits(folder, {"input_ids": inputs["input_ids"]})
+    assert np.abs(expected - unmasked).max() > 1e-5  # far beyond the tolerance below: the mask and segments count
+    serving = running_daemon(tmp_path, "--model", f"hf:{folder}", *QUICK)
+    with serving as (endpoint, _), Client(endpoint, timeout=60) as client:
+        info = client.info()
+        assert [(t["name"], t["dtype"], t["shape"], t["high"]) for t in info["inputs"]] == [
+            ("input_ids", "int64", [32], 120),
+            ("attention_mask", "int64", [32], 2),
+            ("token_type_ids", "int64", [32], 2),
+        ]
+        assert info["outputs"] == [{"name": "logits", "dtype": "float32", "shape": [3]}]
+        np.testing.assert_allclose(client.infer(inputs), expected, rtol=1e-5, atol=1e-6)
+        # Refused, each with what to fix: a wrong name, a missing input, a version-1 request of one tensor.
+        with pytest.raises(BadRequest, match="unknown input 'token_types'; the model takes input_ids, attention_m"):
+            client.infer({**inputs, "token_types": inputs.pop("token_type_ids")})
+        with pytest.raises(BadRequest, match="input 'token_type_ids' is missing; the model takes input_ids, atten"):
+            client.infer(inputs)
+        with pytest.raises(BadRequest, match=r'takes 3 inputs .*; send a version-2 request \("v": 2\) naming each'):
+            client.infer(inputs["input_ids"])
+        # Mismatched batch sizes across inputs (the client refuses to send them, so sent raw).
+        entries = [{"name": name, "dtype": "int64", "shape": [3 - (name == "attention_mask"), 32]}
+                   for name in ("input_ids", "attention_mask", "token_type_ids")]  # fmt: skip
+        header = json.dumps({"v": 2, "id": "m", "op": "infer", "inputs": entries}).encode()
+        payloads = [np.zeros(entry["shape"], np.int64).tobytes() for entry in entries]
+        reply, frames = raw_request(endpoint, [header, *payloads])
+        assert (reply["id"], reply["ok"], reply["error"]["code"], frames) == ("m", False, "BAD_REQUEST", [])
+        assert (
+            "different numbers of samples (input_ids 3, attention_mask 2, token_type_ids 3)"
+            in (reply["error"]["message"])
+        )
+    assert "died" not in (tmp_path / "daemon.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_model_returning_a_dict_of_two_outputs_answers_both_named(tmp_path: Path) -> None:
     from tests.model_factories import TwoOutputs
 
     spec = "tests.model_factories:two_outputs"
     x = np.random.default_rng(10).standard_normal((4, 16), dtype=np.float32)
     with torch.inference_mode():
-        expected = TwoOutputs()(torch.from_numpy(x))["scores"].numpy()
+        expected = {name: out.numpy() for name, out in TwoOutputs()(torch.from_numpy(x)).items()}
     with running_daemon(tmp_path, "--model", spec, *QUICK) as (endpoint, _), Client(endpoint, timeout=60) as client:
-        np.testing.assert_allclose(client.infer(x), expected, rtol=1e-5, atol=1e-6)
-    log = (tmp_path / "daemon.log").read_text()
-    assert f"{spec} returns 2 outputs ('scores', 'probabilities'); serving 'scores' only" in log
-    assert "died" not in log
+        assert [t["name"] for t in client.info()["outputs"]] == ["scores", "probabilities"]
+        answer = client.infer({"input": x})
+        assert isinstance(answer, dict) and list(answer) == ["scores", "probabilities"]
+        for name, array in expected.items():
+            np.testing.assert_allclose(answer[name], array, rtol=1e-5, atol=1e-6)
+        # A version-1 message of one unnamed tensor, byte for byte as the old docs/protocol.md has a client send
+        # it: answered as it always was, one tensor, the model's first output.
+        header = b'{"v": 1, "id": 42, "op": "infer", "dtype": "float32", "shape": [4, 16]}'
+        reply, frames = raw_request(endpoint, [header, x.tobytes()])
+        assert {key: reply[key] for key in ("v", "id", "ok", "dtype", "shape")} == {
+            "v": 1, "id": 42, "ok": True, "dtype": "float32", "shape": [4, 4]
+        }  # fmt: skip
+        assert set(reply["timing"]) == {"queue_ms", "compute_ms", "total_ms", "instances"}
+        (payload,) = frames
+        np.testing.assert_allclose(
+            np.frombuffer(payload, "<f4").reshape(4, 4), expected["scores"], rtol=1e-5, atol=1e-6
+        )
+        np.testing.assert_allclose(client.infer(x), expected["scores"], rtol=1e-5, atol=1e-6)  # the client, version 1
+    assert "died" not in (tmp_path / "daemon.log").read_text()

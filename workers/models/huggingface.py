@@ -4,13 +4,13 @@ The class is the one the folder's config.json names (`architectures`, e.g. BertF
 else `AutoModel`, loaded with `local_files_only=True` (the daemon also sets HF_HUB_OFFLINE for its templates).
 Weights are served in float32; `--precision` decides any reduced precision.
 
-One input is served (several named inputs are not served yet: docs/serving.md, *Inputs and outputs*): the
-model's `main_input_name`. For `input_ids` the others take the model's defaults, so `attention_mask` is all
-ones (every token attended: send unpadded sequences of the served length) and `token_type_ids` zeros. The
-input is declared from the config: `int64:128` token ids below `vocab_size` (at most the model's position
-count), or `float32:CxHxW` pixel values of `num_channels` × `image_size` (224 where the config has none);
-`--input` overrides it, e.g. `--input int64:384` for longer sequences. The output served is the first the
-model returns (`logits` for a task head): `workers.models.outputs`.
+The inputs are the tokenizer-free ones the model's forward takes, passed by name: for a text model
+`input_ids` (int64 token ids below `vocab_size`, 128 of them or the model's position count if fewer),
+`attention_mask` (0 or 1) and `token_type_ids` (below `type_vocab_size`) where its forward accepts them, all of
+one length; for a vision model `pixel_values` (`float32:CxHxW` of `num_channels` × `image_size`, 224 where the
+config has none). `--input` overrides the length (e.g. `--input int64:384`) or the image's shape. Every output
+the model returns is served, named by its fields (`logits` for a task head; `last_hidden_state` and
+`pooler_output` for a bare encoder): `workers.models.outputs`.
 """
 
 from __future__ import annotations
@@ -18,37 +18,21 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-import torch
 from torch import nn
 
 from packrat_daemon.wire.errors import ModelSpecError
-from workers.models.spec import InputSpec, hf_folder
+from workers.models.spec import InputSpec, TensorSpec, hf_folder
 
 DEFAULT_SEQUENCE = 128
 DEFAULT_IMAGE_SIZE = 224
-# The inputs besides the main one that a model's forward may take and that are left to its defaults.
-DEFAULTED = {
-    "attention_mask": "all ones: every token attended",
-    "token_type_ids": "zeros: one segment",
-    "pixel_mask": "all ones",
-}
+# The inputs besides input_ids a text model's forward may take that a client can send without a tokenizer, each
+# with the exclusive bound of its values (None: read from the config).
+TEXT_INPUTS: dict[str, str | None] = {"attention_mask": None, "token_type_ids": "type_vocab_size"}
 
 
-class MainInput(nn.Module):
-    """A Hugging Face model called with its main input by name (models differ in their first positional one)."""
-
-    def __init__(self, model: nn.Module, name: str) -> None:
-        super().__init__()
-        self.model = model
-        self.name = name
-
-    def forward(self, x: torch.Tensor) -> Any:
-        return self.model(**{self.name: x})
-
-
-def load_folder(spec: str) -> tuple[nn.Module, InputSpec | None, str | None]:
-    """The folder's model, called with its main input; the input its config implies (None: unknown); and a
-    note for the log naming the inputs left to their defaults."""
+def load_folder(spec: str) -> tuple[nn.Module, InputSpec | None]:
+    """The folder's model (to be called with its inputs by name) and the inputs its config implies (None:
+    unknown)."""
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # a bar per load, drawn into the daemon's log
@@ -66,14 +50,7 @@ def load_folder(spec: str) -> tuple[nn.Module, InputSpec | None, str | None]:
         raise ModelSpecError(f"cannot load the Hugging Face model in {folder}: {first_line}") from exc
     model = model.float()
     name = getattr(model, "main_input_name", "input_ids")
-    defaulted = [f"{other} ({why})" for other, why in DEFAULTED.items() if other in _parameters(model)]
-    note = None
-    if defaulted:
-        note = (
-            f"{folder} ({type(model).__name__}) is served its {name} only; {', '.join(defaulted)} take the model's "
-            "defaults: several inputs are not served yet (docs/serving.md, 'Inputs and outputs')"
-        )
-    return MainInput(model, name), _declared_input(config, name), note
+    return model, _declared_inputs(config, name, _parameters(model))
 
 
 def _model_class(transformers: Any, config: Any) -> Any:
@@ -91,12 +68,19 @@ def _parameters(model: nn.Module) -> set[str]:
         return set()
 
 
-def _declared_input(config: Any, name: str) -> InputSpec | None:
+def _declared_inputs(config: Any, name: str, parameters: set[str]) -> InputSpec | None:
     if name == "input_ids" and getattr(config, "vocab_size", None):
         positions = getattr(config, "max_position_embeddings", None) or DEFAULT_SEQUENCE
-        return InputSpec("int64", (min(DEFAULT_SEQUENCE, int(positions)),), high=int(config.vocab_size))
+        length = (min(DEFAULT_SEQUENCE, int(positions)),)
+        inputs = [TensorSpec("input_ids", "int64", length, int(config.vocab_size))]
+        for other, bound in TEXT_INPUTS.items():
+            if other in parameters:
+                high = int(getattr(config, bound, None) or 2) if bound else 2
+                inputs.append(TensorSpec(other, "int64", length, high))
+        return InputSpec.of(inputs)
     if name == "pixel_values":
         size = getattr(config, "image_size", None) or DEFAULT_IMAGE_SIZE
         height, width = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
-        return InputSpec("float32", (int(getattr(config, "num_channels", 3) or 3), height, width))
+        channels = int(getattr(config, "num_channels", 3) or 3)
+        return InputSpec.of([TensorSpec("pixel_values", "float32", (channels, height, width))])
     return None

@@ -9,9 +9,11 @@ A spec string is one of:
   module:function       a function returning an nn.Module
   PATH.onnx             an ONNX file: served by ONNX Runtime and OpenVINO only (workers.models.onnx_files)
 
-Every model declares its input (dtype and per-sample shape). Files and functions that cannot tell
-take it from `input` ("float32:3x224x224"), or from a `packrat_input` attribute on the module. A model
-that returns several outputs is served one of them (workers.models.outputs).
+Every model declares its inputs (name, dtype and per-sample shape of each). Files and functions that cannot
+tell take one from `input` ("float32:3x224x224"), or from a `packrat_input` attribute on the module, or
+several, by name, from `packrat_inputs` ({"x": "float32:16", "mask": "int64:16"}, in the forward's order). A
+model of several inputs is called with all of them, and every output it returns is served, named
+(workers.models.outputs).
 This module imports torch: only the template process and tests import it (the torch-free
 `workers.models.spec` holds what the daemon needs to know about a model's input).
 """
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,15 +30,17 @@ import torch
 from torch import nn
 
 from packrat_daemon.wire.errors import ModelSpecError
-from workers.models.outputs import serve_one_output
+from workers.models.outputs import Served, serve_outputs
 from workers.models.spec import (
     BUILTIN,
     EXPORTED,
+    FUNCTION,
     HUGGING_FACE,
     INPUT_DTYPES,
     ONNX_FILE,
     TORCHSCRIPT,
     InputSpec,
+    TensorSpec,
     model_kind,
 )
 
@@ -87,6 +91,36 @@ def _bert_base() -> tuple[nn.Module, InputSpec, bool]:
     return _Logits(model, "pooler_output"), InputSpec("int64", (128,), high=config.vocab_size), False
 
 
+class _Pooled(nn.Module):
+    """BERT called with its three inputs by name, answering its pooled output (what bert-base answers)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:
+        return self.model(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+        ).pooler_output
+
+
+def _bert_base_masked() -> tuple[nn.Module, InputSpec, bool]:
+    """bert-base with every input a client sends after its tokenizer: padded sequences run as BERT runs them."""
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig()
+    model = BertModel(config, add_pooling_layer=True)
+    length = (128,)
+    inputs = [
+        TensorSpec("input_ids", "int64", length, config.vocab_size),
+        TensorSpec("attention_mask", "int64", length, 2),
+        TensorSpec("token_type_ids", "int64", length, config.type_vocab_size),
+    ]
+    return _Pooled(model), InputSpec.of(inputs), False
+
+
 def _gpt2() -> tuple[nn.Module, InputSpec, bool]:
     from transformers import GPT2Config, GPT2Model
 
@@ -116,6 +150,7 @@ def _tiny_cnn() -> tuple[nn.Module, InputSpec, bool]:
 BUILTINS: dict[str, Callable[[], tuple[nn.Module, InputSpec, bool]]] = {
     "resnet50": _resnet50,
     "bert-base": _bert_base,
+    "bert-base-masked": _bert_base_masked,
     "gpt2": _gpt2,
     "tiny-mlp": _tiny_mlp,
     "tiny-cnn": _tiny_cnn,
@@ -150,13 +185,19 @@ def load_model(spec: str, input_override: str | None = None) -> LoadedModel:
     elif kind == HUGGING_FACE:
         from workers.models.huggingface import load_folder
 
-        module, input_spec, note = load_folder(spec)
-        notes.append(note)
+        module, input_spec = load_folder(spec)
     else:
         module, input_spec = _load_function(spec)
-    if override is not None and input_spec is not None and override.high is None and override.dtype == input_spec.dtype:
-        override = dataclasses.replace(override, high=input_spec.high)  # a longer sequence of the same token ids
-    input_spec = override or input_spec
+    if override is not None and input_spec is not None and input_spec.records:
+        input_spec = _override_all(spec, input_spec, override)
+    else:
+        same_ids = override is not None and input_spec is not None and override.dtype == input_spec.dtype
+        if override is not None and input_spec is not None and override.high is None and same_ids:
+            override = dataclasses.replace(override, high=input_spec.high)  # a longer sequence of the same ids
+        if override is not None and input_spec is not None and input_spec.inputs:  # keep the input's name
+            named = TensorSpec(input_spec.inputs[0].name, override.dtype, override.shape, override.high)
+            override = InputSpec.of([named])
+        input_spec = override or input_spec
     if input_spec is None:
         raise ModelSpecError(f"model {spec!r} does not declare its input; pass --input DTYPE:D1xD2..., e.g. float32:16")
     if isinstance(module, nn.Module):
@@ -170,12 +211,39 @@ def load_model(spec: str, input_override: str | None = None) -> LoadedModel:
     if kind == EXPORTED:
         _check_batch_sizes(spec, module, input_spec)
     if kind != BUILTIN:  # the built-ins return one tensor; anything else may return several outputs
-        module, note = serve_one_output(spec, module, input_spec)
+        module, input_spec, note = serve_outputs(spec, module, input_spec, by_name=kind in (HUGGING_FACE, FUNCTION))
         notes.append(note)
+    elif input_spec.records:
+        module = Served(module, input_spec, True, None)
     return LoadedModel(spec, module, input_spec, channels_last, tuple(note for note in notes if note))
 
 
+def _override_all(spec: str, input_spec: InputSpec, override: InputSpec) -> InputSpec:
+    """`--input` for a model of several inputs: the per-sample shape of each (a text model's inputs share their
+    length), given in the dtype of its first."""
+    first = input_spec.inputs[0]
+    if override.dtype != first.dtype or any(len(t.shape) != len(override.shape) for t in input_spec.inputs):
+        names = ", ".join(f"{t.name} {t.dtype}:{'x'.join(map(str, t.shape))}" for t in input_spec.inputs)
+        raise ModelSpecError(
+            f"{spec} takes several inputs ({names}); --input gives the shape they share, as {first.dtype}:D1x..."
+        )
+    inputs = [dataclasses.replace(t, shape=override.shape) for t in input_spec.inputs]
+    return InputSpec.of(inputs, input_spec.outputs)
+
+
 def _declared_input(module: object) -> InputSpec | None:
+    several = getattr(module, "packrat_inputs", None)
+    if several is not None:
+        if not isinstance(several, Mapping) or not several:
+            raise ModelSpecError(
+                "packrat_inputs must be a dict of input name to 'DTYPE:D1xD2...', in the forward's order, e.g. "
+                "{'x': 'float32:16', 'mask': 'int64:16'}"
+            )
+        tensors = []
+        for name, declared_one in several.items():
+            one = declared_one if isinstance(declared_one, InputSpec) else InputSpec.parse(str(declared_one))
+            tensors.append(TensorSpec(str(name), one.dtype, one.shape, one.high))
+        return InputSpec.of(tensors)
     declared = getattr(module, "packrat_input", None)
     if declared is None:
         return None
@@ -195,14 +263,15 @@ def _load_exported(spec: str) -> tuple[nn.Module, InputSpec | None]:
         program = torch.export.load(str(path))
     except Exception as exc:
         raise ModelSpecError(f"{spec} is not a torch.export program (torch.export.save): {exc}") from exc
-    input_spec = None
     placeholders = [node for node in program.graph.nodes if node.op == "placeholder"]
     user_inputs = [n for n in placeholders if n.name in program.graph_signature.user_inputs]
-    if user_inputs and "val" in user_inputs[0].meta:
-        value = user_inputs[0].meta["val"]
-        if value.dtype in _DTYPE_NAMES and all(isinstance(d, int) for d in value.shape[1:]):
-            input_spec = InputSpec(_DTYPE_NAMES[value.dtype], tuple(int(d) for d in value.shape[1:]))
-    return program.module(), input_spec
+    tensors = []
+    for node in user_inputs:
+        value = node.meta.get("val")
+        if value is None or value.dtype not in _DTYPE_NAMES or not all(isinstance(d, int) for d in value.shape[1:]):
+            return program.module(), None  # a shape the graph cannot tell: --input says it
+        tensors.append(TensorSpec(node.name, _DTYPE_NAMES[value.dtype], tuple(int(d) for d in value.shape[1:])))
+    return program.module(), InputSpec.of(tensors) if tensors else None
 
 
 def _check_batch_sizes(spec: str, module: nn.Module, input_spec: InputSpec) -> None:
@@ -214,11 +283,12 @@ def _check_batch_sizes(spec: str, module: nn.Module, input_spec: InputSpec) -> N
     graph = getattr(module, "graph", None)  # an exported program's module has one; its placeholders name the input
     placeholders = [n.name for n in graph.nodes if n.op == "placeholder"] if graph is not None else []
     name = placeholders[0] if placeholders else "x"
-    dtype = getattr(torch, input_spec.dtype)
     for batch in (1, 2):
         try:
             with torch.no_grad():
-                module(torch.zeros((batch, *input_spec.shape), dtype=dtype))
+                module(
+                    *[torch.zeros((batch, *t.shape), dtype=getattr(torch, t.dtype)) for t in input_spec.named_inputs()]
+                )
         except Exception as exc:
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ModelSpecError(

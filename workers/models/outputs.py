@@ -1,46 +1,104 @@
-"""Models whose forward returns several outputs (a Hugging Face model-output object, a dict, a tuple): one of
-them is served, since a worker answers one tensor per request for now (several named outputs are not served
-yet: docs/serving.md, *Inputs and outputs*).
+"""How a worker calls a model and what it answers: every input by name, every output named.
 
-The output served is the one the module names in `packrat_output` (a key, a field name or a tuple index),
-else the first: a Hugging Face model's first field that is set (`logits` for the task heads, which compute no
-`loss` without labels; `last_hidden_state` for a bare encoder), a dict's first key, a tuple's first element.
-Which one it is, and what else the model returns, is learned by running one sample when the model loads, and
-said in the daemon's log; a model that fails on that sample is served its first output, chosen per call.
+A model may take several inputs (a Hugging Face text model's input_ids, attention_mask, token_type_ids; a
+module:function model's `packrat_inputs`), and return a tensor, a Hugging Face model-output object, a dict or a
+tuple. `Served` wraps it so that a runtime still runs one tensor in, one tensor out per batch: the batch is
+the records of the several inputs (`workers.models.spec.InputSpec`), unpacked here and passed by name (or in
+order, for an exported program), and a model of several outputs answers the records of all of them, which the
+daemon unpacks into its reply. A model of one input and one output is called and answered as it is.
+
+The outputs are named after what the model returns: a dict's keys, a model-output object's fields that are set,
+a tuple's positions ("output_0", "output_1", ...); a lone tensor is "output". They are learned by running one
+sample of two rows when the model loads (in the template, with torch at one thread), which also checks that
+each output's first axis is the batch: one that is not (a scalar, a loss) or is not a tensor is left out, and
+the log says so. `packrat_output = NAME` on the module serves that one output only. A model that fails on the
+sample is served its first output, chosen per call, and the log says so.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from packrat_daemon.wire.codec import ITEMSIZE
 from packrat_daemon.wire.errors import ModelSpecError
-from workers.models.spec import InputSpec, sample_input
+from workers.models.spec import DEFAULT_OUTPUT_NAME, InputSpec, TensorSpec, sample_input
+
+SAMPLE_ROWS = 2  # a sample run of two rows tells an output's batch axis from a fixed one of size 1
+
+# Every dtype a tensor may declare has a torch dtype of the same name.
+_TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in ITEMSIZE}
+_DTYPE_NAMES: dict[torch.dtype, str] = {dtype: name for name, dtype in _TORCH_DTYPES.items()}
 
 
-class OneOutput(nn.Module):
-    """`model`, answering only its output `key` (a mapping's key or a sequence's index); with no key, the first
-    output of whatever it returns (a model whose sample run failed at load: see `serve_one_output`)."""
+class Served(nn.Module):
+    """`model`, called with every input of `spec` and answering what the worker sends back: its one output as it
+    is, or the records of the outputs `keys` names (a mapping's keys or a sequence's indices).
 
-    def __init__(self, model: Any, key: str | int | None) -> None:
+    `by_name`: the inputs are passed as keywords (Hugging Face, module:function models), else in order. `keys`
+    None: the model's first output, whatever it returns (a model whose sample run failed at load)."""
+
+    def __init__(self, model: Any, spec: InputSpec, by_name: bool, keys: Sequence[str | int] | None) -> None:
         super().__init__()
         self.model = model
-        self.key = key
+        self.names = [tensor.name for tensor in spec.named_inputs()]
+        self.layout = [(_TORCH_DTYPES[t.dtype], t.shape, ITEMSIZE[t.dtype] * _count(t.shape)) for t in spec.inputs]
+        self.records = spec.records
+        self.by_name = by_name and bool(spec.inputs)  # a model's one unnamed input goes first, in order
+        self.keys = None if keys is None else list(keys)
+        self.output_dtypes = [_TORCH_DTYPES[t.dtype] for t in spec.outputs]
+        # Follows the model's float dtype: runtimes.torch_runtime casts the whole module to bfloat16 for bf16, and
+        # float inputs unpacked from records must then be cast like the one float input it casts itself.
+        self.register_buffer("float_dtype", torch.zeros(()), persistent=False)
+        self.training = False  # inference only; the model's own mode is as loading set it (an export refuses .eval())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        output = self.model(x)
-        if self.key is not None:
-            return output[self.key]
-        if isinstance(output, torch.Tensor):
-            return output
-        return output[output_names(output)[0]]
+        output = self.call(x)
+        keys = self.keys
+        if keys is None:
+            return output if isinstance(output, torch.Tensor) else output[output_keys(output)[0]]
+        if len(keys) == 1:
+            return output if isinstance(output, torch.Tensor) else output[keys[0]]
+        rows = x.shape[0]
+        parts = []
+        for key, dtype in zip(keys, self.output_dtypes, strict=True):
+            part = output[key]
+            if part.dtype != dtype:
+                part = part.to(dtype)  # a bf16 model's float outputs travel as the float32 the spec declares
+            parts.append(part.contiguous().reshape(rows, -1).view(torch.uint8))
+        return torch.cat(parts, dim=1)
+
+    def call(self, x: torch.Tensor) -> Any:
+        """The model's own output for batch `x`."""
+        inputs = self._inputs(x)
+        return self.model(**dict(zip(self.names, inputs, strict=True))) if self.by_name else self.model(*inputs)
+
+    def _inputs(self, x: torch.Tensor) -> list[torch.Tensor]:
+        if not self.records:
+            return [x]
+        rows, start, tensors = x.shape[0], 0, []
+        float_dtype: torch.dtype = self.float_dtype.dtype  # type: ignore[assignment]  # a buffer: a Tensor
+        for dtype, shape, size in self.layout:
+            tensor = x[:, start : start + size].contiguous().view(dtype).reshape(rows, *shape)
+            if tensor.is_floating_point() and dtype != float_dtype:
+                tensor = tensor.to(float_dtype)
+            tensors.append(tensor)
+            start += size
+        return tensors
 
 
-def output_names(output: Any) -> list[str | int]:
-    """The names of a structured output's parts: a mapping's keys (a model-output object's set fields), a
+def _count(shape: Sequence[int]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def output_keys(output: Any) -> list[str | int]:
+    """The keys of a structured output's parts: a mapping's keys (a model-output object's set fields), a
     tuple's indices; [] for a tensor."""
     if isinstance(output, torch.Tensor):
         return []
@@ -54,46 +112,80 @@ def output_names(output: Any) -> list[str | int]:
     )
 
 
-def serve_one_output(spec: str, module: Any, input_spec: InputSpec) -> tuple[Any, str | None]:
-    """`module` as it is if it returns a tensor; else wrapped to return the one output it serves, and a note
-    saying which for the log.
+def output_name(key: str | int) -> str:
+    """The name an output goes by: a key as it is, a tuple's position as output_N."""
+    return key if isinstance(key, str) else f"output_{key}"
 
-    Runs the model once on one sample: in the template, with torch at one thread, as the .pt2 batch check does.
-    A model that fails on it is not refused here (it may refuse only some batch sizes): it is served its first
-    output, whatever it returns, and its workers report the failure if it is the model's; the note says so.
+
+def serve_outputs(
+    spec: str, module: Any, input_spec: InputSpec, by_name: bool = False
+) -> tuple[Any, InputSpec, str | None]:
+    """`module` wrapped to take `input_spec`'s inputs and answer every output; the spec with its outputs named;
+    and a note for the log (outputs left out, or a failed sample run), else None.
+
+    A model that fails on the sample is not refused here (it may refuse only some batch sizes): it is served its
+    first output, whatever it returns, and its workers report the failure if it is the model's; the note says so.
     """
-    sample = torch.from_numpy(sample_input(input_spec, 1))
+    probe = Served(module, input_spec, by_name, None)
+    sample = torch.from_numpy(sample_input(input_spec, SAMPLE_ROWS))
     if input_spec.dtype == "bfloat16":
         sample = sample.view(torch.bfloat16)
     try:
         with torch.inference_mode():
-            output = module(sample)
+            output = probe.call(sample)
     except Exception as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return OneOutput(module, getattr(module, "packrat_output", None)), (
-            f"{spec} failed on a sample input {input_spec.dtype}:{'x'.join(map(str, input_spec.shape))} of one "
-            f"sample ({type(exc).__name__}: {first_line}); if that is not what it takes, pass --input DTYPE:D1xD2..."
+        inputs = ", ".join(f"{t.name} {t.dtype}:{'x'.join(map(str, t.shape))}" for t in input_spec.named_inputs())
+        return (
+            probe,
+            input_spec,
+            (
+                f"{spec} failed on a sample input ({inputs}) of {SAMPLE_ROWS} samples ({type(exc).__name__}: "
+                f"{first_line}); if that is not what it takes, pass --input DTYPE:D1xD2..."
+            ),
         )
-    names = output_names(output)
-    if not names:
-        return module, None
+    keys = output_keys(output)
     declared = getattr(module, "packrat_output", None)
-    if declared is not None and declared not in names:
-        raise ModelSpecError(f"{spec} declares packrat_output = {declared!r}, but it returns {_listed(names)}")
-    key = names[0] if declared is None else declared
-    if not isinstance(output[key], torch.Tensor):
+    if declared is not None:
+        if declared not in keys:
+            raise ModelSpecError(f"{spec} declares packrat_output = {declared!r}, but it returns {_listed(keys)}")
+        keys = [declared]
+    if not keys:  # one tensor
+        if not isinstance(output, torch.Tensor) or output.dim() == 0 or output.shape[0] != SAMPLE_ROWS:
+            raise ModelSpecError(f"{spec} returns a tensor whose first axis is not the batch; Packrat batches requests")
+        _tensor_spec(DEFAULT_OUTPUT_NAME, output)  # one the protocol can carry
+        if not input_spec.records and not probe.by_name:
+            return module, input_spec, None  # one tensor in, one out: called as it is, nothing in between
+        return probe, input_spec, None  # its one output: "output", as version 1 always had it
+    served, left_out = [], []
+    for key in keys:
+        part = output[key]
+        if isinstance(part, torch.Tensor) and part.dim() > 0 and part.shape[0] == SAMPLE_ROWS:
+            served.append((key, part))
+        else:
+            left_out.append(key)
+    if not served:
         raise ModelSpecError(
-            f"output {key!r} of {spec} is a {type(output[key]).__name__}, not a tensor; name the output to serve "
-            f"with packrat_output = NAME on the module (it returns {_listed(names)})"
+            f"{spec} returns {_listed(keys)}, none of them a tensor with the batch on its first axis; Packrat "
+            "serves tensors of one row per sample"
         )
+    specs = [_tensor_spec(output_name(key), part) for key, part in served]
     note = None
-    if len(names) > 1:
+    if left_out:
         note = (
-            f"{spec} returns {len(names)} outputs ({_listed(names)}); serving {key!r} only: several outputs are "
-            "not served yet (docs/serving.md, 'Inputs and outputs')"
+            f"{spec} returns {len(keys)} outputs; {_listed(left_out)} are left out (not a tensor with the batch on "
+            f"its first axis); serving {', '.join(spec.name for spec in specs)}"
         )
-    return OneOutput(module, key), note
+    named = input_spec.with_outputs(specs)
+    return Served(module, named, by_name, [key for key, _ in served]), named, note
 
 
-def _listed(names: list[str | int]) -> str:
+def _tensor_spec(name: str, tensor: torch.Tensor) -> TensorSpec:
+    dtype = _DTYPE_NAMES.get(tensor.dtype)
+    if dtype is None:
+        raise ModelSpecError(f"output {name!r} is {tensor.dtype}, which the protocol cannot carry")
+    return TensorSpec(name, dtype, tuple(int(d) for d in tensor.shape[1:]))
+
+
+def _listed(names: Sequence[str | int]) -> str:
     return ", ".join(repr(name) for name in names)

@@ -8,13 +8,16 @@ input or on whether a runtime can start.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from packrat_daemon.wire.codec import pack_records, record_bytes
 from packrat_daemon.wire.errors import ConfigError, ModelSpecError
 
 # The element types a model may declare (the wire protocol's dtypes; bfloat16 travels as its raw bits).
@@ -70,11 +73,73 @@ def hf_folder(spec: str) -> Path:
     return Path(spec.removeprefix(HF_PREFIX))
 
 
+# The names a tensor gets when the model gives it none: a model of one input and one output (protocol version 1's
+# one unnamed tensor each way), and the positions of a tuple a model returns ("output_0", "output_1", ...).
+DEFAULT_INPUT_NAME, DEFAULT_OUTPUT_NAME = "input", "output"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One named tensor a model takes or returns: its dtype and per-sample shape."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    high: int | None = None  # exclusive upper bound for integer inputs (token ids); None for outputs
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TensorSpec:
+        return cls(str(data["name"]), data["dtype"], tuple(data["shape"]), data.get("high"))
+
+    def to_json(self) -> dict[str, object]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "high": self.high}
+
+
 @dataclass(frozen=True)
 class InputSpec:
+    """What a model takes, and, where a sample run found them, what it returns.
+
+    `dtype`, `shape` and `high` are the one tensor each request row holds: the model's input when it takes one,
+    else the record of its several `inputs` (uint8 bytes: each sample's bytes of every input in turn, the wire
+    codec's `pack_records`), so that the daemon batches, splits and gathers rows of either the same way. A model
+    of several `outputs` answers records of them too; one of a single output answers it as it is.
+    """
+
     dtype: str  # protocol dtype name, e.g. "float32", "int64"
     shape: tuple[int, ...]  # per sample
     high: int | None = None  # exclusive upper bound for integer inputs (token ids)
+    inputs: tuple[TensorSpec, ...] = ()  # the named inputs (empty: one input, named DEFAULT_INPUT_NAME)
+    outputs: tuple[TensorSpec, ...] = ()  # the named outputs (empty: one output, named DEFAULT_OUTPUT_NAME)
+
+    @classmethod
+    def of(cls, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec] = ()) -> InputSpec:
+        """The spec of a model taking `inputs` (one or several, named) and returning `outputs`."""
+        if not inputs:
+            raise ModelSpecError("a model takes at least one input")
+        names = [tensor.name for tensor in inputs]
+        if len(set(names)) != len(names):
+            raise ModelSpecError(f"the model's inputs must have distinct names, got {', '.join(names)}")
+        if len(inputs) == 1:
+            one = inputs[0]
+            return cls(one.dtype, one.shape, one.high, tuple(inputs), tuple(outputs))
+        layout = [(tensor.dtype, tensor.shape) for tensor in inputs]
+        return cls("uint8", (record_bytes(layout),), None, tuple(inputs), tuple(outputs))
+
+    @property
+    def records(self) -> bool:
+        """Whether a request row is a record of several inputs."""
+        return len(self.inputs) > 1
+
+    @property
+    def output_records(self) -> bool:
+        """Whether a worker answers records of several outputs."""
+        return len(self.outputs) > 1
+
+    def named_inputs(self) -> tuple[TensorSpec, ...]:
+        return self.inputs or (TensorSpec(DEFAULT_INPUT_NAME, self.dtype, self.shape, self.high),)
+
+    def with_outputs(self, outputs: Sequence[TensorSpec]) -> InputSpec:
+        return dataclasses.replace(self, outputs=tuple(outputs))
 
     @classmethod
     def parse(cls, text: str) -> InputSpec:
@@ -91,28 +156,42 @@ class InputSpec:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> InputSpec:
-        return cls(data["dtype"], tuple(data["shape"]), data.get("high"))
+        inputs = tuple(TensorSpec.from_json(item) for item in data.get("inputs") or ())
+        outputs = tuple(TensorSpec.from_json(item) for item in data.get("outputs") or ())
+        return cls(data["dtype"], tuple(data["shape"]), data.get("high"), inputs, outputs)
 
     def to_json(self) -> dict[str, object]:
-        return {"dtype": self.dtype, "shape": list(self.shape), "high": self.high}
+        data: dict[str, object] = {"dtype": self.dtype, "shape": list(self.shape), "high": self.high}
+        if self.inputs:
+            data["inputs"] = [tensor.to_json() for tensor in self.inputs]
+        if self.outputs:
+            data["outputs"] = [tensor.to_json() for tensor in self.outputs]
+        return data
 
 
 def sample_input(spec: InputSpec, batch: int, seed: int = 0) -> np.ndarray:
-    """A random batch that matches the model's declared input (for warm-up and measurements).
+    """A random batch that matches the model's declared input (for warm-up and measurements): for a model of
+    several inputs, the records of a sample of each.
 
     The values do not change a dense model's compute time; a fixed seed makes them reproducible.
     """
+    if spec.records:
+        return pack_records([_sample(tensor.dtype, tensor.shape, tensor.high, batch, seed + k)
+                             for k, tensor in enumerate(spec.inputs)])  # fmt: skip
+    return _sample(spec.dtype, spec.shape, spec.high, batch, seed)
+
+
+def _sample(dtype: str, sample_shape: tuple[int, ...], high: int | None, batch: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    shape = (batch, *spec.shape)
-    if spec.dtype == "bfloat16":
+    shape = (batch, *sample_shape)
+    if dtype == "bfloat16":
         # numpy has no bfloat16: the protocol carries its raw bits as uint16 (the top half of a float32).
         return (rng.standard_normal(shape, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
-    if spec.dtype.startswith("float"):
-        return rng.standard_normal(shape, dtype=np.float32).astype(spec.dtype)
-    if spec.dtype == "bool":
+    if dtype.startswith("float"):
+        return rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+    if dtype == "bool":
         return rng.integers(0, 2, shape).astype(bool)
-    high = spec.high or 100
-    return rng.integers(0, high, shape).astype(spec.dtype)
+    return rng.integers(0, high or 100, shape).astype(dtype)
 
 
 @dataclass(frozen=True)

@@ -167,7 +167,7 @@ def test_infer_sends_its_timeout_to_the_server(context: zmq.Context, serve: Serv
 def test_info(context: zmq.Context, serve: Serve, tmp_path: Path) -> None:
     server = serve(endpoint=f"ipc://{tmp_path}/s")
     with Client(server.endpoint, context=context, timeout=5) as client:
-        assert client.info() == {"versions": [1], **INFO}
+        assert client.info() == {"versions": [1, 2], **INFO}
 
 
 ERRORS = [
@@ -194,7 +194,7 @@ def test_error_replies_raise_their_class(
         client.infer(np.ones((2, 3), np.float32))
     assert (info.value.code, info.value.message, info.value.request_id) == (code, f"it failed with {code}", 1)
     if cls is errors.UnsupportedVersion:
-        assert info.value.versions == (1,)  # type: ignore[attr-defined]
+        assert info.value.versions == (1, 2)  # type: ignore[attr-defined]
 
 
 def test_unknown_error_code_raises_the_base_class(context: zmq.Context, serve: Serve) -> None:
@@ -332,10 +332,10 @@ def test_req_socket_clients_get_the_delimiter_back(context: zmq.Context, serve: 
     assert req.poll(5000)
     header, array = decode_reply(req.recv_multipart())
     assert header["id"] == "a" and array is not None and array.tolist() == [1, 2]
-    req.send_multipart([b'{"v": 2, "id": "b", "op": "info"}'])
+    req.send_multipart([b'{"v": 3, "id": "b", "op": "info"}'])
     assert req.poll(5000)
     header, _ = decode_reply(req.recv_multipart())
-    assert header["error"]["code"] == "UNSUPPORTED_VERSION" and header["versions"] == [1]
+    assert header["error"]["code"] == "UNSUPPORTED_VERSION" and header["versions"] == [1, 2]
     req.close()
 
 

@@ -91,7 +91,7 @@ def test_info_request_and_reply_round_trip() -> None:
         "v": 1,
         "id": "q",
         "ok": True,
-        "versions": [1],
+        "versions": [1, 2],
         "model": "resnet50",
         "input": {"dtype": "float32", "shape": [3, 224, 224]},
         "max_batch": 64,

@@ -171,13 +171,13 @@ def test_message_over_the_server_limit_is_too_large_with_id() -> None:
     parse_request(frames, max_message_bytes=20000)
 
 
-@pytest.mark.parametrize("version", [0, 2, 99])
+@pytest.mark.parametrize("version", [0, 3, 99])
 def test_unknown_version_is_unsupported_and_the_reply_lists_versions(version: int) -> None:
     # Anything else in a future version's header may differ; only the version is looked at.
     error = parse_error([json.dumps({"v": version, "id": 9, "op": "whatever"}).encode()])
     assert (error.code, error.request_id) == (ErrorCode.UNSUPPORTED_VERSION, 9)
     head, _ = decode_reply(encode_error(error.request_id, error.code, error.message))
-    assert head["versions"] == list(SUPPORTED_VERSIONS) == [PROTOCOL_VERSION]
+    assert head["versions"] == list(SUPPORTED_VERSIONS) == [PROTOCOL_VERSION, 2]
     assert head["error"]["code"] == "UNSUPPORTED_VERSION"
 
 
@@ -361,7 +361,7 @@ ODD = st.one_of(
 )
 # Per field: (valid values, values near the edge or of the wrong kind).
 FIELDS: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]] = {
-    "v": (st.sampled_from(SUPPORTED_VERSIONS), st.one_of(st.sampled_from([0, 2, 1.0, True, "1"]), ODD)),
+    "v": (st.sampled_from(SUPPORTED_VERSIONS), st.one_of(st.sampled_from([0, 3, 1.0, True, "1"]), ODD)),
     "id": (
         st.one_of(st.integers(-(2**63), 2**63 - 1), st.text(max_size=128)),
         st.one_of(

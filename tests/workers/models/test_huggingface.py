@@ -1,5 +1,6 @@
-"""Hugging Face save_pretrained folders: loaded offline with the class their config names, their input declared
-from the config, the same output as transformers' own, on PyTorch and (converted) ONNX Runtime and OpenVINO.
+"""Hugging Face save_pretrained folders: loaded offline with the class their config names, their three text
+inputs (input_ids, attention_mask, token_type_ids) declared from the config, the same outputs as transformers'
+own, on PyTorch and (converted) ONNX Runtime and OpenVINO.
 The models are tiny, with random weights, saved into tmp folders: nothing is downloaded."""
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import numpy as np
 import pytest
 import torch
 
+from packrat_daemon.wire.codec import pack_records, unpack_records
 from packrat_daemon.wire.errors import ModelSpecError
 from workers.models import cache as conversion
 from workers.models.loading import load_model
-from workers.models.spec import InputSpec, sample_input
+from workers.models.spec import InputSpec, TensorSpec, sample_input
 
 transformers = pytest.importorskip("transformers")
 
@@ -38,33 +40,52 @@ def bert_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def transformers_logits(folder: Path, ids: np.ndarray) -> np.ndarray:
+def text_inputs(samples: int, length: int = POSITIONS, seed: int = 4) -> dict[str, np.ndarray]:
+    """Padded pairs of segments, as a tokenizer gives them: the mask and the segment ids matter."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, VOCAB, (samples, length)).astype(np.int64)
+    mask = np.ones((samples, length), dtype=np.int64)
+    for k in range(samples):
+        mask[k, length - 1 - 3 * k :] = 0  # a shorter sentence in each row, padded
+    segments = np.zeros((samples, length), dtype=np.int64)
+    segments[:, length // 2 :] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": segments}
+
+
+def transformers_logits(folder: Path, inputs: dict[str, np.ndarray]) -> np.ndarray:
     model = transformers.BertForSequenceClassification.from_pretrained(folder, local_files_only=True).eval()
     with torch.inference_mode():
-        return model(input_ids=torch.from_numpy(ids)).logits.numpy()
+        return model(**{name: torch.from_numpy(array) for name, array in inputs.items()}).logits.numpy()
+
+
+def three_inputs(length: int) -> InputSpec:
+    return InputSpec.of([
+        TensorSpec("input_ids", "int64", (length,), VOCAB),
+        TensorSpec("attention_mask", "int64", (length,), 2),
+        TensorSpec("token_type_ids", "int64", (length,), 2),
+    ])  # fmt: skip
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("prefix", ["hf:", ""])
-def test_a_folder_serves_what_transformers_computes_on_its_input_ids(bert_folder: Path, prefix: str) -> None:
+def test_a_folder_serves_what_transformers_computes_on_its_three_inputs(bert_folder: Path, prefix: str) -> None:
     loaded = load_model(f"{prefix}{bert_folder}")
-    assert loaded.input == InputSpec("int64", (POSITIONS,), high=VOCAB)  # capped at the position count
-    ids = sample_input(loaded.input, 3)
+    assert loaded.input == three_inputs(POSITIONS).with_outputs([TensorSpec("logits", "float32", (LABELS,))])
+    inputs = text_inputs(3)
     with torch.inference_mode():
-        out = loaded.module(torch.from_numpy(ids)).numpy()
-    np.testing.assert_array_equal(out, transformers_logits(bert_folder, ids))
-    assert out.shape == (3, LABELS)
-    (note,) = loaded.notes
-    assert "(BertForSequenceClassification) is served its input_ids only; attention_mask (all ones" in note
-    assert "token_type_ids (zeros: one segment)" in note and "several inputs are not served yet" in note
+        out = loaded.module(torch.from_numpy(pack_records(list(inputs.values())))).numpy()
+    np.testing.assert_allclose(out, transformers_logits(bert_folder, inputs), rtol=1e-5, atol=1e-6)
+    without_mask = transformers_logits(bert_folder, {"input_ids": inputs["input_ids"]})
+    assert not np.allclose(out, without_mask, atol=1e-4)  # the mask and segments were used
+    assert loaded.notes == ()
 
 
 @pytest.mark.slow
 def test_a_longer_sequence_keeps_the_token_ids_below_the_vocabulary(bert_folder: Path) -> None:
-    assert load_model(str(bert_folder), "int64:16").input == InputSpec("int64", (16,), high=VOCAB)
+    assert load_model(str(bert_folder), "int64:16").input.inputs == three_inputs(16).inputs
 
 
-def test_without_architectures_the_auto_model_is_loaded_and_one_output_served(
+def test_without_architectures_the_auto_model_is_loaded_and_every_output_served(
     bert_folder: Path, tmp_path: Path
 ) -> None:
     folder = tmp_path / "bare"
@@ -73,10 +94,14 @@ def test_without_architectures_the_auto_model_is_loaded_and_one_output_served(
     del config["architectures"]
     (folder / "config.json").write_text(json.dumps(config))
     loaded = load_model(str(folder))
-    ids = torch.randint(0, VOCAB, (2, POSITIONS))
+    assert [(t.name, t.shape) for t in loaded.input.outputs] == [
+        ("last_hidden_state", (POSITIONS, 32)),  # BertModel's
+        ("pooler_output", (32,)),
+    ]
     with torch.inference_mode():
-        assert loaded.module(ids).shape == (2, POSITIONS, 32)  # BertModel's last_hidden_state
-    assert any("serving 'last_hidden_state' only" in note for note in loaded.notes)
+        out = loaded.module(torch.from_numpy(sample_input(loaded.input, 2))).numpy()
+    hidden, pooled = unpack_records(out, [(t.dtype, t.shape) for t in loaded.input.outputs])
+    assert hidden.shape == (2, POSITIONS, 32) and pooled.shape == (2, 32)
 
 
 def test_an_image_model_declares_its_pixel_values_from_the_config(tmp_path: Path) -> None:
@@ -84,7 +109,8 @@ def test_an_image_model_declares_its_pixel_values_from_the_config(tmp_path: Path
                                     num_attention_heads=2, intermediate_size=64, num_labels=LABELS)  # fmt: skip
     transformers.ViTForImageClassification(config).save_pretrained(tmp_path / "vit")
     loaded = load_model(f"hf:{tmp_path / 'vit'}")
-    assert loaded.input == InputSpec("float32", (3, 32, 32))
+    assert loaded.input.inputs == (TensorSpec("pixel_values", "float32", (3, 32, 32)),)
+    assert (loaded.input.dtype, loaded.input.shape) == ("float32", (3, 32, 32))
     with torch.inference_mode():
         assert loaded.module(torch.zeros(2, 3, 32, 32)).shape == (2, LABELS)
 
@@ -122,7 +148,8 @@ def test_onnx_runtime_and_openvino_serve_the_folder_as_transformers_computes_it(
     from workers.runtimes import make_runtime
 
     instance = make_runtime(runtime)
-    input_spec = instance.load(f"hf:{bert_folder}")
+    instance.load(f"hf:{bert_folder}")
     instance.set_threads(1)
-    ids = sample_input(input_spec, 5, seed=9)
-    np.testing.assert_allclose(instance.run(ids), transformers_logits(bert_folder, ids), rtol=1e-4, atol=1e-5)
+    inputs = text_inputs(5)
+    got = instance.run(pack_records(list(inputs.values())))
+    np.testing.assert_allclose(got, transformers_logits(bert_folder, inputs), rtol=1e-4, atol=1e-5)
