@@ -14,7 +14,20 @@ from collections.abc import Sequence
 from packrat_daemon import __version__
 from packrat_daemon.wire.errors import PackratError
 
-COMMANDS = ("solve", "profile", "serve", "demo", "simulate", "keygen", "load", "report", "status", "reconfigure", "oip")
+COMMANDS = (
+    "solve",
+    "profile",
+    "serve",
+    "demo",
+    "simulate",
+    "keygen",
+    "load",
+    "report",
+    "status",
+    "reconfigure",
+    "oip",
+    "coordinate",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

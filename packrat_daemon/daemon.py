@@ -9,6 +9,7 @@ clients' side in `requests.frontend`, the workers' side in `fleet.supervisor`, a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -74,6 +75,7 @@ class Daemon:
             lambda now: self.watchdog.tick(now, self.reconciler.converged),
             lambda _now: self.control.tick(),  # `packrat reconfigure`: the requests the loop read
             lambda now: self.state.tick(self, now),
+            lambda _now: self.frontend.forget_departed(),  # clients gone: their queued requests dropped
         )
         self.core = LoopCore(self.batcher, self.supervisor, self.adaptation, self.frontend.reply_error, self.switch,
                              lambda: (self.plan, self.profile), periodic, metrics.batch_started)  # fmt: skip
@@ -199,6 +201,7 @@ class Daemon:
             )
         moved = share.cpu_ids != self.topology.cpu_ids
         if not moved and plan == self.plan:
+            self.share = dataclasses.replace(self.share, by=reason)  # the same CPUs, now the coordinator's
             return None
         self.topology = share
         self.reconciler.allocator = CoreAllocator(share)
@@ -240,6 +243,7 @@ class Daemon:
             "plan": self.plan.to_json(),
             "share": self.share.to_json(),
             "machine_cpus": list(self.machine.cpu_ids),
+            "vacated": self.vacated(),
         }
 
     def status(self) -> dict[str, Any]:

@@ -1,0 +1,338 @@
+"""The coordinator's loop: look at every daemon, give back the share of one that returned, plan the models
+jointly, and move cores when the move pays (hysteresis), shrinking before growing.
+
+Each look asks every daemon for its demand (`{"op": "demand"}` on its control socket: profile, live batch
+sizes, batch rate, the CPUs it holds). A daemon that does not answer is down: it is skipped, its share stays
+reserved for it, and no core moves while it is away (its cores are neither planned for nor given away). When it
+answers again it is told its share at once. Cores move only when every daemon is up with a profile and
+`policies.colocation.worth_moving` says the joint plan's predicted gain is worth it; each daemon is then told
+its new CPUs and plan (`{"op": "assign"}`) in `shares.move_order`: one that loses cores finishes its switch
+(its reply comes once no worker of it is left on a CPU it gave away) before one that gains them is told.
+The coordinator never stops because a daemon is gone: every control error is logged and the next look retries.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packrat_daemon.control.server import request as control_request
+from packrat_daemon.coordinate.shares import CoordinateError, cores_of, divide, even_split, move_order
+from packrat_daemon.wire.errors import ConfigError, PackratError, PolicyError, TopologyError
+from policies.base import Plan
+from policies.colocation import JointPlan, ModelDemand, evaluate, plan_jointly, worth_moving
+from policies.planning.distribution import BatchDistribution
+from policies.planning.profile import Profile
+from policies.planning.topology import Topology, format_cpulist
+
+log = logging.getLogger("packrat.coordinate")
+
+MOVES_KEPT = 50  # moves listed in the status file
+Request = Callable[[str, dict[str, Any], float], dict[str, Any]]
+# What a daemon answers when it refuses an assign; any other error (silence above all) means it is down.
+_REFUSALS = (PolicyError, TopologyError, ConfigError)
+
+
+@dataclass
+class Link:
+    """One daemon as the coordinator sees it."""
+
+    name: str
+    endpoint: str  # its control socket
+    target_ms: float | None = None
+    up: bool = False
+    answered: bool = False  # it has answered at least once
+    holds: frozenset[int] = frozenset()  # the CPUs it may still have workers on (its share, plus any left)
+    demand: dict[str, Any] | None = None  # its last demand reply
+    error: str | None = None  # why the last request failed
+    returned: bool = False  # it answered after being down (or for the first time): tell it its share
+
+    def to_json(self, share: frozenset[int]) -> dict[str, Any]:
+        demand = self.demand or {}
+        return {
+            "name": self.name,
+            "control": self.endpoint,
+            "up": self.up,
+            "cpus": format_cpulist(share),
+            "cores_assigned": None if not demand else (demand.get("share") or {}).get("cores"),
+            "holds": format_cpulist(self.holds) if self.holds else None,
+            "model": demand.get("model"),
+            "batches_per_s": demand.get("batches_per_s"),
+            "inputs_per_s": demand.get("inputs_per_s"),
+            "has_profile": demand.get("profile") is not None if demand else None,
+            "error": self.error,
+        }
+
+
+@dataclass
+class Move:
+    """One move of cores: the split before and after, the joint plan's prediction, and each daemon's switch."""
+
+    wall: float
+    reason: str
+    before: dict[str, str]  # model -> cpulist
+    after: dict[str, str]
+    predicted_ms: tuple[float | None, float | None]  # the joint plan's mean sojourn before and after
+    steps: list[dict[str, Any]] = field(default_factory=list)  # each assign in order: model, seconds, ok, error
+
+    @property
+    def gain(self) -> float | None:
+        before, after = self.predicted_ms
+        if before is None or after is None or before <= 0:
+            return None
+        return 1.0 - after / before
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "time": self.wall,
+            "reason": self.reason,
+            "from": self.before,
+            "to": self.after,
+            "predicted_ms": list(self.predicted_ms),
+            "predicted_gain": self.gain,
+            "steps": self.steps,
+        }
+
+
+class Coordinator:
+    def __init__(
+        self,
+        links: Sequence[Link],
+        topology: Topology,
+        interval_s: float,
+        min_gain: float,
+        timeout_s: float,
+        status_path: Path | None,
+        request: Request = control_request,
+    ) -> None:
+        self.links = list(links)
+        self.by_name = {link.name: link for link in self.links}
+        self.topology = topology
+        self.cores = cores_of(topology)
+        self.interval_s, self.min_gain, self.timeout_s = interval_s, min_gain, timeout_s
+        self.status_path = status_path
+        self.request = request
+        self.split = even_split(len(self.cores), len(self.links))
+        self.shares = self._shares(self.split)
+        self.plans: dict[str, Plan | None] = {link.name: None for link in self.links}
+        self.joint: JointPlan | None = None
+        self.declined = ""  # why the last look did not move cores
+        self.moves: deque[Move] = deque(maxlen=MOVES_KEPT)
+        self.looks = 0
+        log.info(
+            "coordinating %d models on %d cores (%s): %s",
+            len(self.links), len(self.cores), topology.describe(), self._describe(self.shares),
+        )  # fmt: skip
+
+    # -- the loop -------------------------------------------------------------------------------
+    def run(self, stopping: Callable[[], bool]) -> None:
+        """Look every interval until `stopping()`; a look that fails is logged, never fatal."""
+        while not stopping():
+            started = time.monotonic()
+            self.tick()
+            while not stopping() and time.monotonic() - started < self.interval_s:
+                time.sleep(min(0.1, self.interval_s))
+
+    def tick(self) -> None:
+        """One look: every daemon's demand, shares given back, the joint plan, a move if it pays."""
+        self.looks += 1
+        for link in self.links:
+            self._look(link)
+        returned = [link.name for link in self.links if link.up and link.returned]
+        if returned:
+            self._assign(returned, {name: self.shares[name] for name in returned}, "its share", None)
+        self._plan()
+        self.write_status()
+
+    def _look(self, link: Link) -> None:
+        try:
+            reply = self.request(link.endpoint, {"op": "demand"}, min(self.timeout_s, max(1.0, self.interval_s)))
+        except PackratError as exc:
+            if link.up or not link.answered:
+                log.warning("%s is down (%s); its share %s stays reserved for it", link.name, exc,
+                            format_cpulist(self.shares[link.name]))  # fmt: skip
+            link.up, link.error = False, str(exc)
+            link.holds = link.holds or self.shares[link.name]
+            return
+        demand = reply["demand"]
+        share = frozenset(int(cpu) for cpu in demand["share"]["cpu_ids"])
+        if not link.up:
+            link.returned = True  # back (or here for the first time): it starts on its --cpus, not its share
+            log.info("%s is up on CPUs %s", link.name, format_cpulist(share))
+        # Its share is what it holds once its last switch has left every other CPU; until then, both.
+        link.holds = share if demand.get("vacated", True) else share | link.holds
+        link.up, link.answered, link.demand, link.error = True, True, demand, None
+
+    # -- planning -------------------------------------------------------------------------------
+    def _plan(self) -> None:
+        down = [link.name for link in self.links if not link.up]
+        if down:
+            self.declined = f"{', '.join(down)} down: no core moves until every model is up"
+            return
+        try:
+            demands = [self._demand(link) for link in self.links]
+        except PackratError as exc:
+            self.declined = f"no joint plan: {exc}"
+            return
+        if any(demand is None for demand in demands):
+            missing = [link.name for link, demand in zip(self.links, demands, strict=True) if demand is None]
+            self.declined = f"{', '.join(missing)} serve(s) without a profile: the split stays as it is"
+            return
+        ready = [demand for demand in demands if demand is not None]
+        try:
+            current = evaluate(ready, self.split, total_cores=len(self.cores))
+            proposed = plan_jointly(ready, len(self.cores))
+        except PackratError as exc:
+            self.declined = f"no joint plan: {exc}"
+            log.warning("coordinator: %s", self.declined)
+            return
+        self.joint = current
+        if not worth_moving(current, proposed, self.min_gain):
+            self.declined = (
+                f"the split {list(self.split)} is predicted at {_ms(current.predicted_ms)}, the best "
+                f"{list(proposed.split)} at {_ms(proposed.predicted_ms)}: not worth a move (min gain "
+                f"{self.min_gain:.0%})"
+            )
+            return
+        target = self._shares(proposed.split)
+        plans = {share.name: share.plan for share in proposed.shares}
+        names = [link.name for link in self.links if target[link.name] != self.shares[link.name]]
+        predicted = (_finite(current.predicted_ms), _finite(proposed.predicted_ms))
+        move = self._assign(names, {name: target[name] for name in names}, "joint plan", predicted, plans)
+        if move is not None and all(step["ok"] for step in move.steps):
+            self.split, self.joint = proposed.split, proposed
+            self.plans.update(plans)
+            self.declined = ""
+
+    def _demand(self, link: Link) -> ModelDemand | None:
+        demand = link.demand or {}
+        if demand.get("profile") is None:
+            return None
+        profile = Profile.parse_csv(demand["profile"], source=f"{link.name}'s profile")
+        sizes = {int(b): float(w) for b, w in demand.get("batch_sizes") or []}
+        # A model without traffic yet: its plan for one input, at no rate (it keeps the fewest cores).
+        distribution = BatchDistribution.from_counts(sizes) if sizes else BatchDistribution.single(1)
+        rate = float(demand.get("batches_per_s") or 0.0) if sizes else 0.0
+        return ModelDemand(link.name, profile, distribution, rate, link.target_ms)
+
+    # -- moving ---------------------------------------------------------------------------------
+    def _assign(
+        self,
+        names: Sequence[str],
+        target: Mapping[str, frozenset[int]],
+        reason: str,
+        predicted: tuple[float | None, float | None] | None,
+        plans: Mapping[str, Plan] | None = None,
+    ) -> Move | None:
+        """Tell `names` their `target` CPUs (and plans), shrinks first; a failure ends the move there."""
+        held = {link.name: link.holds for link in self.links}
+        try:
+            # One that already holds its target is told too (a daemon back on its --cpus: the share is now ours).
+            order = [name for name in names if held.get(name) == target[name]] + move_order(held, target)
+        except CoordinateError as exc:
+            log.error("coordinator: %s", exc)
+            self.declined = str(exc)
+            return None
+        move = None
+        if predicted is not None:
+            before = {name: format_cpulist(self.shares[name]) for name in names}
+            move = Move(time.time(), reason, before, {name: format_cpulist(target[name]) for name in names}, predicted)
+            gain = "" if move.gain is None else f", predicted gain {move.gain:.1%}"
+            log.info(
+                "moving cores: %s → %s; the joint plan's mean sojourn %s → %s%s",
+                self._describe({n: self.shares[n] for n in names}), self._describe(target),
+                _ms(predicted[0]), _ms(predicted[1]), gain,
+            )  # fmt: skip
+            self.moves.append(move)
+        for name in order:
+            link = self.by_name[name]
+            plan = None if plans is None else plans.get(name)
+            body: dict[str, Any] = {"op": "assign", "cpus": sorted(target[name]), "reason": f"coordinator: {reason}"}
+            if plan is not None:
+                body["plan"] = _compact(plan)
+            if move is not None and move.gain is not None:
+                body["gain"] = move.gain
+            started = time.monotonic()
+            try:
+                reply = self.request(link.endpoint, body, self.timeout_s)
+            except PackratError as exc:
+                # Down mid-move, or it refused: the models after it wait for the next look (what it holds is
+                # then read again), so none grows onto CPUs it may still use.
+                log.warning("coordinator: %s refused or did not answer its share %s: %s", name,
+                            format_cpulist(target[name]), exc)  # fmt: skip
+                link.error = str(exc)
+                if not isinstance(exc, _REFUSALS):
+                    link.up = False
+                if move is not None:
+                    move.steps.append({"model": name, "ok": False, "seconds": time.monotonic() - started,
+                                       "error": str(exc)})  # fmt: skip
+                return move
+            seconds = time.monotonic() - started
+            link.holds, link.returned = target[name], False
+            self.shares[name] = target[name]
+            if plan is not None:
+                self.plans[name] = plan
+            log.info("%s serves on CPUs %s (%.0f ms): %s", name, format_cpulist(target[name]), seconds * 1000,
+                     reply.get("done", ""))  # fmt: skip
+            if move is not None:
+                move.steps.append({"model": name, "ok": True, "seconds": seconds})
+        return move
+
+    # -- status ---------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        return {
+            "time": time.time(),
+            "pid": os.getpid(),
+            "looks": self.looks,
+            "interval_s": self.interval_s,
+            "min_gain": self.min_gain,
+            "machine": {"cpus": format_cpulist(self.topology.cpu_ids), "cores": len(self.cores)},
+            "split": dict(zip([link.name for link in self.links], self.split, strict=True)),
+            "models": [link.to_json(self.shares[link.name]) for link in self.links],
+            "joint_plan": None if self.joint is None else self.joint.to_json(),
+            "declined": self.declined,
+            "moves": [move.to_json() for move in self.moves],
+        }
+
+    def write_status(self) -> None:
+        """The status file, replaced atomically (`packrat coordinate --status` reads it)."""
+        if self.status_path is None:
+            return
+        tmp = self.status_path.with_name(f".{self.status_path.name}.tmp")
+        try:
+            tmp.write_text(json.dumps(self.status(), indent=2), encoding="utf-8")
+            os.replace(tmp, self.status_path)
+        except OSError as exc:
+            log.warning("coordinator: could not write %s: %s", self.status_path, exc)
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _shares(self, split: Sequence[int]) -> dict[str, frozenset[int]]:
+        cpus = divide(self.cores, split)
+        return {link.name: frozenset(share) for link, share in zip(self.links, cpus, strict=True)}
+
+    @staticmethod
+    def _describe(shares: Mapping[str, frozenset[int]]) -> str:
+        return ", ".join(f"{name} on CPUs {format_cpulist(cpus)}" for name, cpus in shares.items())
+
+
+def _compact(plan: Plan) -> dict[str, Any]:
+    """The plan for an assign request: Plan.to_json without its reason's prose (the request is bounded)."""
+    body = plan.to_json()
+    body["reason"] = "the coordinator's joint plan"
+    return body
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isinf(value) or math.isnan(value) else value
+
+
+def _ms(value: float | None) -> str:
+    return "saturated" if value is None or math.isinf(value) else f"{value:.3g} ms"

@@ -1,0 +1,281 @@
+"""Two models on one machine under `packrat coordinate`, with real daemons on real sockets: disjoint CPU sets
+(the workers' real affinity masks), each model answering its own (ZeroMQ and the Open Inference Protocol), a
+killed model restarted while the other serves with no failed request and given its share back, typed
+refusals of a bad `assign`, and cores moved between two emulated models under traffic with no failed
+request and no CPU ever held by both."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+
+from packrat_daemon.control.server import ControlError, request
+from packrat_daemon.wire.client import Client
+from packrat_daemon.wire.errors import BadRequest, PolicyError, TopologyError
+from tests.helpers.daemons import REPO, daemon_env, running_daemon, stop_process
+
+pytestmark = pytest.mark.slow
+
+needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs, one per model")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def private(path: Path) -> Path:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f} s" + (f"\n{log.read_text()}" if log else ""))
+        time.sleep(0.1)
+
+
+@contextmanager
+def coordinator(tmp_path: Path, *args: str) -> Iterator[Path]:
+    """`packrat coordinate` as a process; yields its status file."""
+    status = tmp_path / "coordinator.json"
+    log = tmp_path / "coordinator.log"
+    command = [sys.executable, "-m", "packrat_daemon", "coordinate", "--status-file", str(status), *args]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, env=daemon_env(), stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        yield status
+    finally:
+        stop_process(process, 10)
+        assert process.returncode == 0, log.read_text()  # SIGTERM: a clean stop, whatever the daemons did
+
+
+def read_status(path: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def status_of(endpoint: str) -> dict[str, Any]:
+    with Client(endpoint, timeout=10) as client:
+        return client.status()
+
+
+def assigned_by_coordinator(endpoint: str) -> bool:
+    return str(status_of(endpoint)["share"]["assigned_by"]).startswith("coordinator")
+
+
+def real_cpus(worker_pid: int) -> set[int]:
+    """Every CPU any thread of the process may run on: the kernel's own masks, thread by thread."""
+    cpus: set[int] = set()
+    for thread in psutil.Process(worker_pid).threads():
+        cpus |= os.sched_getaffinity(thread.id)
+    return cpus
+
+
+class Sender:
+    """A client sending to one daemon the whole time, counting answers and failures."""
+
+    def __init__(self, endpoint: str, sample: np.ndarray, clients: int = 1) -> None:
+        self.endpoint, self.sample = endpoint, sample
+        self.ok, self.failed = 0, []  # type: tuple[int, list[str]]
+        self.stopping = threading.Event()
+        self.threads = [threading.Thread(target=self._send, daemon=True) for _ in range(clients)]
+        self.lock = threading.Lock()
+
+    def __enter__(self) -> Sender:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(60)
+
+    def _send(self) -> None:
+        with Client(self.endpoint, timeout=60) as client:
+            while not self.stopping.is_set():
+                try:
+                    client.infer(self.sample)
+                    with self.lock:
+                        self.ok += 1
+                except Exception as exc:  # every failure is counted, whatever it is
+                    with self.lock:
+                        self.failed.append(repr(exc))
+
+
+def reference(spec: str, x: np.ndarray) -> np.ndarray:
+    """What the model computes, loaded here as a worker loads it (fixed seed)."""
+    import torch
+
+    from workers.models.loading import load_model
+
+    loaded = load_model(spec)
+    with torch.no_grad():
+        return np.asarray(loaded.module(torch.from_numpy(x)))
+
+
+def oip_infer(port: int, model: str, x: np.ndarray) -> np.ndarray:
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        tensor = httpclient.InferInput("input", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        return np.asarray(client.infer(model, [tensor]).as_numpy("output"))
+    finally:
+        client.close()
+
+
+# One pinned 1-thread worker per model: no profile to measure, start-up in seconds.
+PINNED_ONE = ("--policy", "fixed", "--plan", "1x1", "--max-batch", "4")
+
+
+@needs_two_cpus
+def test_two_models_keep_their_own_cores_and_answers_and_a_killed_one_gets_its_share_back(tmp_path: Path) -> None:
+    pytest.importorskip("tritonclient.http", reason="tritonclient is not installed (pip install -e '.[test]')")
+    a_dir, b_dir = private(tmp_path / "a"), private(tmp_path / "b")
+    a_run, b_run = private(a_dir / "run"), private(b_dir / "run")
+    a_http, b_http = free_port(), free_port()
+    a_args = ("--model", "builtin:tiny-mlp", "--cpus", "0", "--run-dir", str(a_run), "--oip-model-name", "mlp",
+              *PINNED_ONE)  # fmt: skip
+    b_args = ("--model", "builtin:tiny-cnn", "--cpus", "1", "--run-dir", str(b_run), "--oip-model-name", "cnn",
+              "--http-port", str(b_http), *PINNED_ONE)  # fmt: skip
+    x_mlp = np.random.default_rng(1).standard_normal((3, 16), dtype=np.float32)
+    x_cnn = np.random.default_rng(2).standard_normal((2, 3, 16, 16), dtype=np.float32)
+    with (
+        running_daemon(a_dir, *a_args, "--http-port", str(a_http)) as (a, a_process),
+        running_daemon(b_dir, *b_args) as (b, _),
+        coordinator(tmp_path, "--daemon", f"a={a_run}", "--daemon", f"b={b_run}", "--interval", "0.3") as status,
+    ):
+        wait_for("both shares assigned", lambda: assigned_by_coordinator(a) and assigned_by_coordinator(b))
+        usable = len(os.sched_getaffinity(0))
+        shares = {name: set(status_of(endpoint)["share"]["cpu_ids"]) for name, endpoint in (("a", a), ("b", b))}
+        assert shares == {"a": {0}, "b": {1}}  # the coordinator's division: contiguous, in --daemon order
+
+        def check_cores() -> None:
+            threads = 0
+            held: dict[str, set[int]] = {}
+            for name, endpoint in (("a", a), ("b", b)):
+                workers = [w for w in status_of(endpoint)["workers"] if w["state"] != "parked"]
+                assert workers, f"{name} has no worker"
+                held[name] = set().union(*(real_cpus(w["pid"]) for w in workers))
+                assert held[name] <= shares[name], (name, held[name], shares[name])
+                threads += sum(w["threads"] for w in workers)
+            assert not held["a"] & held["b"] and threads <= usable, (held, threads)
+
+        check_cores()
+        # Each model answers its own, over ZeroMQ and over the Open Inference Protocol.
+        with Client(a) as client_a, Client(b) as client_b:
+            np.testing.assert_allclose(client_a.infer(x_mlp), reference("builtin:tiny-mlp", x_mlp), rtol=1e-5)
+            np.testing.assert_allclose(client_b.infer(x_cnn), reference("builtin:tiny-cnn", x_cnn), rtol=1e-5)
+            with pytest.raises(BadRequest):
+                client_b.infer(x_mlp)  # the other model's input: refused, never answered by the wrong model
+        np.testing.assert_allclose(oip_infer(a_http, "mlp", x_mlp), reference("builtin:tiny-mlp", x_mlp), rtol=1e-5)
+        np.testing.assert_allclose(oip_infer(b_http, "cnn", x_cnn), reference("builtin:tiny-cnn", x_cnn), rtol=1e-5)
+
+        # A bad assign is refused, typed, and names what to do; nothing changes.
+        a_control = f"ipc://{a_run}/control.ipc"
+        with pytest.raises(TopologyError, match=r"CPU\(s\) 4096 are not usable here.*Give a subset"):
+            request(a_control, {"op": "assign", "cpus": [0, 4096]}, 10)
+        with pytest.raises(ControlError, match="'cpus' is empty: give this model at least one usable CPU"):
+            request(a_control, {"op": "assign", "cpus": []}, 10)
+        too_big = {"policy": "fixed", "instances": [{"threads": 2, "batch": 1}], "reason": "too big"}
+        with pytest.raises(PolicyError, match="does not fit the 1 core.*assign more CPUs or a plan of fewer threads"):
+            request(a_control, {"op": "assign", "cpus": [0], "plan": too_big}, 10)
+        check_cores()
+
+        # a is killed; b serves the whole time; a comes back (as systemd's Restart= would start it) and the
+        # coordinator gives it its share again.
+        with Sender(b, x_cnn) as sender:
+            time.sleep(0.5)
+            a_process.send_signal(signal.SIGKILL)
+            a_process.wait(10)
+            down = lambda: any(m["name"] == "a" and not m["up"] for m in read_status(status).get("models", []))  # noqa: E731
+            wait_for("the coordinator sees a down", down)
+            with running_daemon(private(tmp_path / "a2"), *a_args) as (a_again, _):
+                wait_for("a's share given back", lambda: assigned_by_coordinator(a_again))
+                time.sleep(0.5)
+                with Client(a_again) as client_a:
+                    np.testing.assert_allclose(client_a.infer(x_mlp), reference("builtin:tiny-mlp", x_mlp), rtol=1e-5)
+                a = a_again
+                check_cores()
+                models = {m["name"]: m for m in read_status(status)["models"]}
+                assert models["a"]["up"] and models["a"]["cpus"] == "0" and models["b"]["cpus"] == "1"
+        assert sender.failed == [] and sender.ok > 0, sender.failed[:3]
+
+
+EMULATED = ("--model", "builtin:tiny-mlp", "--runtime", "emulated", "--emulate-cores", "4",
+            "--emulate-interference", "none", "--max-batch", "4", "--split-check-rounds", "0")  # fmt: skip
+PROFILES = {"a": "bench/profiles/inception3-cloudlab16.csv", "b": "bench/profiles/bert-cloudlab16.csv"}
+
+
+def test_cores_move_to_the_busy_model_shrinking_first_with_no_failed_request(tmp_path: Path) -> None:
+    runs = {name: private(tmp_path / name / "run") for name in "ab"}
+    metrics_port = free_port()
+    with (
+        running_daemon(tmp_path / "a", *EMULATED, "--profile", str(REPO / PROFILES["a"]), "--run-dir",
+                       str(runs["a"]), "--metrics-port", str(metrics_port)) as (a, _),
+        running_daemon(tmp_path / "b", *EMULATED, "--profile", str(REPO / PROFILES["b"]), "--run-dir",
+                       str(runs["b"])) as (b, _),
+        coordinator(tmp_path, "--emulate-cores", "4", "--daemon", f"a={runs['a']}", "--daemon", f"b={runs['b']}",
+                    "--interval", "0.5", "--min-gain", "0.05") as status,
+    ):  # fmt: skip
+        wait_for("both shares assigned", lambda: assigned_by_coordinator(a) and assigned_by_coordinator(b))
+        samples: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = []
+        # Only a has traffic: the joint plan gives it every core but b's one.
+        with Sender(a, np.zeros((1, 16), np.float32), clients=6) as sender:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                # a, then b, then a again: a CPU both hold shows in both of a's samples, whatever moved between.
+                samples.append((status_of(a), status_of(b), status_of(a)))
+                if len(samples[-1][1]["share"]["cpu_ids"]) == 1 and read_status(status).get("moves"):
+                    break
+            for _ in range(10):  # and a little while after the move
+                samples.append((status_of(a), status_of(b), status_of(a)))
+        assert sender.failed == [] and sender.ok > 0, sender.failed[:3]
+
+        def cores(reply: dict[str, Any]) -> set[int]:
+            serving = [w for w in reply["workers"] if w["state"] != "parked"]
+            return set().union(*(set(w["cores"]) for w in serving)) if serving else set()
+
+        def threads(reply: dict[str, Any]) -> int:
+            newest = max((w["generation"] for w in reply["workers"] if w["serving"]), default=0)
+            return sum(w["threads"] for w in reply["workers"] if w["serving"] and w["generation"] == newest)
+
+        for first, other, again in samples:
+            assert not (cores(first) & cores(other) & cores(again)), (first["workers"], other["workers"])
+            assert threads(first) <= first["share"]["cores"] and threads(other) <= other["share"]["cores"]
+            assert first["share"]["cores"] + other["share"]["cores"] <= 4
+        final_a, final_b = samples[-1][0], samples[-1][1]
+        assert final_a["share"]["cpus"] == "0-2" and final_b["share"]["cpus"] == "3", (final_a["share"], final_b)
+        move = final_a["share"]["last_move"]
+        assert move["from"] == "0-1" and move["to"] == "0-2" and move["reason"] == "coordinator: joint plan"
+        coordinated = read_status(status)
+        logged = coordinated["moves"][-1]
+        assert logged["from"] == {"a": "0-1", "b": "2-3"} and logged["to"] == {"a": "0-2", "b": "3"}
+        assert [step["model"] for step in logged["steps"]] == ["b", "a"]  # b shrank before a grew
+        assert all(step["ok"] for step in logged["steps"]) and logged["predicted_ms"][1] is not None
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+        assert "packrat_assigned_cores 3.0" in metrics
+        assert "packrat_share_moves_total 2.0" in metrics  # every CPUs to 0-1 at the start, then 0-2
