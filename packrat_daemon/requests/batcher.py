@@ -190,6 +190,14 @@ class Batcher:
         self.queued_inputs -= inputs
         return batch
 
+    def drop(self, identities: set[bytes]) -> list[Request]:
+        """Remove the queued requests of these clients (gone: no reply could reach them); those removed."""
+        dropped = [request for request in self.queue if request.identity in identities]
+        if dropped:
+            self.queue = deque(request for request in self.queue if request.identity not in identities)
+            self.queued_inputs -= sum(request.samples for request in dropped)
+        return dropped
+
     def requeue(self, requests: list[Request]) -> None:
         """Put a batch whose workers were lost back at the head of the queue, in its order (it was admitted
         once, so the queue's bound does not refuse it)."""
