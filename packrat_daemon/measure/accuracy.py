@@ -1,7 +1,8 @@
 """The accuracy guard: a reduced precision is served only when its outputs stay close to fp32's.
 
 Before a bf16 or int8 candidate is prepared, the same runtime runs the same inputs at fp32 and at the
-reduced precision (in a subprocess, `workers.models.precision`), and the outputs are compared here:
+reduced precision (in a subprocess, `workers.models.precision`), and the outputs are compared here (every
+output of a model of several, the worst deciding):
 
 - relative error: per input, the largest absolute difference between the two outputs over the largest
   absolute fp32 output of that input; the guard keeps the worst input's. Scaled per input rather than
@@ -29,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from packrat_daemon.wire.codec import unpack_records
 from packrat_daemon.wire.errors import ConfigError, PackratError
 from workers.models.calibration import read_calibration
 from workers.models.spec import InputSpec, sample_input
@@ -127,6 +129,27 @@ def compare(reference: np.ndarray, reduced: np.ndarray, top1: str = "auto") -> t
     return rel, float(np.mean(reference.argmax(axis=-1) == reduced.argmax(axis=-1)))
 
 
+def compare_outputs(
+    spec: InputSpec, reference: np.ndarray, reduced: np.ndarray, top1: str = "auto"
+) -> tuple[float, float | None]:
+    """`compare` for every output of the model: the worst relative error of any output, and the lowest top-1
+    agreement of those held to it (`--accuracy-top1 on` holds the first output to it; `auto` each that reads as
+    class scores). A model of several outputs answers records of them, unpacked here by the spec's layout."""
+    if not spec.output_records:
+        return compare(reference, reduced, top1)
+    layout = [(tensor.dtype, tensor.shape) for tensor in spec.outputs]
+    pairs = zip(unpack_records(reference, layout), unpack_records(reduced, layout), strict=True)
+    worst, agreements = 0.0, []
+    for k, (ref, low) in enumerate(pairs):
+        rel, agreement = compare(
+            ref.astype(np.float32), low.astype(np.float32), top1 if k == 0 or top1 == "auto" else "off"
+        )
+        worst = max(worst, rel)
+        if agreement is not None:
+            agreements.append(agreement)
+    return worst, min(agreements) if agreements else None
+
+
 def guard_inputs(spec: InputSpec, calibration: str | None) -> np.ndarray:
     """The sample inputs, then the user's calibration inputs (checked against the model's input)."""
     samples = sample_input(spec, SAMPLE_INPUTS, seed=SAMPLE_INPUTS)
@@ -175,7 +198,7 @@ def check(
             why = report.get("error") or done.stderr.strip()[-2000:]
             raise AccuracyError(f"the accuracy guard could not run {model} on {runtime} at {precision}: {why}")
         reference, reduced = np.load(out / "reference.npy"), np.load(out / "reduced.npy")
-    rel, agreement = compare(reference, reduced, top1)
+    rel, agreement = compare_outputs(input_spec, reference, reduced, top1)
     has_units, quantization = report.get("runtime_has_units"), report.get("quantization")
     return GuardResult(runtime, precision, len(inputs), rel, agreement, tolerance, has_units, quantization)
 

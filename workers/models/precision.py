@@ -70,10 +70,11 @@ def run_both(
     quantization: dict | None = None
     for served in ("fp32", precision):
         instance = make_runtime(runtime, template_precision(served, calibration))
-        instance.load(model, input_override)
+        spec = instance.load(model, input_override)
         instance.set_threads(len(os.sched_getaffinity(0)))  # it runs alone, before any worker starts
         chunks = [instance.run(inputs[k : k + GUARD_CHUNK]) for k in range(0, len(inputs), GUARD_CHUNK)]
-        outputs[served] = np.concatenate(chunks).astype(np.float32)
+        # Records of several outputs stay bytes: the daemon unpacks each output (packrat_daemon.measure.accuracy).
+        outputs[served] = np.concatenate(chunks) if spec.output_records else np.concatenate(chunks).astype(np.float32)
         if served == precision:
             report = instance.has_units()
             quantization = getattr(instance, "quantization", None)

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from packrat_daemon.measure import accuracy
-from packrat_daemon.measure.accuracy import AccuracyError, GuardResult, compare, guard_inputs
+from packrat_daemon.measure.accuracy import AccuracyError, GuardResult, compare, compare_outputs, guard_inputs
+from packrat_daemon.wire.codec import pack_records
 from packrat_daemon.wire.errors import ConfigError
 from tests.helpers.daemons import daemon_env, running_daemon
 from workers.models.precision import cpu_units
-from workers.models.spec import InputSpec
+from workers.models.spec import InputSpec, TensorSpec
 
 NEEDS_BF16_UNITS = pytest.mark.skipif(
     not cpu_units("bf16"), reason="this CPU has no bf16 units (neither amx_bf16 nor avx512_bf16 in /proc/cpuinfo)"
@@ -27,6 +28,24 @@ REPO = Path(__file__).resolve().parents[3]
 def test_identical_outputs_have_no_error_and_full_agreement() -> None:
     scores = np.array([[1.0, 3.0, 2.0], [0.5, -1.0, 0.0]], dtype=np.float32)
     assert compare(scores, scores.copy()) == (0.0, 1.0)
+
+
+def test_every_output_of_several_is_compared_and_the_worst_decides() -> None:
+    spec = InputSpec("float32", (2,)).with_outputs(
+        [TensorSpec("scores", "float32", (3,)), TensorSpec("embedding", "float32", (2,))]
+    )
+    scores = np.array([[1.0, 3.0, 2.0], [0.5, -1.0, 0.0]], dtype=np.float32)
+    embedding = np.array([[0.5, -0.5], [0.25, 0.75]], dtype=np.float32)
+    reference = pack_records([scores, embedding])
+    assert compare_outputs(spec, reference, reference.copy()) == (0.0, 1.0)
+    drifted = embedding.copy()
+    drifted[1, 1] = 0.675  # a tenth of that input's largest value off, in the second output only
+    rel, agreement = compare_outputs(spec, reference, pack_records([scores, drifted]))
+    assert rel == pytest.approx(0.1, rel=1e-5) and agreement == 1.0
+    flipped = scores.copy()
+    flipped[0] = [3.0, 1.0, 2.0]
+    rel, agreement = compare_outputs(spec, reference, pack_records([flipped, embedding]))
+    assert agreement == 0.5 and rel == pytest.approx(2 / 3, rel=1e-5)
 
 
 def test_the_error_is_scaled_per_input_by_its_largest_output() -> None:
@@ -98,6 +117,17 @@ def test_the_guard_refuses_a_model_that_loses_its_output_in_bf16() -> None:
     assert result.max_rel_error > result.tolerance and result.top1_agreement is not None
     message = str(accuracy.refused(result))
     assert "--precision fp32" in message and "max relative error" in message
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("factories_importable")
+def test_the_guard_compares_both_outputs_of_a_dict_in_bf16() -> None:
+    spec = InputSpec("float32", (16,)).with_outputs(
+        [TensorSpec("scores", "float32", (4,)), TensorSpec("probabilities", "float32", (4,))]
+    )
+    result = accuracy.check("tests.model_factories:two_outputs", spec, "torch", "bf16")
+    # bf16 keeps about 3 significant digits: each output's error is of that order, never the bytes' garbage.
+    assert 0 < result.max_rel_error < 0.05, result.describe()
 
 
 @pytest.mark.slow
