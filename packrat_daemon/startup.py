@@ -28,7 +28,13 @@ from packrat_daemon.config import ServeConfig
 from packrat_daemon.fleet.backend import Backend, ModelInfo
 from packrat_daemon.measure import accuracy, emulation
 from packrat_daemon.measure.profiling import ProfileFile, check_splits, measure_profile
-from packrat_daemon.measure.runtime_choice import RuntimeOption, choose_checked, choose_runtime, verdicts
+from packrat_daemon.measure.runtime_choice import (
+    RuntimeOption,
+    choose_checked,
+    choose_runtime,
+    ms_text,
+    verdicts,
+)
 from packrat_daemon.ops.hardening import check_endpoint, private_dir, raise_fd_limit, warn_if_root
 from packrat_daemon.ops.metrics import Metrics
 from packrat_daemon.ops.state import Choice, Entry, StateKeeper, state_folder
@@ -119,7 +125,8 @@ def start_up(
     if state.path is not None and config.state_dir is None:
         log.info("state: kept in %s (--state-dir DIR elsewhere, --state-dir none for nowhere)", folder)
     identities = {profile_key(r, p): state.identity(config, r, p, topology.usable_cores) for r, p in pairs}
-    warm = state.warm_choice(identities) if len(pairs) > 1 and not config.profile else None
+    settings = choice_settings(config)
+    warm = state.warm_choice(identities, settings) if len(pairs) > 1 and not config.profile else None
     if warm is not None and state.choice is not None:
         age = (time.time() - state.choice.decided_unix) / 3600
         log.info("state: serving %s, chosen among %s %.1f h ago; the other candidates are not started again",
@@ -139,7 +146,7 @@ def start_up(
         served, reason = _settle(candidates, config, policy, topology, profiles, state, interrupted)
         if not state.choice_restored:
             predicted = {candidate.key: _predicted(candidate.plan, candidate.profile) for candidate in candidates}
-            state.choice = Choice(verdicts(served.key, reason, predicted, refused), identities)
+            state.choice = Choice(verdicts(served.key, reason, predicted, refused), identities, settings)
     except BaseException:
         for candidate in candidates:
             candidate.backend.close()
@@ -152,7 +159,7 @@ def start_up(
     assert state.choice is not None
     when = "at this start" if not state.choice_restored else "at an earlier start (the state file)"
     for verdict in state.choice.verdicts:
-        expected = "" if verdict.predicted_ms is None else f" (predicted {verdict.predicted_ms:.3g} ms)"
+        expected = "" if verdict.predicted_ms is None else f" (predicted {ms_text(verdict.predicted_ms)} ms)"
         log.info("candidate %s: %s%s %s: %s", verdict.candidate, verdict.verdict, expected, when, verdict.why)
     log.info("serving %s at %s (accuracy guard: %s)", served.info.runtime, served.info.precision, guard)
     return Started(topology, policy, served, profiles, state)
@@ -191,6 +198,11 @@ def _settle(
 
     served = candidates[at[choose_checked(choose, check)]]
     return served, reasons[-1]
+
+
+def choice_settings(config: ServeConfig) -> dict[str, Any]:
+    """What the choice between candidates was planned for, besides their identities (ops.state.Choice)."""
+    return {"policy": config.policy, "max_batch": config.max_batch, "batches": sorted(config.batches or [])}
 
 
 def check_cores(config: ServeConfig, policy: Policy, topology: Topology) -> None:

@@ -202,12 +202,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _choice_lines(choice: dict[str, Any] | None) -> list[str]:
     """How the packrat daemon chose its runtime and precision: one line per candidate (status' runtime_choice)."""
+    from packrat_daemon.measure.runtime_choice import ms_text
+
     if not choice or len(choice["candidates"]) < 2:
         return []
     when = "at this start" if choice["decided_at_this_start"] else "at an earlier start, kept in the state folder"
     lines = [f"packrat chose among {len(choice['candidates'])} candidates {when}:"]
     for candidate in choice["candidates"]:
-        predicted = "" if candidate["predicted_ms"] is None else f" (predicted {candidate['predicted_ms']:.3g} ms)"
+        predicted = "" if candidate["predicted_ms"] is None else f" (predicted {ms_text(candidate['predicted_ms'])} ms)"
         lines.append(f"  {candidate['candidate']}: {candidate['verdict']}{predicted}: {candidate['why']}")
     return lines
 

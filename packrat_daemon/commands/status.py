@@ -68,7 +68,7 @@ def render(status: dict[str, Any]) -> str:
         f"queue: {queue['requests']} request(s), {queue['inputs']}/{queue['max_inputs']} inputs, batch in flight: "
         f"{'yes' if queue['batch_in_flight'] else 'no'}{'' if queue['accepting'] else ', not accepting (draining)'}",
     ]
-    lines += ["", *_provenance(status["profile"]), "", "plan history:"]
+    lines += ["", *_provenance(status["profile"]), *_choice(status.get("runtime_choice")), "", "plan history:"]
     rows = [["time (UTC)", "reason", "from", "to", "gain", "first", "serving", "retired"]]
     for change in status["history"]:
         gain = change["predicted_gain"]
@@ -102,6 +102,20 @@ def _provenance(profile: dict[str, Any]) -> list[str]:
             f"  production ⟨{cell['threads']} thread(s), batch {cell['batch']}⟩: {cell['latency_ms']:.2f} ms, "
             f"weight {cell['weight']:.1f}" + ("" if age_s is None else f", last seen {_age(age_s)} ago")
         )
+    return lines
+
+
+def _choice(choice: dict[str, Any] | None) -> list[str]:
+    """Which runtime and precision candidate is served, and why each other one lost (docs/status.md)."""
+    from packrat_daemon.measure.runtime_choice import ms_text
+
+    if not choice or len(choice.get("candidates", [])) < 2:
+        return []
+    when = "at this start" if choice["decided_at_this_start"] else f"at a start {_age(choice['decided_age_s'])} ago"
+    lines = ["", f"runtime choice ({when}): serving {choice['served']}"]
+    for c in choice["candidates"]:
+        predicted = "" if c["predicted_ms"] is None else f", predicted {ms_text(c['predicted_ms'])} ms"
+        lines.append(f"  {c['candidate']}: {c['verdict']}{predicted}: {c['why']}")
     return lines
 
 

@@ -97,6 +97,11 @@ def worst_lag(option: RuntimeOption, options: Sequence[RuntimeOption]) -> tuple[
 SERVED, SLOWER, REFUSED = "served", "slower", "refused"
 
 
+def ms_text(ms: float) -> str:
+    """A latency for the log and `packrat status`: three significant digits, never an exponent."""
+    return f"{ms:.3g}" if abs(ms) < 1000 else f"{ms:.0f}"
+
+
 @dataclass(frozen=True)
 class Verdict:
     """What became of one candidate at start, for the log, `packrat status` and the state file."""
@@ -137,6 +142,6 @@ def verdicts(served: str, reason: str, predicted: Mapping[str, float], refused: 
         else:
             behind = ms / best - 1.0
             tie = "; within the near tie, so decided at the worst batch size" if behind <= NEAR_TIE else ""
-            out.append(Verdict(name, SLOWER, known, f"{behind:+.1%} on {served}'s {best:.3g} ms{tie}"))
+            out.append(Verdict(name, SLOWER, known, f"{behind:+.1%} on {served}'s {ms_text(best)} ms{tie}"))
     out += [Verdict(name, REFUSED, None, f"accuracy guard: {why}") for name, why in refused.items()]
     return out

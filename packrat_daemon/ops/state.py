@@ -180,11 +180,15 @@ class Choice:
 
     verdicts: list[Verdict]
     identities: dict[str, dict[str, Any]]
+    # What the choice was planned for besides the identities: the policy and the batch sizes (another
+    # distribution may have another fastest candidate).
+    settings: dict[str, Any] = field(default_factory=dict)
     decided_unix: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "decided_unix": self.decided_unix,
+            "settings": self.settings,
             "candidates": [v.to_json() | {"identity": self.identities.get(v.candidate, {})} for v in self.verdicts],
         }
 
@@ -192,7 +196,7 @@ class Choice:
     def from_json(cls, data: dict[str, Any]) -> Choice:
         verdicts = [Verdict.from_json(item) for item in data["candidates"]]
         identities = {str(item["candidate"]): dict(item["identity"]) for item in data["candidates"]}
-        return cls(verdicts, identities, float(data["decided_unix"]))
+        return cls(verdicts, identities, dict(data.get("settings") or {}), float(data["decided_unix"]))
 
     @property
     def served(self) -> str | None:
@@ -296,13 +300,19 @@ class StateKeeper:
             return None
         return entry
 
-    def warm_choice(self, identities: dict[str, dict[str, Any]]) -> str | None:
+    def warm_choice(self, identities: dict[str, dict[str, Any]], settings: dict[str, Any]) -> str | None:
         """The candidate to serve without starting the others: the one the file says was chosen, when the file
         holds a choice between exactly these candidates (`identities`: each one's identity now, by label), each
-        decided for the identity it has now, and the chosen one's profile and served plan. None otherwise (every
-        candidate is then prepared; a mismatch of a profile is logged and set aside as it is restored)."""
+        decided for the identity it has now and for these `settings` (Choice.settings), and the chosen one's
+        profile and served plan. None otherwise (every candidate is then prepared; a mismatch of a profile is
+        logged and set aside as it is restored)."""
         saved = self.saved_choice
         if saved is None or self.path is None:
+            return None
+        if saved.settings != settings:
+            changed = ", ".join(f"{k} {saved.settings.get(k)!r} → {v!r}" for k, v in settings.items()
+                                if saved.settings.get(k) != v)  # fmt: skip
+            log.info("state: the choice was made for other settings (%s); choosing again", changed)
             return None
         if sorted(saved.identities) != sorted(identities):
             log.info("state: the candidates changed (%s at the last choice, %s now); choosing again",

@@ -203,3 +203,24 @@ def test_the_command_reads_its_endpoint_timeout_and_json_flag() -> None:
     assert (args.endpoint, args.timeout, args.json) == ("ipc:///run/packrat/front.ipc", 5.0, False)
     args = build_parser().parse_args(["status", "--endpoint", "tcp://127.0.0.1:5555", "--timeout", "1.5", "--json"])
     assert (args.timeout, args.json) == (1.5, True)
+
+
+def test_the_runtime_choice_lists_each_candidate_with_its_verdict_and_why() -> None:
+    choice = {
+        "served": "openvino/bf16",
+        "decided_at_this_start": False,
+        "decided_age_s": 7200.0,
+        "candidates": [
+            {"candidate": "torch", "verdict": "slower", "predicted_ms": 1173.0, "why": "+343% on openvino/bf16's"},
+            {"candidate": "openvino/bf16", "verdict": "served", "predicted_ms": 265.0, "why": "predicted: …"},
+            {"candidate": "torch/bf16", "verdict": "refused", "predicted_ms": None, "why": "accuracy guard: failed"},
+        ],
+    }
+    lines = render(status(runtime_choice=choice)).splitlines()
+    at = lines.index("runtime choice (at a start 2.0 h ago): serving openvino/bf16")
+    assert lines[at + 1 : at + 4] == [
+        "  torch: slower, predicted 1173 ms: +343% on openvino/bf16's",
+        "  openvino/bf16: served, predicted 265 ms: predicted: …",
+        "  torch/bf16: refused: accuracy guard: failed",
+    ]
+    assert "runtime choice" not in render(STATUS)  # one candidate (or an older daemon): nothing to choose between

@@ -223,6 +223,9 @@ def test_a_default_state_folder_that_cannot_be_used_keeps_nothing_and_never_stop
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
+SETTINGS = {"policy": "packrat", "max_batch": 4, "batches": []}
+
+
 def choice_saved(folder: Path, guard: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """A start that chose torch over torch/bf16 (refused by the guard) and kept that: the identities it held for."""
     from packrat_daemon.measure.runtime_choice import REFUSED, SERVED, Verdict
@@ -233,7 +236,8 @@ def choice_saved(folder: Path, guard: dict[str, Any] | None = None) -> dict[str,
     keeper.record("torch", Entry(identities["torch"], PROFILE, guard=guard))
     keeper.served_key = "torch"
     keeper.choice = Choice([Verdict("torch", SERVED, 1.5, "the fastest"),
-                            Verdict("torch/bf16", REFUSED, None, "accuracy guard: failed")], identities)  # fmt: skip
+                            Verdict("torch/bf16", REFUSED, None, "accuracy guard: failed")], identities,
+                           SETTINGS)  # fmt: skip
     keeper.save(Serving(), "stop")
     return identities
 
@@ -242,7 +246,7 @@ def test_a_restart_among_the_same_candidates_serves_the_one_chosen_with_its_verd
     guard = {"result": {"max_rel_error": 0.01}, "settings": {"max_rel_error": 0.05}}
     identities = choice_saved(tmp_path, guard)
     keeper = StateKeeper(str(tmp_path))
-    assert keeper.warm_choice(identities) == "torch"
+    assert keeper.warm_choice(identities, SETTINGS) == "torch"
     assert keeper.saved["torch"].guard == guard  # the guard's verdict comes back with the profile
     status = keeper.choice_status()
     assert status is not None and status["served"] == "torch" and status["decided_at_this_start"] is False
@@ -250,7 +254,9 @@ def test_a_restart_among_the_same_candidates_serves_the_one_chosen_with_its_verd
                                                                               ("torch/bf16", "refused")]  # fmt: skip
 
 
-@pytest.mark.parametrize("change", ["another candidate", "another library version", "no choice kept"])
+@pytest.mark.parametrize(
+    "change", ["another candidate", "another library version", "other batch sizes", "no choice kept"]
+)
 def test_a_restart_chooses_again_when_the_candidates_or_their_identity_changed(tmp_path: Path, change: str) -> None:
     identities = choice_saved(tmp_path)
     if change == "another candidate":
@@ -262,7 +268,8 @@ def test_a_restart_chooses_again_when_the_candidates_or_their_identity_changed(t
         data["choice"] = None
         (tmp_path / STATE_FILE).write_text(json.dumps(data))
     keeper = StateKeeper(str(tmp_path))
-    assert keeper.warm_choice(identities) is None
+    settings = {**SETTINGS, "batches": [1, 16]} if change == "other batch sizes" else SETTINGS
+    assert keeper.warm_choice(identities, settings) is None
     assert keeper.choice is None and keeper.choice_restored is False
 
 
