@@ -138,3 +138,62 @@ def test_reconfigure_and_status_on_a_real_daemon(tmp_path: Path, capsys: pytest.
         human = capsys.readouterr().out
         assert "plan history:" in human and "control: --auto" in human and "batches" in human
         assert client.status()["planning"]["override"] is None
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"op": "assign"}', "'cpus' is a list of CPU numbers"),
+        (b'{"op": "assign", "cpus": "0-3"}', "'cpus' is a list of CPU numbers"),
+        (b'{"op": "assign", "cpus": [0, true]}', "'cpus' is a list of CPU numbers"),
+        (b'{"op": "assign", "cpus": [-1]}', "'cpus' is a list of CPU numbers"),
+        (b'{"op": "assign", "cpus": []}', "'cpus' is empty: give this model at least one usable CPU"),
+        (b'{"op": "assign", "cpus": [0], "plan": "2x4"}', "'plan' is a plan as Plan.to_json writes it"),
+        (b'{"op": "assign", "cpus": [0], "reason": 3}', "'reason' is a string"),
+        (b'{"op": "assign", "cpus": [0], "gain": "big"}', "'gain' is a number"),
+        (b'{"op": "move"}', '{"op": "assign", ...} or {"op": "demand"}'),
+    ],
+)
+def test_malformed_assign_requests_are_refused_with_what_to_send(body: bytes, message: str) -> None:
+    with pytest.raises(ControlError, match=message):
+        _parse(body, 2)
+
+
+def test_an_assign_carries_a_plan_as_plan_to_json_writes_it() -> None:
+    from packrat_daemon.control.server import _plan_from_request
+    from policies.base import InstancePlan, Plan
+
+    plan = Plan(
+        (InstancePlan(2, 4), InstancePlan(1, 4)), "packrat", "joint", 1.5, alternatives=((InstancePlan(3, 8),),)
+    )
+    body = json.dumps({"op": "assign", "cpus": [0, 1, 2], "plan": plan.to_json(), "reason": "r", "gain": 0.2})
+    request = _parse(body.encode(), 2)  # 5 deep: within the bound
+    restored = _plan_from_request(request["plan"])
+    assert (restored.instances, restored.alternatives, restored.policy) == (
+        plan.instances,
+        plan.alternatives,
+        "packrat",
+    )
+    with pytest.raises(PolicyError, match="not a plan as Plan.to_json writes it.*leave it out"):
+        _plan_from_request({"instances": [{"threads": "two"}]})
+    with pytest.raises(PolicyError, match="splits 'sideways'"):
+        _plan_from_request({"instances": [{"threads": 1, "batch": 1}], "split": "sideways"})
+
+
+def test_a_share_says_where_it_came_from_and_its_last_move() -> None:
+    from packrat_daemon.control.server import Share
+    from policies.planning.topology import Topology
+
+    machine = Topology.synthetic(4)
+    first = Share.initial(machine.restricted([0, 1]), "--cpus")
+    assert first.to_json()["last_move"] is None and first.to_json()["cpus"] == "0-1"
+    moved = Share.assigned(machine.restricted([0, 1, 2]), "coordinator: joint plan", 3, 0.25, first)
+    shown = moved.to_json(moves=1)
+    assert (shown["cpus"], shown["cores"], shown["assigned_by"], shown["moves"]) == (
+        "0-2",
+        3,
+        "coordinator: joint plan",
+        1,
+    )
+    assert shown["last_move"] == {"from": "0-1", "to": "0-2", "time": moved.wall, "generation": 3,
+                                  "predicted_gain": 0.25, "reason": "coordinator: joint plan"}  # fmt: skip
