@@ -1,21 +1,22 @@
-"""Precision side by side: the daemon at fp32 and at `--precision auto --runtime auto` against in-process
-OpenVINO at its defaults (LATENCY, and THROUGHPUT with 2 streams) and in-process PyTorch bf16, on ResNet-50
-and BERT-base, with each configuration's error against fp32; and int8 (OpenVINO quantized by NNCF on the
-sample inputs), in the daemon and in-process.
+"""Precision side by side: the daemon on its defaults (no flags), at fp32 and at `--precision auto --runtime
+auto` against in-process OpenVINO at its defaults (LATENCY, and THROUGHPUT with 2 streams) and in-process
+PyTorch bf16, on ResNet-50 and BERT-base, with each configuration's error against fp32; and int8 (OpenVINO
+quantized by NNCF on the sample inputs), in the daemon and in-process.
 
     .venv/bin/python bench/precision.py [--models builtin:resnet50,builtin:bert-base] [--batches 1,4,16]
                                         [--rounds 3] [--budget-s 120] [--no-int8]
 
 Kept short for a shared 2-core machine: few rounds (3 by default), interleaved in a shuffled order with
-bench/runtimes.py's `interleave`, so drift hits every configuration alike; medians are reported. The
-daemon with auto/auto starts first, alone (it profiles every (runtime, precision) candidate and runs the
-accuracy guard), and saves its profile; the fp32 daemon plans from that file's fp32 rows (--profile), so
-both plan on the same measurements. Both daemons run with --no-adapt, so each is measured on one plan.
-In-process times are the runtime's compute time; the daemon's are client round trips (transport and
-batching included). "OpenVINO at its defaults" sets no precision hint: on a CPU with bf16 units OpenVINO
-then runs bf16. Every configuration's error is measured the guard's way (packrat_daemon.measure.accuracy.compare)
-on the same sample inputs (a batch of the largest B) against in-process PyTorch fp32; the daemon's own guard report
-(what it checked before serving) is in `daemon_auto.guard`.
+bench/runtimes.py's `interleave`, so drift hits every configuration alike; medians are reported. The default
+daemon starts first, alone, then the daemon with auto/auto, alone (each profiles every (runtime, precision)
+candidate and runs the accuracy guard); auto/auto saves its profile, and the fp32 daemon plans from that
+file's fp32 rows (--profile), so both plan on the same measurements. Both run with --no-adapt, so each is
+measured on one plan. In-process times are the runtime's compute time; the daemon's are client round trips
+(transport and batching included). "OpenVINO at its defaults" sets no precision hint: on a CPU with bf16 units
+OpenVINO then runs bf16. Every configuration's error is measured the guard's way
+(packrat_daemon.measure.accuracy.compare) on the same sample inputs (a batch of the largest B) against in-
+process PyTorch fp32; the daemon's own guard report (what it checked before serving) is in
+`daemon_auto.guard`.
 
 int8 rows are reported but are no peer of the targets: `--precision auto` never serves int8, whose error
 depends on its calibration inputs. The int8 daemon runs `--max-rel-error` at `--int8-tolerance`, so its
@@ -26,9 +27,16 @@ compute, the daemon's total), so `gap` splits each daemon's round trip into clie
 time inside the daemon other than compute (batching wait, the hop to the workers, gathering), and the
 workers' compute, next to the best in-process peer at that batch size.
 
+`daemon_default` is `packrat serve --model M` with no other flag but where it binds (tcp loopback, as
+its default endpoint): runtime and precision auto, max_batch 16, its default state folder (a fresh one under a
+temporary $XDG_STATE_HOME). `hop` is one bare ZeroMQ round trip over the same tcp loopback with the same bytes
+(the request's frames out, an output-sized reply back) to an echo process, so that "the best in-process peer
+plus one hop" is what a client of any server would pay at least; its target: daemon_default within 5% of that
+at the largest B.
+
 Prints one JSON object: per model, median ms per configuration and batch, the errors, the daemon's
 choice, where its time went, and the targets: daemon_auto within 10% of the best in-process peer at every
-B, and equal or faster at the largest B.
+B, and equal or faster at the largest B; daemon_default within 5% of the best peer plus the hop at the largest B.
 """
 
 from __future__ import annotations
@@ -134,14 +142,75 @@ class Peer(SpawnedRunner):
         return self.conn.recv()
 
 
+# -- one bare hop: the transport a client of any server pays ----------------------------------------------
+def _echo(conn: Any, endpoint: str) -> None:
+    """A ROUTER on `endpoint` that answers each [size, *frames] with `size` bytes, as a server's reply would be."""
+    import zmq
+
+    socket = zmq.Context.instance().socket(zmq.ROUTER)
+    socket.bind(endpoint)
+    conn.send(("ready", os.getpid()))
+    replies: dict[int, bytes] = {}
+    poller = zmq.Poller()
+    poller.register(socket, zmq.POLLIN)
+    while not conn.poll(0):
+        if not poller.poll(100):
+            continue
+        identity, size, *_ = socket.recv_multipart(copy=False)
+        n = int(size.bytes)
+        socket.send_multipart([identity, b"{}", replies.setdefault(n, bytes(n))], copy=False)
+    socket.close(linger=0)
+
+
+class Hop(SpawnedRunner):
+    """One round trip of `request(batch)`'s frames to an echo process over tcp loopback, `reply_bytes(batch)` back."""
+
+    def __init__(self, request: Any, reply_bytes: Any) -> None:
+        from harness import free_port
+
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
+        super().__init__(_echo, self.endpoint)
+        self.request, self.reply_bytes = request, reply_bytes
+        self._socket: Any = None
+
+    def measure(self, batch: int) -> float:
+        import zmq
+
+        if self._socket is None:
+            self._socket = zmq.Context.instance().socket(zmq.DEALER)
+            self._socket.connect(self.endpoint)
+        frames = [str(self.reply_bytes(batch)).encode(), *self.request(batch)]
+        start = time.perf_counter()
+        self._socket.send_multipart(frames, copy=False)
+        self._socket.recv_multipart()
+        return (time.perf_counter() - start) * 1000.0
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close(linger=0)
+        super().close()
+
+
 # -- the daemon --------------------------------------------------------------------------------------
 class Daemon(DaemonProcess):
-    def __init__(self, name: str, spec: str, folder: Path, batches: list[int], extra: list[str]) -> None:
+    def __init__(
+        self, name: str, spec: str, folder: Path, batches: list[int], extra: list[str], bare: bool = False
+    ) -> None:
+        """`bare`: `packrat serve --model SPEC` and `extra` only, on tcp loopback (the default endpoint's kind)."""
+        from harness import free_port
+
+        from packrat_daemon.wire.client import Client
+
         args = [
             "--model", spec, "--runtime", "auto", "--max-batch", str(max(batches)), "--no-adapt",
-            "--batches", ",".join(map(str, batches)), "--max-delay-ms", "0", *extra,
+            "--batches", ",".join(map(str, batches)), "--max-delay-ms", "0", "--state-dir", "none", *extra,
         ]  # fmt: skip
-        super().__init__(name, folder, args)
+        tcp = f"tcp://127.0.0.1:{free_port()}"
+        super().__init__(name, folder, ["--model", spec, "--endpoint", tcp, *extra] if bare else args)
+        if bare:  # the later --endpoint wins
+            self.client.close()
+            self.endpoint = tcp
+            self.client = Client(tcp, timeout=5.0)
         self.inputs: dict[int, np.ndarray] = {}
         self.info: dict[str, Any] = {}
         self.timings: dict[int, list[dict[str, float]]] = {}  # per batch: the round trip and the reply's timing
@@ -188,11 +257,17 @@ class Daemon(DaemonProcess):
     def output(self, batch: int) -> np.ndarray:
         return np.asarray(self.client.infer(self._input(batch)), dtype=np.float32)
 
+    def request_frames(self, batch: int) -> list[Any]:
+        from packrat_daemon.wire.client_side import encode_infer_request
+
+        return list(encode_infer_request(1, self._input(batch)))
+
     def describe(self) -> dict[str, Any]:
         log = self.log_path.read_text(errors="replace").splitlines()
         chosen = [line.split(": ", 1)[-1] for line in log if "runtime auto: chose" in line or "accuracy guard" in line]
         plan = self.info.get("plan") or {}
         return {
+            "verdicts": [line.split("packrat.daemon: ", 1)[-1] for line in log if "packrat.daemon: candidate " in line],
             "runtime": self.info.get("runtime"),
             "precision": self.info.get("precision"),
             "guard": self.info.get("accuracy_guard"),
@@ -233,7 +308,18 @@ def targets_met(spec_medians: dict[str, dict[int, float]], batches: list[int]) -
         best = min(peers, key=peers.__getitem__)
         rows[b] = {"best_peer": best, "daemon_auto_over_best_peer": round(daemon / peers[best], 3)}
     largest = max(batches)
+    default = spec_medians.get("daemon_default", {}).get(largest)
+    peers = {name: spec_medians[name][largest] for name in PEERS if largest in spec_medians.get(name, {})}
+    hop = spec_medians.get("hop", {}).get(largest)
+    bound = None
+    if default is not None and peers and hop is not None:
+        best = min(peers, key=peers.__getitem__)
+        bound = {"best_peer": best, "best_peer_ms": peers[best], "hop_ms": hop,
+                 "daemon_default_over_peer_plus_hop": round(default / (peers[best] + hop), 3)}  # fmt: skip
     return {
+        "daemon_default_at_largest_batch": bound,
+        "daemon_default_within_5pct_of_peer_plus_hop": bound is not None
+        and bound["daemon_default_over_peer_plus_hop"] <= 1.05,
         "per_batch": rows,
         "within_10pct_everywhere": bool(rows) and all(r["daemon_auto_over_best_peer"] <= 1.10 for r in rows.values()),
         "equal_or_faster_at_largest_batch": largest in rows and rows[largest]["daemon_auto_over_best_peer"] <= 1.0,
@@ -271,14 +357,18 @@ def bench_model(spec: str, args: argparse.Namespace, folder: Path) -> dict[str, 
     targets: dict[str, Any] = {}
     daemons: list[Daemon] = []
     peers: dict[str, Peer] = {}
+    hops: dict[str, Hop] = {}
+    start_s: dict[str, float] = {}  # each daemon's start, to its first answer of `info`
     saved = folder / f"{spec.replace(':', '_')}.csv"
     try:
         print(
             f"{spec}: the daemon with --precision auto --runtime auto (profiles every candidate) ...", file=sys.stderr
         )
         more = args.daemon_args.split()
-        # The fp32 daemon plans from the profile the auto daemon measured and saved, so auto starts first.
+        # The fp32 daemon plans from the profile the auto daemon measured and saved, so auto starts first. The
+        # default daemon starts before both, alone: its first start measures every candidate too.
         configs = [
+            ("daemon_default", []),
             ("daemon_auto", ["--precision", "auto", "--save-profile", str(saved)]),
             ("daemon_fp32", ["--precision", "fp32", "--profile", str(saved)]),
         ]
@@ -288,21 +378,29 @@ def bench_model(spec: str, args: argparse.Namespace, folder: Path) -> dict[str, 
         for name, flags in configs:
             if name == "daemon_fp32":
                 print(f"{spec}: the daemon at fp32, planning from the same profile ...", file=sys.stderr)
-            daemon = Daemon(name, spec, folder, args.batches, [*flags, *more])
+            started = time.monotonic()
+            daemon = Daemon(name, spec, folder, args.batches, [*flags, *more], bare=name == "daemon_default")
             daemons.append(daemon)
             daemon.ready(args.daemon_timeout_s)
+            start_s[name] = round(time.monotonic() - started, 1)
             targets[name] = daemon
+        default = targets["daemon_default"]
+        per_sample = default.output(1).nbytes  # the reply's bytes per input, for the hop
+        hop = Hop(default.request_frames, lambda batch: per_sample * batch)
+        peers_started: dict[str, Any] = {"hop": hop}
         print(f"{spec}: the in-process peers ...", file=sys.stderr)
         kinds = PEERS + (INT8_PEERS if args.int8 else ())
         peers.update(ready_runners({kind: Peer(kind, spec, args.threads) for kind in kinds}, errors))
+        hops.update(ready_runners(peers_started, errors))
         targets.update(peers)
         error = errors_against_fp32(targets, peers["torch_fp32"], max(args.batches), errors)
+        targets.update(hops)  # after the error check: a hop computes nothing
         samples, rounds = interleave(targets, args.batches, args.rounds, args.budget_s, errors)
         described = {d.log_path.stem: d.describe() for d in daemons}
         spec_medians = medians(samples)
         gaps = {d.log_path.stem: gap(d, spec_medians, args.batches) for d in daemons}
     finally:
-        for peer in peers.values():
+        for peer in [*peers.values(), *hops.values()]:
             peer.close()
         for daemon in daemons:
             daemon.close()
@@ -316,6 +414,7 @@ def bench_model(spec: str, args: argparse.Namespace, folder: Path) -> dict[str, 
         "median_ms": spec_medians,
         "error_vs_torch_fp32": error,
         "daemons": described,
+        "daemon_start_s": start_s,
         "gap": gaps,
         "targets": targets_met(spec_medians, args.batches),
         "errors": errors,
@@ -349,6 +448,9 @@ def main() -> int:
         "models": {},
     }
     with tempfile.TemporaryDirectory(prefix="packrat-precision-") as tmp:
+        # daemon_default keeps its state in its default folder: a fresh one here, never the user's.
+        os.environ["XDG_STATE_HOME"] = str(Path(tmp) / "state-home")
+        os.environ.pop("STATE_DIRECTORY", None)
         for spec in args.models.split(","):
             result["models"][spec] = bench_model(spec, args, Path(tmp))
             print(json.dumps({spec: result["models"][spec]}), file=sys.stderr)  # kept if a later model fails
