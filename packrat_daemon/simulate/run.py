@@ -119,6 +119,7 @@ class Simulation:
         cores: int,
         interference: Interference = NO_INTERFERENCE,
         costs: DaemonCosts = FREE,
+        loop: EventLoop | None = None,
     ) -> None:
         self.config = config
         self.profile = profile
@@ -126,8 +127,9 @@ class Simulation:
         self.service = ServiceModel.of(profile, cores, config.max_batch, interference)
         self.costs = costs
         self.daemon_loop = LoopModel()
-        self.clock = VirtualClock()
-        self.loop = EventLoop(self.clock)
+        # Several simulated daemons on one machine share one event loop and clock (simulate.colocated).
+        self.loop = EventLoop(VirtualClock()) if loop is None else loop
+        self.clock = self.loop.clock
         self.policy = policy_for(config)
         self.allocator = CoreAllocator(self.topology)
         predict = plan_latency(lambda: self.splitter, lambda: self.workers)  # as the daemon does
@@ -149,6 +151,12 @@ class Simulation:
 
     # -- the run --------------------------------------------------------------------------------
     def run(self, traffic: Traffic, max_events: int = MAX_EVENTS) -> SimulationResult:
+        self.begin(traffic)
+        self.loop.run(max_events)
+        return self.result(traffic)
+
+    def begin(self, traffic: Traffic) -> None:
+        """Schedule the traffic's first sends and the daemon's first look; the event loop runs them."""
         if traffic.mix.largest > self.config.max_batch:
             raise ConfigError(
                 f"requests of {traffic.mix.largest} samples exceed max_batch {self.config.max_batch}: the daemon "
@@ -168,7 +176,9 @@ class Simulation:
         interval_s = self.adaptation.interval_s
         self.adaptation.due = -traffic.uptime_s % interval_s if interval_s > 0 else 0.0
         self.loop.at(self.adaptation.due, self._look)
-        self.loop.run(max_events)
+
+    def result(self, traffic: Traffic) -> SimulationResult:
+        """What the run served, once the event loop has run out of events."""
         # As packrat load: an open loop's sending lasts at least the asked duration; a closed loop's, until
         # its clients stop (after their last answer).
         if traffic.process is not None:
@@ -280,11 +290,16 @@ class Simulation:
         rows = sum(request.samples for request in batch)
         chosen = self.splitter.choose(self.workers, rows)
         slices = [(worker.threads, part) for worker, part in chosen]
-        compute_ms = self.service.batch_ms(slices)
         self.busy = True
         self.batches += 1
         self.batch_inputs += rows
         _, sent = self.daemon_loop.take(now, self.costs.dispatch_ms / 1000.0)
+        self.compute(batch, slices, sent)
+
+    def compute(self, batch: list[Request], slices: list[tuple[int, int]], sent: float) -> None:
+        """The slices, sent at `sent`, computed alone on the machine (the batch in flight is the only one):
+        `_finish` once the last is back. A daemon sharing the machine overrides this (simulate.colocated)."""
+        compute_ms = self.service.batch_ms(slices)
         done = sent + (max(compute_ms) + self.costs.hop_ms) / 1000.0
         self.loop.at(done, lambda: self._finish(batch, slices, compute_ms))
 
