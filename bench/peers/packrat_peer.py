@@ -26,6 +26,7 @@ class PackratServer:
     spec: str  # builtin:resnet50
     folder: Path
     serve_args: list[str] = field(default_factory=list)  # empty: Packrat's defaults
+    env: dict[str, str] | None = None  # the daemon's environment (None: this process's)
     zmq_port: int = field(default_factory=free_port)
     http_port: int = field(default_factory=free_port)
     serve: Any = None
@@ -59,6 +60,7 @@ class PackratServer:
                 *self.serve_args,
             ],
             serve_log,
+            env=self.env,
         )
         client = Client(self.endpoint, timeout=5.0)
         try:
@@ -86,7 +88,7 @@ class PackratServer:
     def describe(self) -> dict[str, Any]:
         keep = ("model", "runtime", "max_batch", "plan", "policy", "precision")
         return {
-            "server": "Packrat (packrat serve, defaults)",
+            "server": f"Packrat (packrat serve{' ' + ' '.join(self.serve_args) if self.serve_args else ', defaults'})",
             "args": self.serve_args,
             "start_to_serving_s": round(self.started_s, 1),
             **{key: self.info.get(key) for key in keep if key in self.info},

@@ -13,6 +13,7 @@ from typing import Any
 NAMES = {
     "packrat_oip": "Packrat (OIP)",
     "packrat_zmq": "Packrat (ZeroMQ)",
+    "packrat_torch": "Packrat (OIP, torch fp32)",
     "packrat_oip_b": "Packrat (OIP, pass B)",
     "torchserve_default": "TorchServe defaults",
     "torchserve_best": "TorchServe best",
