@@ -33,6 +33,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _share(share: dict[str, Any] | None) -> list[str]:
+    """This model's CPUs, who assigned them and the last move (docs/colocation.md); none for an older daemon."""
+    if not share:
+        return []
+    line = f"  share: CPUs {share['cpus']} ({share['cores']} cores), assigned by {share['assigned_by']}"
+    move = share.get("last_move")
+    if move:
+        gain = move.get("predicted_gain")
+        line += f"; last move {move['from']} → {move['to']}" + ("" if gain is None else f", predicted gain {gain:.1%}")
+    return [line]
+
+
 def render(status: dict[str, Any]) -> str:
     """The human view of a status reply: a few tables."""
     plan, planning = status["plan"], status.get("planning", {})
@@ -49,6 +61,7 @@ def render(status: dict[str, Any]) -> str:
         f"  why: {plan['reason']}",
         f"  planning: policy {planning.get('policy')}, adapting {'yes' if planning.get('adapting') else 'no'}"
         + (f", operator asked {planning['override']}" if planning.get("override") else ""),
+        *_share(status.get("share")),
         "",
         "workers:",
     ]

@@ -24,6 +24,7 @@ import numpy as np
 import psutil
 import pytest
 
+from packrat_daemon.commands.status import render
 from packrat_daemon.control.server import ControlError, request
 from packrat_daemon.wire.client import Client
 from packrat_daemon.wire.errors import BadRequest, PolicyError, TopologyError
@@ -235,9 +236,9 @@ def test_cores_move_to_the_busy_model_shrinking_first_with_no_failed_request(tmp
     metrics_port = free_port()
     with (
         running_daemon(tmp_path / "a", *EMULATED, "--profile", str(REPO / PROFILES["a"]), "--run-dir",
-                       str(runs["a"]), "--metrics-port", str(metrics_port)) as (a, _),
+                       str(runs["a"]), "--cpus", "0-1", "--metrics-port", str(metrics_port)) as (a, _),
         running_daemon(tmp_path / "b", *EMULATED, "--profile", str(REPO / PROFILES["b"]), "--run-dir",
-                       str(runs["b"])) as (b, _),
+                       str(runs["b"]), "--cpus", "2-3") as (b, _),
         coordinator(tmp_path, "--emulate-cores", "4", "--daemon", f"a={runs['a']}", "--daemon", f"b={runs['b']}",
                     "--interval", "0.5", "--min-gain", "0.05") as status,
     ):  # fmt: skip
@@ -265,12 +266,15 @@ def test_cores_move_to_the_busy_model_shrinking_first_with_no_failed_request(tmp
 
         for first, other, again in samples:
             assert not (cores(first) & cores(other) & cores(again)), (first["workers"], other["workers"])
-            assert threads(first) <= first["share"]["cores"] and threads(other) <= other["share"]["cores"]
+            # Busy threads: a's two samples bracket b's, so the smaller is one a held at b's instant or before.
+            assert min(threads(first), threads(again)) + threads(other) <= 4, (first["workers"], other["workers"])
             assert first["share"]["cores"] + other["share"]["cores"] <= 4
         final_a, final_b = samples[-1][0], samples[-1][1]
         assert final_a["share"]["cpus"] == "0-2" and final_b["share"]["cpus"] == "3", (final_a["share"], final_b)
         move = final_a["share"]["last_move"]
         assert move["from"] == "0-1" and move["to"] == "0-2" and move["reason"] == "coordinator: joint plan"
+        shown = render(final_a)  # `packrat status`
+        assert "  share: CPUs 0-2 (3 cores), assigned by coordinator: joint plan; last move 0-1 → 0-2" in shown
         coordinated = read_status(status)
         logged = coordinated["moves"][-1]
         assert logged["from"] == {"a": "0-1", "b": "2-3"} and logged["to"] == {"a": "0-2", "b": "3"}
@@ -278,4 +282,4 @@ def test_cores_move_to_the_busy_model_shrinking_first_with_no_failed_request(tmp
         assert all(step["ok"] for step in logged["steps"]) and logged["predicted_ms"][1] is not None
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
         assert "packrat_assigned_cores 3.0" in metrics
-        assert "packrat_share_moves_total 2.0" in metrics  # every CPUs to 0-1 at the start, then 0-2
+        assert "packrat_share_moves_total 1.0" in metrics  # 0-1 (its --cpus, the coordinator's first share) to 0-2
