@@ -148,12 +148,18 @@ def run_case(cores: int, kind: str, load: str, duration_s: float, seed: int) -> 
         report = result.to_json()
         report["wall_s"] = round(time.perf_counter() - started, 2)  # real seconds, not part of the simulation
         if kind == "shift":
+            report["steady"] = result.steady(changes, SETTLE_S)
             report["moves_in_steady_phases"] = sum(
                 1 for move in report["moves"] if not any(0 <= move["t_s"] - t < SETTLE_S for t in changes)
             )
         results[strategy] = report
     row["strategies"] = results
     joint = results["joint"]["overall"]
+    if kind == "shift":
+        steady = results["joint"]["steady"]["overall"]["p99_ms"]
+        row["steady_p99_over_joint"] = {
+            name: _ratio(results[name]["steady"]["overall"]["p99_ms"], steady) for name in STRATEGIES if name != "joint"
+        }
     row["ratios"] = {
         f"{name}_p99_over_joint": _ratio(results[name]["overall"]["p99_ms"], joint["p99_ms"])
         for name in STRATEGIES
@@ -170,6 +176,36 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 4) if a is not None and b else None
 
 
+def render(paths: list[str]) -> str:
+    """The docs' tables from saved runs: per case, each strategy's overall and per-model p50/p99, and moves."""
+    lines = []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        for row in data["rows"]:
+            names = row["models"]
+            lines.append(f"\n{row['cores']} cores, {row['traffic']}, {row['load']} ({', '.join(names)}):\n")
+            head = " | ".join(f"{n} p50 / p99" for n in names)
+            lines.append(f"| strategy | overall p50 / p99 ms | {head} | steady p99 | busy | moves (steady) |")
+            lines.append("|---" * (5 + len(names)) + "|")
+            for name, report in row["strategies"].items():
+                models = report["models"]
+                cells = " | ".join(f"{_ms(models[n]['p50_ms'])} / {_ms(models[n]['p99_ms'])}" for n in names)
+                busy = " / ".join(f"{models[n]['busy_fraction']:.2f}" for n in names)
+                steady = report.get("moves_in_steady_phases")
+                moves = f"{report['moves_made']}" + ("" if steady is None else f" ({steady})")
+                overall = report["overall"]
+                steady_p99 = _ms(report["steady"]["overall"]["p99_ms"]) if "steady" in report else "-"
+                lines.append(
+                    f"| {name} | {_ms(overall['p50_ms'])} / {_ms(overall['p99_ms'])} | {cells} | {steady_p99} | {busy} "
+                    f"| {moves} |"
+                )
+    return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cores", default="16,32,64")
@@ -180,7 +216,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="16 cores, shifting heavy traffic, 30 s")
     parser.add_argument("--out", help="also write the JSON here")
+    parser.add_argument("--render", nargs="+", metavar="FILE.json", help="print the docs' tables of saved runs")
     args = parser.parse_args()
+    if args.render:
+        print(render(args.render))
+        return
     if args.quick:
         args.cores, args.traffic, args.loads, args.duration = "16", "shift", "heavy", 30.0
     rows = []

@@ -33,6 +33,7 @@ import numpy as np
 
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.load.arrivals import BatchMix, PoissonCount, Trace
+from packrat_daemon.load.report import Tally
 from packrat_daemon.measure.emulation import Interference
 from packrat_daemon.requests.batcher import Request
 from packrat_daemon.simulate.clock import EventLoop, VirtualClock
@@ -176,6 +177,17 @@ class SharedMachine:
 # -- one model on the machine ---------------------------------------------------------------------------
 
 
+@dataclass
+class SentTally(Tally):
+    """`packrat load`'s counts, with when each answered request was sent (to split a run into its phases)."""
+
+    sent_s: list[float] = field(default_factory=list)
+
+    def answered(self, latency_s: float, samples: int, now: float) -> None:
+        super().answered(latency_s, samples, now)
+        self.sent_s.append(now - latency_s)
+
+
 class Tenant(Simulation):
     """One model's simulated daemon on a shared machine, planning inside the cores it is given."""
 
@@ -199,6 +211,7 @@ class Tenant(Simulation):
         self.arrivals: list[tuple[float, int]] = []  # (virtual s, samples) of each request sent
         self.busy_s = 0.0  # time with a batch in flight
         self.traffic: Traffic | None = None  # what its clients send
+        self.tally = SentTally(started=0.0)
 
     def _offer(self, samples: int, answered: Any) -> None:
         self.arrivals.append((self.clock.now, samples))
@@ -454,6 +467,23 @@ class ColocatedResult:
     coordinator: Coordinator = field(repr=False)
     machine: SharedMachine = field(repr=False)
     duration_s: float = 0.0
+
+    def steady(self, changes: Sequence[float], settle_s: float) -> dict[str, Any]:
+        """Percentiles of the requests sent at least `settle_s` after every change of the traffic in `changes`:
+        the steady phases, apart from the transients that follow each change."""
+        out: dict[str, Any] = {}
+        kept_all = []
+        for tenant in self.tenants:
+            assert isinstance(tenant.tally, SentTally)
+            sent = np.asarray(tenant.tally.sent_s)
+            near = np.zeros(sent.shape, dtype=bool)
+            for change in changes:
+                near |= (sent >= change) & (sent < change + settle_s)
+            kept = np.asarray(tenant.tally.latencies_s)[~near] * 1000.0
+            kept_all.append(kept)
+            out[tenant.name] = percentiles(kept)
+        out["overall"] = percentiles(np.concatenate(kept_all))
+        return out
 
     def to_json(self) -> dict[str, Any]:
         everything = np.concatenate([np.asarray(t.tally.latencies_s) for t in self.tenants]) * 1000.0
