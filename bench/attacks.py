@@ -39,6 +39,9 @@ from tests.helpers.fuzz_frontend import PeakRss, rss_bytes
 
 TINY = ["--model", "builtin:tiny-mlp", "--policy", "fixed", "--plan", "1x4", "--max-batch", "4"]
 MIB = 1 << 20
+# serve's runtime and precision default to auto (measured at start): the scenarios pin what they were written for,
+# the eager model, whose Python (a hang, a raise on some inputs) runs as written.
+PINNED = ["--runtime", "torch", "--precision", "fp32"]
 STALL_FLOOR_S = 1.0  # the innocent client's stall target: 3x its predicted latency, at least this
 
 
@@ -50,6 +53,8 @@ class Daemon(DaemonProcess):
         self.endpoint = endpoint or f"ipc://{folder}/{name}.ipc"
         self.log_path = folder / f"{name}.log"
         prefix = ["prlimit", f"--nofile={nofile}", "--"] if nofile else []
+        if "--runtime" not in args and "--config" not in args:
+            args = [*args, *PINNED]
         command = [*prefix, sys.executable, "-m", "packrat_daemon", "serve", "--endpoint", self.endpoint, *args]
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
@@ -245,6 +250,49 @@ def template_kill(folder: Path) -> dict[str, Any]:
     return result
 
 
+# -- item 11: one message of very many frames ------------------------------------------------------------------
+_FRAME_BOMB = """
+import sys, zmq
+socket = zmq.Context().socket(zmq.DEALER)
+socket.connect(sys.argv[1])
+for _ in range(int(sys.argv[2])):
+    socket.send(b"", zmq.SNDMORE)
+socket.send(b"")
+print("sent", flush=True)
+print("answered" if socket.poll(600_000) else "no answer", socket.recv()[:120] if socket.poll(0) else b"", flush=True)
+sys.stdin.read()  # hold the connection until told
+"""
+
+
+def frame_bomb(folder: Path, frames: int = 10_000_000) -> dict[str, Any]:
+    """One message of `frames` empty frames (a few bytes each on the wire) from another process while the innocent
+    client serves: the innocent's longest stall, the daemon's peak RSS, and its RSS after."""
+    daemon = Daemon("frames", folder, TINY)
+    daemon.wait()
+    innocent = Innocent(daemon)
+    time.sleep(1.0)
+    before = rss_bytes(daemon.process.pid)
+    started = time.monotonic()
+    attacker = subprocess.Popen([sys.executable, "-c", _FRAME_BOMB, daemon.endpoint, str(frames)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert attacker.stdout is not None
+    attacker.stdout.readline()
+    sent_after = time.monotonic() - started
+    answer = attacker.stdout.readline().strip()  # the daemon's reply to the message, once it has read it all
+    answered_after = time.monotonic() - started
+    time.sleep(3.0)
+    after = rss_bytes(daemon.process.pid)
+    result = {**innocent.finish(), "frames": frames + 1, "attacker_sent_after_s": round(sent_after, 1),
+              "answered_after_s": round(answered_after, 1), "answer": answer[:200],
+              "rss_before_mib": round(before / MIB, 1), "rss_after_mib": round(after / MIB, 1),
+              "alive": daemon.process.poll() is None}  # fmt: skip
+    attacker.communicate("", timeout=30)
+    daemon.close()
+    result["checks"] = {"alive": result["alive"], "none_lost": result["lost"] == 0,
+                        "stall_within_target": result["stall_within_target"]}  # fmt: skip
+    return result
+
+
 # -- item 10: descriptors ------------------------------------------------------------------------------------
 def descriptors(folder: Path) -> dict[str, Any]:
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # what this machine allows: the daemon takes it all
@@ -394,6 +442,7 @@ SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "descriptors": descriptors,
     "curve_keys": curve_keys,
     "ipv6_and_kill": ipv6_and_kill,
+    "frame_bomb": frame_bomb,
 }
 
 

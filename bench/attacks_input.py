@@ -1,4 +1,5 @@
-"""Issue 27's attacks on the control parser, reload, signals and bad inputs (items 1, 3, 7, 8, 12): more scenarios of
+"""Issue 27's attacks on the control parser, reload, signals, bad inputs, a hanging model and a client that leaves
+(items 1, 3, 7, 8, 9, 12, 13): more scenarios of
 bench/faults.py's `--attack NAME`, reported as bench/attacks.py's are (requests, answered, lost, the innocent
 client's longest stall, peak RSS, and `checks`: each true when the daemon held)."""
 
@@ -20,6 +21,8 @@ import zmq
 from attacks import Daemon, Innocent
 
 from packrat_daemon.wire.client import AsyncClient, Client
+from packrat_daemon.wire.client_side import encode_infer_request
+from packrat_daemon.wire.codec import MAX_TIMEOUT_MS
 
 SLOW = ["--model", "tests.model_factories:slow_mlp", "--policy", "fixed", "--plan", "1x8", "--max-batch", "8"]
 
@@ -93,6 +96,12 @@ def poisoned_inputs(folder: Path) -> dict[str, Any]:
     innocent = Innocent(daemon, concurrency=4, predicted_s=0.02)
     poisoned = _outcomes(daemon.endpoint, [np.full((1, 16), 5000.0, np.float32)] * 100)
     result = {**innocent.finish(), "poisoned_requests": dict(poisoned)}
+    # Where the innocent's time goes: every batch that held a poisoned input failed, and each poisoned request ran
+    # once more alone to be told from its neighbours; the innocent's requests queue behind all of that (FIFO).
+    failed = [line for line in daemon.log_tail(400_000).splitlines() if "failed a batch" in line]
+    stamps = [time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")) + int(line[20:23]) / 1000 for line in failed]
+    result["failed_runs"] = len(failed)  # batches and requests alone that raised
+    result["failed_runs_span_s"] = round(stamps[-1] - stamps[0], 2) if stamps else 0.0
     daemon.close()
     result["checks"] = {"no_innocent_failed": not result["typed_errors"], "none_lost": result["lost"] == 0,
                         "poisoned_answered_internal": poisoned["InternalError"] == 100}  # fmt: skip
@@ -149,10 +158,81 @@ def status_flood(folder: Path, seconds: float = 8.0) -> dict[str, Any]:
     return result
 
 
+# -- item 9: a model that hangs on some inputs ---------------------------------------------------------------------
+def hanging_model(folder: Path, marked: int = 4) -> dict[str, Any]:
+    """A busy hang on marked inputs, `--policy fixed` without a profile (the slice deadline is the job timeout, set to
+    1 s here): a second client sends `marked` hanging requests one after another while the innocent one serves."""
+    model = "tests.model_factories:hangs_on_marked_inputs"
+    daemon = Daemon("hang", folder, ["--model", model, "--policy", "fixed", "--plan", "2*1x2", "--max-batch", "4",
+                                     "--max-delay-ms", "5", "--job-timeout-s", "1", "--no-adapt"])  # fmt: skip
+    daemon.wait()
+    innocent = Innocent(daemon, concurrency=2, predicted_s=0.02)
+    outcomes: Counter[str] = Counter()
+    answered_after: list[float] = []
+    with Client(daemon.endpoint, timeout=60) as attacker:
+        for _ in range(marked):
+            sent = time.monotonic()
+            try:
+                attacker.infer(np.full((1, 16), -5000.0, np.float32))
+                outcomes["result"] += 1
+            except Exception as exc:  # the typed error it must get, or a client timeout (lost)
+                outcomes["lost" if type(exc).__name__ == "ClientTimeout" else type(exc).__name__] += 1
+            answered_after.append(round(time.monotonic() - sent, 2))
+    time.sleep(1.0)
+    result = {**innocent.finish(), "marked_requests": dict(outcomes), "marked_answered_after_s": answered_after,
+              "alive": daemon.process.poll() is None}  # fmt: skip
+    log = daemon.log_tail(200_000)
+    result["log_hangs"] = log.count("the batch is given up")
+    result["workers_started"] = log.count(" ready: ")
+    daemon.close()
+    result["checks"] = {"alive": result["alive"], "no_innocent_failed": not result["typed_errors"],
+                        "none_lost": result["lost"] == 0 and outcomes["lost"] == 0,
+                        "marked_answered_internal": outcomes["InternalError"] == marked}  # fmt: skip
+    return result
+
+
+# -- item 13: a client that disconnects with work queued -------------------------------------------------------------
+def departed_client(folder: Path, requests: int = 64) -> dict[str, Any]:
+    """`requests` requests of 16 inputs with the largest timeout_ms from one client, which disconnects once the
+    daemon has queued them, while the innocent client serves; the innocent's longest stall after the disconnect."""
+    daemon = Daemon("departed", folder, ["--model", "tests.model_factories:slow_mlp", "--policy", "fixed", "--plan",
+                                         "1x16", "--max-batch", "16", "--no-adapt"])  # fmt: skip
+    daemon.wait()
+    innocent = Innocent(daemon, concurrency=2, predicted_s=0.3)
+    time.sleep(1.0)
+    context = zmq.Context()
+    leaver = context.socket(zmq.DEALER)
+    leaver.connect(daemon.endpoint)
+    x = np.ones((16, 16), np.float32)
+    for k in range(requests):
+        leaver.send_multipart(encode_infer_request(k, x, timeout_ms=MAX_TIMEOUT_MS))
+    deadline = time.monotonic() + 20
+    while daemon.client.status()["queue"]["requests"] < requests // 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    queued = daemon.client.status()["queue"]["requests"]
+    left = time.monotonic()
+    leaver.close(linger=0)
+    context.term()
+    time.sleep(3.0)
+    result = innocent.finish()
+    result["longest_innocent_stall_after_disconnect_s"] = round(innocent.load.longest_stall(left, time.monotonic()), 3)
+    result["stall_within_target"] = result["longest_innocent_stall_after_disconnect_s"] <= result["stall_target_s"]
+    result["queued_when_it_left"] = queued
+    log = daemon.log_tail(200_000).splitlines()
+    dropped = [line.split(": ", 1)[-1] for line in log if "client(s) that disconnected" in line]
+    result["log_dropped"] = dropped
+    daemon.close()
+    result["checks"] = {"none_lost": result["lost"] == 0, "dropped_logged": bool(dropped),
+                        "stall_after_disconnect_within_target": result["stall_within_target"]}  # fmt: skip
+    return result
+
+
 SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "control_nesting": control_nesting,
     "shrink_reload": shrink_reload,
     "poisoned_inputs": poisoned_inputs,
     "signals": signals,
     "status_flood": status_flood,
+    "hanging_model": hanging_model,
+    "departed_client": departed_client,
 }
