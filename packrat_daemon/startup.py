@@ -176,10 +176,14 @@ def _settle(
     chosen: list[str] = []
     reasons: list[str] = []
 
+    resumed: set[str] = set()
+
     def choose() -> str:
         picked, reason = _choose(candidates, config, chosen[-1] if chosen else None)
         reasons.append(reason)
-        served = resume(picked, state, policy, config, topology)
+        served = picked if picked.key in resumed else resume(picked, state, policy, config, topology)
+        state.served_key = served.key  # each time: the choice may come back to a candidate resumed before
+        resumed.add(served.key)
         candidates[at[served.key]] = served
         chosen.append(served.key)
         return served.key
