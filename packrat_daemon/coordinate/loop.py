@@ -36,6 +36,7 @@ from policies.planning.topology import Topology, format_cpulist
 log = logging.getLogger("packrat.coordinate")
 
 MOVES_KEPT = 50  # moves listed in the status file
+LOOK_TIMEOUT_S = 2.0  # the least a look waits for a daemon's demand before it counts as down
 Request = Callable[[str, dict[str, Any], float], dict[str, Any]]
 # What a daemon answers when it refuses an assign; any other error (silence above all) means it is down.
 _REFUSALS = (PolicyError, TopologyError, ConfigError)
@@ -154,7 +155,10 @@ class Coordinator:
 
     def _look(self, link: Link) -> None:
         try:
-            reply = self.request(link.endpoint, {"op": "demand"}, min(self.timeout_s, max(1.0, self.interval_s)))
+            # A loaded machine may keep a live daemon's loop from answering for a second; two is not yet a flap.
+            reply = self.request(
+                link.endpoint, {"op": "demand"}, min(self.timeout_s, max(LOOK_TIMEOUT_S, self.interval_s))
+            )
         except PackratError as exc:
             if link.up or not link.answered:
                 log.warning("%s is down (%s); its share %s stays reserved for it", link.name, exc,

@@ -6,6 +6,7 @@ request and no CPU ever held by both."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -16,7 +17,8 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,25 @@ def coordinator(tmp_path: Path, *args: str) -> Iterator[Path]:
     finally:
         stop_process(process, 10)
         assert process.returncode == 0, log.read_text()  # SIGTERM: a clean stop, whatever the daemons did
+
+
+@contextmanager
+def daemons(*starts: tuple[Path, tuple[str, ...]]) -> Iterator[list[tuple[str, subprocess.Popen[bytes]]]]:
+    """Several real daemons started side by side (each start measures nothing, but loads torch for seconds)."""
+    managers = [running_daemon(folder, *args) for folder, args in starts]
+    with ExitStack() as stack:
+        with ThreadPoolExecutor(len(managers)) as pool:
+            futures = [pool.submit(manager.__enter__) for manager in managers]
+        failures: list[BaseException] = []
+        for manager, future in zip(managers, futures, strict=True):
+            error = future.exception()
+            if error is None:
+                stack.push(manager.__exit__)  # stopped on the way out, whatever happens to the others
+            else:
+                failures.append(error)
+        if failures:
+            raise failures[0]
+        yield [future.result() for future in futures]
 
 
 def read_status(path: Path) -> dict[str, Any]:
@@ -125,15 +146,19 @@ class Sender:
                         self.failed.append(repr(exc))
 
 
+@functools.cache
+def loaded(spec: str) -> Any:
+    from workers.models.loading import load_model
+
+    return load_model(spec)
+
+
 def reference(spec: str, x: np.ndarray) -> np.ndarray:
     """What the model computes, loaded here as a worker loads it (fixed seed)."""
     import torch
 
-    from workers.models.loading import load_model
-
-    loaded = load_model(spec)
     with torch.no_grad():
-        return np.asarray(loaded.module(torch.from_numpy(x)))
+        return np.asarray(loaded(spec).module(torch.from_numpy(x)))
 
 
 def oip_infer(port: int, model: str, x: np.ndarray) -> np.ndarray:
@@ -165,8 +190,7 @@ def test_two_models_keep_their_own_cores_and_answers_and_a_killed_one_gets_its_s
     x_mlp = np.random.default_rng(1).standard_normal((3, 16), dtype=np.float32)
     x_cnn = np.random.default_rng(2).standard_normal((2, 3, 16, 16), dtype=np.float32)
     with (
-        running_daemon(a_dir, *a_args, "--http-port", str(a_http)) as (a, a_process),
-        running_daemon(b_dir, *b_args) as (b, _),
+        daemons((a_dir, (*a_args, "--http-port", str(a_http))), (b_dir, b_args)) as [(a, a_process), (b, _)],
         coordinator(tmp_path, "--daemon", f"a={a_run}", "--daemon", f"b={b_run}", "--interval", "0.3") as status,
     ):
         wait_for("both shares assigned", lambda: assigned_by_coordinator(a) and assigned_by_coordinator(b))
@@ -234,11 +258,11 @@ PROFILES = {"a": "bench/profiles/inception3-cloudlab16.csv", "b": "bench/profile
 def test_cores_move_to_the_busy_model_shrinking_first_with_no_failed_request(tmp_path: Path) -> None:
     runs = {name: private(tmp_path / name / "run") for name in "ab"}
     metrics_port = free_port()
+    a_args = (*EMULATED, "--profile", str(REPO / PROFILES["a"]), "--run-dir", str(runs["a"]), "--cpus", "0-1",
+              "--metrics-port", str(metrics_port))  # fmt: skip
+    b_args = (*EMULATED, "--profile", str(REPO / PROFILES["b"]), "--run-dir", str(runs["b"]), "--cpus", "2-3")
     with (
-        running_daemon(tmp_path / "a", *EMULATED, "--profile", str(REPO / PROFILES["a"]), "--run-dir",
-                       str(runs["a"]), "--cpus", "0-1", "--metrics-port", str(metrics_port)) as (a, _),
-        running_daemon(tmp_path / "b", *EMULATED, "--profile", str(REPO / PROFILES["b"]), "--run-dir",
-                       str(runs["b"]), "--cpus", "2-3") as (b, _),
+        daemons((tmp_path / "a", a_args), (tmp_path / "b", b_args)) as [(a, _), (b, _)],
         coordinator(tmp_path, "--emulate-cores", "4", "--daemon", f"a={runs['a']}", "--daemon", f"b={runs['b']}",
                     "--interval", "0.5", "--min-gain", "0.05") as status,
     ):  # fmt: skip
