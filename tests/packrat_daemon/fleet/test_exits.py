@@ -49,6 +49,6 @@ def test_a_serving_worker_killed_is_logged_with_its_cause(caplog: pytest.LogCapt
     assert event is not None and event.kind == "lost"
     assert event.header["cause"] == "was killed (SIGKILL; possibly out of memory)"
     assert (
-        f"worker {worker.id} (pid 100{worker.id}, 1 thread(s)) was killed (SIGKILL; possibly out of memory)"
+        f"worker {worker.id} (pid {1000 + worker.id}, 1 thread(s)) was killed (SIGKILL; possibly out of memory)"
         in caplog.text
     )
