@@ -215,3 +215,37 @@ def test_layouts_that_share_a_worker_count_it_once_in_the_planned_workers() -> N
     two_one_one = (InstancePlan(2, 8), InstancePlan(1, 4), InstancePlan(1, 4))
     reconciler.set_plan(Plan(two_twos, "fixed", "shared slot", alternatives=(two_one_one,)))
     assert reconciler.planned_workers == 4
+
+
+def test_a_worker_on_a_cpu_the_share_gave_away_is_stopped_not_parked(clock: Clock) -> None:
+    """`packrat coordinate` moved CPU 1 to another model: the worker left there must not idle on it."""
+    from policies.planning.cores import CoreAllocator
+
+    reconciler, backend = two_slot_reconciler()
+    reconciler.step()
+    for worker in starting(reconciler):
+        ready(reconciler.pool, worker)
+    reconciler.step()
+    on_one = next(w for w in reconciler.pool.live() if w.cores == (1,))
+    reconciler.allocator = CoreAllocator(Topology.synthetic(2).restricted([0]))
+    reconciler.set_plan(Plan((InstancePlan(1, 1),), "fixed", "one one-thread instance on CPU 0"))
+    reconciler.step()
+    assert reconciler.parked == {} and on_one.state is WorkerState.STOPPING
+    assert [w.cores for w in reconciler.serving()] == [(0,)] and reconciler.history[-1].done
+
+
+def test_a_parked_worker_is_stopped_once_its_cpu_is_given_away(clock: Clock) -> None:
+    from policies.planning.cores import CoreAllocator
+
+    reconciler, _ = two_slot_reconciler()
+    reconciler.step()
+    for worker in starting(reconciler):
+        ready(reconciler.pool, worker)
+    reconciler.set_plan(Plan((InstancePlan(1, 1),), "fixed", "one one-thread instance"))
+    reconciler.step()
+    (parked,) = [w for w in reconciler.pool.live() if w.id in reconciler.parked]
+    kept = next(w for w in reconciler.pool.live() if w.id not in reconciler.parked)
+    reconciler.allocator = CoreAllocator(Topology.synthetic(2).restricted(list(kept.cores)))
+    reconciler.set_plan(Plan((InstancePlan(1, 1),), "fixed", "the same instance, on its share"))
+    reconciler.step()
+    assert parked.state is WorkerState.STOPPING and reconciler.parked == {}
