@@ -95,10 +95,13 @@ class Dispatcher:
         job = self.jobs.pop(header["job"], None)
         batch = self.batch
         if job is None or job.batch is not batch:
+            if job is not None:
+                _unlink(job)
             return []  # a late answer for a slice already re-sent elsewhere, or of a batch already answered
         twin = job.twin
         if twin is not None:
             if twin.output is not None:
+                _unlink(job)
                 return []  # the hedge's other copy answered first
             # The first answer wins; the other copy stays in `jobs` (its worker is busy) until it answers or
             # its deadline replaces its worker.
@@ -147,6 +150,7 @@ class Dispatcher:
             if twin is not None and twin.output is None:
                 twin.twin = None
                 _put_in_place_of(job.batch.jobs, job, twin)
+            _unlink(job)
         for k, job in enumerate(needed):
             job.batch.jobs.remove(job)
             job.batch.unanswered -= 1
@@ -179,6 +183,7 @@ class Dispatcher:
                 # or their deadline replaces them, and then the slice is not re-sent (reassign: not of this batch).
                 self.batch = None
                 self.late.clear()
+                batch.jobs = []  # see _finish: no cycle (each job still names its batch)
                 batch = None
         self.next_deadline = min(
             [min(job.deadline, job.hedge_at) for job in self.jobs.values()]
@@ -255,6 +260,8 @@ class Dispatcher:
         if self.batch is not None:
             self.batch.jobs.clear()  # see _finish: no cycle may keep the request buffers alive
         self.batch = None
+        for job in self.jobs.values():
+            _unlink(job)
         self.jobs.clear()
         return requests
 
@@ -338,6 +345,14 @@ def _holds(job: Job, request: Request) -> bool:
             return start < job.offset + job.rows and job.offset < end
         start = end
     return False
+
+
+def _unlink(job: Job) -> None:
+    """A job leaves for good: part it from its hedge's other copy. The two point at each other, a cycle that kept
+    their batch's requests, and the inbox slabs their inputs are in, alive until the cyclic collector ran."""
+    twin, job.twin = job.twin, None
+    if twin is not None and twin.twin is job:
+        twin.twin = None
 
 
 def _put_in_place_of(jobs: list[Job], old: Job, new: Job) -> None:
