@@ -174,7 +174,9 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0))
     plan = args.plan or f"1*{cores}x{args.batch}"
     serve_args = ["--model", args.model, "--policy", "fixed", "--plan", plan, "--max-batch", str(args.batch)]
+    # Pinned to one runtime and no state: this measures the transports, and every variant must serve alike.
     serve_args += ["--max-delay-ms", "0", "--no-adapt"]
+    serve_args += ["--runtime", "torch", "--precision", "fp32", "--state-dir", "none"]
 
     from packrat_daemon.wire.client import Client
 
