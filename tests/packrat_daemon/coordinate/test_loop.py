@@ -1,0 +1,128 @@
+"""The coordinator's loop on daemons answered in memory (the real daemons are test_colocated's): the order it
+tells them their shares, what a daemon that is down or refuses does to it, when it moves cores, and its status.
+The daemons here answer the two control requests as `Daemon.demand` and `Daemon.assign` do, from a table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from packrat_daemon.control.server import ControlError
+from packrat_daemon.coordinate.loop import Coordinator, Link
+from packrat_daemon.wire.errors import PolicyError
+from policies.planning.profile import Profile
+from policies.planning.topology import Topology, format_cpulist
+
+# A model whose batch of 4 takes 40 ms on one thread and 40/t ms on t: cores pay when it is busy.
+PROFILE = Profile.from_latencies({(t, b): 40.0 * b / 4 / t for t in range(1, 9) for b in (1, 4)}).to_csv()
+
+
+class Daemons:
+    """What each daemon answers: its share, its traffic; `down` ones do not answer, `refusing` ones refuse."""
+
+    def __init__(self, machine: int, **rates: float) -> None:
+        everything = list(range(machine))
+        self.shares = {name: list(everything) for name in rates}
+        self.rates = dict(rates)
+        self.down: set[str] = set()
+        self.refusing: set[str] = set()
+        self.profiles = {name: PROFILE for name in rates}
+        self.told: list[tuple[str, str, bool]] = []  # (model, cpulist, with a plan)
+
+    def __call__(self, endpoint: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        name = endpoint.removeprefix("ipc://").removesuffix("/control.ipc")
+        if name in self.down:
+            raise ControlError(f"no answer from {endpoint} within {timeout_s:.0f} s")
+        if body["op"] == "assign":
+            if name in self.refusing:
+                raise PolicyError("the plan does not fit")
+            self.shares[name] = list(body["cpus"])
+            self.told.append((name, format_cpulist(body["cpus"]), "plan" in body))
+            return {"ok": True, "done": "switched"}
+        rate = self.rates[name]
+        return {"ok": True, "demand": {
+            "model": name, "profile": self.profiles[name], "batch_sizes": [[4, 1.0]] if rate else [],
+            "batches_per_s": rate, "inputs_per_s": 4 * rate, "vacated": True,
+            "share": {"cpu_ids": self.shares[name], "cores": len(self.shares[name])},
+        }}  # fmt: skip
+
+
+def coordinator(daemons: Daemons, tmp_path: Path | None = None, cores: int = 8) -> Coordinator:
+    links = [Link(name, f"ipc://{name}/control.ipc") for name in daemons.rates]
+    status = None if tmp_path is None else tmp_path / "coordinator.json"
+    return Coordinator(links, Topology.synthetic(cores), 5.0, 0.1, 30.0, status, request=daemons)
+
+
+def test_the_first_look_divides_the_cores_evenly_and_tells_each_daemon(tmp_path: Path) -> None:
+    daemons = Daemons(8, a=0.0, b=0.0)
+    coordinator(daemons, tmp_path).tick()
+    # Started on every CPU, both only give CPUs up: told in --daemon order, each left to plan inside its share.
+    assert daemons.told == [("a", "0-3", False), ("b", "4-7", False)]
+    status = json.loads((tmp_path / "coordinator.json").read_text())
+    assert [(m["name"], m["cpus"], m["up"]) for m in status["models"]] == [("a", "0-3", True), ("b", "4-7", True)]
+    assert status["split"] == {"a": 4, "b": 4} and status["moves"] == []
+    assert "not worth a move" in status["declined"]  # neither has traffic: the even split stays
+
+
+def test_cores_move_to_the_busy_model_and_the_one_that_shrinks_is_told_first(tmp_path: Path) -> None:
+    daemons = Daemons(8, a=0.0, b=0.0)
+    coord = coordinator(daemons, tmp_path)
+    coord.tick()
+    daemons.told.clear()
+    daemons.rates["b"] = 60.0  # b busy (60 batches/s: 60% of 4 cores), a idle
+    coord.tick()
+    assert [name for name, _, _ in daemons.told] == ["a", "b"]  # a shrinks first, then b grows onto its CPUs
+    assert all(with_plan for _, _, with_plan in daemons.told)  # each with its share of the joint plan
+    assert daemons.shares["a"] == [0] and daemons.shares["b"] == list(range(1, 8))
+    move = json.loads((tmp_path / "coordinator.json").read_text())["moves"][-1]
+    assert move["from"] == {"a": "0-3", "b": "4-7"} and move["to"] == {"a": "0", "b": "1-7"}
+    assert [step["model"] for step in move["steps"]] == ["a", "b"] and all(step["ok"] for step in move["steps"])
+    # Steady traffic: the next look keeps the split (hysteresis).
+    daemons.told.clear()
+    coord.tick()
+    assert daemons.told == []
+
+
+def test_a_daemon_that_is_down_keeps_its_share_and_gets_it_back_when_it_returns(tmp_path: Path) -> None:
+    daemons = Daemons(8, a=0.0, b=0.0)
+    coord = coordinator(daemons, tmp_path)
+    coord.tick()
+    daemons.told.clear()
+    daemons.down.add("a")
+    daemons.rates["b"] = 60.0
+    coord.tick()  # never raises: a is skipped, and no core moves while it is away
+    status = json.loads((tmp_path / "coordinator.json").read_text())
+    assert daemons.told == [] and "a down" in status["declined"]
+    assert [(m["name"], m["up"], m["cpus"]) for m in status["models"]][0] == ("a", False, "0-3")
+    daemons.down.clear()
+    daemons.shares["a"] = list(range(8))  # restarted on every CPU
+    coord.tick()
+    assert daemons.told[0] == ("a", "0-3", False)  # its share back first; then the joint plan may move cores
+
+
+def test_a_refusal_ends_the_move_before_the_model_that_would_grow_is_told(tmp_path: Path) -> None:
+    daemons = Daemons(8, a=0.0, b=0.0)
+    coord = coordinator(daemons, tmp_path)
+    coord.tick()
+    daemons.told.clear()
+    daemons.refusing.add("a")
+    daemons.rates["b"] = 60.0
+    coord.tick()
+    assert daemons.told == []  # a refused to shrink, so b was not told to grow onto a's CPUs
+    move = json.loads((tmp_path / "coordinator.json").read_text())["moves"][-1]
+    assert move["steps"] == [
+        {"model": "a", "ok": False, "seconds": pytest.approx(0, abs=1), "error": "the plan does not fit"}
+    ]
+    assert coord.split == (4, 4)  # the books keep what was served
+
+
+def test_without_a_profile_the_shares_stay_as_they_are(tmp_path: Path) -> None:
+    daemons = Daemons(8, a=0.0, b=60.0)
+    daemons.profiles["a"] = None  # type: ignore[assignment]
+    coord = coordinator(daemons, tmp_path)
+    coord.tick()
+    assert [name for name, _, _ in daemons.told] == ["a", "b"]  # shares given, no move
+    assert "a serve(s) without a profile" in coord.declined
