@@ -454,7 +454,7 @@ def plan_from_json(data: dict[str, Any]) -> Plan:
     plan = Plan(
         instances=instances(data["instances"]),
         policy=str(data["policy"]),
-        reason=f"restored from the state file ({data.get('reason', '')})",
+        reason=_restored_reason(str(data.get("reason", ""))),
         predicted_latency_ms=None if predicted is None else float(predicted),
         oversubscribed=bool(data.get("oversubscribed", False)),
         split=str(data.get("split", "exact")),
@@ -463,6 +463,13 @@ def plan_from_json(data: dict[str, Any]) -> Plan:
     if not plan.instances or any(i.threads < 1 or i.batch < 1 for i in plan.instances):
         raise StateError("the saved plan has no instances")
     return plan
+
+
+def _restored_reason(reason: str) -> str:
+    """A restored plan's reason: the saved one, said to be restored once (a plan restored and saved again
+    keeps its first reason, not one more "restored from" per restart)."""
+    prefix = "restored from the state file ("
+    return reason if reason.startswith(prefix) else f"{prefix}{reason})"
 
 
 def _resumed(served: dict[str, Any], saved_unix: float) -> Resumed:

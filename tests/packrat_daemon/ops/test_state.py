@@ -281,3 +281,11 @@ def test_a_crafted_verdict_sets_the_file_aside(tmp_path: Path) -> None:
     keeper = StateKeeper(str(tmp_path))
     assert keeper.saved_choice is None and keeper.saved == {}
     assert any(".set-aside-" in p.name for p in tmp_path.iterdir())
+
+
+def test_a_plan_restored_and_saved_again_says_restored_once() -> None:
+    from packrat_daemon.ops.state import plan_from_json
+
+    once = plan_from_json(PLAN.to_json())
+    assert once.reason == "restored from the state file (a split)"
+    assert plan_from_json(once.to_json()).reason == once.reason
