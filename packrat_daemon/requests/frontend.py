@@ -10,6 +10,7 @@ own cost goes (`served`: the batcher's cost model), and the `status` reply.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import math
 import time
@@ -91,6 +92,12 @@ REFUSE_WAITING_S = 1.0
 # through the client's and the kernel's buffers, is answered too.
 REFUSE_GRACE_S = 0.05
 
+# A message of more frames than this was buffered whole by libzmq (about 64 bytes a frame, empty or not) before the
+# daemon could refuse it; glibc keeps what libzmq freed, so the daemon hands it back (malloc_trim), at most once a
+# TRIM_EVERY_S: one message of 10 million empty frames left the daemon 610 MiB larger for good.
+TRIM_AFTER_FRAMES = 100_000
+TRIM_EVERY_S = 1.0
+
 _recv = _CompiledSocket.recv
 
 
@@ -167,6 +174,8 @@ class Frontend:
                 frames, size, count = _recv_bounded(self.socket)
             except zmq.Again:
                 return reads
+            if count > TRIM_AFTER_FRAMES:
+                give_back_memory()
             try:
                 if self._handle(frames, size, count, limit):
                     return reads + 1  # a full batch can start now; the loop reads the rest right after it starts
@@ -387,6 +396,31 @@ def _recv_bounded(socket: zmq.Socket) -> tuple[list[zmq.Frame], int, int]:
         if count <= MAX_KEPT_FRAMES:
             frames.append(frame)
     return frames, size, count
+
+
+_trimmed_at = -math.inf
+
+
+def give_back_memory() -> bool:
+    """Return the heap's free memory to the system (glibc's malloc_trim), at most once a TRIM_EVERY_S; True when
+    it ran. Elsewhere than glibc there is nothing to call, and nothing is done."""
+    global _trimmed_at
+    now = time.monotonic()
+    if now - _trimmed_at < TRIM_EVERY_S or _MALLOC_TRIM is None:
+        return False
+    _trimmed_at = now
+    _MALLOC_TRIM(0)
+    return True
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
 
 
 def _refuse_oversized(frames: list[zmq.Frame], size: int, count: int, limit: int, max_samples: int) -> None:
