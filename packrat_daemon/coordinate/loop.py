@@ -123,6 +123,7 @@ class Coordinator:
         self.request = request
         self.split = even_split(len(self.cores), len(self.links))
         self.shares = self._shares(self.split)
+        self.first = dict(self.shares)  # the even division: what each daemon's own --cpus should say
         self.plans: dict[str, Plan | None] = {link.name: None for link in self.links}
         self.joint: JointPlan | None = None
         self.declined = ""  # why the last look did not move cores
@@ -171,6 +172,11 @@ class Coordinator:
         if not link.up:
             link.returned = True  # back (or here for the first time): it starts on its --cpus, not its share
             log.info("%s is up on CPUs %s", link.name, format_cpulist(share))
+        elif share != self.shares[link.name]:
+            # Up at every look, yet not on its share: it restarted between two looks, on its --cpus.
+            link.returned = True
+            log.warning("%s serves on CPUs %s, not its share %s (restarted?); telling it its share", link.name,
+                        format_cpulist(share), format_cpulist(self.shares[link.name]))  # fmt: skip
         # Its share is what it holds once its last switch has left every other CPU; until then, both.
         link.holds = share if demand.get("vacated", True) else share | link.holds
         link.up, link.answered, link.demand, link.error = True, True, demand, None
@@ -179,6 +185,7 @@ class Coordinator:
     def _plan(self) -> None:
         down = [link.name for link in self.links if not link.up]
         if down:
+            self._keep_free(down)
             self.declined = f"{', '.join(down)} down: no core moves until every model is up"
             return
         try:
@@ -216,6 +223,22 @@ class Coordinator:
             self.plans.update(plans)
             self.declined = ""
 
+    def _keep_free(self, down: Sequence[str]) -> None:
+        """A daemon that is down comes back on its own --cpus, its first share: every model up that was moved
+        onto some of those CPUs gives them up now, so that the restarted one finds them free; the down one's
+        share is its first one again, and the joint plan may move cores once it is back."""
+        taken = frozenset().union(*(self.first[name] for name in down))
+        target = {}
+        for link in self.links:
+            keep = self.shares[link.name] - taken
+            if link.up and keep != self.shares[link.name] and keep:
+                target[link.name] = keep
+        if target:
+            self._assign(list(target), target, f"{', '.join(down)} down: its first share kept free", (None, None))
+        for name in down:
+            self.shares[name] = self.first[name]
+        self.split = tuple(sum(1 for core in self.cores if set(core) & self.shares[link.name]) for link in self.links)
+
     def _demand(self, link: Link) -> ModelDemand | None:
         demand = link.demand or {}
         if demand.get("profile") is None:
@@ -249,11 +272,15 @@ class Coordinator:
         if predicted is not None:
             before = {name: format_cpulist(self.shares[name]) for name in names}
             move = Move(time.time(), reason, before, {name: format_cpulist(target[name]) for name in names}, predicted)
+            said = (
+                ""
+                if predicted == (None, None)
+                else f"; the joint plan's mean sojourn {_ms(predicted[0])} → {_ms(predicted[1])}"
+            )
             gain = "" if move.gain is None else f", predicted gain {move.gain:.1%}"
             log.info(
-                "moving cores: %s → %s; the joint plan's mean sojourn %s → %s%s",
-                self._describe({n: self.shares[n] for n in names}), self._describe(target),
-                _ms(predicted[0]), _ms(predicted[1]), gain,
+                "moving cores (%s): %s → %s%s%s",
+                reason, self._describe({n: self.shares[n] for n in names}), self._describe(target), said, gain,
             )  # fmt: skip
             self.moves.append(move)
         for name in order:

@@ -126,3 +126,38 @@ def test_without_a_profile_the_shares_stay_as_they_are(tmp_path: Path) -> None:
     coord.tick()
     assert [name for name, _, _ in daemons.told] == ["a", "b"]  # shares given, no move
     assert "a serve(s) without a profile" in coord.declined
+
+
+def test_cores_moved_onto_a_down_models_first_share_are_given_up_for_its_restart(tmp_path: Path) -> None:
+    daemons = Daemons(8, a=0.0, b=0.0)
+    coord = coordinator(daemons, tmp_path)
+    coord.tick()
+    daemons.rates["b"] = 60.0
+    coord.tick()
+    assert daemons.shares["b"] == list(range(1, 8))  # b grew onto a's first CPUs 1-3
+    daemons.told.clear()
+    daemons.down.add("a")
+    coord.tick()
+    # a restarts on its --cpus 0-3: b gives 1-3 up now, so that a finds them free.
+    assert daemons.told == [("b", "4-7", False)] and coord.split == (4, 4)
+    move = json.loads((tmp_path / "coordinator.json").read_text())["moves"][-1]
+    assert move["reason"] == "a down: its first share kept free" and move["to"] == {"b": "4-7"}
+    daemons.told.clear()
+    coord.tick()
+    assert daemons.told == []  # while a stays down, nothing more moves
+    daemons.down.clear()
+    daemons.shares["a"] = [0, 1, 2, 3]
+    coord.tick()
+    assert daemons.told[0] == ("a", "0-3", False)  # back on its own share; then b, still busy, may grow again
+
+
+def test_a_daemon_that_restarted_between_two_looks_is_told_its_share(tmp_path: Path) -> None:
+    daemons = Daemons(8, a=0.0, b=60.0)
+    coord = coordinator(daemons, tmp_path)
+    coord.tick()
+    coord.tick()
+    assert daemons.shares["a"] == [0]
+    daemons.told.clear()
+    daemons.shares["a"] = [0, 1, 2, 3]  # back on its --cpus before any look saw it down
+    coord.tick()
+    assert daemons.told == [("a", "0", False)]
