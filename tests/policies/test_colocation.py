@@ -195,3 +195,11 @@ def test_the_least_share_is_kept_and_brute_force_agrees_with_it() -> None:
     plan = plan_jointly(demands, 8, min_cores=2)
     assert min(plan.split) >= 2 and sum(plan.split) == 8
     assert score(plan, demands)[:3] == pytest.approx(brute_force(demands, 8, min_cores=2)[:3])
+
+
+def test_the_planner_does_not_mutate_its_inputs() -> None:
+    demands = [demand("a", 150), demand("b", 40, distribution=BatchDistribution.from_counts({1: 1, 8: 1}))]
+    before = [(d.profile.to_csv(), d.distribution, d.rate_per_s) for d in demands]
+    plan_jointly(demands, 8)
+    evaluate(demands, [3, 5])
+    assert [(d.profile.to_csv(), d.distribution, d.rate_per_s) for d in demands] == before
