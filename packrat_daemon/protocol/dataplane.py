@@ -3,8 +3,11 @@ configuration and statistics extensions, and inference, each forwarded to the da
 
 The REST and gRPC frontends (`protocol.rest`, `protocol.grpc.server`) only turn their wire form into the
 calls below and the answers (or `OipError`) back. The model's description comes from the daemon's `info`,
-and its output's datatype and shape from one single-sample inference when the daemon starts serving (`info`
-does not describe the output).
+and its outputs' datatypes and shapes from one single-sample inference when the daemon starts serving.
+
+A model of one input and one output is served as `input` and `output`, over the daemon's protocol version 1. A
+model of several inputs or outputs is served under their own names (the daemon's `info` lists them), over its
+protocol version 2: every input by name, every output (or those a request asks for) by name.
 """
 
 from __future__ import annotations
@@ -52,11 +55,23 @@ class ModelSpec:
     name: str
     model: str  # the daemon's model spec
     runtime: str
-    input: TensorSpec
-    output: TensorSpec
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
     max_batch: int
     max_message_bytes: int  # the daemon's limit on one request (info.limits)
     instances: int
+    named: bool = False  # several inputs or outputs: sent to the daemon by name (its protocol version 2)
+
+    @property
+    def input(self) -> TensorSpec:
+        return self.inputs[0]
+
+    @property
+    def output(self) -> TensorSpec:
+        return self.outputs[0]
+
+    def input_named(self, name: str) -> TensorSpec | None:
+        return next((tensor for tensor in self.inputs if tensor.name == name), None)
 
 
 @dataclass(frozen=True)
@@ -70,11 +85,15 @@ class InferInput:
 class InferResult:
     model: ModelSpec
     request_id: str
-    array: np.ndarray
+    array: np.ndarray  # the first output answered
     started_ns: int
     queue_ns: int
     compute_ns: int
     input_ns: int
+    outputs: tuple[tuple[TensorSpec, np.ndarray], ...] = ()  # every output answered, in the model's order
+
+    def answered(self) -> tuple[tuple[TensorSpec, np.ndarray], ...]:
+        return self.outputs or ((self.model.output, self.array),)
 
 
 def default_model_name(spec: str) -> str:
@@ -139,26 +158,43 @@ class DataPlane:
         return given != (spec.model, PACKRAT_DTYPE[spec.input.datatype], spec.input.shape, spec.max_batch)
 
     async def _discover(self, info: dict[str, Any]) -> ModelSpec | None:
-        """The model's description: `info`, and the output from a single-sample inference of zeros."""
-        dtype, shape = info["input"]["dtype"], tuple(info["input"]["shape"])
-        probe = np.zeros((1, *shape), dtype=np.uint16 if dtype == "bfloat16" else dtype)
+        """The model's description: `info`, and the outputs from a single-sample inference of zeros."""
+        named_inputs = info.get("inputs") or [{"name": INPUT_NAME, **info["input"]}]
+        named = len(named_inputs) > 1 or len(info.get("outputs") or ()) > 1
+        zeros = {
+            tensor["name"]: np.zeros((1, *tensor["shape"]), dtype=np.uint16 if tensor["dtype"] == "bfloat16" else
+                                     tensor["dtype"])
+            for tensor in named_inputs
+        }  # fmt: skip
+        dtype = info["input"]["dtype"]
+        probe: np.ndarray | dict[str, np.ndarray] = zeros if named else next(iter(zeros.values()))
         try:
             header, output = await self.upstream.infer(probe, PROBE_TIMEOUT_S * 5, dtype=dtype)
         except UpstreamTimeout:
             return None
-        if not header.get("ok") or not isinstance(output, np.ndarray):  # version 1: one tensor
+        if not header.get("ok") or output is None:
             log.warning("the probe for the model's output failed (%s); trying again later", header.get("error"))
             return None
+        if named:
+            assert isinstance(output, dict)  # a version-2 reply names its outputs
+            dtypes = {entry["name"]: entry["dtype"] for entry in header["outputs"]}
+            inputs = tuple(TensorSpec(t["name"], OIP_DATATYPE[t["dtype"]], tuple(t["shape"])) for t in named_inputs)
+            outputs = tuple(TensorSpec(key, OIP_DATATYPE[dtypes[key]], tuple(a.shape[1:])) for key, a in output.items())
+        else:
+            assert isinstance(output, np.ndarray)
+            inputs = (TensorSpec(INPUT_NAME, OIP_DATATYPE[dtype], tuple(info["input"]["shape"])),)
+            outputs = (TensorSpec(OUTPUT_NAME, OIP_DATATYPE[header["dtype"]], tuple(output.shape[1:])),)
         name = self.model_name or default_model_name(info["model"])
         spec = ModelSpec(
             name=name,
             model=info["model"],
             runtime=info.get("runtime", "torch"),
-            input=TensorSpec(INPUT_NAME, OIP_DATATYPE[dtype], shape),
-            output=TensorSpec(OUTPUT_NAME, OIP_DATATYPE[header["dtype"]], tuple(output.shape[1:])),
+            inputs=inputs,
+            outputs=outputs,
             max_batch=int(info["max_batch"]),
             max_message_bytes=int(info["limits"]["max_message_bytes"]),
             instances=len(info.get("plan", {}).get("instances", [])) or 1,
+            named=named,
         )
         log.info("serving model %r (%s) over the Open Inference Protocol", name, spec.model)
         return spec
@@ -195,8 +231,8 @@ class DataPlane:
             "name": spec.name,
             "versions": [VERSION],
             "platform": f"packrat_{spec.runtime}",
-            "inputs": [spec.input.to_json()],
-            "outputs": [spec.output.to_json()],
+            "inputs": [tensor.to_json() for tensor in spec.inputs],
+            "outputs": [tensor.to_json() for tensor in spec.outputs],
         }
 
     async def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
@@ -210,8 +246,8 @@ class DataPlane:
             "platform": f"packrat_{spec.runtime}",
             "backend": "packrat",
             "max_batch_size": spec.max_batch,
-            "input": [_config_tensor(spec.input, "FORMAT_NONE")],
-            "output": [_config_tensor(spec.output, None)],
+            "input": [_config_tensor(tensor, "FORMAT_NONE") for tensor in spec.inputs],
+            "output": [_config_tensor(tensor, None) for tensor in spec.outputs],
             # Packrat always batches across requests: present (even empty), it tells perf_analyzer so.
             "dynamic_batching": batching,
             "instance_group": [{"name": spec.name, "kind": "KIND_CPU", "count": spec.instances}],
@@ -234,7 +270,7 @@ class DataPlane:
         timeout_s: float | None = None,
         started_ns: int | None = None,
     ) -> InferResult:
-        """Run the model on the one input; `outputs` names the outputs asked for (None: all of them)."""
+        """Run the model on its inputs; `outputs` names the outputs asked for (None: all of them)."""
         started_ns = time.perf_counter_ns() if started_ns is None else started_ns
         spec = await self.model(name, version)
         try:
@@ -261,16 +297,25 @@ class DataPlane:
         except OipError:
             self.statistics.failed(time.perf_counter_ns() - started_ns)
             raise
-        assert isinstance(output, np.ndarray)  # an ok version-1 infer reply carries its tensor (decode_reply checks)
+        assert output is not None  # an ok infer reply always carries its tensors (decode_reply checks)
         timing = header.get("timing") or {}
+        answered: tuple[tuple[TensorSpec, np.ndarray], ...] = ()
+        if isinstance(output, dict):
+            asked = set(outputs or (tensor.name for tensor in spec.outputs))
+            answered = tuple((t, output[t.name]) for t in spec.outputs if t.name in asked and t.name in output)
+            if not answered:
+                raise OipError(Status.INTERNAL, "the daemon answered none of the outputs asked for")
+        first = answered[0][1] if answered else output
+        assert isinstance(first, np.ndarray)
         return InferResult(
             spec,
             request_id,
-            output,
+            first,
             started_ns,
             queue_ns=int(timing.get("queue_ms", 0) * 1e6),
             compute_ns=int(timing.get("compute_ms", 0) * 1e6),
             input_ns=sent_ns - started_ns,
+            outputs=answered,
         )
 
     def answered(self, result: InferResult, encoding_ns: int) -> None:
@@ -288,36 +333,59 @@ class DataPlane:
     @staticmethod
     def _checked_input(
         spec: ModelSpec, inputs: list[InferInput], outputs: list[str] | None
-    ) -> tuple[np.ndarray, str | None]:
-        if len(inputs) != 1:
-            raise OipError(
-                Status.INVALID_ARGUMENT, f"the model takes one input, '{spec.input.name}'; got {len(inputs)}"
-            )
-        given = inputs[0]
-        check_tensor(spec, given.name, given.datatype, given.array.shape)
+    ) -> tuple[np.ndarray | dict[str, np.ndarray], str | None]:
+        names = ", ".join(f"'{tensor.name}'" for tensor in spec.inputs)
         for output in outputs or ():
-            if output != spec.output.name:
-                raise OipError(
-                    Status.INVALID_ARGUMENT, f"unknown output '{output}'; the model's output is '{spec.output.name}'"
-                )
-        return given.array, "bfloat16" if given.datatype == "BF16" else None
+            if output not in {tensor.name for tensor in spec.outputs}:
+                listed = ", ".join(f"'{tensor.name}'" for tensor in spec.outputs)
+                raise OipError(Status.INVALID_ARGUMENT, f"unknown output '{output}'; the model's outputs are {listed}")
+        if not spec.named:
+            if len(inputs) != 1:
+                raise OipError(Status.INVALID_ARGUMENT, f"the model takes one input, {names}; got {len(inputs)}")
+            given = inputs[0]
+            check_tensor(spec, given.name, given.datatype, given.array.shape)
+            return given.array, "bfloat16" if given.datatype == "BF16" else None
+        arrays: dict[str, np.ndarray] = {}
+        for given in inputs:
+            check_tensor(spec, given.name, given.datatype, given.array.shape)
+            if given.name in arrays:
+                raise OipError(Status.INVALID_ARGUMENT, f"input '{given.name}' is given twice")
+            if given.datatype == "BF16":
+                raise OipError(Status.INVALID_ARGUMENT, "bfloat16 inputs are served to models of one input only")
+            arrays[given.name] = given.array
+        missing = [tensor.name for tensor in spec.inputs if tensor.name not in arrays]
+        if missing:
+            raise OipError(Status.INVALID_ARGUMENT, f"input '{missing[0]}' is missing; the model takes {names}")
+        counts = {array.shape[0] for array in arrays.values()}
+        if len(counts) > 1:
+            listed = ", ".join(f"{name} {array.shape[0]}" for name, array in arrays.items())
+            raise OipError(
+                Status.INVALID_ARGUMENT,
+                f"the inputs have different numbers of samples ({listed}); each input's first axis counts the same",
+            )
+        return arrays, None
 
 
 def check_tensor(spec: ModelSpec, name: str, datatype: str, shape: tuple[int, ...]) -> None:
     """INVALID_ARGUMENT or TOO_LARGE unless an input of this name, datatype and shape fits the model. The
     transports ask it before they decode a tensor, so no request makes them decode more than the largest
     one the model takes."""
-    if name != spec.input.name:
-        raise OipError(Status.INVALID_ARGUMENT, f"unknown input '{name}'; the model's input is '{spec.input.name}'")
-    if datatype != spec.input.datatype:
+    model_input = spec.input_named(name)
+    if model_input is None:
+        if len(spec.inputs) == 1:
+            raise OipError(Status.INVALID_ARGUMENT, f"unknown input '{name}'; the model's input is '{spec.input.name}'")
+        listed = ", ".join(f"'{tensor.name}'" for tensor in spec.inputs)
+        raise OipError(Status.INVALID_ARGUMENT, f"unknown input '{name}'; the model's inputs are {listed}")
+    if datatype != model_input.datatype:
         raise OipError(
-            Status.INVALID_ARGUMENT, f"input '{name}' is {datatype}, but the model takes {spec.input.datatype}; cast it"
+            Status.INVALID_ARGUMENT,
+            f"input '{name}' is {datatype}, but the model takes {model_input.datatype}; cast it",
         )
-    if tuple(shape[1:]) != spec.input.shape:
+    if tuple(shape[1:]) != model_input.shape:
         raise OipError(
             Status.INVALID_ARGUMENT,
             f"input '{name}' has shape {list(shape)}, but the model takes "
-            f"[N, {', '.join(map(str, spec.input.shape))}] (N samples)",
+            f"[N, {', '.join(map(str, model_input.shape))}] (N samples)",
         )
     if shape[0] > spec.max_batch:
         raise OipError(

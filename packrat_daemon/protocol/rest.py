@@ -123,8 +123,8 @@ class RestApp:
         request_id, inputs, outputs, binary_outputs, timeout_s = decoded
         result = await self.plane.infer(name, version, inputs, outputs, str(request_id), timeout_s, started)
         encoding = time.perf_counter_ns()
-        as_json = binary_outputs is not True and result.model.output.name not in (binary_outputs or ())
-        if as_json and result.array.size * 8 >= OFFLOAD_BYTES:
+        as_json = binary_outputs is not True and any(t.name not in (binary_outputs or ()) for t, _ in result.answered())
+        if as_json and sum(array.size for _, array in result.answered()) * 8 >= OFFLOAD_BYTES:
             response = await asyncio.to_thread(encode_infer_response, result, request_id, binary_outputs)
         else:
             response = encode_infer_response(result, request_id, binary_outputs)
@@ -281,23 +281,24 @@ def parse_infer_request(
 def encode_infer_response(
     result: InferResult, request_id: Any, binary_outputs: set[str] | bool
 ) -> tuple[int, list, bytes]:
-    spec = result.model.output
-    array = result.array
-    output: dict[str, Any] = {"name": spec.name, "datatype": spec.datatype, "shape": list(array.shape)}
-    binary = binary_outputs is True or (isinstance(binary_outputs, set) and spec.name in binary_outputs)
-    if binary:
-        raw = np.ascontiguousarray(array).tobytes()
-        output["parameters"] = {"binary_data_size": len(raw)}
-    else:
-        output["data"] = tensors.to_values(array, spec.datatype)
-    response = {"model_name": result.model.name, "model_version": "1", "outputs": [output]}
+    encoded, raws = [], []
+    for spec, array in result.answered():  # every output asked for, in the model's order
+        output: dict[str, Any] = {"name": spec.name, "datatype": spec.datatype, "shape": list(array.shape)}
+        if binary_outputs is True or (isinstance(binary_outputs, set) and spec.name in binary_outputs):
+            raw = np.ascontiguousarray(array).tobytes()
+            output["parameters"] = {"binary_data_size": len(raw)}
+            raws.append(raw)
+        else:
+            output["data"] = tensors.to_values(array, spec.datatype)
+        encoded.append(output)
+    response = {"model_name": result.model.name, "model_version": "1", "outputs": encoded}
     if request_id not in (None, ""):
         response["id"] = request_id
     header = json.dumps(response, separators=(",", ":")).encode()
-    if not binary:
+    if not raws:
         return 200, [(b"content-type", b"application/json")], header
     headers = [(b"content-type", b"application/octet-stream"), (HEADER_LENGTH.encode(), str(len(header)).encode())]
-    return 200, headers, header + raw
+    return 200, headers, b"".join([header, *raws])
 
 
 def _parameters(owner: dict[str, Any], what: str) -> dict[str, Any]:

@@ -1,15 +1,18 @@
-"""The models a user has, served by a real daemon: an ONNX file on ONNX Runtime and on OpenVINO, a Hugging Face
-save_pretrained folder served its three inputs by name and checked against transformers' own output, a model
-that returns a dict of two outputs (both answered, named), and a raw version-1 message, as a client written from
-the old docs/protocol.md sends it, answered as it always was."""
+"""The models a user has, served by a real daemon: an ONNX file on ONNX Runtime and on OpenVINO (both outputs,
+named), a Hugging Face save_pretrained folder served its three inputs by name and checked against transformers'
+own output, a model that returns a dict of two outputs (both answered, named), and a raw version-1 message, as
+a client written from the old docs/protocol.md sends it, answered as it always was."""
 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -39,10 +42,15 @@ def test_an_onnx_file_is_served_by_each_runtime(tmp_path: Path, cache: Path, run
     with serving as (endpoint, _), Client(endpoint, timeout=60) as client:
         info = client.info()
         assert (info["runtime"], info["input"]["dtype"], info["input"]["shape"]) == (runtime, "float32", [16])
+        assert [t["name"] for t in info["inputs"]] == ["x"]
+        assert [t["name"] for t in info["outputs"]] == ["scores", "probabilities"]
         x = np.random.default_rng(8).standard_normal((3, onnx_models.FEATURES), dtype=np.float32)
-        np.testing.assert_allclose(client.infer(x), onnx_models.scores(x), rtol=1e-4, atol=1e-5)
-    log = (tmp_path / "daemon.log").read_text()
-    assert "has 2 outputs (scores, probabilities); serving the first, 'scores', only" in log
+        np.testing.assert_allclose(client.infer(x), onnx_models.scores(x), rtol=1e-4, atol=1e-5)  # version 1: first
+        both = client.infer({"x": x})
+        assert isinstance(both, dict)
+        np.testing.assert_allclose(both["scores"], onnx_models.scores(x), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(both["probabilities"].sum(axis=1), 1.0, rtol=1e-5)
+    assert "died" not in (tmp_path / "daemon.log").read_text()
 
 
 @pytest.mark.slow
@@ -99,6 +107,56 @@ def raw_request(endpoint: str, frames: list[bytes]) -> tuple[dict, list[bytes]]:
     return json.loads(reply[0]), reply[1:]
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def check_over_oip(http_port: int, grpc_port: int, inputs: dict[str, np.ndarray], expected: np.ndarray) -> None:
+    """The Open Inference Protocol gateway in front of the daemon: the model's metadata lists its three inputs by
+    name, and Triton's own clients (HTTP and gRPC) get transformers' logits for them."""
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    httpclient = pytest.importorskip("tritonclient.http")
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
+    rpc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    try:
+        deadline = time.monotonic() + 60
+        while not _ready(http):
+            assert time.monotonic() < deadline, "the gateway did not become ready"
+            time.sleep(0.2)
+        metadata = http.get_model_metadata("tiny-bert")
+        assert [(t["name"], t["datatype"], t["shape"]) for t in metadata["inputs"]] == [
+            (name, "INT64", [-1, 32]) for name in ("input_ids", "attention_mask", "token_type_ids")
+        ]
+        assert [(t["name"], t["shape"]) for t in metadata["outputs"]] == [("logits", [-1, 3])]
+        for client, module in ((http, httpclient), (rpc, grpcclient)):
+            tensors = []
+            for name, array in inputs.items():
+                tensor = module.InferInput(name, list(array.shape), "INT64")
+                tensor.set_data_from_numpy(array)
+                tensors.append(tensor)
+            answer = client.infer("tiny-bert", tensors)
+            np.testing.assert_allclose(answer.as_numpy("logits"), expected, rtol=1e-5, atol=1e-6)
+        missing = []
+        for name, array in list(inputs.items())[:2]:
+            tensor = httpclient.InferInput(name, list(array.shape), "INT64")
+            tensor.set_data_from_numpy(array)
+            missing.append(tensor)
+        with pytest.raises(Exception, match="input 'token_type_ids' is missing"):
+            http.infer("tiny-bert", missing)
+    finally:
+        http.close()
+        rpc.close()
+
+
+def _ready(http: Any) -> bool:
+    try:
+        return bool(http.is_model_ready("tiny-bert"))
+    except Exception:  # not listening yet
+        return False
+
+
 @pytest.mark.slow
 def test_a_hugging_face_folder_is_served_its_three_inputs_as_transformers_computes_them(tmp_path: Path) -> None:
     folder = tiny_bert_folder(tmp_path / "tiny-bert")
@@ -106,8 +164,11 @@ def test_a_hugging_face_folder_is_served_its_three_inputs_as_transformers_comput
     expected = transformers_logits(folder, inputs)
     unmasked = transformers_logits(folder, {"input_ids": inputs["input_ids"]})
     assert np.abs(expected - unmasked).max() > 1e-5  # far beyond the tolerance below: the mask and segments count
-    serving = running_daemon(tmp_path, "--model", f"hf:{folder}", *QUICK)
+    http_port, grpc_port = free_port(), free_port()
+    oip = ("--http-port", str(http_port), "--grpc-port", str(grpc_port))
+    serving = running_daemon(tmp_path, "--model", f"hf:{folder}", *QUICK, *oip)
     with serving as (endpoint, _), Client(endpoint, timeout=60) as client:
+        check_over_oip(http_port, grpc_port, inputs, expected)
         info = client.info()
         assert [(t["name"], t["dtype"], t["shape"], t["high"]) for t in info["inputs"]] == [
             ("input_ids", "int64", [32], 120),

@@ -7,23 +7,28 @@ in a subprocess, never in the template: exporting and checking a model runs it, 
 
 The ONNX export uses torch.onnx.export's dynamo exporter (the default in torch 2.13) with a dynamic batch
 axis; models it cannot capture (TorchScript files, some data-dependent code) fall back to the TorchScript
-exporter with dynamic_axes. Both were checked on the built-in ResNet-50 and BERT-base wrappers. OpenVINO's
+exporter with dynamic_axes. Both were checked on the built-in ResNet-50 and BERT-base wrappers. A model of
+several inputs or outputs is exported with each under its name (the runtimes feed and read them by name). OpenVINO's
 IR is converted from that ONNX file, so both runtimes serve the same graph. Every conversion is run at two
 batch sizes other than the export's example and compared with PyTorch before it is accepted.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from packrat_daemon.wire.codec import unpack_records
 from workers.models.cache import ATOL, CHECK_BATCHES, RTOL, ConversionError, converter_main
 from workers.models.loading import LoadedModel, load_model
+from workers.models.outputs import Served, output_keys
 from workers.models.spec import sample_input
 from workers.runtimes import make_runtime
 from workers.runtimes.base import SessionRuntime
@@ -65,21 +70,51 @@ def convert(spec: str, input_override: str | None, runtime: str, out: Path) -> d
     }
 
 
+class _Named(torch.nn.Module):
+    """A model of several inputs or outputs as ONNX takes it: each input a tensor of its own, in the spec's
+    order, each output one of a tuple (the records a worker answers are PyTorch's side only)."""
+
+    def __init__(self, served: Served) -> None:
+        super().__init__()
+        self.served = served
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        served = self.served
+        names = served.names
+        output = served.model(**dict(zip(names, inputs, strict=True))) if served.by_name else served.model(*inputs)
+        keys = served.keys
+        if isinstance(output, torch.Tensor):
+            return output
+        return tuple(output[key] for key in keys) if keys else output[output_keys(output)[0]]
+
+
 def export_onnx(model: LoadedModel, path: Path) -> str:
-    """Export with a dynamic batch axis; returns which exporter succeeded."""
+    """Export with a dynamic batch axis on every input, each input and output under its name; returns which
+    exporter succeeded."""
     module = model.module
     if not isinstance(module, torch.nn.Module):
         raise ConversionError(f"{model.name}: only a torch.nn.Module exports to ONNX, not a {type(module).__name__}")
-    example = (torch.from_numpy(sample_input(model.input, EXAMPLE_BATCH)),)
-    inputs, outputs = ["input"], ["output"]
+    spec = model.input
+    if isinstance(module, Served):
+        module = _Named(module)
+        inputs = [tensor.name for tensor in spec.named_inputs()]
+        samples = [sample_input(dataclasses.replace(spec, inputs=(), outputs=(), dtype=t.dtype, shape=t.shape,
+                                                    high=t.high), EXAMPLE_BATCH, seed=k)
+                   for k, t in enumerate(spec.named_inputs())]  # fmt: skip
+        example = tuple(torch.from_numpy(sample) for sample in samples)
+    else:
+        inputs = ["input"]
+        example = (torch.from_numpy(sample_input(spec, EXAMPLE_BATCH)),)
+    outputs = [tensor.name for tensor in spec.outputs] or ["output"]
+    batch = torch.export.Dim("batch", min=1)
+    dynamic: Any = ({0: batch},) if not isinstance(module, _Named) else {"inputs": tuple({0: batch} for _ in inputs)}
     try:
-        batch = torch.export.Dim("batch", min=1)
         torch.onnx.export(
             module,
             example,
             str(path),
             dynamo=True,
-            dynamic_shapes=({0: batch},),
+            dynamic_shapes=dynamic,
             input_names=inputs,
             output_names=outputs,
         )
@@ -88,7 +123,7 @@ def export_onnx(model: LoadedModel, path: Path) -> str:
         print(f"dynamo export failed ({type(exc).__name__}: {exc}); trying the TorchScript exporter", file=sys.stderr)
     for stale in path.parent.glob(path.name + "*"):
         stale.unlink()
-    axes = {"input": {0: "batch"}, "output": {0: "batch"}}
+    axes = {name: {0: "batch"} for name in (*inputs, *outputs)}
     torch.onnx.export(
         module,
         example,
@@ -116,21 +151,28 @@ def check_against_torch(model: LoadedModel, runtime: str, path: Path) -> dict[st
     converted.use_file(path, model.input)
     converted.set_threads(1)
     errors: dict[str, float] = {}
+    layout = [(tensor.dtype, tensor.shape) for tensor in model.input.outputs]
     for batch in CHECK_BATCHES:
         data = sample_input(model.input, batch, seed=batch)
         with torch.inference_mode():
-            expected = model.module(torch.from_numpy(data)).numpy()
-        got = converted.run(data)
-        if got.shape != expected.shape:
-            raise ConversionError(f"{runtime} gives shape {got.shape} at batch {batch}; PyTorch gives {expected.shape}")
-        error = float(np.max(np.abs(got.astype(np.float64) - expected))) if expected.size else 0.0
-        errors[str(batch)] = error
-        bound = ATOL + RTOL * float(np.max(np.abs(expected))) if expected.size else ATOL
-        if not error <= bound:
+            expected_all = model.module(torch.from_numpy(data)).numpy()
+        got_all = converted.run(data)
+        if got_all.shape != expected_all.shape:
             raise ConversionError(
-                f"{runtime} disagrees with PyTorch at batch {batch}: max abs error {error:.3g} > {bound:.3g}"
-                f" (rtol {RTOL} of the output's scale + atol {ATOL})"
+                f"{runtime} gives shape {got_all.shape} at batch {batch}; PyTorch gives {expected_all.shape}"
             )
+        pairs = [(got_all, expected_all)]
+        if model.input.output_records:  # every output, each on its own scale
+            pairs = list(zip(unpack_records(got_all, layout), unpack_records(expected_all, layout), strict=True))
+        for got, expected in pairs:
+            error = float(np.max(np.abs(got.astype(np.float64) - expected))) if expected.size else 0.0
+            errors[str(batch)] = max(error, errors.get(str(batch), 0.0))
+            bound = ATOL + RTOL * float(np.max(np.abs(expected))) if expected.size else ATOL
+            if not error <= bound:
+                raise ConversionError(
+                    f"{runtime} disagrees with PyTorch at batch {batch}: max abs error {error:.3g} > {bound:.3g}"
+                    f" (rtol {RTOL} of the output's scale + atol {ATOL})"
+                )
     return errors
 
 

@@ -10,11 +10,12 @@ from it for OpenVINO), runs it at two batch sizes, and writes meta.json. OpenVIN
 Runtime on the same file (the reference, at fp32) where ONNX Runtime is installed, within the converter's
 tolerance; ONNX Runtime's copy is the file itself, so it is only checked to run with a free batch axis.
 
-The graph's input is its one input that is not an initializer. Its first axis is the batch and must be free
-(a name or unknown); the others are read from the graph, or from `--input` where they are free too. An
-integer input that indexes an embedding table (a Gather on an initializer) is declared below the table's
-size, so that sample inputs are valid token ids. A graph of several inputs is refused, and of several outputs
-the first is served (several named inputs and outputs are not served yet: docs/serving.md).
+The graph's inputs are its inputs that are not initializers, each served under its name. Each one's first
+axis is the batch and must be free (a name or unknown); the others are read from the graph, or from `--input`
+where they are free too (for several inputs, `--input` gives the shape they share). An integer input that
+indexes an embedding table (a Gather on an initializer) is declared below the table's size, so that sample
+inputs are valid token ids. Every output is served, named, its per-sample shape learned by running the model
+once; one whose first axis is not the batch is left out, and the log says so.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from typing import Any
 
 import numpy as np
 
+from packrat_daemon.wire.codec import ITEMSIZE
 from packrat_daemon.wire.errors import ModelSpecError
 from workers.models.cache import ATOL, CHECK_BATCHES, RTOL, ConversionError, converter_main
-from workers.models.spec import INPUT_DTYPES, InputSpec, installed, sample_input
+from workers.models.spec import INPUT_DTYPES, InputSpec, TensorSpec, installed, sample_input
 
 EXTERNAL_DATA = "model.onnx.data"
 
@@ -47,18 +49,25 @@ def read_graph(path: Path) -> Any:
 
 
 def graph_input(model: Any, spec: str, override: InputSpec | None) -> tuple[str, InputSpec]:
-    """The graph's one input: its name and what a sample of it is (checked against `override`, if given)."""
-    from onnx import helper
+    """The graph's first input's name, and what a sample of every input is (checked against `override`)."""
+    tensors = graph_inputs(model, spec, override)
+    return tensors[0].name, InputSpec.of(tensors)
 
+
+def graph_inputs(model: Any, spec: str, override: InputSpec | None) -> list[TensorSpec]:
+    """The graph's inputs, each named, in the graph's order (checked against `override`, if given)."""
     initializers = {tensor.name: tensor for tensor in model.graph.initializer}
     inputs = [value for value in model.graph.input if value.name not in initializers]
-    if len(inputs) != 1:
-        names = ", ".join(value.name for value in inputs) or "none"
-        raise ModelSpecError(
-            f"{spec} takes {len(inputs)} inputs ({names}); Packrat serves models of one input so far (several "
-            "named inputs are not served yet: docs/serving.md, 'Inputs and outputs')"
-        )
-    value = inputs[0]
+    if not inputs:
+        raise ModelSpecError(f"{spec} takes no inputs (every graph input is an initializer)")
+    return [_graph_tensor(model, spec, value, override, initializers) for value in inputs]
+
+
+def _graph_tensor(
+    model: Any, spec: str, value: Any, override: InputSpec | None, initializers: dict[str, Any]
+) -> TensorSpec:
+    from onnx import helper
+
     tensor = value.type.tensor_type
     try:
         dtype = helper.tensor_dtype_to_np_dtype(tensor.elem_type).name
@@ -93,7 +102,7 @@ def graph_input(model: Any, spec: str, override: InputSpec | None) -> tuple[str,
         )
     else:
         shape = tuple(d for d in sample if d is not None)  # every one is: checked above
-    return value.name, InputSpec(dtype, tuple(shape), _embedding_rows(model, value.name, initializers))
+    return TensorSpec(value.name, dtype, tuple(shape), _embedding_rows(model, value.name, initializers))
 
 
 def output_names(model: Any) -> list[str]:
@@ -129,13 +138,15 @@ def prepare(spec: str, input_override: str | None, runtime: str, out: Path) -> d
 
         # compress_to_fp16 would round the weights: keep float32, to agree with the file.
         ov.save_model(ov.convert_model(str(source)), str(out), compress_to_fp16=False)
+    served, left_out = learn_outputs(runtime, out, input_spec, outputs)
+    input_spec = input_spec.with_outputs(served)
     reference = source if runtime == "openvino" and installed("onnxruntime") else None
     errors = check(runtime, out, input_spec, reference)
     notes = []
-    if len(outputs) > 1:
+    if left_out:
         notes.append(
-            f"{spec} has {len(outputs)} outputs ({', '.join(outputs)}); serving the first, {outputs[0]!r}, only: "
-            "several outputs are not served yet (docs/serving.md, 'Inputs and outputs')"
+            f"{spec} has {len(outputs)} outputs ({', '.join(outputs)}); {', '.join(left_out)} left out (the batch "
+            f"is not its first axis); serving {', '.join(tensor.name for tensor in served)}"
         )
     return {
         "model": spec,
@@ -164,9 +175,7 @@ def _copy_model(source: Path, model: Any, out: Path) -> None:
     onnx.save_model(whole, str(out), save_as_external_data=True, all_tensors_to_one_file=True, location=EXTERNAL_DATA)
 
 
-def check(runtime: str, path: Path, input_spec: InputSpec, reference: Path | None) -> dict[str, float]:
-    """Run the model at CHECK_BATCHES; refuse it if a batch's output has another batch size or, against
-    `reference` (the ONNX file on ONNX Runtime), differs beyond the tolerance. The errors per batch."""
+def _session(runtime: str, path: Path, input_spec: InputSpec) -> Any:
     from workers.runtimes import make_runtime
     from workers.runtimes.base import SessionRuntime
 
@@ -174,39 +183,73 @@ def check(runtime: str, path: Path, input_spec: InputSpec, reference: Path | Non
     assert isinstance(served, SessionRuntime), f"{runtime} runs no files"
     served.use_file(path, input_spec)
     served.set_threads(1)
-    expected_by = None
-    if reference is not None:
-        expected_by = make_runtime("onnxruntime")
-        assert isinstance(expected_by, SessionRuntime)
-        expected_by.use_file(reference, input_spec)
-        expected_by.set_threads(1)
+    return served
+
+
+def learn_outputs(
+    runtime: str, path: Path, input_spec: InputSpec, names: list[str]
+) -> tuple[list[TensorSpec], list[str]]:
+    """Each output's dtype and per-sample shape, from one run of two samples; and the outputs left out (their
+    first axis is not the batch). Refuses a model none of whose outputs can be served, or one of a dtype the
+    protocol cannot carry."""
+    rows = 2
+    placeholders = [TensorSpec(name, "float32", ()) for name in names]  # names only: run_all reads them by name
+    session = _session(runtime, path, input_spec.with_outputs(placeholders))
+    try:
+        arrays = session.run_all(sample_input(input_spec, rows, seed=rows))
+    except Exception as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConversionError(f"{runtime} cannot run {path.name} on a batch of {rows} ({first_line})") from exc
+    served, left_out = [], []
+    for name, array in zip(names, arrays, strict=True):
+        if array.ndim == 0 or array.shape[0] != rows:
+            left_out.append(name)
+            continue
+        if array.dtype.name not in ITEMSIZE:
+            raise ModelSpecError(f"output {name!r} of {path.name} is {array.dtype}, which the protocol cannot carry")
+        served.append(TensorSpec(name, array.dtype.name, tuple(int(d) for d in array.shape[1:])))
+    if not served:
+        raise ConversionError(
+            f"{runtime} gives outputs of shapes {[list(array.shape) for array in arrays]} for a batch of {rows}: "
+            "Packrat needs an output's first axis to be the batch"
+        )
+    return served, left_out
+
+
+def check(runtime: str, path: Path, input_spec: InputSpec, reference: Path | None) -> dict[str, float]:
+    """Run the model at CHECK_BATCHES; refuse it if a batch's output has another batch size or, against
+    `reference` (the ONNX file on ONNX Runtime), differs beyond the tolerance. The errors per batch."""
+    served = _session(runtime, path, input_spec)
+    expected_by = None if reference is None else _session("onnxruntime", reference, input_spec)
     errors: dict[str, float] = {}
     for batch in CHECK_BATCHES:
         data = sample_input(input_spec, batch, seed=batch)
         try:
-            got = served.run(data)
+            got_all = served.run_all(data)
         except Exception as exc:
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConversionError(
                 f"{runtime} cannot run {path.name} on a batch of {batch} ({first_line}); Packrat batches requests, "
                 "so the model must take any batch size on its first axis"
             ) from exc
-        if got.ndim == 0 or got.shape[0] != batch:
-            raise ConversionError(
-                f"{runtime} gives an output of shape {list(got.shape)} for a batch of {batch}: Packrat needs the "
-                "output's first axis to be the batch"
-            )
+        for got in got_all:
+            if got.ndim == 0 or got.shape[0] != batch:
+                raise ConversionError(
+                    f"{runtime} gives an output of shape {list(got.shape)} for a batch of {batch}: Packrat needs the "
+                    "output's first axis to be the batch"
+                )
         if expected_by is None:
             continue
-        expected = expected_by.run(data).astype(np.float64)
-        error = float(np.max(np.abs(got.astype(np.float64) - expected))) if expected.size else 0.0
-        errors[str(batch)] = error
-        bound = ATOL + RTOL * float(np.max(np.abs(expected))) if expected.size else ATOL
-        if got.shape != expected.shape or not error <= bound:
-            raise ConversionError(
-                f"{runtime} disagrees with ONNX Runtime on the ONNX file at batch {batch}: max abs error "
-                f"{error:.3g} > {bound:.3g} (rtol {RTOL} of the output's scale + atol {ATOL})"
-            )
+        for got, expected_one in zip(got_all, expected_by.run_all(data), strict=True):
+            expected = expected_one.astype(np.float64)
+            error = float(np.max(np.abs(got.astype(np.float64) - expected))) if expected.size else 0.0
+            errors[str(batch)] = max(error, errors.get(str(batch), 0.0))
+            bound = ATOL + RTOL * float(np.max(np.abs(expected))) if expected.size else ATOL
+            if got.shape != expected.shape or not error <= bound:
+                raise ConversionError(
+                    f"{runtime} disagrees with ONNX Runtime on the ONNX file at batch {batch}: max abs error "
+                    f"{error:.3g} > {bound:.3g} (rtol {RTOL} of the output's scale + atol {ATOL})"
+                )
     return errors
 
 

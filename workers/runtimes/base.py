@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from packrat_daemon.wire.codec import pack_records, unpack_records
 from packrat_daemon.wire.errors import ConfigError
 from workers.models.cache import ensure_converted, ensure_quantized
 from workers.models.calibration import split_precision
@@ -103,6 +104,10 @@ class SessionRuntime(Runtime):
     def __init__(self) -> None:
         self.path: Path | None = None
         self.input: InputSpec | None = None
+        self._named = False
+        self._input_names: list[str] = []
+        self._input_layout: list[tuple[str, tuple[int, ...]]] = []
+        self._output_names: list[str] = []
         # The cores the template may use (its affinity at load): what a worker may be re-pinned to later.
         self.usable_cpus: set[int] = os.sched_getaffinity(0)
         self.threads = 0
@@ -121,9 +126,15 @@ class SessionRuntime(Runtime):
 
     def use_file(self, path: Path, input_spec: InputSpec) -> None:
         """Serve an already converted file (what `load` does after the cache lookup)."""
-        if input_spec.dtype == "bfloat16":
+        if any(tensor.dtype == "bfloat16" for tensor in (*input_spec.named_inputs(), *input_spec.outputs)):
             raise ConfigError(f"runtime {self.name} cannot take bfloat16 inputs (numpy has none); use --runtime torch")
         self.path, self.input = Path(path), input_spec
+        # A model of several inputs, or of named outputs (a graph may have more than are served), is fed and read by
+        # name; one of one input and one unnamed output by position.
+        self._named = input_spec.records or bool(input_spec.outputs)
+        self._input_names = [tensor.name for tensor in input_spec.inputs]
+        self._input_layout = [(tensor.dtype, tensor.shape) for tensor in input_spec.inputs]
+        self._output_names = [tensor.name for tensor in input_spec.outputs]
 
     def set_threads(self, threads: int) -> None:
         self._install(self._build(threads), threads)
@@ -133,9 +144,23 @@ class SessionRuntime(Runtime):
         return lambda: self._install(built, threads)
 
     def run(self, batch: np.ndarray) -> np.ndarray:
+        if self._named:
+            outputs = self.run_all(batch)
+            return pack_records(outputs) if len(outputs) > 1 else outputs[0]
         serving = self._serving  # one read: a concurrent commit swaps the reference, never this session
         assert serving is not None, "load() and set_threads() first"
         return self._run(serving, batch)
+
+    def run_all(self, batch: np.ndarray) -> list[np.ndarray]:
+        """Every output of a model fed by name: `batch` is the records of its inputs (or its one input)."""
+        serving = self._serving
+        assert serving is not None, "load() and set_threads() first"
+        feeds: dict[str | int, np.ndarray]
+        if len(self._input_names) > 1:
+            feeds = dict(zip(self._input_names, unpack_records(batch, self._input_layout), strict=True))
+        else:
+            feeds = {self._input_names[0] if self._input_names else 0: np.ascontiguousarray(batch)}
+        return self._run_named(serving, feeds, self._output_names)
 
     def _install(self, built: Any, threads: int) -> None:
         retired = [self._serving]
@@ -152,3 +177,10 @@ class SessionRuntime(Runtime):
 
     @abc.abstractmethod
     def _run(self, serving: Any, batch: np.ndarray) -> np.ndarray: ...
+
+    def _run_named(self, serving: Any, feeds: dict[str | int, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
+        """The outputs named `outputs`, in order, for the inputs `feeds` (by name, or 0 for a model's one input).
+        A runtime that feeds by position alone serves a model of one input and one output only."""
+        if len(feeds) != 1 or len(outputs) > 1:
+            raise ConfigError(f"runtime {self.name} serves models of one input and one output; use --runtime torch")
+        return [self._run(serving, next(iter(feeds.values())))]

@@ -47,3 +47,8 @@ class OnnxRuntime(SessionRuntime):
     def _run(self, serving: Any, batch: np.ndarray) -> np.ndarray:
         session, input_name, output_name = serving
         return session.run([output_name], {input_name: np.ascontiguousarray(batch)})[0]
+
+    def _run_named(self, serving: Any, feeds: dict[str | int, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
+        session, input_name, output_name = serving
+        named = {input_name if key == 0 else str(key): array for key, array in feeds.items()}
+        return list(session.run(outputs or [output_name], named))

@@ -65,6 +65,13 @@ class OpenVinoRuntime(SessionRuntime):
         # The output tensor is the request's own buffer, overwritten by the next batch: copy it out.
         return request.get_output_tensor(0).data.copy()
 
+    def _run_named(self, serving: Any, feeds: dict[str | int, np.ndarray], outputs: list[str]) -> list[np.ndarray]:
+        _, request = serving
+        request.infer({key: np.ascontiguousarray(array) for key, array in feeds.items()}, share_inputs=True)
+        if not outputs:
+            return [request.get_output_tensor(0).data.copy()]
+        return [request.get_tensor(name).data.copy() for name in outputs]  # copies: see _run
+
 
 def _openvino_core(usable_cpus: set[int]) -> Any:
     """An OpenVINO Core whose CPU plugin knows every usable core, not only the worker's current ones.

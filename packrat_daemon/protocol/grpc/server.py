@@ -132,10 +132,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             result = await self.plane.infer(
                 request.model_name, request.model_version, inputs, outputs, request.id, timeout_s, started
             )
-            array, encoding = result.array, time.perf_counter_ns()
+            encoding = time.perf_counter_ns()
             response = pb.ModelInferResponse(model_name=spec.name, model_version="1", id=request.id)
-            response.outputs.add(name=spec.output.name, datatype=spec.output.datatype, shape=array.shape)
-            response.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
+            for tensor, array in result.answered():  # every output asked for, in the model's order
+                response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=array.shape)
+                response.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
             self.plane.answered(result, encoding)
             return response
 

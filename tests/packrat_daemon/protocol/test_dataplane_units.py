@@ -194,8 +194,9 @@ def test_a_request_id_must_be_a_string() -> None:
     from packrat_daemon.protocol.dataplane import ModelSpec, TensorSpec
     from packrat_daemon.protocol.rest import _decode
 
-    spec = ModelSpec("m", "builtin:m", "torch", TensorSpec("input", "FP32", (2,)), TensorSpec("output", "FP32", (1,)),
-                     max_batch=4, max_message_bytes=1 << 16, instances=1)  # fmt: skip
+    spec = ModelSpec("m", "builtin:m", "torch", (TensorSpec("input", "FP32", (2,)),),
+                     (TensorSpec("output", "FP32", (1,)),), max_batch=4, max_message_bytes=1 << 16,
+                     instances=1)  # fmt: skip
     tensor = {"name": "input", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}
     assert _decode(json.dumps({"id": "r1", "inputs": [tensor]}).encode(), None, spec)[0] == "r1"
     with pytest.raises(OipError, match="'id' must be a string"):
