@@ -178,9 +178,13 @@ class Topology:
         if cpulist is None:
             return self
         try:
-            return self.restricted(parse_cpulist(cpulist))
+            cpus = parse_cpulist(cpulist)
         except ValueError as exc:
             raise TopologyError(f"--cpus {cpulist!r}: {exc}; give a cpulist like 0-7 or 0,2,4") from None
+        try:
+            return self.restricted(cpus)
+        except TopologyError as exc:
+            raise TopologyError(f"--cpus {cpulist}: {exc}") from None
 
     def describe(self) -> str:
         """One human line, e.g.
