@@ -132,7 +132,10 @@ def main() -> None:
             load_cmd = [sys.executable, "-m", "packrat_daemon", "load", "--endpoint", daemon.endpoint,
                         "--rate", str(args.rate), "--batches", args.batches, "--duration", str(seconds),
                         "--json", "--quiet", "--seed", "27"]  # fmt: skip
-            load = subprocess.Popen(load_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+            # SIGINT at its default in the load generator, which then reports what it has: a shell's background job
+            # (the soak, run with &) inherits SIGINT ignored, and an ignored SIGINT stopped nothing.
+            load = subprocess.Popen(load_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
             process = psutil.Process(daemon.process.pid)
             started = time.monotonic()
             report["samples"] = samples
@@ -163,7 +166,8 @@ def main() -> None:
             report["log_errors"] = [line for line in log if " ERROR " in line or "Traceback" in line][:50]
     load_report = report.get("load", {})
     errors = load_report.get("errors", {}) if isinstance(load_report, dict) else {}
-    report["errors_total"] = sum(errors.values()) if isinstance(errors, dict) else None
+    # None, not 0, when the load generator left no report: its errors are then unknown.
+    report["errors_total"] = sum(errors.values()) if isinstance(errors, dict) and "errors" in load_report else None
     after = args.settle_minutes * 60.0
     report["traffic_s_ran"] = samples[-1]["t_s"] if samples else 0.0
     report["daemon_rss_slope_mb_per_10min"] = slope_mb_per_10min(samples, "daemon_rss", after)
