@@ -161,7 +161,7 @@ class Coordinator:
                 link.endpoint, {"op": "demand"}, min(self.timeout_s, max(LOOK_TIMEOUT_S, self.interval_s))
             )
         except PackratError as exc:
-            if link.up or not link.answered:
+            if link.up or (not link.answered and link.error is None):  # once, when it goes (or is never) up
                 log.warning("%s is down (%s); its share %s stays reserved for it", link.name, exc,
                             format_cpulist(self.shares[link.name]))  # fmt: skip
             link.up, link.error = False, str(exc)
