@@ -15,6 +15,11 @@ to the daemon, `grpc` through tritonclient's gRPC client (raw tensors), `http` t
 client with the binary-data extension, `json` (only if asked) with JSON tensors. A path's figure is the
 median latency; each round's ratio and difference to `zmq` on the same daemon pair them, and the reported
 ratio and difference are the medians over rounds. JSON on stdout (`--out FILE` also writes it there).
+
+`--floor` (on by default) adds the `floor` variant: no Packrat in it, a child process answering tritonclient's
+gRPC `ModelInfer` from a bare grpc.aio server and a bare ZeroMQ ROUTER echoing, each with a reply of the model's
+output size. Its `grpc` minus `zmq` is what one gRPC hop costs over one ZeroMQ hop on this machine, whatever the
+gateway does: the least the gateway's figure can be.
 """
 
 from __future__ import annotations
@@ -100,7 +105,93 @@ class Served:
             self.process.kill()
 
 
-class Paths:
+# The floor variant's server: a bare grpc.aio ModelInfer and a bare ZeroMQ echo, replies of the output's size.
+FLOOR_LAUNCH = """
+import asyncio, sys, threading
+import grpc, zmq
+from packrat_daemon.protocol.grpc import inference_pb2 as pb, inference_pb2_grpc as pb_grpc
+endpoint, port, reply = sys.argv[1], int(sys.argv[2]), bytes(int(sys.argv[3]))
+def echo():
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.bind(endpoint)
+    while True:
+        identity, *_ = router.recv_multipart(copy=False)
+        router.send_multipart([identity, reply])
+threading.Thread(target=echo, daemon=True).start()
+class Answer(pb_grpc.GRPCInferenceServiceServicer):
+    async def ModelInfer(self, request, context):
+        response = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
+        output = response.outputs.add(name="output", datatype="FP32")
+        output.shape.extend([len(reply) // 4])
+        response.raw_output_contents.append(reply)
+        return response
+async def main():
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", -1)])
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(Answer(), server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    await server.wait_for_termination()
+asyncio.run(main())
+"""
+
+
+class Timed:
+    """A set of paths, each a function that sends one request and waits for its answer."""
+
+    send: dict[str, Any]
+
+    def timed(self, path: str, requests: int) -> list[float]:
+        send, latencies = self.send[path], []
+        for _ in range(requests):
+            started = time.perf_counter()
+            send()
+            latencies.append((time.perf_counter() - started) * 1000.0)
+        return latencies
+
+
+class Floor(Timed):
+    """The floor variant's child process and its two bare clients (a ZeroMQ DEALER and tritonclient's gRPC)."""
+
+    variant = "floor"
+
+    def __init__(self, folder: Path, reply_bytes: int, batch: np.ndarray) -> None:
+        import tritonclient.grpc as grpcclient
+        import zmq
+
+        endpoint, port = f"ipc://{folder}/floor.ipc", free_port()
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", FLOOR_LAUNCH, endpoint, str(port), str(reply_bytes)], cwd=REPO
+        )
+        self.dealer = zmq.Context.instance().socket(zmq.DEALER)
+        self.dealer.connect(endpoint)
+        self.grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+        grpc_input = grpcclient.InferInput("input", list(batch.shape), "FP32")
+        grpc_input.set_data_from_numpy(batch)
+        payload = batch.tobytes()
+
+        def zmq_round_trip() -> None:
+            self.dealer.send_multipart([b"{}", payload], copy=False)
+            self.dealer.recv_multipart(copy=False)
+
+        self.send = {"zmq": zmq_round_trip, "grpc": lambda: self.grpc.infer("floor", [grpc_input])}
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self.send["grpc"]()
+                break
+            except Exception:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise
+                time.sleep(0.2)
+
+    def close(self) -> None:
+        self.grpc.close()
+        self.dealer.close(linger=0)
+        self.process.kill()
+        self.process.wait()
+
+
+class Paths(Timed):
     """The clients of one daemon, one per path, each a function that sends a batch and waits for the result."""
 
     def __init__(self, served: Served, batch: np.ndarray) -> None:
@@ -127,14 +218,6 @@ class Paths:
             "http": lambda: self.http.infer(name, [binary_input], outputs=binary_output).as_numpy("output"),
             "json": lambda: self.http.infer(name, [json_input], outputs=json_output).as_numpy("output"),
         }
-
-    def timed(self, path: str, requests: int) -> list[float]:
-        send, latencies = self.send[path], []
-        for _ in range(requests):
-            started = time.perf_counter()
-            send()
-            latencies.append((time.perf_counter() - started) * 1000.0)
-        return latencies
 
     def close(self) -> None:
         self.zmq.close()
@@ -168,6 +251,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="requests per path before the rounds")
     parser.add_argument("--variants", default="process,thread")
     parser.add_argument("--paths", default="zmq,grpc,http", help="of zmq, grpc, http, json")
+    parser.add_argument(
+        "--floor", action=argparse.BooleanOptionalAction, default=True,
+        help="also time a bare gRPC server and a bare ZeroMQ echo (no Packrat): one gRPC hop's cost here",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, help="also write the JSON report here")
     args = parser.parse_args()
     variants, paths = args.variants.split(","), args.paths.split(",")
@@ -189,15 +276,23 @@ def main() -> None:
             with Client(daemons[0].endpoint, timeout=30) as probe:
                 info = probe.info()
             batch = np.random.default_rng(0).standard_normal((args.batch, *info["input"]["shape"])).astype(np.float32)
-            clients = {served.variant: Paths(served, batch) for served in daemons}
-            for client in clients.values():
-                for path in paths:
+            clients: dict[str, Any] = {served.variant: Paths(served, batch) for served in daemons}
+            visits = {variant: paths for variant in variants}
+            if args.floor:
+                with Client(daemons[0].endpoint, timeout=120) as probe:
+                    reply_bytes = probe.infer(batch).nbytes
+                clients["floor"] = Floor(Path(folder), reply_bytes, batch)
+                visits["floor"] = [path for path in ("zmq", "grpc") if path in paths or path == "zmq"]
+            for variant, client in clients.items():
+                for path in visits[variant]:
                     client.timed(path, args.warmup)
-            latencies = {variant: {path: [] for path in paths} for variant in variants}
-            per_round: dict[str, list[dict[str, float]]] = {variant: [] for variant in variants}
+            everyone = list(visits)
+            latencies = {variant: {path: [] for path in visits[variant]} for variant in everyone}
+            per_round: dict[str, list[dict[str, float]]] = {variant: [] for variant in everyone}
             for index in range(args.rounds):
-                order = paths[index % len(paths) :] + paths[: index % len(paths)]  # rotate who goes first
-                for variant in variants[index % len(variants) :] + variants[: index % len(variants)]:
+                for variant in everyone[index % len(everyone) :] + everyone[: index % len(everyone)]:
+                    mine = visits[variant]
+                    order = mine[index % len(mine) :] + mine[: index % len(mine)]  # rotate who goes first
                     medians = {}
                     for path in order:
                         measured = clients[variant].timed(path, args.requests)
@@ -220,6 +315,8 @@ def main() -> None:
         "load_average_1m": round(os.getloadavg()[0], 2),
         "variants": {variant: summary(latencies[variant], per_round[variant], paths) for variant in variants},
     }
+    if args.floor:
+        report["floor"] = summary(latencies["floor"], per_round["floor"], visits["floor"])
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
