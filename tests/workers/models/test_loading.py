@@ -250,3 +250,24 @@ def test_spec_of_no_known_kind_lists_the_kinds() -> None:
 def test_bad_input_override_is_a_spec_error() -> None:
     with pytest.raises(ModelSpecError, match="cannot read input 'float32:16xq'"):
         load_model("builtin:tiny-mlp", "float32:16xq")
+
+
+@pytest.mark.slow
+def test_bert_base_masked_takes_its_three_inputs_by_name() -> None:
+    from packrat_daemon.wire.codec import pack_records
+
+    loaded = load_model("builtin:bert-base-masked")
+    names = [t.name for t in loaded.input.inputs]
+    assert names == ["input_ids", "attention_mask", "token_type_ids"] and loaded.input.records
+    ids = torch.randint(0, 30522, (2, 128))
+    mask = torch.ones(2, 128, dtype=torch.int64)
+    mask[1, 64:] = 0  # the second sentence is padded
+    segments = torch.zeros(2, 128, dtype=torch.int64)
+    records = torch.from_numpy(pack_records([ids.numpy(), mask.numpy(), segments.numpy()]))
+    with torch.inference_mode():
+        got = loaded.module(records)
+        bert = loaded.module.model.model  # type: ignore[union-attr]  # Served → _Pooled → BertModel
+        expected = bert(input_ids=ids, attention_mask=mask, token_type_ids=segments).pooler_output
+        unmasked = bert(input_ids=ids).pooler_output
+    torch.testing.assert_close(got, expected)
+    assert not torch.allclose(got[1], unmasked[1], atol=1e-4)  # the mask reached the model
