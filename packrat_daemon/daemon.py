@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import zmq
 
@@ -35,6 +35,7 @@ from policies.base import Plan, Policy
 from policies.planning.cores import CoreAllocator
 
 if TYPE_CHECKING:
+    from packrat_daemon.fleet.backend import Backend
     from packrat_daemon.fleet.reconciler import Reconfiguration
 
 log = logging.getLogger("packrat.daemon")
@@ -96,18 +97,22 @@ class Daemon:
     # -- main loop ---------------------------------------------------------------------------
     def run(self) -> None:
         """Poll; act on signals; read requests; pump the workers' messages; tick; return once drained."""
-        frontend, backend, wake = self.frontend.socket, self.backend.socket, self.signals.wake_r.fileno()
+        frontend, wake = self.frontend.socket, self.signals.wake_r.fileno()
         events = self.signals.events
         # zmq_poll itself, not zmq.Poller: the loop wakes twice per request and Poller.poll adds a layer.
         control = self.control.socket  # `packrat reconfigure`: its requests are queued, acted on in the tick
         own = self.metrics.own_times  # where the loop's time goes, phase by phase (docs/metrics.md)
-        items = [(frontend, zmq.POLLIN), (backend, zmq.POLLIN), (wake, zmq.POLLIN), (control, zmq.POLLIN)]
-        template = self.backend.template_fd  # readable once the template exited: TemplateLost stops us via close()
-        items += [(template, zmq.POLLIN)] if template is not None else []
+        pool, polled = self.reconciler.pool, cast("tuple[Backend, ...]", ())
         while True:
+            if pool.backends != polled:  # a change of runtime added a template, or an older one was closed
+                polled = pool.backends
+                sockets = {b.socket for b in polled}  # each template's workers answer on its own socket
+                templates = {b.template_fd for b in polled} - {None}  # readable once one exited: TemplateLost
+                items = [(frontend, zmq.POLLIN), (wake, zmq.POLLIN), (control, zmq.POLLIN)]
+                items += [(item, zmq.POLLIN) for item in (*sockets, *templates)]
             ready = {item for item, _ in zmq.zmq_poll(items, self._poll_timeout_ms())}
-            if template in ready:
-                self.backend.check_template()
+            if templates & ready:
+                pool.check_template()
             if wake in ready:
                 self.signals.wake_r.recv(4096)
             while events:
@@ -117,9 +122,9 @@ class Daemon:
                 started = time.perf_counter()
                 messages = self.frontend.read()
                 own.add("read", time.perf_counter() - started, messages)
-            if backend in ready:
+            if sockets & ready:
                 started, busy = time.perf_counter(), self.dispatcher.busy
-                self.supervisor.pump(0, waiting=True)
+                self.supervisor.pump(0, waiting=polled[0].socket in ready)
                 own.add("answer" if busy and not self.dispatcher.busy else "workers", time.perf_counter() - started)
             if control in ready:
                 self.control.read()
@@ -296,8 +301,8 @@ class Daemon:
         if learned is not None and self.profiles.save(learned):
             log.info("profile with production timings saved to %s (%d cells)", self.profiles.path, len(learned))
         self.state.save(self, "stop")
-        # The template stops its children in order (SIGTERM, then SIGKILL after a grace period).
-        self.backend.close()
+        # Each template stops its children in order (SIGTERM, then SIGKILL after a grace period).
+        self.reconciler.pool.close()
 
 
 def serve(config: ServeConfig, reload_config: Callable[[], ServeConfig] | None = None) -> int:

@@ -4,6 +4,11 @@ The pool only records state and sends the verbs; deciding *what* the pool should
 reconciler's job, and only the reconciler calls `spawn` and `retire`. It tells a worker that failed
 before it was ready (a boot failure, counted until a worker is ready again) from one lost after.
 
+Each worker carries the backend (template and socket) it was forked from: a change of runtime or precision
+forks the new generation from another template (`switch_backend`) while the old one's workers still serve,
+and every message to a worker goes through its own backend. An older template is closed once the last of
+its workers has exited (`close_drained`).
+
 It also moves the tensors of every job (`run`, and the results in `handle`): big ones through shared
 memory (workers.arena), small ones as ZeroMQ frames. It is the one place that knows which jobs a
 worker has outstanding, which is what decides when an arena may be written.
@@ -58,6 +63,7 @@ class WorkerHandle:
     served: int = 0  # slices answered, for `packrat status`
     parked_since: float | None = None  # time.monotonic() the reconciler parked it (no batches until taken back)
     shared: SharedArenas | None = None  # None: this worker's tensors travel as frames
+    backend: Backend | None = None  # the template it was forked from, and the socket that reaches it
 
     @property
     def target(self) -> tuple[int, tuple[int, ...]]:
@@ -92,7 +98,8 @@ class PoolEvent:
 
 class Pool:
     def __init__(self, backend: Backend, warmup: tuple[int, ...] = (1,), shared_memory: bool = True) -> None:
-        self.backend = backend
+        self.backend = backend  # the template new workers fork from
+        self.retiring: list[Backend] = []  # older templates, closed once the last of their workers has exited
         self.warmup = warmup
         self.shared_memory = shared_memory  # False: every tensor as frames (the bench's old path)
         self.workers: dict[int, WorkerHandle] = {}
@@ -103,7 +110,7 @@ class Pool:
         self.exits = ExitCauses()  # words each exit: a SIGKILL from the OOM killer told apart
 
     def spawn(self, threads: int, cores: tuple[int, ...], generation: int) -> WorkerHandle:
-        worker = WorkerHandle(next(_worker_ids), threads, cores, generation)
+        worker = WorkerHandle(next(_worker_ids), threads, cores, generation, backend=self.backend)
         self.workers[worker.id] = worker
         self._by_identity_bytes[worker.identity] = worker
         header = {"worker": worker.id, "threads": threads, "cores": list(cores), "warmup": list(self.warmup)}
@@ -114,14 +121,14 @@ class Pool:
     def reconfigure(self, worker: WorkerHandle, threads: int, cores: tuple[int, ...], generation: int) -> None:
         """Re-thread and re-pin a live worker in place: no fork, no model reload, no downtime."""
         worker.pending = (threads, cores, generation)
-        if not self.backend.send(worker.identity, messages.CONFIGURE, {"threads": threads, "cores": list(cores)}):
+        if not self.via(worker).send(worker.identity, messages.CONFIGURE, {"threads": threads, "cores": list(cores)}):
             self.kill(worker)
 
     def retire(self, worker: WorkerHandle) -> None:
         if worker.state in (WorkerState.STOPPING, WorkerState.DEAD):
             return
         worker.state = WorkerState.STOPPING
-        if not self.backend.send(worker.identity, messages.STOP, {}):
+        if not self.via(worker).send(worker.identity, messages.STOP, {}):
             self.kill(worker)
 
     def kill(self, worker: WorkerHandle) -> None:
@@ -154,12 +161,46 @@ class Pool:
             location, offset = placed
             header = {**header, "pid": location.pid, "fd": location.fd, "serial": location.serial,
                       "size": location.size, "offset": offset}  # fmt: skip
-            sent = self.backend.send(worker.identity, messages.RUN_SHARED, header)
+            sent = self.via(worker).send(worker.identity, messages.RUN_SHARED, header)
         else:
-            sent = self.backend.send(worker.identity, messages.RUN, header, frames, nbytes)
+            sent = self.via(worker).send(worker.identity, messages.RUN, header, frames, nbytes)
         if sent:
             worker.outstanding += 1
         return sent
+
+    def via(self, worker: WorkerHandle) -> Backend:
+        """The backend that reaches `worker`: the one it was forked from."""
+        return worker.backend or self.backend
+
+    @property
+    def backends(self) -> tuple[Backend, ...]:
+        """Every template this pool holds, the one new workers fork from first (each socket is polled)."""
+        return (self.backend, *self.retiring)
+
+    def switch_backend(self, backend: Backend) -> None:
+        """Fork new workers from `backend` from now on (another runtime or precision); the current template
+        keeps its workers until they are retired, and is closed once the last has exited."""
+        if backend is self.backend:
+            return
+        if backend in self.retiring:  # switched back before the old template drained: it serves again
+            self.retiring.remove(backend)
+        self.retiring.append(self.backend)
+        self.backend = backend
+
+    def close_drained(self) -> list[Backend]:
+        """Close each older template none of whose workers is left (every one has exited); returns those closed."""
+        held = {id(self.via(worker)) for worker in self.workers.values()}
+        closed = [backend for backend in self.retiring if id(backend) not in held]
+        for backend in closed:
+            self.retiring.remove(backend)
+            backend.close()
+        return closed
+
+    def close(self) -> None:
+        """Stop every template this pool holds (each stops its workers)."""
+        for backend in self.backends:
+            backend.close()
+        self.retiring = []
 
     def live(self) -> list[WorkerHandle]:
         return [w for w in self.workers.values() if w.state in (WorkerState.STARTING, WorkerState.READY)]
@@ -199,7 +240,7 @@ class Pool:
                 self.boot_failures = 0
                 return PoolEvent("ready", worker, header, payload)
             if worker.state is WorkerState.STOPPING:
-                self.backend.send(worker.identity, messages.STOP, {})
+                self.via(worker).send(worker.identity, messages.STOP, {})
             return None
         if kind == messages.CONFIGURED and worker.pending is not None:
             worker.threads, worker.cores, worker.generation = worker.pending
@@ -285,6 +326,7 @@ class Pool:
         return template is not None and template.poll() is None
 
     def check_template(self) -> None:
-        """TemplateLost once the template this pool forks from has exited (none started yet: nothing to check)."""
-        if self.backend.template is not None:
-            self.backend.check_template()
+        """TemplateLost once a template this pool holds has exited (none started yet: nothing to check)."""
+        for backend in self.backends:
+            if backend.template is not None:
+                backend.check_template()

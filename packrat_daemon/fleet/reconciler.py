@@ -10,7 +10,12 @@ describe the target, converge to it). Each plan is a new generation of slots (th
      stopped: idle, pinned as they were, for PARK_S, so that a later plan with their slot (switching back
      and forth between two plans, by hand or by adaptation) takes them at once instead of forking and
      warming up a worker again. A parked worker that is not taken is stopped after PARK_S.
-Every ready worker takes batches meanwhile, so no request ever finds the pool empty. Workers that
+Every ready worker takes batches meanwhile, so no request ever finds the pool empty.
+
+A plan may come with another template (`set_plan(plan, backend=…)`: a change of runtime or precision). Its
+generation is then forked from the new template, every slot afresh (a worker cannot change its runtime in
+place); the old template's workers serve until every new slot serves, are then stopped (never parked: no
+later plan of the new template could take them), and the old template is closed once the last has exited. Workers that
 die after they were ready are replaced at once, within the current generation.
 
 Workers that die before they were ready (boot failures) are re-forked one at a time after a growing
@@ -32,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from packrat_daemon.fleet.backend import Backend
 from packrat_daemon.fleet.pool import Pool, WorkerHandle, WorkerState
 from packrat_daemon.ops.notify import sd_notify, status
 from packrat_daemon.wire.errors import WorkerBootError
@@ -129,9 +135,18 @@ class Reconciler:
         self.on_measured = on_measured
         self._changed: set[int] = set()  # workers re-threaded, forked or unparked for the current generation
 
-    def set_plan(self, plan: Plan, reason: str = "start", predicted_ms: tuple[float, float] | None = None) -> None:
+    def set_plan(
+        self,
+        plan: Plan,
+        reason: str = "start",
+        predicted_ms: tuple[float, float] | None = None,
+        backend: Backend | None = None,
+    ) -> None:
         """Converge to `plan` from now on; `reason` and `predicted_ms` (expected latency of the old and the
-        new plan) go into the history."""
+        new plan) go into the history. `backend`: the template to fork this generation from (another runtime or
+        precision), when it is not the one the pool forks from now."""
+        if backend is not None:
+            self.pool.switch_backend(backend)
         if self.history and not self.history[-1].done:
             self.history[-1].superseded = True
         self.history.append(
@@ -181,6 +196,8 @@ class Reconciler:
                     old = True  # still switching for an older plan: retired once it has
             if record is not None and not record.done:
                 self._measured(record, old)
+        for closed in self.pool.close_drained():  # an older runtime's template, its last worker gone
+            log.info("the template at %s is closed: none of its workers is left", closed.endpoint)
 
     def replace(self, worker: WorkerHandle) -> None:
         """A hung or overdue worker: kill it; a later step forks its replacement into the same slot."""
@@ -227,6 +244,8 @@ class Reconciler:
         now = time.monotonic()
         # Cores a coordinator moved to another model (the allocator's topology lost them) are not ours to idle on.
         outside = not set(worker.cores) <= set(self.allocator.topology.cpu_ids)
+        # A worker of an older template (another runtime or precision) can serve no later plan: stopped too.
+        outside = outside or self.pool.via(worker) is not self.pool.backend
         if worker.parked_since is not None:
             if outside or now - worker.parked_since > PARK_S:
                 worker.parked_since = None
@@ -273,6 +292,8 @@ class Reconciler:
         leftovers: list[WorkerHandle] = []
         # Serving workers first: a parked worker is taken only for a slot no serving worker already has.
         for worker in sorted(self.pool.live(), key=lambda w: (w.parked_since is not None, w.id)):
+            if self.pool.via(worker) is not self.pool.backend:
+                continue  # another runtime's worker: it serves until this generation does, then is stopped
             if worker.pending is None and free[(worker.threads, worker.cores)] > 0:
                 free[(worker.threads, worker.cores)] -= 1
                 worker.generation = self.generation

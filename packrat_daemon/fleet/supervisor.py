@@ -84,7 +84,6 @@ class Supervisor:
         queued: Callable[[], int],
     ) -> None:
         self.pool = reconciler.pool
-        self.backend = reconciler.pool.backend
         self.reconciler = reconciler
         self.dispatcher = dispatcher
         self.metrics = metrics
@@ -99,16 +98,21 @@ class Supervisor:
         self._cpu_at_look: dict[int, float] = {}  # job id -> its worker's CPU seconds when last found overdue
 
     def pump(self, timeout_ms: int, waiting: bool = False) -> None:
-        """Handle what the workers and template sent; `waiting`: a poll has just reported a message."""
-        received = self.backend.recv_waiting() if waiting else self.backend.recv(timeout_ms)
-        reads = 0
-        while received is not None and reads < MAX_READS_PER_WAKE:
-            event = self.pool.handle(*received)
-            if event is not None:
-                self._on_event(event)
-                self.changed = self.changed or event.kind != "result"
-            reads += 1
-            received = self.backend.recv(0)
+        """Handle what the workers and templates sent; `waiting`: a poll has just reported a message. Every
+        template's socket is read (while a change of runtime is under way, the older one's workers still answer);
+        only the one new workers fork from is waited on."""
+        current, *older = self.pool.backends
+        first = current.recv_waiting() if waiting else current.recv(timeout_ms)
+        for backend in (current, *older):
+            received = first if backend is current else backend.recv(0)
+            reads = 0
+            while received is not None and reads < MAX_READS_PER_WAKE:
+                event = self.pool.handle(*received)
+                if event is not None:
+                    self._on_event(event)
+                    self.changed = self.changed or event.kind != "result"
+                reads += 1
+                received = backend.recv(0)
         if time.monotonic() >= self._next_template_check:
             self._next_template_check = time.monotonic() + RECONCILE_INTERVAL_S
             self.pool.check_template()  # TemplateLost (fleet.backend), saying how the template ended

@@ -30,10 +30,15 @@ class RecordingBackend:
     def __init__(self) -> None:
         self.sent: list[tuple[bytes, bytes, dict[str, Any]]] = []
         self.template = None
+        self.closed = False
+        self.endpoint = "ipc://recording"
 
     def send(self, identity: bytes, kind: bytes, header: dict[str, Any], payload: Any = ()) -> bool:
         self.sent.append((identity, kind, header))
         return True
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def ready(pool: Pool, worker: WorkerHandle) -> PoolEvent | None:

@@ -249,3 +249,38 @@ def test_a_parked_worker_is_stopped_once_its_cpu_is_given_away(clock: Clock) -> 
     reconciler.set_plan(Plan((InstancePlan(1, 1),), "fixed", "the same instance, on its share"))
     reconciler.step()
     assert parked.state is WorkerState.STOPPING and reconciler.parked == {}
+
+
+def test_a_plan_on_another_template_forks_every_slot_there_and_stops_the_old_workers_once_it_serves(
+    clock: Clock,
+) -> None:
+    reconciler, old = two_slot_reconciler()
+    reconciler.step()
+    for worker in starting(reconciler):
+        ready(reconciler.pool, worker)
+    reconciler.step()
+    first = reconciler.serving()
+
+    new = RecordingBackend()  # another runtime's template
+    reconciler.set_plan(Plan((InstancePlan(1, 1), InstancePlan(1, 1)), "fixed", "the same slots"), "runtime",
+                        backend=new)  # fmt: skip
+    reconciler.step()
+    assert spawned(new) == 2 and not any(w.pending for w in first)  # same slots, yet forked afresh: no re-thread
+    assert reconciler.serving() == first  # the old runtime serves until the new one does
+    assert not any(kind == messages.STOP for _, kind, _ in old.sent)
+    assert reconciler.pool.backends == (new, old)
+
+    for worker in starting(reconciler):
+        ready(reconciler.pool, worker)
+    reconciler.step()
+    assert {w.id for w in reconciler.serving()} == {w.id for w in reconciler.pool.live() if w.backend is new}
+    assert reconciler.parked == {}  # an older runtime's worker is never parked: no later plan can take it
+    assert sorted(identity for identity, kind, _ in old.sent if kind == messages.STOP) == sorted(
+        w.identity for w in first
+    )
+    # Every message to a worker goes through its own template's socket, and the old one closes once they exited.
+    assert not old.closed
+    for worker in first:
+        exited(reconciler.pool, worker, 0)
+    reconciler.step()
+    assert old.closed and reconciler.pool.backends == (new,) and not new.closed
