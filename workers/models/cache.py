@@ -137,6 +137,11 @@ def ensure_quantized(spec: str, input_override: str | None, calibration: str | N
     if not installed("nncf"):
         raise ConfigError("int8 needs NNCF to quantize the model: pip install -e '.[openvino]' (or pip install nncf)")
     source = ensure_converted(spec, input_override, "openvino")
+    if source.input.records:  # NNCF would be fed their records as one tensor: refused, not guessed at
+        names = ", ".join(tensor.name for tensor in source.input.inputs)
+        raise ConfigError(
+            f"int8 quantizes models of one input; {spec} takes several ({names}): serve --precision fp32 or bf16"
+        )
     inputs, origin = calibration_inputs(source.input, calibration)
     parts = {
         "format": CACHE_FORMAT,
