@@ -33,3 +33,24 @@ def _no_state_in_the_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 def _own_state_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test its own $XDG_STATE_HOME: no test's daemon serves what an earlier test's learned."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state-home")))
+
+
+@pytest.fixture(scope="session")
+def shared_conversion_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One $PACKRAT_CACHE_DIR for the session's tests that need a model converted without testing the
+    conversion or the cache itself: a built-in one module converts is a cache hit in the next. A test of
+    converting or caching keeps a fresh folder of its own."""
+    return tmp_path_factory.mktemp("shared-packrat-cache")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_conversions_in_the_home(shared_conversion_cache: Path) -> Iterator[None]:
+    """Conversions (and their daemons, which inherit it) go to the session's shared cache, never the real
+    ~/.cache/packrat: each model is converted once per run, and no run serves what an earlier one left."""
+    saved = os.environ.get("PACKRAT_CACHE_DIR")
+    os.environ["PACKRAT_CACHE_DIR"] = str(shared_conversion_cache)
+    yield
+    if saved is None:
+        os.environ.pop("PACKRAT_CACHE_DIR", None)
+    else:
+        os.environ["PACKRAT_CACHE_DIR"] = saved

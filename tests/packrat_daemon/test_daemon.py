@@ -251,7 +251,10 @@ def test_bad_reload_keeps_serving_the_current_plan(tmp_path: Path) -> None:
     with running_daemon(tmp_path, "--config", str(config)) as (endpoint, process):
         config.write_text('policy = "fixed"\nplan = "9x9"\nmax_batch = 4\nmodel = "builtin:tiny-mlp"\n')
         process.send_signal(signal.SIGHUP)
-        time.sleep(1.0)
+        deadline = time.monotonic() + 30  # until the reload has been tried, not a fixed second
+        while "reload failed" not in (tmp_path / "daemon.log").read_text():
+            assert time.monotonic() < deadline, "the bad reload was not reported"
+            time.sleep(0.05)
         with Client(endpoint, timeout=30) as client:
             assert [w["threads"] for w in client.info()["workers"]] == [2]
             x = np.ones((2, 16), dtype=np.float32)

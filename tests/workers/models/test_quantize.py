@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import sys
 from pathlib import Path
 
@@ -33,12 +34,22 @@ def test_int8_units() -> None:
     assert cpu_units("int8", frozenset({"avx2"})) == []
 
 
+def seed_with_the_fp32_conversion(shared: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point $PACKRAT_CACHE_DIR at `cache`, a fresh folder holding only a copy of builtin:tiny-mlp's OpenVINO fp32
+    conversion (int8's source), made once per session in the `shared` cache (test_session_runtimes uses it too):
+    what is tested here is quantizing and its own cache entries, and this cache starts with none of them."""
+    monkeypatch.setenv("PACKRAT_CACHE_DIR", str(shared))
+    source = conversion.ensure_converted("builtin:tiny-mlp", None, "openvino")
+    shutil.copytree(source.path.parent, cache / source.path.parent.name)
+    monkeypatch.setenv("PACKRAT_CACHE_DIR", str(cache))
+
+
 @NEEDS_NNCF
 @pytest.mark.slow
 def test_int8_is_quantized_once_per_calibration_and_stays_close_to_fp32(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared_conversion_cache: Path
 ) -> None:
-    monkeypatch.setenv("PACKRAT_CACHE_DIR", str(tmp_path / "cache"))
+    seed_with_the_fp32_conversion(shared_conversion_cache, tmp_path / "cache", monkeypatch)
     mine = tmp_path / "mine.npy"
     np.save(mine, np.random.default_rng(3).standard_normal((12, 16), dtype=np.float32))
     inputs = np.random.default_rng(4).standard_normal((6, 16), dtype=np.float32)

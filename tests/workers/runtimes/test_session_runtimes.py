@@ -4,11 +4,13 @@ conversion cache, re-threading by a session prepared beside the serving one, and
 Tolerance: elementwise rtol 1e-4, atol 1e-5 against PyTorch's output (float32 everywhere; OpenVINO is
 told to infer in f32, since it would pick bfloat16 on CPUs with AVX512_BF16). The converter itself
 refuses a conversion whose error exceeds 1e-5 + 1e-4 * max|output|. Each package's tests are skipped
-when it is not installed; conversions are made once per test session, in a private cache folder.
+when it is not installed; conversions are made once per test session, in the session's shared cache folder
+(`shared_conversion_cache`: a built-in converted by an earlier module is a hit here).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -22,7 +24,7 @@ import torch
 
 from packrat_daemon.wire.errors import ConfigError
 from workers.models import cache as conversion
-from workers.models.loading import load_model
+from workers.models.loading import LoadedModel, load_model
 from workers.models.spec import InputSpec, sample_input
 from workers.runtimes import make_runtime
 from workers.runtimes.base import SessionRuntime
@@ -33,8 +35,8 @@ BATCHES = (1, 2, 5, 16)  # the export's example batch is 2: the others prove the
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    folder = tmp_path_factory.mktemp("packrat-cache")
+def cache(shared_conversion_cache: Path) -> Iterator[Path]:
+    folder = shared_conversion_cache
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PACKRAT_CACHE_DIR", str(folder))  # the converter subprocesses inherit it
         yield folder
@@ -42,10 +44,11 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A 2-layer BERT saved with torch.export (a .pt2 file spec with a dynamic batch), for the attention ops."""
+    """A 1-layer BERT saved with torch.export (a .pt2 file spec with a dynamic batch), for the attention ops
+    (embeddings, one encoder layer, the pooler: as small as still takes BERT's path, so it converts quickly)."""
     transformers = pytest.importorskip("transformers")
     config = transformers.BertConfig(
-        vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+        vocab_size=120, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
     )
     torch.manual_seed(0)
     model = transformers.BertModel(config).eval()
@@ -58,7 +61,7 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> str:
         def forward(self, ids: torch.Tensor) -> torch.Tensor:
             return self.bert(ids).pooler_output
 
-    example = torch.randint(0, 100, (2, 12))
+    example = torch.randint(0, 100, (2, 8))
     batch = torch.export.Dim("batch", min=1)
     program = torch.export.export(Pooled().eval(), (example,), dynamic_shapes=({0: batch},))
     path = tmp_path_factory.mktemp("models") / "tiny-bert.pt2"
@@ -80,8 +83,14 @@ def loaded(name: str, spec: str) -> SessionRuntime:
     return _loaded[name, spec]
 
 
+@functools.cache
+def reference(spec: str) -> LoadedModel:
+    """PyTorch's model of `spec`, loaded once per session (a .pt2 file takes a while to load)."""
+    return load_model(spec)
+
+
 def torch_output(spec: str, batch: np.ndarray) -> np.ndarray:
-    model = load_model(spec)
+    model = reference(spec)
     with torch.inference_mode():
         return model.module(torch.from_numpy(batch)).numpy()
 
