@@ -110,12 +110,17 @@ class Arena:
         self.location = Location(os.getpid(), fd, next(_serials), size)
 
     def close(self) -> None:
-        if self._map is not None:
-            self._map.close()  # never exported (see write), so this cannot raise BufferError
-            self._map = None
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        try:
+            if self._map is not None:
+                # An inbox slab's is exported: a view still alive (a frame still being sent) raises BufferError,
+                # and the mapping then goes with the last view. The memfd is closed all the same, or it would
+                # stay open, and its pages held, for good.
+                self._map.close()
+                self._map = None
+        finally:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
 
 class PeerArena:
@@ -184,8 +189,10 @@ class _Slab:
             np.frombuffer(self.view, dtype=np.uint8)[:: mmap.PAGESIZE] = 0
 
     def close(self) -> None:
-        self.view.release()
-        self.arena.close()
+        try:
+            self.view.release()
+        finally:
+            self.arena.close()  # its memfd is closed even when a view of it still lives
 
 
 def _slab_size(nbytes: int) -> int:
