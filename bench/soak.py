@@ -54,7 +54,9 @@ def slope_mb_per_10min(samples: list[dict[str, Any]], key: str, after_s: float) 
 def sample(daemon: psutil.Process, started: float, last_cpu: dict[int, float], last_t: list[float]) -> dict:
     """One reading: the daemon's RSS, each child's, and the workers' CPU share of the machine since the last."""
     now = time.monotonic()
-    reading: dict[str, Any] = {"t_s": round(now - started, 1), "daemon_rss": daemon.memory_info().rss}
+    # Descriptors too: an inbox memfd left open holds its pages although nothing maps it, which RSS does not show.
+    reading: dict[str, Any] = {"t_s": round(now - started, 1), "daemon_rss": daemon.memory_info().rss,
+                               "daemon_fds": daemon.num_fds()}  # fmt: skip
     children: dict[str, int] = {}
     cpu_now: dict[int, float] = {}
     for child in daemon.children(recursive=True):
