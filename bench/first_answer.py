@@ -128,7 +128,7 @@ def one_start(args: argparse.Namespace, folder: Path, name: str, env: dict[str, 
                 }
                 if not served or (row["served"], row["measuring"]) != (served[-1]["served"], served[-1]["measuring"]):
                     served.append(row)
-                if best_s is None and not measuring and choice.get("served"):
+                if best_s is None and not measuring and not choice.get("switching") and choice.get("served"):
                     best_s = row["at_s"]
                 time.sleep(args.status_every_s)
     finally:

@@ -122,6 +122,17 @@ SETTINGS: tuple[Setting, ...] = sectioned(
         reload="restart",
     ),
     Setting(
+        "first_answer",
+        TEXT,
+        "auto",
+        "auto: with several runtime candidates to measure, the first one (fp32, no conversion) answers at once on "
+        "a plan that needs no profile while every candidate is measured in the background at a lower priority, "
+        "and the daemon switches, with no failed request, to the one measured fastest (docs/precision.md); off: "
+        "measure every candidate before answering; torch, onnxruntime or openvino: that runtime at fp32 answers "
+        "first, whether or not it is a candidate",
+        reload="restart",
+    ),
+    Setting(
         "max_rel_error",
         number("a number above 0, e.g. 0.05", lambda value: value > 0),
         DEFAULT_MAX_REL_ERROR,

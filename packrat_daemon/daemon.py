@@ -35,7 +35,7 @@ from policies.base import Plan, Policy
 from policies.planning.cores import CoreAllocator
 
 if TYPE_CHECKING:
-    from packrat_daemon.fleet.backend import Backend
+    from packrat_daemon.fleet.backend import Backend, ModelInfo
     from packrat_daemon.fleet.reconciler import Reconfiguration
 
 log = logging.getLogger("packrat.daemon")
@@ -70,6 +70,8 @@ class Daemon:
         (self.reconciler, self.dispatcher, self.batcher, self.frontend, self.adaptation, self.state,
          self.supervisor) = assemble(config, started, context, metrics, status=self.status)  # fmt: skip
         self.drain_deadline: float | None = None  # set by the first stop signal
+        self.measuring = started.measuring  # the candidates measured in the background (startup.Measuring)
+        self.next_info: ModelInfo | None = None  # the runtime switched to, said in `info` once it alone serves
         self.watchdog = Watchdog.from_environment(config.startup_timeout_s)  # systemd's WatchdogSec=, if set
         self.control = Control(self, context, control_endpoint(config.control, config.run_dir or self.backend.run_dir))
         periodic = (
@@ -77,6 +79,7 @@ class Daemon:
             lambda _now: self.control.tick(),  # `packrat reconfigure`: the requests the loop read
             lambda now: self.state.tick(self, now),
             lambda _now: self.frontend.forget_departed(),  # clients gone: their queued requests dropped
+            self._measured,  # the background measurement's outcome: a switch of runtime, precision or plan
         )
         self.core = LoopCore(self.batcher, self.supervisor, self.adaptation, self.frontend.reply_error, self.switch,
                              lambda: (self.plan, self.profile), periodic, metrics.batch_started)  # fmt: skip
@@ -93,6 +96,8 @@ class Daemon:
         self.frontend.open()
         log.info("serving on %s with %d worker(s)", self.config.endpoint, len(self.reconciler.serving()))
         sd_notify(READY)
+        if self.measuring is not None:  # only now: the first answer's workers warmed up on an unloaded machine
+            self.measuring.start()
 
     # -- main loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -166,11 +171,13 @@ class Daemon:
         return min(250, max(0, math.ceil((due - time.monotonic()) * 1000)))
 
     # -- reconfiguration (the control channel's Switchboard) ---------------------------------------
-    def switch(self, plan: Plan, reason: str) -> int:
+    def switch(self, plan: Plan, reason: str, backend: Backend | None = None) -> int:
         """Hand a new plan to the reconciler (the supervisor looks at the new generation on the next check);
-        the dispatcher splits by its layouts from now on. Returns the generation that will serve it."""
+        the dispatcher splits by its layouts from now on. `backend`: another runtime's template to fork it from.
+        Returns the generation that will serve it."""
         self.plan = plan
-        self.reconciler.set_plan(plan, reason, self.adaptation.predicted(self.reconciler.plan, plan, time.monotonic()))
+        predicted = self.adaptation.predicted(self.reconciler.plan, plan, time.monotonic())
+        self.reconciler.set_plan(plan, reason, predicted, backend=backend)
         self.metrics.plan_changed(plan, reason, self.reconciler.planned_workers)
         profile = self.adaptation.planning_profile(self.profile)
         self.dispatcher.splitter = splitter_for(profile, plan, self.reconciler.layouts, self.config)
@@ -266,10 +273,50 @@ class Daemon:
             half_life_s=estimator.half_life_s, queued_requests=len(batcher.queue), queued_inputs=batcher.queued_inputs,
             max_queued_inputs=batcher.max_queued_inputs, batch_in_flight=self.dispatcher.busy,
             accepting=self.frontend.accepting, profile=self.state.provenance(self, now),
-            runtime_choice=self.state.choice_status(),
+            runtime_choice=self._choice_status(),
             share=self.share.to_json(moves=self.moves),
         )  # fmt: skip
         return live_status(snapshot)
+
+    def _measured(self, _now: float) -> None:
+        """Switch to what the background measurement chose (startup.Measuring): the state file keeps what it
+        measured and its choice; the plan (on the new runtime's template, if it won) goes to the reconciler. The
+        `info` reply says the new runtime once no worker of the old one serves."""
+        pool = self.reconciler.pool
+        if self.next_info is not None:
+            serving = self.reconciler.serving()
+            if serving and all(pool.via(worker) is pool.backend for worker in serving):
+                self.info = self.frontend.info = self.next_info
+                self.next_info = None
+                guard = "not needed" if self.info.guard is None else "passed"
+                self.metrics.served(self.info.runtime, self.info.precision, guard)
+                log.info("serving %s at %s (accuracy guard: %s)", self.info.runtime, self.info.precision, guard)
+            return
+        done = None if self.measuring is None else self.measuring.take()
+        if done is None:
+            return
+        chosen = done.candidate
+        for key, entry in done.entries.items():
+            self.state.record(key, entry)
+        self.state.choice, self.state.served_key = done.choice, chosen.key
+        self.profile = chosen.profile
+        self.adaptation.retune(self.config, self.policy, chosen.profile)
+        backend = None if done.same_template else chosen.backend
+        log.info("switching to %s on %s: measured fastest while %s served (%s)",
+                 chosen.key, chosen.plan.describe(), self.info.runtime, done.reason)  # fmt: skip
+        self.switch(chosen.plan, f"runtime: {chosen.key}", backend)
+        if backend is not None:
+            self.next_info = chosen.info
+
+    def _choice_status(self) -> dict[str, Any] | None:
+        """`packrat status`'s runtime choice: the background measurement's while it runs, then the state's."""
+        if self.measuring is not None and not self.measuring.done:
+            return self.measuring.status()
+        choice = self.state.choice_status()
+        if choice is not None and self.measuring is not None:
+            choice["still_measuring"] = []
+            choice["switching"] = self.next_info is not None
+        return choice
 
     def _reload(self) -> None:
         """SIGHUP: re-read the configuration and profile, re-plan, apply the live settings (packrat_daemon.reload);
@@ -303,6 +350,8 @@ class Daemon:
         self.state.save(self, "stop")
         # Each template stops its children in order (SIGTERM, then SIGKILL after a grace period).
         self.reconciler.pool.close()
+        if self.measuring is not None:  # after the pool: a template it serves from may be the measuring thread's
+            self.measuring.close()
 
 
 def serve(config: ServeConfig, reload_config: Callable[[], ServeConfig] | None = None) -> int:
@@ -325,6 +374,8 @@ def serve(config: ServeConfig, reload_config: Callable[[], ServeConfig] | None =
                 daemon.close()
             elif started is not None:  # the daemon was never built: its template is still ours to stop
                 started.served.backend.close()
+                if started.measuring is not None:
+                    started.measuring.close()
             context.term()
             log.info("stopped")
     return 0

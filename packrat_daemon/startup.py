@@ -6,16 +6,24 @@ What a start measures is kept in the state folder (`ops.state`: `--state-dir`, o
 candidate's cells, the guard, and each candidate's verdict. A restart whose candidates all match what the file
 was decided for starts only the one chosen, on its saved profile and plan, with no guard run and no profiling.
 
-Everything here runs before the main loop, or (reload) between two of its wakes. A stop signal
+A first start with several candidates answers early (`--first-answer auto`): the first candidate (fp32, which
+needs no conversion) is prepared alone and served on a plan that needs no profile, and `Measuring` prepares and
+measures every candidate (the served one's runtime included, on a template of its own) in a thread of its own,
+at a lower priority, while the main loop serves. Its outcome is handed to the main loop, which switches (the
+reconciler's generation on the chosen candidate's template, no request failed).
+
+Everything else here runs before the main loop, or (reload) between two of its wakes. A stop signal
 during the minutes of measuring is seen through `interrupted` and ends start-up between two
 measurements with KeyboardInterrupt.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +37,7 @@ from packrat_daemon.fleet.backend import Backend, ModelInfo
 from packrat_daemon.measure import accuracy, emulation
 from packrat_daemon.measure.profiling import ProfileFile, check_splits, measure_profile
 from packrat_daemon.measure.runtime_choice import (
+    MEASURING,
     RuntimeOption,
     choose_checked,
     choose_runtime,
@@ -39,7 +48,7 @@ from packrat_daemon.ops.hardening import check_endpoint, private_dir, raise_fd_l
 from packrat_daemon.ops.metrics import Metrics
 from packrat_daemon.ops.state import Choice, Entry, StateKeeper, state_folder
 from packrat_daemon.wire.curve import FrontendSecurity
-from packrat_daemon.wire.errors import ProfileError
+from packrat_daemon.wire.errors import ConfigError, ProfileError
 from policies.base import Plan, Policy, PolicySettings
 from policies.planning.distribution import BatchDistribution
 from policies.planning.layouts import LayoutTable
@@ -87,6 +96,7 @@ class Started:
     served: RuntimeCandidate
     profiles: ProfileFile
     state: StateKeeper
+    measuring: Measuring | None = None  # the candidates measured in the background while `served` answers
 
 
 def start_up(
@@ -133,6 +143,10 @@ def start_up(
                  warm, ", ".join(identities), age)  # fmt: skip
         pairs = [pair for pair in pairs if profile_key(*pair) == warm]
     refused: dict[str, str] = {}
+    first = first_answer(config, pairs, warm)
+    if first is not None:
+        return _answer_first(first, pairs, identities, config, topology, context, policy, profiles, interrupted,
+                             metrics, state)  # fmt: skip
     candidates: list[RuntimeCandidate] = []
     try:
         for runtime, precision in pairs:
@@ -163,6 +177,172 @@ def start_up(
         log.info("candidate %s: %s%s %s: %s", verdict.candidate, verdict.verdict, expected, when, verdict.why)
     log.info("serving %s at %s (accuracy guard: %s)", served.info.runtime, served.info.precision, guard)
     return Started(topology, policy, served, profiles, state)
+
+
+def first_answer(config: ServeConfig, pairs: list[tuple[str, str]], warm: str | None) -> tuple[str, str] | None:
+    """The (runtime, fp32) to answer with while the candidates are measured in the background, or None: measure
+    first (`--first-answer off`, a single candidate, a choice kept in the state file, or a --profile given)."""
+    setting = config.first_answer
+    if setting == "off" or warm is not None or config.profile:
+        return None
+    if setting == "auto":
+        return pairs[0] if len(pairs) > 1 and pairs[0][1] == "fp32" else None
+    if setting not in available_runtimes():
+        raise ConfigError(
+            f"--first-answer {setting}: not an installed runtime ({', '.join(available_runtimes())}); give one of "
+            "them, auto (the first candidate) or off (measure every candidate before answering)"
+        )
+    check_model_runtime(config.model, setting)  # a runtime that cannot load this model: refused now
+    return (setting, "fp32")
+
+
+def _answer_first(
+    first: tuple[str, str], pairs: list[tuple[str, str]], identities: dict[str, dict[str, Any]], config: ServeConfig,
+    topology: Topology, context: zmq.Context, policy: Policy, profiles: ProfileFile, interrupted: Interrupted,
+    metrics: Metrics, state: StateKeeper,
+) -> Started:  # fmt: skip
+    """Start-up's early answer: `first` prepared alone, on a plan that needs no profile (the policy's own when it
+    plans without one, else `single`'s), and every candidate left to `Measuring`."""
+    settings = PolicySettings(config.plan, config.min_split_gain, config.max_batch)
+    fixed = policy if not policy.needs_profile else policy_from_settings("single", settings)
+    served = prepare_runtime(first[0], config, topology, context, fixed, profiles, False, interrupted, first[1],
+                             metrics, state)  # fmt: skip
+    assert served is not None  # fp32 has no guard to refuse it
+    state.served_key = served.key
+    measuring = Measuring(pairs, served.key, identities, config, topology, context, policy, profiles, state, metrics)
+    metrics.served(served.info.runtime, served.info.precision, "not needed")
+    log.info("serving %s first, on %s (no profile needed); still measuring %s in the background, at a lower "
+             "priority, to switch to the fastest", served.key, served.plan.describe(),
+             ", ".join(measuring.remaining))  # fmt: skip
+    return Started(topology, policy, served, profiles, state, measuring)
+
+
+# The background measurement's templates (and the workers they fork, which inherit it) run at this niceness: the
+# serving workers come first, and the measurement takes most of what they leave (nice 5 weighs about a third of
+# nice 0; at 10, a tenth, a machine shared with other work starved a conversion for minutes). Every candidate is
+# measured so, the served runtime included, so that their profiles are compared under the same conditions.
+MEASURE_NICE = 5
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The background measurement's outcome: the candidate to serve from now on and the choice made."""
+
+    candidate: RuntimeCandidate  # its template ready at the daemon's priority (the served one's: `same_template`)
+    same_template: bool  # the runtime answering now won: only its plan changes, on the template already serving
+    choice: Choice
+    entries: dict[str, Entry]  # what was measured, for the state file
+    reason: str
+
+
+class Measuring:
+    """Every candidate prepared and measured in a thread of its own while the first answer serves.
+
+    The thread owns every socket and template it starts (none is the main loop's); its one outcome, `Measured` or
+    the error it ended with, is taken by the main loop (`take`), which alone switches the pool. Each candidate is
+    measured on its own template at MEASURE_NICE, the runtime serving now included (on a second template of it),
+    so that no profile is taken on a quieter machine than another. The winner, unless it is the runtime serving
+    now, is started afresh at the daemon's priority (its profile and guard taken from what was just measured)."""
+
+    def __init__(
+        self, pairs: list[tuple[str, str]], served_key: str, identities: dict[str, dict[str, Any]],
+        config: ServeConfig, topology: Topology, context: zmq.Context, policy: Policy, profiles: ProfileFile,
+        state: StateKeeper, metrics: Metrics,
+    ) -> None:  # fmt: skip
+        self.pairs, self.served_key, self.identities = pairs, served_key, identities
+        self.config, self.topology, self.context, self.policy = config, topology, context, policy
+        self.profiles, self.metrics = profiles, metrics
+        # The state file as the thread sees it: the saved entries to read, its own to record (handed over after).
+        self.recorder = copy.copy(state)
+        self.recorder.entries = {}
+        self.remaining = [profile_key(*pair) for pair in pairs]  # read by `status` on the main thread
+        self.done = False
+        self._stop = threading.Event()
+        self._finished = threading.Event()  # the outcome is there to take
+        self._outcome: Measured | BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="packrat-measuring", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def take(self) -> Measured | None:
+        """The outcome, once, when the thread has ended: None while it measures (or after). An error it ended with
+        is logged and None returned: the first answer serves on."""
+        if self.done or not self._finished.is_set() or self._outcome is None:
+            return None
+        self.done = True
+        outcome, self._outcome = self._outcome, None
+        if isinstance(outcome, BaseException):
+            log.error("measuring the candidates failed, so %s serves on as it is: %s", self.served_key, outcome)
+            return None
+        return outcome
+
+    def status(self) -> dict[str, Any]:
+        """What `packrat status` says while measuring: what serves, and the candidates still being measured."""
+        remaining = list(self.remaining)
+        why = f"being measured in the background while {self.served_key} answers"
+        candidates = [{"candidate": key, "verdict": MEASURING, "predicted_ms": None, "why": why} for key in remaining]
+        return {"served": self.served_key, "decided_at_this_start": True, "decided_age_s": 0.0,
+                "candidates": candidates, "still_measuring": remaining}  # fmt: skip
+
+    def close(self) -> None:
+        """Stop measuring (between two measurements), close what the thread started and nobody took, and let the
+        thread end: after the pool has stopped its templates (one may be the thread's: see `_run`)."""
+        self._stop.set()
+        self._thread.join(timeout=60)
+        outcome, self._outcome = self._outcome, None
+        if isinstance(outcome, Measured) and not outcome.same_template:
+            outcome.candidate.backend.close()
+
+    def _run(self) -> None:
+        try:
+            self._outcome = self._measure()
+        except KeyboardInterrupt:
+            log.info("measuring the candidates stopped")
+        except BaseException as exc:  # noqa: BLE001 - handed to the main loop, which serves on (take)
+            self._outcome = exc
+        finally:
+            self.remaining = []
+            self._finished.set()
+        # A template dies with the thread that started it (its PR_SET_PDEATHSIG fires on the parent thread's exit,
+        # not the process's), and the chosen candidate's was started here: this thread lives until the daemon closes.
+        self._stop.wait()
+
+    def _measure(self) -> Measured:
+        config, state, stop = self.config, self.recorder, self._stop.is_set
+        refused: dict[str, str] = {}
+        candidates: list[RuntimeCandidate] = []
+        try:
+            for runtime, precision in self.pairs:
+                candidate = prepare_runtime(
+                    runtime, config, self.topology, self.context, self.policy, self.profiles, True, stop, precision,
+                    self.metrics, state, refused, nice=MEASURE_NICE,
+                )  # fmt: skip
+                self.remaining = self.remaining[1:]
+                if candidate is not None:
+                    candidates.append(candidate)
+            served, reason = _settle(candidates, config, self.policy, self.topology, self.profiles, state, stop)
+        finally:
+            for candidate in candidates:
+                candidate.backend.close()
+        predicted = {candidate.key: _predicted(candidate.plan, candidate.profile) for candidate in candidates}
+        choice = Choice(verdicts(served.key, reason, predicted, refused), self.identities, choice_settings(config))
+        for verdict in choice.verdicts:
+            expected = "" if verdict.predicted_ms is None else f" (predicted {ms_text(verdict.predicted_ms)} ms)"
+            log.info("candidate %s: %s%s, measured while %s served: %s", verdict.candidate, verdict.verdict,
+                     expected, self.served_key, verdict.why)  # fmt: skip
+        if served.key == self.served_key:
+            return Measured(served, True, choice, state.entries, reason)
+        # Started afresh at the daemon's priority, on what was just measured: nothing is measured or guarded again.
+        state.saved = {**state.saved, **state.entries}
+        runtime, _, precision = served.key.partition("/")
+        fresh = prepare_runtime(
+            runtime, config, self.topology, self.context, self.policy, self.profiles, False, stop,
+            precision or "fp32", self.metrics, state,
+        )  # fmt: skip
+        assert fresh is not None  # its guard passed moments ago, under the same settings
+        fresh = dataclasses.replace(fresh, profile=served.profile, plan=served.plan)  # as the split check left them
+        return Measured(fresh, False, choice, state.entries, reason)
 
 
 def _settle(
@@ -280,6 +460,7 @@ def prepare_runtime(
     metrics: Metrics | None = None,
     state: StateKeeper | None = None,
     refused: dict[str, str] | None = None,
+    nice: int = 0,
 ) -> RuntimeCandidate | None:
     """Start a template for `runtime` at `precision`, run the accuracy guard on a reduced precision (or take the
     state file's, run under the same settings), get the profile (file, state file or measured) and the policy's
@@ -298,7 +479,7 @@ def prepare_runtime(
         )
         backend.start_template(
             config.model, input_override=config.input, runtime=started, allocator=config.allocator,
-            precision=template_precision(precision, config.calibration),
+            precision=template_precision(precision, config.calibration), nice=nice,
         )  # fmt: skip
         info = backend.wait_template(config.startup_timeout_s)
         log.info("model %s: input %s %s per sample", config.model, info.dtype, list(info.shape))

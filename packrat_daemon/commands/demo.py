@@ -121,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         folder = Path(tmp)
         common = ["--model", args.model, "--max-batch", str(args.batch), "--max-delay-ms", "0"]
         chosen = ["--runtime", args.runtime, "--precision", args.precision, "--max-rel-error", str(args.max_rel_error)]
+        chosen += ["--first-answer", "off"]  # the demo times the choice, not the first answer while it is made
         try:
             print(
                 f"packrat demo: serving {args.model} with the packrat policy at runtime {args.runtime}, precision "

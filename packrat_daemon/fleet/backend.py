@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes.util
 import glob
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -123,7 +124,11 @@ class Backend:
         runtime: str = "torch",
         allocator: str = "system",
         precision: str = "fp32",
+        nice: int = 0,
     ) -> None:
+        """`nice`: a lower priority for the template and every worker it forks (they inherit it): a candidate
+        measured in the background while another serves (startup.Measuring). A process cannot raise its priority
+        again, so such a template never serves: the one chosen is started afresh at the daemon's own."""
         env = dict(os.environ)
         library = allocator_library(allocator)
         if library:
@@ -144,6 +149,9 @@ class Backend:
         ]  # fmt: skip
         if input_override:
             command += ["--input", input_override]
+        niced = shutil.which("nice") if nice else None
+        if niced is not None:  # exec'd in place: the pid (and the pidfd below) stays the template's
+            command = [niced, "-n", str(nice), *command]
         self.template = subprocess.Popen(command, env=env)
         self._template_fd = _pidfd(self.template.pid)
 
@@ -225,7 +233,9 @@ class Backend:
         kind, header, payload = messages.decode([frames[1].bytes, *frames[2:]])
         return frames[0].bytes, kind, header, payload
 
-    def close(self) -> None:
+    def close(self, keep_dir: bool = False) -> None:
+        """Stop the template (it stops its workers) and close the socket; `keep_dir`: leave a folder of our own in
+        place (the daemon's control socket lives in its first template's folder). Closing again is harmless."""
         if self.template is not None and self.template.poll() is None:
             self.send(messages.TEMPLATE_IDENTITY, messages.STOP, {})
             try:
@@ -237,7 +247,7 @@ class Backend:
             os.close(self._template_fd)
             self._template_fd = None
         self.socket.close(linger=0)
-        if self._own_dir:
+        if self._own_dir and not keep_dir and self.run_dir.exists():
             for leftover in self.run_dir.iterdir():
                 leftover.unlink(missing_ok=True)
             self.run_dir.rmdir()

@@ -99,6 +99,7 @@ class PoolEvent:
 class Pool:
     def __init__(self, backend: Backend, warmup: tuple[int, ...] = (1,), shared_memory: bool = True) -> None:
         self.backend = backend  # the template new workers fork from
+        self.home = backend  # the first: its folder (which may hold the control socket) goes when the pool closes
         self.retiring: list[Backend] = []  # older templates, closed once the last of their workers has exited
         self.warmup = warmup
         self.shared_memory = shared_memory  # False: every tensor as frames (the bench's old path)
@@ -193,12 +194,12 @@ class Pool:
         closed = [backend for backend in self.retiring if id(backend) not in held]
         for backend in closed:
             self.retiring.remove(backend)
-            backend.close()
+            backend.close(keep_dir=backend is self.home)
         return closed
 
     def close(self) -> None:
         """Stop every template this pool holds (each stops its workers)."""
-        for backend in self.backends:
+        for backend in (*self.backends, self.home):  # the first again, if it closed before: its folder now
             backend.close()
         self.retiring = []
 

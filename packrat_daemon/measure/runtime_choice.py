@@ -95,6 +95,7 @@ def worst_lag(option: RuntimeOption, options: Sequence[RuntimeOption]) -> tuple[
 
 
 SERVED, SLOWER, REFUSED = "served", "slower", "refused"
+MEASURING = "measuring"  # `packrat status` only, while the first answer serves: never a kept verdict
 
 
 def ms_text(ms: float) -> str:

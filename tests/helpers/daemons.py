@@ -21,8 +21,9 @@ REPO = TESTS.parent
 
 # A daemon's runtime and precision default to auto, which prepares and measures every candidate (several
 # templates, the accuracy guard); a test of something else serves torch at fp32, as these pin. A test of auto
-# says --runtime auto --precision auto, which `pinned` then leaves alone.
-PINNED = (("--runtime", "torch"), ("--precision", "fp32"))
+# says --runtime auto --precision auto, which `pinned` then leaves alone. Such a test measures every candidate
+# before its first answer (--first-answer off) unless it says otherwise: the early answer has tests of its own.
+PINNED = (("--runtime", "torch"), ("--precision", "fp32"), ("--first-answer", "off"))
 PINNED_ARGS = [part for pair in PINNED for part in pair]
 
 _STATE_HOMES: list[str] = []

@@ -26,6 +26,7 @@ SAMPLE: dict[str, Any] = {
     "emulate_cores": 16,
     "emulate_interference": "none",
     "precision": "bf16",
+    "first_answer": "off",
     "max_rel_error": 0.01,
     "calibration": "calibration.npy",
     "accuracy_top1": "off",

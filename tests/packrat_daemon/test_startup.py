@@ -247,3 +247,74 @@ def test_a_first_start_keeps_its_choice_and_a_restart_serves_it_at_once(tmp_path
     assert len([line for line in log.splitlines() if "template process" in line]) == 1
     assert not any(f"profiling {name}" in log for name in candidates) and "accuracy guard: running" not in log
     assert "the other candidates are not started again" in log
+
+
+def test_the_first_answer_comes_early_only_when_several_candidates_are_still_to_be_measured() -> None:
+    from packrat_daemon.startup import first_answer
+    from packrat_daemon.wire.errors import ConfigError
+
+    two = [("torch", "fp32"), ("onnxruntime", "fp32")]
+    tiny = {"model": "builtin:tiny-mlp"}
+    assert first_answer(ServeConfig(**tiny), two, None) == ("torch", "fp32")
+    assert first_answer(ServeConfig(**tiny), two[:1], None) is None  # one candidate: measured, then served
+    assert first_answer(ServeConfig(**tiny), two, "onnxruntime") is None  # the state file's choice serves at once
+    assert first_answer(ServeConfig(**tiny, first_answer="off"), two, None) is None
+    assert first_answer(ServeConfig(**tiny, profile="given.csv"), two, None) is None  # nothing to measure
+    # A named runtime answers first even when it is no candidate: the only candidate is then switched to.
+    assert first_answer(ServeConfig(**tiny, first_answer="torch"), two[1:], None) == ("torch", "fp32")
+    with pytest.raises(ConfigError, match="--first-answer tensorflow"):
+        first_answer(ServeConfig(**tiny, first_answer="tensorflow"), two, None)
+
+
+@pytest.mark.slow
+def test_a_first_start_answers_at_once_then_switches_runtime_under_traffic_with_no_failed_request(
+    tmp_path: Path,
+) -> None:
+    """torch answers first (--first-answer torch) while the only candidate, onnxruntime, is measured in the
+    background; requests sent all along are each answered, right, and `info` and `status` follow the switch."""
+    import time
+
+    import numpy as np
+
+    from packrat_daemon.wire.client import Client
+    from tests.helpers.daemons import running_daemon
+    from tests.packrat_daemon.test_daemon import direct
+
+    pytest.importorskip("onnxruntime")
+    small = ("--model", "builtin:tiny-mlp", "--max-batch", "4", "--batches", "1,4", "--split-check-rounds", "0")
+    switch = ("--runtime", "onnxruntime", "--precision", "fp32", "--first-answer", "torch")
+    x = np.random.default_rng(3).standard_normal((2, 16), dtype=np.float32)
+    expected = direct("builtin:tiny-mlp", x)
+    answered, failed = 0, []
+    with (
+        running_daemon(tmp_path, *small, *switch, timeout=300) as (endpoint, _),
+        Client(endpoint, timeout=30) as client,
+    ):
+        first, before = client.info(), client.status()["runtime_choice"]
+        deadline = time.monotonic() + 420
+        while client.info()["runtime"] != "onnxruntime":
+            assert time.monotonic() < deadline, (tmp_path / "daemon.log").read_text()
+            try:
+                np.testing.assert_allclose(client.infer(x), expected, rtol=1e-4, atol=1e-5)
+                answered += 1
+            except Exception as exc:  # noqa: BLE001 - counted: the test is that none comes
+                failed.append(exc)
+            time.sleep(0.02)  # steady traffic that leaves the measurement (at a lower priority) some CPU
+        for _ in range(20):  # and the new runtime answers
+            np.testing.assert_allclose(client.infer(x), expected, rtol=1e-4, atol=1e-5)
+        after = client.status()["runtime_choice"]
+        closed = "none of its workers is left"  # torch's template, closed once its last worker has exited
+        while closed not in (tmp_path / "daemon.log").read_text():
+            assert time.monotonic() < deadline, (tmp_path / "daemon.log").read_text()
+            time.sleep(0.1)
+    log = (tmp_path / "daemon.log").read_text()
+    assert failed == [] and answered > 0
+    assert first["runtime"] == "torch"
+    if before["still_measuring"]:  # the usual case: asked before the measurement ended
+        assert before["served"] == "torch" and before["still_measuring"] == ["onnxruntime"]
+    assert after["served"] == "onnxruntime" and after["still_measuring"] == []
+    assert [c["verdict"] for c in after["candidates"]] == ["served"]
+    # The first answer came before the measurement: logged as still measuring, then serving, then the switch.
+    still = log.index("still measuring onnxruntime in the background")
+    assert still < log.index("serving on ") < log.index("switching to onnxruntime")
+    assert log.index("switching to onnxruntime") < log.index(closed)

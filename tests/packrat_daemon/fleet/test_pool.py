@@ -37,7 +37,7 @@ class RecordingBackend:
         self.sent.append((identity, kind, header))
         return True
 
-    def close(self) -> None:
+    def close(self, keep_dir: bool = False) -> None:
         self.closed = True
 
 
