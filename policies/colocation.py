@@ -227,6 +227,8 @@ def worth_moving(current: JointPlan, proposed: JointPlan, min_gain: float) -> bo
 
     Only a different split moves cores. It is worth it when it carries load the current one cannot, meets
     targets the current one misses, or cuts the predicted mean sojourn by at least `min_gain` (a fraction).
+    When both leave the same models saturated (a burst above what any share carries), it is worth it when
+    it cuts their overload (Σ ρ, the planner's first term) by `min_gain`: the queue then grows slower.
     """
     if not 0.0 <= min_gain < 1.0:
         raise ProfileError(f"min_gain is a fraction in [0, 1), e.g. 0.1 for 10%; got {min_gain!r}")
@@ -241,6 +243,9 @@ def worth_moving(current: JointPlan, proposed: JointPlan, min_gain: float) -> bo
         return len(proposed.saturated) < len(current.saturated)
     if len(proposed.missed_targets) != len(current.missed_targets):
         return len(proposed.missed_targets) < len(current.missed_targets)
+    if math.isinf(proposed.predicted_ms) and math.isinf(current.predicted_ms):
+        # Both leave the same number of models saturated: the one that overloads them less drains sooner.
+        return _overload(proposed) <= _overload(current) * (1.0 - min_gain)
     if math.isinf(proposed.predicted_ms):
         return False
     if math.isinf(current.predicted_ms):
@@ -249,6 +254,11 @@ def worth_moving(current: JointPlan, proposed: JointPlan, min_gain: float) -> bo
 
 
 # -- internals ---------------------------------------------------------------------------------
+
+
+def _overload(plan: JointPlan) -> float:
+    """The load a split cannot carry: Σ ρ over its saturated models (the first term of plan_jointly's score)."""
+    return sum(share.busy_fraction for share in plan.shares if share.saturated)
 
 
 def _check(demands: Sequence[ModelDemand], cores: int, min_cores: int) -> None:

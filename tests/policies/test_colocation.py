@@ -203,3 +203,14 @@ def test_the_planner_does_not_mutate_its_inputs() -> None:
     plan_jointly(demands, 8)
     evaluate(demands, [3, 5])
     assert [(d.profile.to_csv(), d.distribution, d.rate_per_s) for d in demands] == before
+
+
+def test_a_split_that_overloads_less_is_worth_moving_to_when_every_split_saturates() -> None:
+    # "a" saturates on any share; the split that gives it the most cores carries the most of its load.
+    demands = [demand("a", 2000), demand("b", 10)]
+    best = plan_jointly(demands, 8)
+    worse = evaluate(demands, [2, 6])
+    assert best.saturated == worse.saturated == ("a",)
+    assert best.split[0] > 2
+    assert worth_moving(worse, best, min_gain=0.1)
+    assert not worth_moving(best, worse, min_gain=0.0)  # never towards more overload
