@@ -282,8 +282,9 @@ class Measuring:
         remaining = list(self.remaining)
         why = f"being measured in the background while {self.served_key} answers"
         candidates = [{"candidate": key, "verdict": MEASURING, "predicted_ms": None, "why": why} for key in remaining]
+        # Every candidate measured, the choice not yet taken: its split check, or the winner's template starting.
         return {"served": self.served_key, "decided_at_this_start": True, "decided_age_s": 0.0,
-                "candidates": candidates, "still_measuring": remaining}  # fmt: skip
+                "candidates": candidates, "still_measuring": remaining, "switching": not remaining}  # fmt: skip
 
     def close(self) -> None:
         """Stop measuring (between two measurements), close what the thread started and nobody took, and let the
