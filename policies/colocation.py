@@ -253,6 +253,20 @@ def worth_moving(current: JointPlan, proposed: JointPlan, min_gain: float) -> bo
     return proposed.predicted_ms <= current.predicted_ms * (1.0 - min_gain)
 
 
+def should_move(
+    current: JointPlan, proposed: JointPlan, min_gain: float, since_move_s: float = math.inf, cooldown_s: float = 0.0
+) -> bool:
+    """The coordinator's rule, one for `packrat coordinate` and the simulation: move to `proposed` when
+    `worth_moving` says so, at most once per `cooldown_s` (seconds since the last move: `since_move_s`)
+    unless the proposed split carries load the current one cannot (a growing queue waits for no cool-down)."""
+    if cooldown_s < 0:
+        raise ProfileError(f"the cool-down is a number of seconds >= 0, got {cooldown_s!r}")
+    relieves = len(proposed.saturated) < len(current.saturated)
+    if since_move_s < cooldown_s and not relieves:
+        return False
+    return worth_moving(current, proposed, min_gain)
+
+
 # -- internals ---------------------------------------------------------------------------------
 
 

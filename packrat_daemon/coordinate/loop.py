@@ -5,7 +5,7 @@ Each look asks every daemon for its demand (`{"op": "demand"}` on its control so
 sizes, batch rate, the CPUs it holds). A daemon that does not answer is down: it is skipped, its share stays
 reserved for it, and no core moves while it is away (its cores are neither planned for nor given away). When it
 answers again it is told its share at once. Cores move only when every daemon is up with a profile and
-`policies.colocation.worth_moving` says the joint plan's predicted gain is worth it; each daemon is then told
+`policies.colocation.should_move` says the joint plan's predicted gain is worth it; each daemon is then told
 its new CPUs and plan (`{"op": "assign"}`) in `shares.move_order`: one that loses cores finishes its switch
 (its reply comes once no worker of it is left on a CPU it gave away) before one that gains them is told.
 The coordinator never stops because a daemon is gone: every control error is logged and the next look retries.
@@ -28,7 +28,7 @@ from packrat_daemon.control.server import request as control_request
 from packrat_daemon.coordinate.shares import CoordinateError, cores_of, divide, even_split, move_order
 from packrat_daemon.wire.errors import ConfigError, PackratError, PolicyError, TopologyError
 from policies.base import Plan
-from policies.colocation import JointPlan, ModelDemand, evaluate, plan_jointly, worth_moving
+from policies.colocation import JointPlan, ModelDemand, evaluate, plan_jointly, should_move
 from policies.planning.distribution import BatchDistribution
 from policies.planning.profile import Profile
 from policies.planning.topology import Topology, format_cpulist
@@ -206,7 +206,7 @@ class Coordinator:
             log.warning("coordinator: %s", self.declined)
             return
         self.joint = current
-        if not worth_moving(current, proposed, self.min_gain):
+        if not should_move(current, proposed, self.min_gain):  # the simulation's rule too (no cool-down here)
             self.declined = (
                 f"the split {list(self.split)} is predicted at {_ms(current.predicted_ms)}, the best "
                 f"{list(proposed.split)} at {_ms(proposed.predicted_ms)}: not worth a move (min gain "

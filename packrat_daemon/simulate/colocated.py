@@ -11,10 +11,11 @@ exactly when `ServiceModel.batch_ms` says (a test checks it), so one tenant is t
 
 A `Coordinator` divides the cores: it looks every `look_s` at the batches each model started over the last
 `window_s` (their rate and sizes: the daemon's live batch distribution), asks its strategy for a split,
-and moves cores only when `policies.colocation.worth_moving` says the predicted gain pays, at most once
-per cool-down. Strategies: `joint` (policies.colocation.plan_jointly), `every` (each model plans for all
-the machine's cores, as independent daemons do), `even` (a static even split) and `proportional` (cores
-in proportion to each model's offered work, re-split with the same hysteresis). Inside an unchanged
+and moves cores only when `policies.colocation.should_move` (the rule `packrat coordinate` applies too)
+says the predicted gain pays, at most once per cool-down. Strategies: `joint`
+(policies.colocation.plan_jointly), `every` (each model plans for all the machine's cores, as independent
+daemons do), `even` (a static even split) and `proportional` (cores in proportion to each model's offered
+work, re-split with the same hysteresis). Inside an unchanged
 share, a model's plan is re-picked for its live batch sizes under the same gain, as its own adaptation
 would (tenants run with the daemon's adaptation off: the coordinator plans for them).
 Results are a simulation and say so (`"simulated": true`).
@@ -43,7 +44,7 @@ from packrat_daemon.simulate.service import ServiceModel
 from packrat_daemon.startup import distribution_for
 from packrat_daemon.wire.errors import ConfigError
 from policies.base import Plan
-from policies.colocation import JointPlan, ModelDemand, evaluate, plan_jointly, worth_moving
+from policies.colocation import JointPlan, ModelDemand, evaluate, plan_jointly, should_move
 from policies.packrat import PackratPolicy
 from policies.planning.cores import CoreAllocator
 from policies.planning.distribution import BatchDistribution
@@ -391,9 +392,9 @@ class Coordinator:
         self.plans += 1
         current = self.rescore(demands)
         proposed = self.propose(demands)
-        # A split that cannot carry the load waits for no cool-down: its queue grows until cores move.
-        cooled = now - self.last_move >= self.settings.cooldown_s or len(proposed.saturated) < len(current.saturated)
-        if cooled and worth_moving(current, proposed, self.settings.min_gain):
+        # The rule packrat coordinate applies too (policies.colocation.should_move): worth_moving, at most once
+        # per cool-down unless the current split cannot carry the load (its queue grows until cores move).
+        if should_move(current, proposed, self.settings.min_gain, now - self.last_move, self.settings.cooldown_s):
             # Moved only once the same split has won `confirm` looks in a row: one noisy look never moves cores.
             self._wins = self._wins + 1 if proposed.split == self._candidate else 1
             self._candidate = proposed.split

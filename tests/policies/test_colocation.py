@@ -15,6 +15,7 @@ from policies.colocation import (
     ModelDemand,
     evaluate,
     plan_jointly,
+    should_move,
     sojourn_ms,
     worth_moving,
 )
@@ -214,3 +215,15 @@ def test_a_split_that_overloads_less_is_worth_moving_to_when_every_split_saturat
     assert best.split[0] > 2
     assert worth_moving(worse, best, min_gain=0.1)
     assert not worth_moving(best, worse, min_gain=0.0)  # never towards more overload
+
+
+def test_should_move_waits_for_the_cool_down_unless_the_current_split_saturates() -> None:
+    demands = [demand("a", 150), demand("b", 10, serial=0.2, parallel=12.0)]
+    proposed, even = plan_jointly(demands, 8), evaluate(demands, [4, 4])
+    assert should_move(even, proposed, 0.0) == worth_moving(even, proposed, 0.0) is True
+    assert not should_move(even, proposed, 0.0, since_move_s=1.0, cooldown_s=4.0)
+    assert should_move(even, proposed, 0.0, since_move_s=4.0, cooldown_s=4.0)
+    heavy = [demand("a", 200), demand("b", 10)]
+    assert should_move(evaluate(heavy, [1, 7]), plan_jointly(heavy, 8), 0.5, since_move_s=0.0, cooldown_s=4.0)
+    with pytest.raises(ProfileError, match="cool-down"):
+        should_move(even, proposed, 0.0, cooldown_s=-1.0)
