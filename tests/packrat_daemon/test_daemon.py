@@ -22,6 +22,7 @@ import zmq
 
 from packrat_daemon.wire import client_side
 from packrat_daemon.wire.client import AsyncClient, BadRequest, Client, Overloaded, TooLarge, UnsupportedVersion
+from packrat_daemon.wire.codec import SUPPORTED_VERSIONS
 from policies.planning.profile import Profile
 from tests.helpers.daemons import running_daemon
 from tests.helpers.signals import HANDLED, own_handlers
@@ -135,14 +136,14 @@ def test_client_raises_typed_exceptions(two_instance_daemon: tuple[str, subproce
             client.infer(np.zeros((9, 16), dtype=np.float32))
         with pytest.raises(TooLarge):
             client.infer(np.zeros((4096, 16), dtype=np.float32))  # over the message size limit
-    # A version-2 request: the reply names the versions this server speaks, and the client reads it as
+    # A version-3 request: the reply names the versions this server speaks, and the client reads it as
     # UnsupportedVersion carrying them and the request's id.
-    answer = raw_exchange(endpoint, [header(v=2), GOOD_PAYLOAD])
+    answer = raw_exchange(endpoint, [header(v=3), GOOD_PAYLOAD])
     assert answer["ok"] is False and answer["error"]["code"] == "UNSUPPORTED_VERSION", answer
-    assert answer["id"] == "r1" and answer["versions"] == [1], answer
+    assert answer["id"] == "r1" and answer["versions"] == list(SUPPORTED_VERSIONS), answer
     error = client_side.server_error(answer)
-    assert type(error) is UnsupportedVersion and error.versions == (1,) and error.request_id == "r1"
-    assert "protocol version 2 is not supported" in error.message
+    assert type(error) is UnsupportedVersion and error.versions == SUPPORTED_VERSIONS and error.request_id == "r1"
+    assert "protocol version 3 is not supported" in error.message
 
 
 @pytest.mark.slow
