@@ -11,7 +11,8 @@ if ! command -v java >/dev/null 2>&1; then
     apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null
 fi
 python3 -m venv "$venv"
+# pyzmq: the handler loads the model through workers.models.loading, which imports the wire codec (pyzmq).
 "$venv/bin/pip" install --quiet "torch==2.13.0" "torchserve==0.12.0" "torch-model-archiver==0.12.0" \
-    "transformers==$transformers" numpy
+    "transformers==$transformers" numpy pyzmq
 "$venv/bin/torchserve" --version 2>/dev/null | tail -1 || true
 echo "TorchServe: $venv"
