@@ -224,13 +224,7 @@ class AsyncClient(ClientBase):
     async def infer(
         self, array: Inputs, *, timeout: float | None = None, dtype: str | Mapping[str, str] | None = None
     ) -> Result:
-        """Run the model on ``array`` (first axis = samples); returns one output row per sample.
-
-        ``array`` is one array (a model of one input), or a dict of arrays by input name (any model; each counts
-        the same samples). A model of several outputs answers a dict of arrays by output name when given a dict;
-        one array in gets its first output, as protocol version 1 carries one. ``dtype`` is only needed for
-        bfloat16: pass the raw bits as uint16 with ``dtype="bfloat16"`` (for named arrays, a dict by name).
-        """
+        """As `Client.infer`, awaited."""
         header, result = await self._request(*self._infer_request(array, timeout, dtype))
         return infer_result(header, result, sample_count(array))
 
