@@ -166,6 +166,10 @@ def oip_infer(port: int, model: str, x: np.ndarray) -> np.ndarray:
 
     client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
     try:
+        # The gateway learns that its daemon serves by polling it: ready over ZeroMQ can come a moment earlier.
+        deadline = time.monotonic() + 30
+        while not client.is_server_ready() and time.monotonic() < deadline:
+            time.sleep(0.1)
         tensor = httpclient.InferInput("input", list(x.shape), "FP32")
         tensor.set_data_from_numpy(x)
         return np.asarray(client.infer(model, [tensor]).as_numpy("output"))
