@@ -11,9 +11,9 @@ started: the first request waits in ZeroMQ's queue until the daemon binds, so it
 first answer. Every later request has --timeout-s; an error reply or a timeout counts as failed. The
 `status` reply is read every --status-every-s: which candidate is served, and which are still measured
 (runtime_choice), so "the best candidate serves" is the first status after which nothing is left to measure
-and the served one is the one chosen. After --traffic-s more of traffic the daemon is stopped (SIGTERM), and
-started again on the same state folder: its time to the first answer, whether it serves the same candidate
-decided at the earlier start, and what its log says it did (templates started, profiling, guard runs).
+and the served one is the one chosen. --traffic-s after that, the daemon is stopped (SIGTERM) and started
+again on the same state folder: its time to the first answer, whether it serves the same candidate decided at
+the earlier start, and what its log says it did (templates started, profiling, guard runs).
 
 Prints one JSON object (and writes it to --out). Timings taken on a machine that other work shares say so
 in the report that cites them: start-up here is minutes of measuring on every core.
@@ -108,10 +108,9 @@ def one_start(args: argparse.Namespace, folder: Path, name: str, env: dict[str, 
         with Client(endpoint, timeout=2.0) as watcher:
             deadline = started + args.start_timeout_s
             while time.monotonic() < deadline and process.poll() is None:
-                if (
-                    traffic.first_answer_s is not None
-                    and time.monotonic() - started > traffic.first_answer_s + args.traffic_s
-                ):
+                # Traffic runs until the best candidate serves, then --traffic-s more: a stop while measuring
+                # would leave the restart nothing decided to serve.
+                if best_s is not None and time.monotonic() - started > best_s + args.traffic_s:
                     break
                 try:
                     status = watcher.status()
@@ -170,7 +169,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="builtin:resnet50")
     parser.add_argument("--batch", type=int, default=8, help="samples per request (the demo's default)")
-    parser.add_argument("--traffic-s", type=float, default=30.0, help="traffic after the first answer, each start")
+    parser.add_argument("--traffic-s", type=float, default=30.0, help="traffic after the best serves")
     parser.add_argument("--timeout-s", type=float, default=60.0, help="a request after the first fails after this")
     parser.add_argument("--start-timeout-s", type=float, default=1800.0)
     parser.add_argument("--status-every-s", type=float, default=1.0)
