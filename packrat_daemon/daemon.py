@@ -250,6 +250,12 @@ class Daemon:
             "batch_sizes": [] if distribution is None else [[b, w] for b, w in distribution.weights],
             "batches_per_s": batches_per_s,
             "inputs_per_s": inputs_per_s,
+            # Cumulative counts at `now_s` (this daemon's monotonic clock) and the queue at that instant: the
+            # coordinator's own estimate of the offered rate (packrat_daemon.coordinate.watch) reads these.
+            "now_s": now,
+            "arrived_requests": self.batcher.arrived_requests,
+            "arrived_inputs": self.batcher.arrived_inputs,
+            "queued_inputs": self.batcher.queued_inputs,
             "max_batch": self.config.max_batch,
             "policy": self.policy.name,
             "plan": self.plan.to_json(),

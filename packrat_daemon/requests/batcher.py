@@ -83,6 +83,10 @@ class Batcher:
         self.predict = predict  # the daemon's L(b) under its current plan (plan_latency); None: the rate alone decides
         self.mean_gap_s = math.inf  # between two requests' arrivals: no arrivals yet, no rate
         self.mean_samples = 1.0
+        # Every request and input queued since start: a coordinator differences two readings for the rate its
+        # clients offer, which the batches formed hide once the model is short of cores (it batches more).
+        self.arrived_requests = 0
+        self.arrived_inputs = 0
         self.overhead_s = 0.0  # the daemon's own cost per batch, beyond the workers' compute
         self._last_arrival: float | None = None
         self._holding = False  # the last `due` chose to wait for the next arrival
@@ -129,6 +133,8 @@ class Batcher:
 
     def _arrived(self, request: Request) -> None:
         """Update the running means of the gap between arrivals and of the request size."""
+        self.arrived_requests += 1
+        self.arrived_inputs += request.samples
         last, self._last_arrival = self._last_arrival, request.arrived
         if last is not None:
             gap = max(0.0, request.arrived - last)

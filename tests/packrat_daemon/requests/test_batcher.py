@@ -114,6 +114,9 @@ def test_full_queue_refuses_instead_of_growing() -> None:
     assert not batcher.offer(request(3))
     assert batcher.offer(request(2))
     assert batcher.queued_inputs == 6
+    # Only what was queued counts as arrived, and it stays counted once taken.
+    batcher.take()
+    assert (batcher.arrived_requests, batcher.arrived_inputs) == (2, 6)
 
 
 def test_expired_requests_leave_the_queue() -> None:
