@@ -203,7 +203,8 @@ class Daemon(DaemonProcess):
 
         args = [
             "--model", spec, "--runtime", "auto", "--max-batch", str(max(batches)), "--no-adapt",
-            "--batches", ",".join(map(str, batches)), "--max-delay-ms", "0", "--state-dir", "none", *extra,
+            "--batches", ",".join(map(str, batches)), "--max-delay-ms", "0", "--state-dir", "none",
+            "--first-answer", "off", *extra,
         ]  # fmt: skip
         tcp = f"tcp://127.0.0.1:{free_port()}"
         super().__init__(name, folder, ["--model", spec, "--endpoint", tcp, *extra] if bare else args)
@@ -217,7 +218,23 @@ class Daemon(DaemonProcess):
         self._socket: Any = None
 
     def ready(self, timeout: float) -> None:
+        """Wait until the daemon serves what it chose: a first start on the defaults answers on a first candidate
+        while it measures the others, and what is timed here is the choice."""
+        deadline = time.monotonic() + timeout
         self.info = self.wait(timeout)
+        from packrat_daemon.wire.client import ClientTimeout
+
+        while time.monotonic() < deadline:
+            try:
+                choice = self.client.status().get("runtime_choice") or {}
+            except ClientTimeout:  # busy measuring on every core
+                continue
+            measuring = [c["candidate"] for c in choice.get("candidates", []) if c["verdict"] == "measuring"]
+            if not measuring and not choice.get("switching"):
+                self.info = self.client.info()
+                return
+            time.sleep(1.0)
+        raise RuntimeError(f"{self.log_path.stem} still measuring after {timeout:.0f} s")
 
     def _input(self, batch: int) -> np.ndarray:
         from workers.models.spec import InputSpec, sample_input
