@@ -15,6 +15,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -54,7 +55,7 @@ from packrat_daemon.wire.server_side import (
     oversized_message,
     parse_request,
 )
-from packrat_daemon.wire.zmqio import NOBLOCK, ZERO_COPY_MIN_BYTES, readable, send_frames
+from packrat_daemon.wire.zmqio import NOBLOCK, ZERO_COPY_MIN_BYTES, discarder, readable, send_frames
 from workers.messages import numpy_name
 from workers.models.spec import EMULATED
 
@@ -62,8 +63,13 @@ log = logging.getLogger("packrat.daemon")
 
 MAX_READS_PER_WAKE = 256  # bound how long the frontend can starve the workers' socket
 # Frames of a request: the ROUTER's identity, a REQ client's empty delimiter, the header, the payload.
-# Frames past these are received one at a time and dropped at once, never held as a list.
 MAX_KEPT_FRAMES = 3 + MAX_TENSORS  # version 2: a frame per named tensor
+# A message of more frames is refused; the frames past these are discarded without a Python object each
+# (zmqio.discarder), at most DISCARD_FRAMES_PER_WAKE of them per read: libzmq hands over no other client's
+# message before that one's last frame anyway, and in between the loop goes on answering the requests it holds,
+# keeping their deadlines and starting batches. Read whole, 10 million empty frames held the loop for seconds,
+# and requests already read timed out meanwhile unanswered.
+DISCARD_FRAMES_PER_WAKE = 1 << 15
 # ZeroMQ's cap is per frame (ZMQ_MAXMSGSIZE): a frame up to twice the message limit, and at least 1 MiB over
 # it (a small model's limit is mostly the header's allowance), is read and answered TOO_LARGE; a peer that
 # sends a bigger frame is disconnected by ZeroMQ without an answer.
@@ -148,6 +154,8 @@ class Frontend:
         self.monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._peers: dict[bytes, int] = {}  # a client's identity -> the descriptor its requests came on
         self._connections: dict[int, set[bytes]] = {}  # a descriptor -> the identities seen on it
+        self._oversized: _Oversized | None = None  # a message of too many frames, being discarded
+        self._discard_budget = 0  # the frames this read may still discard
 
     def open(self) -> None:
         """Bind the endpoint and accept requests."""
@@ -165,15 +173,19 @@ class Frontend:
         """Parse and queue what clients sent; answer malformed requests and `info` at once. Returns how
         many messages it took in."""
         limit = self.max_message_bytes()  # max_batch changes only on reload, between wakes
+        self._discard_budget = DISCARD_FRAMES_PER_WAKE
         for reads in range(MAX_READS_PER_WAKE):
             # The poll reported the first message; after it, EVENTS is far cheaper than a receive that
             # raises zmq.Again once the queue is empty.
             if reads and not readable(self.socket):
                 return reads
             try:
-                frames, size, count = _recv_bounded(self.socket)
+                message = self._receive()
             except zmq.Again:
                 return reads
+            if message is None:
+                return reads  # this wake's share of a message of too many frames is discarded: the loop comes back
+            frames, size, count = message
             if count > TRIM_AFTER_FRAMES:
                 give_back_memory()
             try:
@@ -187,6 +199,38 @@ class Frontend:
                 reply = encode_error(None, ErrorCode.INTERNAL, "the server failed on this message; it is logged")
                 self.send(frames[0].bytes, delimiter, reply)
         return MAX_READS_PER_WAKE
+
+    def _receive(self) -> tuple[list[zmq.Frame], int, int] | None:
+        """The next message: its first MAX_KEPT_FRAMES frames, its size in bytes (the identity not counted) and its
+        number of frames; None while one of more frames is still being discarded (this read's share is spent).
+        Raises zmq.Again when no message is waiting.
+
+        ZeroMQ hands a multipart message over only once all of it has arrived, so this cannot refuse the bytes
+        themselves; it makes sure the daemon never holds more than a few frames of a message of many, builds no
+        Python object for the others and spends a bounded time on them per wake.
+        """
+        oversized = self._oversized
+        if oversized is None:
+            frame = _recv(self.socket, NOBLOCK, False, False)
+            frames = [frame]
+            size, count = 0, 1
+            while frame.more and count < MAX_KEPT_FRAMES:
+                frame = _recv(self.socket, NOBLOCK, False, False)
+                count += 1
+                size += len(frame)
+                frames.append(frame)
+            if not frame.more:
+                return frames, size, count
+            # Too many frames: only those that say what to answer are kept while the rest is discarded.
+            oversized = self._oversized = _Oversized(frames[:3], size, count)
+        taken, size, ended = discarder()(self.socket, self._discard_budget)
+        self._discard_budget -= taken
+        oversized.size += size
+        oversized.count += taken
+        if not ended:
+            return None
+        self._oversized = None
+        return oversized.frames, oversized.size, oversized.count
 
     def _handle(self, frames: list[zmq.Frame], size: int, count: int, limit: int) -> bool:
         """Answer or queue one message; True when a full batch is waiting to start."""
@@ -380,22 +424,14 @@ class Frontend:
             self.authenticator.stop()
 
 
-def _recv_bounded(socket: zmq.Socket) -> tuple[list[zmq.Frame], int, int]:
-    """One message: its first MAX_KEPT_FRAMES frames, its size in bytes and its number of frames.
+@dataclass(slots=True)
+class _Oversized:
+    """A message of more than MAX_KEPT_FRAMES frames while its rest is discarded: the frames its answer needs
+    (the identity, and a delimiter or the header, then the header), its size and frames so far."""
 
-    ZeroMQ hands a multipart message over only once all of it has arrived, so this cannot refuse the
-    bytes themselves; it only makes sure the daemon never holds more than a few frames of a message of many.
-    """
-    frame = _recv(socket, NOBLOCK, False, False)
-    frames = [frame]
-    size, count = 0, 1
-    while frame.more:
-        frame = _recv(socket, NOBLOCK, False, False)
-        count += 1
-        size += len(frame)
-        if count <= MAX_KEPT_FRAMES:
-            frames.append(frame)
-    return frames, size, count
+    frames: list[zmq.Frame]
+    size: int
+    count: int
 
 
 _trimmed_at = -math.inf

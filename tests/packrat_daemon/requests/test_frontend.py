@@ -225,6 +225,65 @@ def test_a_message_of_many_frames_is_refused_without_keeping_them(served: Served
     assert f"at most {limit}" in header["error"]["message"]
 
 
+def _send_frames_bomb(client: zmq.Socket, head: bytes, frames: int, size: int = 0) -> None:
+    """One message: `head`, then `frames` frames of `size` bytes."""
+    client.send(head, zmq.SNDMORE)
+    filler = bytes(size)
+    for _ in range(frames - 1):
+        client.send(filler, zmq.SNDMORE)
+    client.send(filler)
+
+
+def test_a_message_of_too_many_frames_is_discarded_a_share_per_read_while_the_others_are_answered(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 27, 11: the frontend read 10 million frames in one go, and the loop answered nothing meanwhile: requests it
+    # held (their deadlines, their batches' results) waited with the rest. ZeroMQ gives no other client's message
+    # before that one's last frame, but the loop can answer the ones it has between shares.
+    share = 1000
+    monkeypatch.setattr(frontend_module, "DISCARD_FRAMES_PER_WAKE", share)
+    assert served.ask(encode_infer_request("held", rows(1))) == {}
+    (held,) = served.batcher.queue
+    attacker = zmq.Context.instance().socket(zmq.DEALER)
+    attacker.setsockopt(zmq.LINGER, 0)
+    attacker.connect(served.frontend.endpoint)
+    try:
+        frames = 5 * share + 17
+        _send_frames_bomb(attacker, b'{"v":1,"id":"bomb","op":"infer","dtype":"float32","shape":[1,16]}', frames)
+        assert served.frontend.socket.poll(10_000)
+        assert served.frontend.read() == 0 and not attacker.poll(100)  # one share read, the message not yet answered
+        served.frontend.reply_error(held, ErrorCode.TIMEOUT, "its deadline passed")  # what the loop does meanwhile
+        assert served.client.poll(1000), "a request the frontend held was not answered while the message was discarded"
+        assert decode_reply(served.client.recv_multipart())[0]["error"]["code"] == "TIMEOUT"
+        reads = 1
+        while served.frontend.socket.poll(0):  # readable while the message's frames last: nothing else is queued
+            served.frontend.read()
+            reads += 1
+        assert attacker.poll(5000), "the message was not answered"
+        header, _ = decode_reply(attacker.recv_multipart())
+        assert header["id"] == "bomb" and header["error"]["code"] == "BAD_REQUEST"
+        assert f"{frames + 1} frames" in header["error"]["message"]
+        assert reads == -(-(frames + 1 - frontend_module.MAX_KEPT_FRAMES + 1) // share)  # a share each, and no more
+        # The next message is read whole: nothing of it went with the discarded frames.
+        assert served.ask(encode_info_request("after"))["id"] == "after"
+    finally:
+        attacker.close()
+
+
+def test_a_message_of_too_many_frames_over_the_byte_limit_is_too_large(served: Served) -> None:
+    # The frames discarded count towards the message's size, as the ones kept do.
+    limit = served.frontend.max_message_bytes()
+    frames = 2 * frontend_module.MAX_KEPT_FRAMES
+    _send_frames_bomb(served.client, b'{"v":1,"id":"big","op":"infer","dtype":"float32","shape":[9,16]}', frames,
+                      limit // frontend_module.MAX_KEPT_FRAMES)  # fmt: skip
+    assert served.frontend.socket.poll(5000)
+    served.frontend.read()
+    assert served.client.poll(5000)
+    header, _ = decode_reply(served.client.recv_multipart())
+    assert header["id"] == "big" and header["error"]["code"] == "TOO_LARGE"
+    assert "the request of 9 samples is" in header["error"]["message"]
+
+
 def test_info_states_the_size_limits(served: Served) -> None:
     limits = info_result(served.ask(encode_info_request(1)))["limits"]
     limit = served.frontend.max_message_bytes()
@@ -339,8 +398,9 @@ def test_the_memory_a_message_of_very_many_frames_took_is_given_back(
     while not served.frontend.socket.poll(100) and time.monotonic() < deadline:
         pass
     held = _resident_mib() - before
-    served.frontend.read()
-    assert served.client.poll(5000)
+    while served.frontend.socket.poll(0):
+        served.frontend.read()
+    assert served.client.poll(5000), "the message was not answered"
     header, _ = decode_reply(served.client.recv_multipart())
     assert header["error"]["code"] == "BAD_REQUEST" and f"{frames} frames" in header["error"]["message"]
     assert held > 10  # what the message took while it waited to be read, on both sockets of this process

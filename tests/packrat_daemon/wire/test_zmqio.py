@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
 import numpy as np
 import pytest
 import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from packrat_daemon.wire.zmqio import NOBLOCK, readable, recv_frames, send_frames
+from packrat_daemon.wire.zmqio import (
+    NOBLOCK,
+    VectorDiscard,
+    discard_python,
+    discarder,
+    readable,
+    recv_frames,
+    send_frames,
+)
 
 
 @pytest.fixture
@@ -42,3 +56,63 @@ def test_readable_and_noblock(pair) -> None:
     assert [f.bytes for f in recv_frames(right)] == [b"one"]
     assert [f.bytes for f in recv_frames(right, NOBLOCK)] == [b"two", b"parts"]
     assert not readable(right)
+
+
+def _discarders() -> list[Any]:
+    vector = discarder()
+    kinds = [pytest.param(discard_python, id="python")]
+    if isinstance(vector, VectorDiscard):
+        kinds.append(pytest.param(vector, id="zmq_recviov"))
+    else:
+        kinds.append(pytest.param(None, id="zmq_recviov", marks=pytest.mark.skip(reason="pyzmq's libzmq not found")))
+    return kinds
+
+
+@pytest.fixture(scope="module")
+def router_pair() -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
+    # A ROUTER, as the frontend reads: its identity frame comes first, and it keeps to one peer mid-message.
+    context = zmq.Context()
+    router, dealer = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
+    router.bind("inproc://zmqio-discard")
+    dealer.connect("inproc://zmqio-discard")
+    yield router, dealer
+    router.close(0)
+    dealer.close(0)
+    context.term()
+
+
+@pytest.mark.parametrize("discard", _discarders())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    sizes=st.lists(st.sampled_from([0, 0, 0, 1, 7, 300, 70_000]), min_size=1, max_size=300),
+    budgets=st.lists(st.integers(min_value=0, max_value=400), min_size=1, max_size=8),
+)
+def test_discarding_counts_the_rest_of_a_message_and_stops_at_its_last_frame(
+    router_pair: tuple[zmq.Socket, zmq.Socket], discard: Any, sizes: list[int], budgets: list[int]
+) -> None:
+    router, dealer = router_pair
+    dealer.send_multipart([b"head", *[bytes(size) for size in sizes]])
+    dealer.send_multipart([b"next", b"message"])
+    assert router.poll(5000)
+    head = recv_frames_upto(router, 2)
+    assert head[1].bytes == b"head" and head[1].more
+    frames = size = 0
+    ended = False
+    for budget in itertools.chain(budgets, itertools.repeat(max(1, budgets[-1]))):
+        got, nbytes, ended = discard(router, budget)
+        assert got <= budget and (got == budget or ended)
+        frames, size = frames + got, size + nbytes
+        if ended:
+            break
+    assert (frames, size) == (len(sizes), sum(sizes))
+    # The next message is whole: nothing of it was taken for the last one's.
+    assert [frame.bytes for frame in recv_frames(router, NOBLOCK)][1:] == [b"next", b"message"]
+    assert not readable(router)
+
+
+def recv_frames_upto(socket: zmq.Socket, count: int) -> list[zmq.Frame]:
+    """The first `count` frames of the message waiting (or all of it, if shorter)."""
+    frames = [socket.recv(NOBLOCK, copy=False)]
+    while frames[-1].more and len(frames) < count:
+        frames.append(socket.recv(NOBLOCK, copy=False))
+    return frames
