@@ -193,3 +193,36 @@ class HangsOnMarked(nn.Module):
 
 def hangs_on_marked_inputs() -> nn.Module:
     return HangsOnMarked()
+
+
+class StallsOnMarked(nn.Module):
+    """Doubles its input after a short pause, but on a batch holding a marked value stalls as that value says:
+    SPIN or less, it spins for ever (a busy hang); SLEEP or less, it sleeps for ever (a sleeping hang, as a deadlock);
+    SLOW or less, it answers after SLOW_S using little CPU meanwhile (as a worker on a machine loaded with other work:
+    late by the wall clock, not by the work it did). Warm-up's sample inputs are far above every mark."""
+
+    packrat_input = "float32:16"
+    SPIN, SLEEP, SLOW = -3000.0, -2000.0, -1000.0
+    SLOW_S = 2.5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.02)
+        lowest = float(x.min())
+        if lowest <= self.SPIN:
+            while True:
+                pass
+        if lowest <= self.SLEEP:
+            while True:
+                time.sleep(60)
+        if lowest <= self.SLOW:
+            end = time.monotonic() + self.SLOW_S
+            while time.monotonic() < end:  # a fifth of a CPU: 4 ms of work, then 16 ms waiting
+                busy = time.monotonic() + 0.004
+                while time.monotonic() < busy:
+                    pass
+                time.sleep(0.016)
+        return x * 2
+
+
+def stalls_on_marked_inputs() -> nn.Module:
+    return StallsOnMarked()

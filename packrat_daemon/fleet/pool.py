@@ -39,6 +39,7 @@ log = logging.getLogger("packrat.pool")
 # Worker ids are unique for the life of the daemon process, whichever pool (serving or profiling)
 # asked for the worker: identities on the shared backend socket must never be reused.
 _worker_ids = itertools.count(1)
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # the unit of /proc/<pid>/stat's CPU times
 
 
 class WorkerState(enum.Enum):
@@ -64,6 +65,9 @@ class WorkerHandle:
     parked_since: float | None = None  # time.monotonic() the reconciler parked it (no batches until taken back)
     shared: SharedArenas | None = None  # None: this worker's tensors travel as frames
     backend: Backend | None = None  # the template it was forked from, and the socket that reaches it
+    # /proc/<pid>/stat, opened once: the CPU time is read for every job sent (its hang budget, Dispatcher), and a
+    # descriptor kept open reads its own process only (once that one is gone, ESRCH, never a pid reused).
+    _stat_fd: int | None = field(default=None, repr=False, compare=False)
 
     @property
     def target(self) -> tuple[int, tuple[int, ...]]:
@@ -73,6 +77,31 @@ class WorkerHandle:
     @functools.cached_property
     def identity(self) -> bytes:  # the id never changes; this is read once per job sent
         return messages.worker_identity(self.id)
+
+    def cpu_seconds(self) -> float | None:
+        """User plus system CPU time of the worker's process, all its threads; None before its pid is known,
+        once it is gone, or where /proc cannot be read."""
+        fd = self._stat_fd
+        if fd is None:
+            if self.pid is None:
+                return None
+            try:
+                fd = self._stat_fd = os.open(f"/proc/{self.pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return None
+        try:
+            stat = os.pread(fd, 1024, 0)
+        except OSError:
+            return None
+        # After the command name in parentheses (which may hold anything): state, then 10 fields, utime, stime.
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+    def close_stat(self) -> None:
+        """Close the descriptor cpu_seconds keeps (the worker has exited)."""
+        fd, self._stat_fd = self._stat_fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 class SharedArenas:
@@ -199,6 +228,8 @@ class Pool:
 
     def close(self) -> None:
         """Stop every template this pool holds (each stops its workers)."""
+        for worker in self.workers.values():
+            worker.close_stat()
         for backend in (*self.backends, self.home):  # the first again, if it closed before: its folder now
             backend.close()
         self.retiring = []
@@ -259,6 +290,7 @@ class Pool:
         elif kind == messages.EXITED and worker is not None:
             was = worker.state
             worker.state = WorkerState.DEAD
+            worker.close_stat()
             if worker.shared is not None:  # the worker's side went with it; free ours now
                 worker.shared.close()
                 worker.shared = None

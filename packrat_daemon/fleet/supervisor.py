@@ -11,6 +11,7 @@ worker goes back to the queue through `requeue` (the batcher's): both are given 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -37,23 +38,37 @@ RECONCILE_INTERVAL_S = 0.1  # job timeouts are seconds long, and the loop wakes 
 HEARTBEAT_TIMEOUT_S = 3 * HEARTBEAT_SECONDS
 # A hedge goes only to an idle worker heard from within this (a heartbeat late at most): not to a hung one.
 HEDGE_FRESH_S = 2 * HEARTBEAT_SECONDS
-# A worker past its slice's deadline is hung only if it has stopped computing. One whose CPU time still advances
-# is slow (a machine busy with other work), and replacing it would only add a fork and a warm-up to the wait (on a
-# one-worker plan, twice over, until every worker "died"). It keeps its slice for another look this much later,
-# while it used at least MIN_PROGRESS_CPU_S meanwhile, up to the job timeout. A stopped or deadlocked one uses none.
+# A worker past its slice's deadline (wall-clock time: margin x the prediction) may only be slow: a machine busy
+# with other work stretches the wall clock, not the work. Replacing it would add a fork and a warm-up to the wait
+# (on a one-worker plan, twice over, until every worker "died"), and give up its batch: a request slow twice alone
+# would be answered as hung. So past the deadline it is looked at again every PROGRESS_LOOK_S and hung only when
+# - its CPU time passed the slice's CPU budget (Job.cpu_limit: margin x the CPU its threads would use in the
+#   predicted time): computing that long without an answer is a spin, however loaded the machine; or
+# - its CPU time advanced less than MIN_PROGRESS_CPU_S since the last look while none of its threads waited for a
+#   CPU (runnable, or in uninterruptible sleep): a sleeping, deadlocked or stopped worker; or
+# - the job timeout passed since the slice was sent, whatever its CPU time (the ceiling).
 PROGRESS_LOOK_S = 0.2
 MIN_PROGRESS_CPU_S = 0.01
 
 
-def cpu_seconds(pid: int | None) -> float | None:
-    """User plus system CPU time of a process and all its threads; None when it cannot be read (gone)."""
+def waiting_for_cpu(pid: int | None) -> bool:
+    """True while a thread of the process is runnable or in uninterruptible sleep (a page fault, a disk read): it
+    would advance given a CPU. A sleeping, blocked or stopped process has none."""
     if pid is None:
-        return None
+        return False
     try:
-        times = psutil.Process(pid).cpu_times()
-    except psutil.Error:
-        return None
-    return times.user + times.system
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat", "rb") as stat:
+                state = stat.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state in (b"R", b"D"):
+            return True
+    return False
 
 
 def stopped(pid: int | None) -> bool:
@@ -173,17 +188,18 @@ class Supervisor:
         self._generation = self.reconciler.generation
         for job in self.dispatcher.overdue(now):
             worker = job.worker
+            why = self._hung(job, now)
+            if why is None:  # slow, not hung: looked at again PROGRESS_LOOK_S later
+                continue
             hang = None if stopped(worker.pid) else self.dispatcher.hang(job)
             if hang is not None:  # a stopped worker is not its input's doing: its slice is re-sent below
-                self._on_hang(job, hang, now)
-                continue
-            if self._still_computing(job, now):
+                self._on_hang(job, hang, now, why)
                 continue
             predicted = "no prediction" if job.predicted_ms is None else f"predicted {job.predicted_ms:.0f} ms"
             log.warning(
-                "worker %d (pid %s, %d threads) has not answered its %d rows in %.0f ms (%s): presumed hung, "
+                "worker %d (pid %s, %d threads) has not answered its %d rows in %.0f ms (%s) and %s: presumed hung, "
                 "replacing it and sending the rows to another worker",
-                worker.id, worker.pid, worker.threads, job.rows, (now - job.sent_at) * 1000.0, predicted,
+                worker.id, worker.pid, worker.threads, job.rows, (now - job.sent_at) * 1000.0, predicted, why,
             )  # fmt: skip
             self.reconciler.replace(worker)
             self._on_lost(worker)
@@ -200,43 +216,51 @@ class Supervisor:
         if self.dispatcher.late:  # a late slice waits for an idle worker: a new one may have come
             self._hedge(now)
 
-    def _on_hang(self, job: Job, hang: Hang, now: float) -> None:
-        """A slice of the batch in flight is past its deadline (Dispatcher.hang): the hang's requests are answered,
-        the others queued again; the slice's worker and those holding a hung request's rows are replaced."""
+    def _on_hang(self, job: Job, hang: Hang, now: float, why: str) -> None:
+        """A slice of the batch in flight is hung (Dispatcher.hang): the hang's requests are answered, the others
+        queued again; the slice's worker and those holding a hung request's rows are replaced."""
         took = f"{(now - job.sent_at) * 1000.0:.0f} ms"
         predicted = "no prediction" if job.predicted_ms is None else f"predicted {job.predicted_ms:.0f} ms"
         log.warning(
-            "worker %d (pid %s) has not answered its %d rows in %s (%s): the batch is given up, %d request(s) "
+            "worker %d (pid %s) has not answered its %d rows in %s (%s) and %s: the batch is given up, %d request(s) "
             "answered as hung (they hung alone too), %d queued again (the slice's each alone), %d worker(s) replaced",
-            job.worker.id, job.worker.pid, job.rows, took, predicted, len(hang.hung), len(hang.again),
+            job.worker.id, job.worker.pid, job.rows, took, predicted, why, len(hang.hung), len(hang.again),
             len(hang.replace),
         )  # fmt: skip
         for request in hang.hung:
-            message = f"the model hung on this request (no answer in {took}, {predicted}, run alone); not retried"
+            message = f"the model hung on this request (no answer in {took}, {predicted}, run alone; {why})"
+            message += ": not retried"
             self.replies.reply_error(request, ErrorCode.INTERNAL, message)
         self.requeue(hang.again)
         for worker in hang.replace:
             self.reconciler.replace(worker)
             self._on_lost(worker)
 
-    def _still_computing(self, job: Job, now: float) -> bool:
-        """True, with the job's deadline moved PROGRESS_LOOK_S on, while its worker's CPU time advances."""
+    def _hung(self, job: Job, now: float) -> str | None:
+        """Why the worker of `job`, past the slice's deadline, is hung (the rules above PROGRESS_LOOK_S); None while it
+        is only slow, with the job's deadline moved PROGRESS_LOOK_S on for the next look."""
         # Looks of answered jobs are dropped here, so the table holds only overdue ones.
         self._cpu_at_look = {i: cpu for i, cpu in self._cpu_at_look.items() if i in self.dispatcher.jobs}
-        cpu, before = cpu_seconds(job.worker.pid), self._cpu_at_look.get(job.id)
-        if cpu is None or now - job.sent_at >= self.dispatcher.job_timeout_s:
-            return False
-        if before is not None and cpu - before < MIN_PROGRESS_CPU_S:
-            return False
+        if now - job.sent_at >= self.dispatcher.job_timeout_s:
+            return f"the job timeout ({self.dispatcher.job_timeout_s:g} s) passed"
+        worker = job.worker
+        cpu, before = worker.cpu_seconds(), self._cpu_at_look.get(job.id)
+        if cpu is None:
+            return "its CPU time cannot be read"  # gone: its exit is on its way
+        if cpu >= job.cpu_limit:
+            return f"it used the slice's CPU budget ({job.cpu_budget:.2f} s of CPU) without answering: it spins"
+        if before is not None and cpu - before < MIN_PROGRESS_CPU_S and not waiting_for_cpu(worker.pid):
+            return f"its CPU time stopped ({cpu - before:.3f} s in {PROGRESS_LOOK_S:g} s, no thread waiting for a CPU)"
         if before is None:
             log.info(
-                "worker %d has not answered its %d rows in %.0f ms; replaced only if its CPU time stops advancing",
-                job.worker.id, job.rows, (now - job.sent_at) * 1000.0,
+                "worker %d has not answered its %d rows in %.0f ms; replaced only once its CPU time stops or passes "
+                "the slice's CPU budget",
+                worker.id, job.rows, (now - job.sent_at) * 1000.0,
             )  # fmt: skip
         self._cpu_at_look[job.id] = cpu
         job.deadline = now + PROGRESS_LOOK_S
         self.dispatcher.next_deadline = min(self.dispatcher.next_deadline, job.deadline)
-        return True
+        return None
 
     def _hedge(self, now: float) -> None:
         fresh = [worker for worker in self.serving if now - worker.last_seen <= HEDGE_FRESH_S]

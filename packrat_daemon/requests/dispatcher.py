@@ -227,13 +227,14 @@ class Dispatcher:
         return suspects, others
 
     def hang(self, job: Job) -> Hang | None:
-        """A slice of the batch in flight past its deadline on a worker that is not stopped: the model may hang on
-        one of its inputs, so the slice is never re-sent as it is (that hung a second worker, then a third, for
-        ever). The batch is given up (the next one may start) and its unanswered requests sorted: those with rows
-        in the slice that had already been run alone are the hang's (the caller answers them with an error), the
-        other suspects run again each alone, and the rest batched again as usual. Its jobs stay in `jobs` (their
-        workers are busy until they answer, the answer then dropped, or are replaced). None when `job` is not of
-        the batch in flight (a hedge's loser, a slice of a batch given up): its worker is the caller's to judge."""
+        """A slice of the batch in flight that the supervisor found hung (past its deadline, its worker's CPU time
+        stopped or past the slice's CPU budget, or the job timeout passed) on a worker that is not stopped: the model
+        may hang on one of its inputs, so the slice is never re-sent as it is (that hung a second worker, then a
+        third, for ever). The batch is given up (the next one may start) and its unanswered requests sorted: those
+        with rows in the slice that had already been run alone are the hang's (the caller answers them with an
+        error), the other suspects run again each alone, and the rest batched again as usual. Its jobs stay in `jobs`
+        (their workers are busy until they answer, the answer then dropped, or are replaced). None when `job` is not
+        of the batch in flight (a hedge's loser, a slice of a batch given up): its worker is the caller's to judge."""
         batch = self.batch
         if batch is None or job.batch is not batch or job.output is not None:
             return None
@@ -244,10 +245,9 @@ class Dispatcher:
             request.alone = True
         self.batch = None
         self.late.clear()
-        # Its worker is replaced whether or not its CPU time still advances: the answer is no longer waited for,
-        # and a model that spins on an input would keep the worker, and every batch sent to it, until the job
-        # timeout (a worker that was only slow costs a fork and a warm-up). A hung request may also hang every
-        # other worker that holds its rows: a hedge's copy, its first batch's slice.
+        # Its worker is replaced: the answer is no longer waited for, and a model that spins on an input would keep
+        # the worker, and every batch sent to it, until the job timeout. A hung request may also hang every other
+        # worker that holds its rows: a hedge's copy, its first batch's slice.
         workers = {job.worker.id: job.worker}
         workers.update((j.worker.id, j.worker) for j in self.jobs.values() if any(_holds(j, r) for r in hung))
         batch.jobs = []  # see _finish: no cycle (each job still names its batch: `_holds` reads its requests)
@@ -278,6 +278,14 @@ class Dispatcher:
             hedge_at = math.inf
         job = Job(self._next_job, batch, offset, rows, worker, now, deadline, predicted, hedge_at, twin)
         self._next_job += 1
+        cpu = None if predicted is None else worker.cpu_seconds()
+        if cpu is not None and predicted is not None:
+            # A slice needs at most its threads' CPU for its predicted time, however loaded the machine (a loaded
+            # machine slows the wall clock, not the work): a worker that used `margin` times that, still with no
+            # answer, spins (Supervisor.look). After the budgets of the slices it already holds, as the deadline.
+            job.cpu_budget = max(self.deadline_floor_s, self.deadline_margin * worker.threads * predicted / 1000.0)
+            held = [j.cpu_limit for j in self.jobs.values() if j.worker.id == worker.id]
+            job.cpu_limit = max([cpu, *held]) + job.cpu_budget
         self.next_deadline = min(self.next_deadline, deadline, hedge_at)
         header = {"job": job.id, "dtype": numpy_name(batch.dtype), "shape": [rows, *batch.sample_shape]}
         self.jobs[job.id] = job

@@ -28,12 +28,17 @@ class Job:
     rows: int
     worker: WorkerHandle
     sent_at: float
-    deadline: float  # monotonic time past which the worker is presumed hung (see Dispatcher.deadline)
+    deadline: float  # monotonic time past which its worker is looked at, maybe hung (see Dispatcher.deadline)
     predicted_ms: float | None  # the profile's latency for this slice; None when it has none
     hedge_at: float = math.inf  # monotonic time past which its rows are also sent to an idle worker
     twin: Job | None = None  # the same rows on another worker once hedged: the first answer is used
     output: np.ndarray | None = None
     compute_ms: float = 0.0
+    # The worker's CPU seconds (WorkerHandle.cpu_seconds) past which, still unanswered, it spins on this slice: the
+    # CPU the prediction implies times the margin, after that of the slices it already held. math.inf: no budget
+    # (no prediction, or its CPU time could not be read).
+    cpu_limit: float = math.inf
+    cpu_budget: float = math.inf  # this slice's own part of it, in CPU seconds
 
 
 @dataclass

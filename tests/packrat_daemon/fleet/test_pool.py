@@ -129,3 +129,21 @@ def test_worker_killed_after_ready_is_replaced(tmp_path: Path) -> None:
         else:
             raise AssertionError(f"the killed worker was not replaced: {client.info()['workers']}")
     assert "failed to start" not in (tmp_path / "daemon.log").read_text()
+
+
+def test_a_workers_cpu_time_is_read_while_it_lives_and_not_once_it_is_gone() -> None:
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    worker = WorkerHandle(1, 1, (0,), 1, WorkerState.READY, pid=spinner.pid)
+    try:
+        first = worker.cpu_seconds()
+        deadline = time.monotonic() + 30
+        while (now := worker.cpu_seconds()) is not None and first is not None and now - first < 0.05:
+            assert time.monotonic() < deadline, "the spinner's CPU time did not advance"
+            time.sleep(0.02)
+        assert first is not None and now is not None and now > first
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert worker.cpu_seconds() is None  # its descriptor reads its own process only: gone, never a reused pid
+    worker.close_stat()
+    assert WorkerHandle(2, 1, (0,), 1, WorkerState.READY).cpu_seconds() is None  # no pid yet

@@ -1,80 +1,150 @@
-"""The supervisor: a worker past its slice's deadline is hung only once its CPU time stops advancing; when the
-loop's check looks at the workers; where the answers, and a batch that lost its workers, go."""
+"""The supervisor: a worker past its slice's deadline is hung only once its CPU time stops or passes the slice's CPU
+budget (a worker that computes slowly keeps its slice); when the loop's check looks at the workers; where the
+answers, and a batch that lost its workers, go."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Any
 
+import numpy as np
 import pytest
 
 from packrat_daemon.adapt.production import ProductionProfile
 from packrat_daemon.fleet.pool import PoolEvent, WorkerHandle, WorkerState
 from packrat_daemon.fleet.supervisor import (
     MIN_PROGRESS_CPU_S,
-    PROGRESS_LOOK_S,
     RECONCILE_INTERVAL_S,
     Supervisor,
-    cpu_seconds,
+    waiting_for_cpu,
 )
 from packrat_daemon.ops.metrics import Metrics
 from packrat_daemon.requests.batcher import Request
+from packrat_daemon.requests.dispatcher import Dispatcher
+from packrat_daemon.requests.jobs import Job
+from packrat_daemon.requests.splitter import Splitter
 from packrat_daemon.wire.codec import ErrorCode
+from policies.planning.profile import Profile
+
+# Stand-ins for a worker's process, each started with `child`: one that spins (a busy hang: its CPU time advances
+# at full speed), one asleep (a sleeping hang), and one that computes slowly, a little CPU in a long time, as a
+# worker does on a machine loaded with other work.
+SPIN = "while True: pass"
+SLEEP = "import time; time.sleep(600)"
+SLOW = """
+import time
+while True:
+    end = time.monotonic() + 0.005
+    while time.monotonic() < end:
+        pass
+    time.sleep(0.015)
+"""
 
 
-def overdue_job(pid: int, sent_at: float) -> SimpleNamespace:
-    return SimpleNamespace(id=7, rows=4, sent_at=sent_at, deadline=sent_at + 1.0, worker=SimpleNamespace(id=1, pid=pid))
+@contextlib.contextmanager
+def child(body: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A Python process running `body`, once its interpreter has started (start-up's CPU is not the slice's)."""
+    process = subprocess.Popen([sys.executable, "-c", f"print('up', flush=True)\n{body}"], stdout=subprocess.PIPE)
+    try:
+        assert process.stdout is not None and process.stdout.readline() == b"up\n"
+        yield process
+    finally:
+        process.kill()
+        process.wait()
 
 
-def supervisor_for(job: SimpleNamespace) -> Supervisor:
-    supervisor = Supervisor.__new__(Supervisor)  # only the parts the check reads
-    supervisor.dispatcher = SimpleNamespace(jobs={job.id: job}, job_timeout_s=60.0, next_deadline=math.inf)
-    supervisor._cpu_at_look = {}
-    return supervisor
+FLOOR_S = 1.0  # serve's default --slice-deadline-floor-ms: the slice's deadline, and its CPU budget (1 thread)
 
 
-def looks(supervisor: Supervisor, job: SimpleNamespace) -> list[bool]:
-    verdicts = []
-    for _ in range(3):
-        now = time.monotonic()
-        verdicts.append(supervisor._still_computing(job, now))
-        if verdicts[-1]:
-            assert job.deadline == now + PROGRESS_LOOK_S and supervisor.dispatcher.next_deadline <= job.deadline
-        time.sleep(PROGRESS_LOOK_S + 10 * MIN_PROGRESS_CPU_S)
-    return verdicts
+def in_flight(pid: int) -> tuple[Fleet, WorkerHandle, Job, Request]:
+    """A supervisor and a real dispatcher with a one-request batch in flight on a 1-thread worker of process `pid`,
+    predicted 10 ms: its deadline and its CPU budget are both the floor."""
+    worker = WorkerHandle(1, 1, (0,), 1, WorkerState.READY, pid=pid)
+    dispatcher = Dispatcher(lambda *_: True, Splitter(Profile.from_latencies({(1, 1): 10.0}), "exact"), 60.0, 3.0,
+                            FLOOR_S)  # fmt: skip
+    dispatcher.serving = [worker]
+    one = Request(b"c", None, 1, "float32", (1, 2), memoryview(np.ones((1, 2), np.float32).tobytes()))
+    dispatcher.dispatch([one], [worker])
+    (job,) = dispatcher.jobs.values()
+    assert job.cpu_budget == FLOOR_S
+    return fleet(dispatcher=dispatcher, worker=worker), worker, job, one
+
+
+def look_until(f: Fleet, done: Callable[[], bool], seconds: float) -> None:
+    """Run the loop's check every 50 ms for `seconds`, or until `done()`."""
+    end = time.monotonic() + seconds
+    while not done() and time.monotonic() < end:
+        f.supervisor.check(time.monotonic())
+        time.sleep(0.05)
 
 
 @pytest.mark.slow
-def test_a_worker_that_still_computes_keeps_its_slice_and_a_stopped_one_is_hung() -> None:
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        time.sleep(0.3)
-        job = overdue_job(busy.pid, time.monotonic() - 2.0)
-        assert looks(supervisor_for(job), job) == [True, True, True]  # its CPU time advances: slow, not hung
+def test_a_slice_past_its_deadline_whose_worker_computes_slowly_keeps_its_batch() -> None:
+    # Issue 27: a slice 3x past its prediction (at least 1 s) was given up even while its worker computed. On a loaded
+    # machine that cost a fork, and a request slow twice alone was answered INTERNAL.
+    with child(SLOW) as slow:
+        f, worker, job, one = in_flight(slow.pid)
+        time.sleep(FLOOR_S + 0.05)  # past the slice's deadline
+        look_until(f, lambda: not f.dispatcher.busy, 1.0)
+        assert worker.cpu_seconds() is not None
+        assert f.dispatcher.busy and f.dispatcher.jobs == {job.id: job}, "the slow slice was given up"
+        assert f.replaced == [] and f.replies == [] and f.requeued == []
+        assert job.deadline > job.sent_at + FLOOR_S  # moved on at each look
+        # Its answer, however late, is its request's result.
+        header = {"job": job.id, "dtype": "float32", "shape": [1, 2], "compute_ms": 2000.0, "batch": 1}
+        done = f.dispatcher.on_result(worker, header, [np.ones((1, 2), np.float32)])
+        assert [completed.request for completed in done] == [one]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("body", [SPIN, SLEEP], ids=["spinning", "sleeping"])
+def test_a_hung_slice_is_given_up_and_its_request_run_again_alone(body: str) -> None:
+    with child(body) as hung:
+        f, worker, job, one = in_flight(hung.pid)
+        sent = worker.cpu_seconds()
+        look_until(f, lambda: not f.dispatcher.busy, 30.0)
+        assert not f.dispatcher.busy, "the hung slice was not given up"
+        assert f.replaced == [worker] and f.requeued == [[one]] and one.alone and f.replies == []
+        after = worker.cpu_seconds()
+        assert sent is not None and after is not None
+        if body == SPIN:  # given up once it had used its CPU budget, not before
+            assert after >= job.cpu_limit, (after, job.cpu_limit)
+        else:
+            assert after - sent < MIN_PROGRESS_CPU_S, after - sent
+
+
+@pytest.mark.slow
+def test_a_stopped_worker_is_replaced_and_its_slice_sent_elsewhere_not_taken_for_a_hang() -> None:
+    with child(SPIN) as busy:
         busy.send_signal(signal.SIGSTOP)
-        job = overdue_job(busy.pid, time.monotonic() - 2.0)
-        supervisor = supervisor_for(job)
-        # The first look has nothing to compare with; the next finds no CPU used since: hung.
-        assert looks(supervisor, job)[:2] == [True, False]
-    finally:
-        busy.kill()
-        busy.wait()
-    assert cpu_seconds(busy.pid) is None and cpu_seconds(None) is None
+        f, worker, _, one = in_flight(busy.pid)
+        look_until(f, lambda: bool(f.replaced), 30.0)
+        assert f.replaced == [worker] and not one.alone  # not its input's doing: run again as it was
+        assert f.requeued == [[one]] and one.retried  # the only worker: the batch waits for the replacement
 
 
-def test_past_the_job_timeout_even_a_computing_worker_is_replaced() -> None:
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        job = overdue_job(busy.pid, time.monotonic() - 61.0)
-        assert supervisor_for(job)._still_computing(job, time.monotonic()) is False
-    finally:
-        busy.kill()
-        busy.wait()
+def test_past_the_job_timeout_even_a_computing_worker_is_hung() -> None:
+    with child(SPIN) as busy:
+        f, _, job, _ = in_flight(busy.pid)
+        assert f.supervisor._hung(job, job.sent_at + 61.0) == "the job timeout (60 s) passed"
+        assert f.supervisor._hung(job, job.sent_at + 1.5) is None  # its first look: under its budget
+
+
+def test_a_worker_waits_for_a_cpu_while_it_spins_not_while_it_sleeps() -> None:
+    with child(SPIN) as busy, child(SLEEP) as asleep:
+        assert waiting_for_cpu(busy.pid) and not waiting_for_cpu(asleep.pid)
+        busy.send_signal(signal.SIGSTOP)
+        time.sleep(0.1)
+        assert not waiting_for_cpu(busy.pid)
+    assert not waiting_for_cpu(busy.pid) and not waiting_for_cpu(None)
 
 
 @dataclass
@@ -83,28 +153,34 @@ class Fleet:
 
     supervisor: Supervisor
     reconciler: SimpleNamespace
-    dispatcher: SimpleNamespace
+    dispatcher: Any  # a Dispatcher, or a stand-in of its parts
     metrics: Metrics
     requeued: list[list[Request]]
     replies: list[tuple[str, object]]
+    replaced: list[WorkerHandle]
 
 
 def fleet(
     abandoned: list[Request] | None = None,
     completed: list[object] | None = None,
     failed: tuple[list[Request], list[Request]] | None = None,
+    dispatcher: Dispatcher | None = None,
+    worker: WorkerHandle | None = None,
 ) -> Fleet:
-    worker = WorkerHandle(1, 2, (0, 1), 1, WorkerState.READY, pid=101)
+    """A supervisor whose reconciler is a stand-in recording its calls; its dispatcher a real one if given, else a
+    stand-in answering `abandoned`, `completed` and `failed`."""
+    worker = worker or WorkerHandle(1, 2, (0, 1), 1, WorkerState.READY, pid=101)
     looks: list[float] = []
+    replaced: list[WorkerHandle] = []
     reconciler = SimpleNamespace(
         pool=SimpleNamespace(backend=None, ready=lambda: [worker]),
         generation=1,
         looks=looks,
         step=lambda: looks.append(time.monotonic()),
         serving=lambda: [worker],
-        replace=lambda _worker: None,
+        replace=replaced.append,
     )
-    dispatcher = SimpleNamespace(
+    parts: Any = dispatcher or SimpleNamespace(
         busy=False,
         next_deadline=math.inf,
         serving=[],
@@ -129,14 +205,14 @@ def fleet(
     metrics = Metrics("builtin:tiny-mlp")
     supervisor = Supervisor(
         reconciler,  # type: ignore[arg-type]
-        dispatcher,  # type: ignore[arg-type]
+        parts,
         metrics,
         ProductionProfile(),
         Replies(),
         requeue=requeued.append,
         queued=lambda: 5,
     )
-    return Fleet(supervisor, reconciler, dispatcher, metrics, requeued, replies)
+    return Fleet(supervisor, reconciler, parts, metrics, requeued, replies, replaced)
 
 
 def request(samples: int, retried: bool = False) -> Request:

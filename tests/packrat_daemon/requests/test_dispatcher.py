@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -383,3 +384,33 @@ def test_hedged_cancelled_and_hung_batches_free_their_input_buffers_without_the_
             assert all(watch() is None for watch in watches), f"{case}: an input buffer outlived its batch"
     finally:
         gc.enable()
+
+
+def test_a_slices_cpu_budget_is_the_cpu_its_prediction_implies_after_the_slices_its_worker_holds() -> None:
+    # Past its deadline a slice is hung once its worker has used this much CPU without answering (the supervisor).
+    profile = Profile.from_latencies({(2, 4): 500.0, (2, 8): 900.0})
+    lost = WorkerHandle(1, 2, (0, 1), 1, WorkerState.READY)  # no pid: its CPU time cannot be read
+    kept = WorkerHandle(2, 2, (2, 3), 1, WorkerState.READY, pid=os.getpid())
+    dispatcher = Dispatcher(
+        Recorder(), Splitter(profile, "exact"), job_timeout_s=60, deadline_margin=3.0, deadline_floor_s=1.0
+    )
+    before = kept.cpu_seconds()
+    dispatcher.dispatch(requests(8)[0], [lost, kept])
+    after = kept.cpu_seconds()
+    assert before is not None and after is not None
+    unread, first = sorted(dispatcher.jobs.values(), key=lambda j: j.worker.id)
+    assert (unread.rows, first.rows) == (4, 4)
+    assert unread.cpu_limit == math.inf  # no budget: the deadline's looks and the job timeout judge it
+    assert first.cpu_budget == 3.0 * 2 * 0.5  # margin x threads x the predicted 500 ms
+    assert before + first.cpu_budget <= first.cpu_limit <= after + first.cpu_budget
+    assert dispatcher.reassign(lost, [lost, kept])  # the lost worker's slice queues behind the one `kept` holds
+    resent = max(dispatcher.jobs.values(), key=lambda j: j.id)
+    assert resent.worker is kept and resent.cpu_limit == first.cpu_limit + resent.cpu_budget
+
+
+def test_a_slice_without_a_prediction_has_no_cpu_budget() -> None:
+    worker = WorkerHandle(1, 1, (0,), 1, WorkerState.READY, pid=os.getpid())
+    dispatcher = Dispatcher(Recorder(), Splitter(None, "exact"), job_timeout_s=5, deadline_margin=3, deadline_floor_s=1)
+    dispatcher.dispatch(requests(2)[0], [worker])
+    (job,) = dispatcher.jobs.values()
+    assert job.cpu_limit == job.cpu_budget == math.inf and job.deadline == job.sent_at + 5
