@@ -35,13 +35,16 @@ from packrat_daemon import reload
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.fleet.backend import Backend, ModelInfo
 from packrat_daemon.measure import accuracy, emulation
+from packrat_daemon.measure.bench import Bench
 from packrat_daemon.measure.profiling import ProfileFile, check_splits, measure_profile
 from packrat_daemon.measure.runtime_choice import (
     MEASURING,
+    SCREEN_MARGIN,
     RuntimeOption,
     choose_checked,
     choose_runtime,
     ms_text,
+    screened_slower,
     verdicts,
 )
 from packrat_daemon.ops.hardening import check_endpoint, private_dir, raise_fd_limit, warn_if_root
@@ -147,20 +150,15 @@ def start_up(
     if first is not None:
         return _answer_first(first, pairs, identities, config, topology, context, policy, profiles, interrupted,
                              metrics, state)  # fmt: skip
-    candidates: list[RuntimeCandidate] = []
+    screened: dict[str, str] = {}
+    candidates = prepare_candidates(pairs, config, topology, context, policy, profiles, measure, interrupted,
+                                    metrics, state, refused, screened)  # fmt: skip
     try:
-        for runtime, precision in pairs:
-            candidate = prepare_runtime(
-                runtime, config, topology, context, policy, profiles, measure, interrupted, precision, metrics, state,
-                refused,
-            )  # fmt: skip
-            if candidate is not None:
-                candidates.append(candidate)
         # The split check runs before the other candidates' templates stop: it may make another one fastest.
         served, reason = _settle(candidates, config, policy, topology, profiles, state, interrupted)
         if not state.choice_restored:
             predicted = {candidate.key: _predicted(candidate.plan, candidate.profile) for candidate in candidates}
-            state.choice = Choice(verdicts(served.key, reason, predicted, refused), identities, settings)
+            state.choice = Choice(verdicts(served.key, reason, predicted, refused, screened), identities, settings)
     except BaseException:
         for candidate in candidates:
             candidate.backend.close()
@@ -312,22 +310,23 @@ class Measuring:
     def _measure(self) -> Measured:
         config, state, stop = self.config, self.recorder, self._stop.is_set
         refused: dict[str, str] = {}
-        candidates: list[RuntimeCandidate] = []
+        screened: dict[str, str] = {}
+
+        def decided(key: str) -> None:
+            self.remaining = [each for each in self.remaining if each != key]
+
+        candidates = prepare_candidates(
+            self.pairs, config, self.topology, self.context, self.policy, self.profiles, True, stop, self.metrics,
+            state, refused, screened, MEASURE_NICE, decided,
+        )  # fmt: skip
         try:
-            for runtime, precision in self.pairs:
-                candidate = prepare_runtime(
-                    runtime, config, self.topology, self.context, self.policy, self.profiles, True, stop, precision,
-                    self.metrics, state, refused, nice=MEASURE_NICE,
-                )  # fmt: skip
-                self.remaining = self.remaining[1:]
-                if candidate is not None:
-                    candidates.append(candidate)
             served, reason = _settle(candidates, config, self.policy, self.topology, self.profiles, state, stop)
         finally:
             for candidate in candidates:
                 candidate.backend.close()
         predicted = {candidate.key: _predicted(candidate.plan, candidate.profile) for candidate in candidates}
-        choice = Choice(verdicts(served.key, reason, predicted, refused), self.identities, choice_settings(config))
+        choice = Choice(verdicts(served.key, reason, predicted, refused, screened), self.identities,
+                        choice_settings(config))  # fmt: skip
         for verdict in choice.verdicts:
             expected = "" if verdict.predicted_ms is None else f" (predicted {ms_text(verdict.predicted_ms)} ms)"
             log.info("candidate %s: %s%s, measured while %s served: %s", verdict.candidate, verdict.verdict,
@@ -466,6 +465,91 @@ def prepare_runtime(
     """Start a template for `runtime` at `precision`, run the accuracy guard on a reduced precision (or take the
     state file's, run under the same settings), get the profile (file, state file or measured) and the policy's
     plan. None: `--precision auto` and the guard refused it (why goes into `refused`, by the candidate's label)."""
+    loaded = _load(runtime, precision, config, topology, context, state or StateKeeper(None), nice)
+    try:
+        if not _guard(loaded, config, metrics, refused):
+            loaded.backend.close()
+            return None
+        return _profile_and_plan(loaded, config, topology, policy, profiles, measure, interrupted)
+    except BaseException:
+        loaded.backend.close()
+        raise
+
+
+def prepare_candidates(
+    pairs: list[tuple[str, str]],
+    config: ServeConfig,
+    topology: Topology,
+    context: zmq.Context,
+    policy: Policy,
+    profiles: ProfileFile,
+    measure: bool,
+    interrupted: Interrupted,
+    metrics: Metrics | None,
+    state: StateKeeper,
+    refused: dict[str, str],
+    screened: dict[str, str],
+    nice: int = 0,
+    decided: Callable[[str], None] = lambda key: None,
+    margin: float = SCREEN_MARGIN,
+) -> list[RuntimeCandidate]:
+    """Every (runtime, precision) of `pairs` prepared as `prepare_runtime` does, with one saving when several are
+    measured: each candidate without a saved profile is first timed at one cell (every core, the largest batch:
+    `screen_cell`), and one screened more than `margin` slower than the fastest the guard passed is neither
+    guarded nor profiled (why goes into `screened`). The guard and the profile then go fastest first.
+    `decided(key)` is told each candidate's fate as it is known (`Measuring.status`)."""
+    loaded: list[Loaded] = []
+    candidates: list[RuntimeCandidate] = []
+    try:
+        for runtime, precision in pairs:
+            if interrupted():
+                raise KeyboardInterrupt
+            loaded.append(_load(runtime, precision, config, topology, context, state, nice))
+        fresh = [each for each in loaded if each.saved is None and not (config.profile and not config.emulate_measure)]
+        screening = measure and len(fresh) > 1
+        screens = {each.key: screen_cell(each, topology, config, interrupted) for each in fresh} if screening else {}
+        order = sorted(loaded, key=lambda each: screens.get(each.key, 0.0))  # the saved first: nothing to time
+        fastest: tuple[str, float] | None = None
+        for each in order:
+            ms = screens.get(each.key)
+            why = None if ms is None or fastest is None else screened_slower(ms, fastest[1], fastest[0], margin)
+            if why is not None:
+                screened[each.key] = why
+                log.info("candidate %s: not profiled: %s", each.key, why)
+            elif _guard(each, config, metrics, refused):
+                candidates.append(_profile_and_plan(each, config, topology, policy, profiles, measure, interrupted))
+                if ms is not None and fastest is None:
+                    fastest = (each.key, ms)
+                loaded.remove(each)
+            decided(each.key)
+    except BaseException:
+        for candidate in candidates:
+            candidate.backend.close()
+        raise
+    finally:
+        for each in loaded:  # screened out, refused, or left when a failure or a stop came
+            each.backend.close()
+    return candidates
+
+
+@dataclass
+class Loaded:
+    """One candidate's template, loaded, before its guard and its profile, with what the state file holds for it."""
+
+    key: str
+    precision: str
+    backend: Backend
+    info: ModelInfo
+    identity: dict[str, Any]
+    saved: Entry | None
+    state: StateKeeper
+    guarded: dict[str, Any] | None = None  # the guard's result and settings, once it passed
+
+
+def _load(
+    runtime: str, precision: str, config: ServeConfig, topology: Topology, context: zmq.Context, state: StateKeeper,
+    nice: int,
+) -> Loaded:  # fmt: skip
     key = profile_key(runtime, precision)
     run_dir = None if config.run_dir is None else os.path.join(config.run_dir, key.replace("/", "-"))
     backend = Backend(context, run_dir)
@@ -483,59 +567,89 @@ def prepare_runtime(
             precision=template_precision(precision, config.calibration), nice=nice,
         )  # fmt: skip
         info = backend.wait_template(config.startup_timeout_s)
-        log.info("model %s: input %s %s per sample", config.model, info.dtype, list(info.shape))
-        state = state or StateKeeper(None)
-        ident = state.identity(config, info.runtime, info.precision, topology.usable_cores)
-        saved = state.restore(key, ident)
-        guarded: dict[str, Any] | None = None
-        if precision != "fp32":
-            settings = state.guard_settings(config)
-            if saved is not None and saved.guard is not None and saved.guard.get("settings") == settings:
-                result = saved.guard["result"]
-                log.info("accuracy guard: %s passed at an earlier start under the same settings (max relative "
-                         "error %.2e); not run again", key, float(result["max_rel_error"]))  # fmt: skip
-            else:
-                guard = run_guard(config, info, precision, metrics, refused)
-                if guard is None:
-                    backend.close()
-                    return None
-                result = guard.to_json()
-            guarded = {"result": result, "settings": settings}
-            info = dataclasses.replace(info, guard=result)
-        entry = None
-        if config.profile and not config.emulate_measure:
-            read = read_profile(config.profile, info.runtime, info.precision)
-            log.info("profile %s: %d cells for %s", config.profile, len(read), info.runtime)
-            profiles.know(read)
-            profile: Profile | None = read
-        elif saved is not None:
-            profile, entry = saved.profile, saved
-            age = (time.time() - saved.measured_unix) / 3600
-            log.info("state: %s profile from %s (%d cells measured %.1f h ago); not measured again",
-                     key, state.path, len(profile), age)  # fmt: skip
-            profiles.know(profile)
-        elif measure:
-            distribution = distribution_for(config)
-            profile, estimated = measure_profile(
-                backend, info, config, topology, distribution, lambda p: policy.plan(p, topology, distribution),
-                interrupted,
-            )  # fmt: skip
-            entry = Entry(ident, profile, estimated)
-            if profiles.save(profile):
-                log.info("profile saved to %s", config.save_profile)
-        else:
-            profile = None
-        if profile is not None:
-            kept = entry or Entry(ident, profile)
-            kept.guard = guarded
-            state.record(key, kept)
-        plan = policy.plan(profile, topology, distribution_for(config))
     except BaseException:
         backend.close()
         raise
+    log.info("model %s: input %s %s per sample", config.model, info.dtype, list(info.shape))
+    ident = state.identity(config, info.runtime, info.precision, topology.usable_cores)
+    return Loaded(key, precision, backend, info, ident, state.restore(key, ident), state)
+
+
+def _guard(loaded: Loaded, config: ServeConfig, metrics: Metrics | None, refused: dict[str, str] | None) -> bool:
+    """The accuracy guard on a reduced precision, or the state file's run under the same settings; False: refused
+    under `--precision auto` (why in `refused`)."""
+    if loaded.precision == "fp32":
+        return True
+    settings = loaded.state.guard_settings(config)
+    saved = loaded.saved
+    if saved is not None and saved.guard is not None and saved.guard.get("settings") == settings:
+        result = saved.guard["result"]
+        log.info("accuracy guard: %s passed at an earlier start under the same settings (max relative "
+                 "error %.2e); not run again", loaded.key, float(result["max_rel_error"]))  # fmt: skip
+    else:
+        guard = run_guard(config, loaded.info, loaded.precision, metrics, refused)
+        if guard is None:
+            return False
+        result = guard.to_json()
+    loaded.guarded = {"result": result, "settings": settings}
+    return True
+
+
+def _profile_and_plan(
+    loaded: Loaded, config: ServeConfig, topology: Topology, policy: Policy, profiles: ProfileFile, measure: bool,
+    interrupted: Interrupted,
+) -> RuntimeCandidate:  # fmt: skip
+    """The candidate's profile (file, state file or measured), recorded in the state file with its guard, and the
+    policy's plan on it."""
+    state, saved, key, backend = loaded.state, loaded.saved, loaded.key, loaded.backend
+    guarded = loaded.guarded
+    info = loaded.info if guarded is None else dataclasses.replace(loaded.info, guard=guarded["result"])
+    entry = None
+    if config.profile and not config.emulate_measure:
+        read = read_profile(config.profile, info.runtime, info.precision)
+        log.info("profile %s: %d cells for %s", config.profile, len(read), info.runtime)
+        profiles.know(read)
+        profile: Profile | None = read
+    elif saved is not None:
+        profile, entry = saved.profile, saved
+        age = (time.time() - saved.measured_unix) / 3600
+        log.info("state: %s profile from %s (%d cells measured %.1f h ago); not measured again",
+                 key, state.path, len(profile), age)  # fmt: skip
+        profiles.know(profile)
+    elif measure:
+        distribution = distribution_for(config)
+        profile, estimated = measure_profile(
+            backend, info, config, topology, distribution, lambda p: policy.plan(p, topology, distribution),
+            interrupted,
+        )  # fmt: skip
+        entry = Entry(loaded.identity, profile, estimated)
+        if profiles.save(profile):
+            log.info("profile saved to %s", config.save_profile)
+    else:
+        profile = None
+    if profile is not None:
+        kept = entry or Entry(loaded.identity, profile)
+        kept.guard = guarded
+        state.record(key, kept)
+    plan = policy.plan(profile, topology, distribution_for(config))
     if saved is not None:
         state.restored_from = str(state.path)
     return RuntimeCandidate(backend, info, profile, plan, restored=saved is not None)
+
+
+def screen_cell(loaded: Loaded, topology: Topology, config: ServeConfig, interrupted: Interrupted) -> float:
+    """One candidate timed at one cell before any is profiled: one worker on every usable core at the largest
+    planned batch, the cell that tells runtimes apart most cheaply (one fork, and the batch the plan weighs most)."""
+    if interrupted():
+        raise KeyboardInterrupt
+    threads, batch = topology.usable_cores, distribution_for(config).max_batch
+    bench = Bench(loaded.backend, topology, loaded.info, repeats=3)
+    try:
+        ms = bench.measure_cell(threads, batch).latency_ms
+    finally:
+        bench.close()
+    log.info("screening %s: t=%d b=%d: %s ms", loaded.key, threads, batch, ms_text(ms))
+    return ms
 
 
 def run_guard(

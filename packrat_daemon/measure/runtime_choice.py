@@ -26,6 +26,9 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 NEAR_TIE = 0.02  # expected latencies within 2% are a tie
+# Before several candidates are profiled, each is timed at one cell; one this much slower than the fastest there
+# is not profiled. Splitting can change which runtime is fastest, but by a few percent, not by half.
+SCREEN_MARGIN = 1.5
 
 K = TypeVar("K", bound=Hashable)
 
@@ -126,15 +129,28 @@ class Verdict:
                    str(data.get("why", "")))  # fmt: skip
 
 
-def verdicts(served: str, reason: str, predicted: Mapping[str, float], refused: Mapping[str, str]) -> list[Verdict]:
+def screened_slower(ms: float, fastest_ms: float, fastest: str, margin: float = SCREEN_MARGIN) -> str | None:
+    """Why a candidate timed at `ms` on the screening cell is not profiled, or None: it is not more than `margin`
+    slower than the fastest candidate screened whose guard passed (`fastest`, at `fastest_ms`)."""
+    if ms <= fastest_ms * margin:
+        return None
+    return (f"{ms / fastest_ms:.2f}× {fastest}'s time on the screening cell ({ms_text(ms)} ms against "
+            f"{ms_text(fastest_ms)} ms), beyond {margin:.2f}×")  # fmt: skip
+
+
+def verdicts(
+    served: str, reason: str, predicted: Mapping[str, float], refused: Mapping[str, str],
+    screened: Mapping[str, str] | None = None,
+) -> list[Verdict]:  # fmt: skip
     """Each candidate's verdict once `served` was chosen for `reason` (choose_runtime's) on the `predicted`
-    expected latencies of those measured; `refused`: the accuracy guard's account of those it left out."""
+    expected latencies of those measured; `refused`: the accuracy guard's account of those it left out;
+    `screened`: why each candidate left out at screening (`screened_slower`) was."""
     best = predicted.get(served, math.inf)
     out = []
     for name, ms in predicted.items():
         known = None if math.isinf(ms) else ms
         if name == served:
-            why = "the only candidate" if len(predicted) + len(refused) == 1 else reason
+            why = "the only candidate" if len(predicted) + len(refused) + len(screened or {}) == 1 else reason
             out.append(Verdict(name, SERVED, known, why))
         elif math.isinf(ms):
             out.append(Verdict(name, SLOWER, None, f"no latency predicted; {served} was chosen ({reason})"))
@@ -144,5 +160,6 @@ def verdicts(served: str, reason: str, predicted: Mapping[str, float], refused: 
             behind = ms / best - 1.0
             tie = "; within the near tie, so decided at the worst batch size" if behind <= NEAR_TIE else ""
             out.append(Verdict(name, SLOWER, known, f"{behind:+.1%} on {served}'s {ms_text(best)} ms{tie}"))
+    out += [Verdict(name, SLOWER, None, f"not profiled: {why}") for name, why in (screened or {}).items()]
     out += [Verdict(name, REFUSED, None, f"accuracy guard: {why}") for name, why in refused.items()]
     return out

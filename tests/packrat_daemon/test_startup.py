@@ -318,3 +318,45 @@ def test_a_first_start_answers_at_once_then_switches_runtime_under_traffic_with_
     still = log.index("still measuring onnxruntime in the background")
     assert still < log.index("serving on ") < log.index("switching to onnxruntime")
     assert log.index("switching to onnxruntime") < log.index(closed)
+
+
+@pytest.mark.slow
+def test_several_candidates_are_screened_at_one_cell_and_one_far_behind_is_never_profiled(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Real templates of two runtimes: each is timed at the screening cell; with a margin under 1 every candidate
+    but the fastest is beyond it, so exactly one is profiled and the other says why it was not."""
+    from packrat_daemon.measure import emulation
+    from packrat_daemon.measure.profiling import ProfileFile
+    from packrat_daemon.ops.state import StateKeeper
+    from packrat_daemon.startup import policy_for, prepare_candidates
+
+    config = ServeConfig(model="builtin:tiny-mlp", max_batch=4, batches=[1, 4], split_check_rounds=0)
+    topology = emulation.topology(config)
+    refused: dict[str, str] = {}
+    screened: dict[str, str] = {}
+    decided: list[str] = []
+    context = zmq.Context()
+    try:
+        with caplog.at_level(logging.INFO, logger="packrat.daemon"):
+            candidates = prepare_candidates(
+                [("torch", "fp32"), ("onnxruntime", "fp32")], config, topology, context, policy_for(config),
+                ProfileFile(None), True, lambda: False, None, StateKeeper(None), refused, screened,
+                decided=decided.append, margin=0.5,
+            )  # fmt: skip
+        try:
+            (profiled,) = candidates
+            (left,) = screened
+            assert {profiled.key, left} == {"torch", "onnxruntime"} and not refused
+            assert profiled.profile is not None and len(profiled.profile) > 0
+            assert f"× {profiled.key}'s time" in screened[left]
+            assert sorted(decided) == ["onnxruntime", "torch"]
+            cores = topology.usable_cores
+            assert f"screening torch: t={cores} b=4:" in caplog.text
+            assert f"screening onnxruntime: t={cores} b=4:" in caplog.text
+            assert f"profile {profiled.key}: " in caplog.text and f"profile {left}: " not in caplog.text
+        finally:
+            for candidate in candidates:
+                candidate.backend.close()
+    finally:
+        context.term()

@@ -97,3 +97,15 @@ def test_each_candidate_gets_a_verdict_saying_why_it_won_or_lost() -> None:
     assert verdicts("torch", "r", {"torch": 5.0}, {})[0].why == "the only candidate"
     with pytest.raises(ValueError, match="unknown verdict"):
         Verdict.from_json({"candidate": "torch", "verdict": "best", "predicted_ms": 1.0})
+
+
+def test_a_candidate_screened_beyond_the_margin_of_the_fastest_is_not_profiled_and_says_why() -> None:
+    from packrat_daemon.measure.runtime_choice import SCREEN_MARGIN, screened_slower, verdicts
+
+    assert screened_slower(150.0, 100.0, "openvino/bf16") is None  # at the margin: profiled
+    why = screened_slower(151.0, 100.0, "openvino/bf16")
+    assert why is not None and "1.51× openvino/bf16's" in why and f"{SCREEN_MARGIN:.2f}×" in why
+    assert screened_slower(120.0, 100.0, "torch", margin=1.1) is not None
+    judged = verdicts("openvino/bf16", "predicted: …", {"openvino/bf16": 100.0}, {}, {"torch": why})
+    (left,) = [v for v in judged if v.candidate == "torch"]
+    assert left.verdict == "slower" and left.predicted_ms is None and left.why == f"not profiled: {why}"
