@@ -20,6 +20,13 @@ ratio and difference are the medians over rounds. JSON on stdout (`--out FILE` a
 gRPC `ModelInfer` from a bare grpc.aio server and a bare ZeroMQ ROUTER echoing, each with a reply of the model's
 output size. Its `grpc` minus `zmq` is what one gRPC hop costs over one ZeroMQ hop on this machine, whatever the
 gateway does: the least the gateway's figure can be.
+
+`--breakdown` (on by default) splits the gRPC path's time on the first variant after the rounds: tritonclient
+building and serializing the request and parsing the reply (timed alone in this process), the gateway's parse
+of the same bytes (timed alone in a child process: hand split, and for reference protobuf's parse as the
+generated deserializer does it), and from the statistics extension over `--requests` gRPC requests the
+gateway's own time (decode, encode, the hop to the daemon and back) and the daemon's queue and compute. What
+is left of the client's median is gRPC's transport: both ways over TCP, grpcio's framing and its Python layers.
 """
 
 from __future__ import annotations
@@ -133,6 +140,111 @@ async def main():
     await server.wait_for_termination()
 asyncio.run(main())
 """
+
+
+# The breakdown's server parse, in a child process (Packrat's stubs and tritonclient's share protobuf names).
+PARSE_TIMING = """
+import json, statistics, sys, time
+import numpy as np
+from packrat_daemon.protocol.grpc import inference_pb2 as pb
+from packrat_daemon.protocol.grpc.wire import split_infer_request
+data, repeat = open(sys.argv[1], "rb").read(), int(sys.argv[2])
+def hand():
+    request, raw = split_infer_request(data)
+    return [np.frombuffer(view, np.uint8) for view in raw]
+def generated():
+    return [np.frombuffer(raw, np.uint8) for raw in pb.ModelInferRequest.FromString(data).raw_input_contents]
+def timed(call):
+    spent = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        call()
+        spent.append((time.perf_counter() - started) * 1000.0)
+    return round(statistics.median(spent), 4)
+print(json.dumps({"hand_ms": timed(hand), "protobuf_ms": timed(generated)}))
+"""
+
+
+def _median_ms(call: Any, repeat: int) -> float:
+    spent = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        call()
+        spent.append((time.perf_counter() - started) * 1000.0)
+    return statistics.median(spent)
+
+
+def breakdown(served: Served, paths: Paths, batch: np.ndarray, requests: int, folder: Path) -> dict[str, Any]:
+    """Where the gRPC path's time goes, against the ZeroMQ client's, on one daemon (see the module's docstring)."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.grpc import service_pb2
+    from tritonclient.grpc._utils import _get_inference_request
+
+    tensor = grpcclient.InferInput("input", list(batch.shape), "FP32")
+    tensor.set_data_from_numpy(batch)
+
+    def build() -> Any:  # what InferenceServerClient.infer does before it hands the message to grpcio
+        return _get_inference_request(served.model, [tensor], "", "", None, 0, False, False, 0, None, None)
+
+    data = build().SerializeToString()
+    serialize_ms = _median_ms(lambda: build().SerializeToString(), requests)
+    output = paths.zmq.infer(batch)
+    reply = service_pb2.ModelInferResponse(model_name=served.model, model_version="1")
+    reply.outputs.add(name="output", datatype="FP32", shape=output.shape)
+    reply.raw_output_contents.append(output.tobytes())
+    reply_bytes = reply.SerializeToString()
+    parse_ms = _median_ms(
+        lambda: grpcclient.InferResult(service_pb2.ModelInferResponse.FromString(reply_bytes)).as_numpy("output"),
+        requests,
+    )
+    request_file = folder / "request.bin"
+    request_file.write_bytes(data)
+    done = subprocess.run(
+        [sys.executable, "-c", PARSE_TIMING, str(request_file), str(requests)],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    server_parse = json.loads(done.stdout)
+
+    def stats() -> dict[str, Any]:
+        entry = paths.http.get_inference_statistics(served.model)["model_stats"][0]
+        return {
+            key: (int(value.get("count", 0)), int(value.get("ns", 0)))
+            for key, value in entry["inference_stats"].items()
+        }
+
+    # Request by request, the statistics read after each: medians of each part, as the paths' figures are.
+    grpc_spent, per_request = [], []
+    for _ in range(requests):
+        before = stats()
+        grpc_spent += paths.timed("grpc", 1)
+        after = stats()
+        per_request.append({key: (after[key][1] - before[key][1]) / 1e6 for key in after})
+    grpc_ms = statistics.median(grpc_spent)
+    zmq_ms = statistics.median(paths.timed("zmq", requests))
+    names = ("success", "compute_input", "compute_output", "queue", "compute_infer")
+    gateway = {key: statistics.median(entry[key] for entry in per_request) for key in names}
+    hop = statistics.median(
+        entry["success"] - entry["compute_input"] - entry["compute_output"] - entry["queue"] - entry["compute_infer"]
+        for entry in per_request
+    )
+    parts = {
+        "client_serialize_ms": serialize_ms,
+        "client_parse_ms": parse_ms,
+        "gateway_decode_ms": gateway["compute_input"],
+        "gateway_upstream_hop_ms": hop,
+        "gateway_encode_ms": gateway["compute_output"],
+        "daemon_queue_ms": gateway["queue"],
+        "daemon_compute_ms": gateway["compute_infer"],
+    }
+    # What the gateway's statistics do not see: both ways over TCP, grpcio's framing and its Python layers.
+    parts["grpc_transport_ms"] = grpc_ms - serialize_ms - parse_ms - gateway["success"]
+    return {
+        "grpc_median_ms": round(grpc_ms, 3),
+        "zmq_median_ms": round(zmq_ms, 3),
+        "zmq_client_and_hop_ms": round(zmq_ms - gateway["queue"] - gateway["compute_infer"], 3),
+        **{key: round(value, 3) for key, value in parts.items()},
+        "server_parse_alone": server_parse,
+    }
 
 
 class Timed:
@@ -255,6 +367,10 @@ def main() -> None:
         "--floor", action=argparse.BooleanOptionalAction, default=True,
         help="also time a bare gRPC server and a bare ZeroMQ echo (no Packrat): one gRPC hop's cost here",
     )  # fmt: skip
+    parser.add_argument(
+        "--breakdown", action=argparse.BooleanOptionalAction, default=True,
+        help="after the rounds, split the gRPC path's time on the first variant (client, transport, gateway, daemon)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, help="also write the JSON report here")
     args = parser.parse_args()
     variants, paths = args.variants.split(","), args.paths.split(",")
@@ -299,6 +415,8 @@ def main() -> None:
                         latencies[variant][path] += measured
                         medians[path] = statistics.median(measured)
                     per_round[variant].append(medians)
+            if args.breakdown and "grpc" in paths:
+                split = breakdown(daemons[0], clients[daemons[0].variant], batch, args.requests, Path(folder))
         finally:
             for client in clients.values():
                 client.close()
@@ -315,6 +433,8 @@ def main() -> None:
         "load_average_1m": round(os.getloadavg()[0], 2),
         "variants": {variant: summary(latencies[variant], per_round[variant], paths) for variant in variants},
     }
+    if args.breakdown and "grpc" in paths:
+        report["grpc_breakdown"] = {"variant": daemons[0].variant, **split}
     if args.floor:
         report["floor"] = summary(latencies["floor"], per_round["floor"], visits["floor"])
     text = json.dumps(report, indent=2)

@@ -1,9 +1,10 @@
 """The Open Inference Protocol over gRPC: `inference.GRPCInferenceService` (grpc.aio) over the data plane.
 
-Inputs come as `raw_input_contents` (the fast path: a view of the received bytes, no copy) or typed
-`contents`; outputs always go back as `raw_output_contents`, which every client reads. A failure is the
-gRPC status of its `Status` with the message as details. Calls not in the service (streaming, the model
-repository, shared memory) are answered UNIMPLEMENTED by gRPC itself.
+Inputs come as `raw_input_contents` (the fast path: views of the received bytes, no copy, `grpc.wire`) or
+typed `contents`; outputs always go back as `raw_output_contents`, which every client reads. `ModelInfer` is
+registered bytes in, bytes out so that its tensors are not copied by protobuf; every other call uses the
+generated messages. A failure is the gRPC status of its `Status` with the message as details. Calls not in
+the service (streaming, the model repository, shared memory) are answered UNIMPLEMENTED by gRPC itself.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from packrat_daemon.protocol.dataplane import DataPlane, InferInput, ModelSpec, 
 from packrat_daemon.protocol.errors import OipError, Status
 from packrat_daemon.protocol.grpc import inference_pb2 as pb
 from packrat_daemon.protocol.grpc import inference_pb2_grpc as pb_grpc
+from packrat_daemon.protocol.grpc.wire import encode_infer_response, split_infer_request
 
 log = logging.getLogger("packrat.oip")
 
@@ -120,12 +122,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         return await _answer(context, call)
 
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+    async def ModelInfer(self, data: bytes, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
+        """A serialized ModelInferRequest in, a serialized ModelInferResponse out (registered without protobuf's
+        (de)serializers: `grpc.wire` says why)."""
         started = time.perf_counter_ns()
 
-        async def call() -> pb.ModelInferResponse:
+        async def call() -> bytes:
+            request, raw = split_infer_request(data)
             spec = await self.plane.model(request.model_name, request.model_version)
-            inputs = _inputs(request, spec)
+            inputs = _inputs(request, raw, spec)
             outputs = [output.name for output in request.outputs] or None
             remaining = context.time_remaining()
             timeout_s = _timeout(request, remaining)
@@ -133,18 +138,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 request.model_name, request.model_version, inputs, outputs, request.id, timeout_s, started
             )
             encoding = time.perf_counter_ns()
-            response = pb.ModelInferResponse(model_name=spec.name, model_version="1", id=request.id)
-            for tensor, array in result.answered():  # every output asked for, in the model's order
-                response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=array.shape)
-                response.raw_output_contents.append(np.ascontiguousarray(array).tobytes())
+            # Every output asked for, in the model's order.
+            answered = [(tensor.name, tensor.datatype, array) for tensor, array in result.answered()]
+            response = encode_infer_response(spec.name, "1", request.id, answered)
             self.plane.answered(result, encoding)
             return response
 
         return await _answer(context, call)
 
 
-def _inputs(request: pb.ModelInferRequest, spec: ModelSpec) -> list[InferInput]:
-    raw = request.raw_input_contents
+def _inputs(request: pb.ModelInferRequest, raw: list[memoryview], spec: ModelSpec) -> list[InferInput]:
     if raw and len(raw) != len(request.inputs):
         raise OipError(
             Status.INVALID_ARGUMENT,
@@ -199,5 +202,24 @@ def grpc_server(plane: DataPlane, max_message_bytes: int) -> grpc.aio.Server:
             ("grpc.max_send_message_length", max_message_bytes),
         ]
     )
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), server)
+    add_service(InferenceServicer(plane), server)
     return server
+
+
+def add_service(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
+    """The service's calls on `server`, as the generated `add_GRPCInferenceServiceServicer_to_server` adds
+    them, except `ModelInfer`, which takes and returns the serialized messages."""
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    handlers = {}
+    for method in service.methods:
+        if method.name == "ModelInfer":
+            handler = grpc.unary_unary_rpc_method_handler(servicer.ModelInfer)
+        else:
+            handler = grpc.unary_unary_rpc_method_handler(
+                getattr(servicer, method.name),
+                request_deserializer=getattr(pb, method.input_type.name).FromString,
+                response_serializer=getattr(pb, method.output_type.name).SerializeToString,
+            )
+        handlers[method.name] = handler
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)

@@ -235,6 +235,33 @@ def test_grpc_typed_contents_are_served_and_counted_before_they_are_decoded(serv
         assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+def test_grpc_bytes_that_are_no_request_are_invalid_argument(served: Served) -> None:
+    """ModelInfer takes its message as bytes (protocol/grpc/wire.py): broken protobuf is INVALID_ARGUMENT,
+    raw contents given twice for one input too, and the gateway goes on serving."""
+    import grpc
+    from tritonclient.grpc import service_pb2
+
+    array = np.random.default_rng(4).standard_normal((1, 16)).astype(np.float32)
+    good = service_pb2.ModelInferRequest(model_name=MODEL)
+    good.inputs.add(name="input", datatype="FP32", shape=[1, 16])
+    good.raw_input_contents.append(array.tobytes())
+    with grpc.insecure_channel(served.grpc) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        for broken in (b"\x3a\xff\xff\xff\x0f", b"\x0a\x05ab", good.SerializeToString()[:-3]):
+            with pytest.raises(grpc.RpcError) as caught:
+                infer(broken)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+        twice = good.SerializeToString() + service_pb2.ModelInferRequest(raw_input_contents=[b"x"]).SerializeToString()
+        with pytest.raises(grpc.RpcError) as caught:
+            infer(twice)
+        assert (
+            caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "2 raw_input_contents" in caught.value.details()
+        )
+        reply = service_pb2.ModelInferResponse.FromString(infer(good.SerializeToString()))
+        got = np.frombuffer(reply.raw_output_contents[0], np.float32).reshape(list(reply.outputs[0].shape))
+        np.testing.assert_allclose(got, _expected(served, array), rtol=1e-6)
+
+
 def test_asyncio_clients_with_requests_in_flight_together(served: Served) -> None:
     arrays = [np.full((1, 16), i / 10, np.float32) for i in range(MAX_QUEUE)]  # at most a full queue at once
     expected = [_expected(served, array) for array in arrays]
