@@ -96,8 +96,9 @@ def poisoned_inputs(folder: Path) -> dict[str, Any]:
     innocent = Innocent(daemon, concurrency=4, predicted_s=0.02)
     poisoned = _outcomes(daemon.endpoint, [np.full((1, 16), 5000.0, np.float32)] * 100)
     result = {**innocent.finish(), "poisoned_requests": dict(poisoned)}
-    # Where the innocent's time goes: every batch that held a poisoned input failed, and each poisoned request ran
-    # once more alone to be told from its neighbours; the innocent's requests queue behind all of that (FIFO).
+    # Where the time goes: every batch that held a poisoned input failed, and each poisoned request ran once more
+    # alone to be told from its neighbours; batches take the clients' requests in turn, so the innocent's wait for
+    # about a batch of that, not for all of it.
     failed = [line for line in daemon.log_tail(400_000).splitlines() if "failed a batch" in line]
     stamps = [time.mktime(time.strptime(line[:19], "%Y-%m-%d %H:%M:%S")) + int(line[20:23]) / 1000 for line in failed]
     result["failed_runs"] = len(failed)  # batches and requests alone that raised

@@ -42,6 +42,10 @@ if TYPE_CHECKING:
 # a dozen requests of a burst, and one long gap after a burst is enough to stop waiting.
 ARRIVAL_WEIGHT = 0.2
 
+# take() remembers when each client was last served; past this many (far more than max_queue lets wait at once),
+# those with nothing queued are forgotten, so that clients coming and going do not grow the table.
+REMEMBERED_CLIENTS = 4096
+
 Predictor = Callable[[int], "float | None"]  # the predicted latency in seconds of a batch of that many inputs
 
 
@@ -90,6 +94,10 @@ class Batcher:
         self.overhead_s = 0.0  # the daemon's own cost per batch, beyond the workers' compute
         self._last_arrival: float | None = None
         self._holding = False  # the last `due` chose to wait for the next arrival
+        # take()'s fairness between clients: the number of the batch each client was last served in (those with
+        # requests queued, and a few more), and how many batches have been taken.
+        self._served_at: dict[bytes, int] = {}
+        self._batches = 0
         # Big payloads are copied into shared memory as they are queued, so that a worker reads its slice
         # there and dispatch copies nothing (workers.arena).
         self.inbox = Inbox()
@@ -180,9 +188,31 @@ class Batcher:
         return change < 0.0
 
     def take(self) -> list[Request]:
-        """Whole requests in arrival order, up to max_batch inputs (a request is never split). Never empty while
-        anything is queued: no queued request is larger than max_batch (offer's caller and configure see to it),
-        and the head is taken even so, for the workers to refuse, rather than hand the dispatcher nothing."""
+        """Whole requests up to max_batch inputs (a request is never split), shared fairly between the clients that
+        have requests queued. Never empty while anything is queued: no queued request is larger than max_batch
+        (offer's caller and configure see to it), and the first is taken even so, for the workers to refuse, rather
+        than hand the dispatcher nothing.
+
+        When everything queued fits in one batch, it is taken in arrival order. Otherwise the batch goes round the
+        clients (by connection: a request's `identity`), one request each per round, each client's in its own order,
+        starting with the client served least recently: a client with many queued requests (say, inputs that make
+        the model fail, each costing a failed batch and a run alone) delays another's by a batch and not by its
+        whole backlog. A request to run alone is a batch of its own, taken when its client's turn comes first."""
+        queue = self.queue
+        if len(queue) == 1 or (self.queued_inputs <= self.max_batch and not queue[0].alone):
+            batch = self._take_in_order()
+        else:
+            batch = self._take_fairly()
+        self._batches += 1
+        served = self._served_at
+        for request in batch:
+            served[request.identity] = self._batches
+        if len(served) > REMEMBERED_CLIENTS:  # forget clients with nothing queued (they come back first)
+            queued = {request.identity for request in self.queue}
+            self._served_at = {key: batch_number for key, batch_number in served.items() if key in queued}
+        return batch
+
+    def _take_in_order(self) -> list[Request]:
         batch: list[Request] = []
         inputs = 0
         while self.queue and (not batch or inputs + self.queue[0].samples <= self.max_batch):
@@ -193,6 +223,46 @@ class Batcher:
             batch.append(request)
             if request.alone:
                 break
+        self.queued_inputs -= inputs
+        return batch
+
+    def _take_fairly(self) -> list[Request]:
+        clients: dict[bytes, list[Request]] = {}  # each client's queued requests, in order (a batch's worth at most)
+        for request in self.queue:
+            mine = clients.get(request.identity)
+            if mine is None:
+                clients[request.identity] = [request]
+            elif len(mine) < self.max_batch:
+                mine.append(request)
+        if len(clients) == 1:
+            return self._take_in_order()
+        served = self._served_at
+        # Least recently served first; among equals, the one whose oldest request came first (dicts keep order).
+        order = sorted(clients, key=lambda key: served.get(key, 0))
+        first = clients[order[0]][0]
+        batch: list[Request] = [first]
+        inputs = first.samples
+        if not first.alone:
+            at = dict.fromkeys(order, 0)
+            at[order[0]] = 1
+            turn = order[1:] + order[:1]  # the first client's next request comes after every other client's first
+            while turn and inputs < self.max_batch:
+                still = []
+                for key in turn:
+                    mine, k = clients[key], at[key]
+                    while k < len(mine) and mine[k].alone:  # it runs in a batch of its own, when its turn comes
+                        k += 1
+                    if k == len(mine) or inputs + mine[k].samples > self.max_batch:
+                        continue  # nothing left, or its next does not fit: its later ones do not overtake it
+                    batch.append(mine[k])
+                    inputs += mine[k].samples
+                    at[key] = k + 1
+                    still.append(key)
+                    if inputs >= self.max_batch:
+                        break
+                turn = still
+        taken = {id(request) for request in batch}
+        self.queue = deque(request for request in self.queue if id(request) not in taken)
         self.queued_inputs -= inputs
         return batch
 

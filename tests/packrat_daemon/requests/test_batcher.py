@@ -1,4 +1,4 @@
-"""Dynamic batching: size and delay limits, bounded queue, deadlines."""
+"""Dynamic batching: size and delay limits, bounded queue, deadlines, fairness between clients."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import zmq
 
-from packrat_daemon.requests.batcher import Batcher, Request
+from packrat_daemon.requests.batcher import REMEMBERED_CLIENTS, Batcher, Request
 from packrat_daemon.wire import client_side
 from tests.helpers.daemons import running_daemon
 
 
-def request(samples: int, arrived: float = 0.0, deadline: float | None = None) -> Request:
-    return Request(b"id", None, 1, "float32", (samples, 4), b"\0" * (16 * samples), arrived, deadline)
+def request(samples: int, arrived: float = 0.0, deadline: float | None = None, client: bytes = b"id") -> Request:
+    return Request(client, None, 1, "float32", (samples, 4), b"\0" * (16 * samples), arrived, deadline)
 
 
 def dense_arrivals(batcher: Batcher, gap: float, samples: int = 1, until: float = 1.0) -> None:
@@ -170,3 +170,54 @@ def test_a_request_marked_alone_is_taken_in_a_batch_of_its_own() -> None:
     assert batcher.take() == [first]
     assert batcher.take() == [suspect]
     assert batcher.take() == [last] and batcher.queued_inputs == 0
+
+
+def test_a_clients_backlog_delays_another_clients_request_by_one_batch_not_by_the_backlog() -> None:
+    # Issue 27, 7: an innocent client's requests waited in arrival order behind 100 poisoned requests of another,
+    # each costing a failed batch and a run alone (3.18 s).
+    batcher = Batcher(max_batch=4, max_delay_s=0.0, max_queued_inputs=1000)
+    backlog = [request(1, client=b"attacker") for _ in range(100)]
+    innocent = [request(1, client=b"innocent") for _ in range(3)]
+    for queued in (*backlog, *innocent):
+        batcher.offer(queued)
+    # One of each client's in turn, each client's in its own order.
+    assert batcher.take() == [backlog[0], innocent[0], backlog[1], innocent[1]]
+    assert batcher.take() == [backlog[2], innocent[2], backlog[3], backlog[4]]  # served as lately: oldest first
+    assert batcher.take() == backlog[5:9]  # alone in the queue: in arrival order again
+    assert batcher.queued_inputs == 91 and list(batcher.queue) == backlog[9:]
+
+
+def test_runs_alone_take_turns_between_clients() -> None:
+    # A failed batch's requests run again each alone: the attacker's must not all run before the innocent's.
+    batcher = Batcher(max_batch=4, max_delay_s=0.0, max_queued_inputs=100)
+    suspects = [request(1, client=b"attacker") for _ in range(3)] + [request(1, client=b"innocent")]
+    for suspect in suspects:
+        suspect.alone = True
+    batcher.requeue(suspects)
+    assert [batcher.take() for _ in range(4)] == [[suspects[0]], [suspects[3]], [suspects[1]], [suspects[2]]]
+
+
+def test_a_batch_that_takes_everything_queued_keeps_arrival_order() -> None:
+    batcher = Batcher(max_batch=8, max_delay_s=0.0, max_queued_inputs=100)
+    queued = [request(2, client=b"a"), request(2, client=b"a"), request(1, client=b"b"), request(3, client=b"a")]
+    for one in queued:
+        batcher.offer(one)
+    assert batcher.take() == queued
+
+
+def test_a_clients_request_that_does_not_fit_is_not_overtaken_by_its_later_ones() -> None:
+    batcher = Batcher(max_batch=4, max_delay_s=0.0, max_queued_inputs=100)
+    a_small, a_big, a_last = request(1, client=b"a"), request(3, client=b"a"), request(1, client=b"a")
+    b_first, b_second = request(2, client=b"b"), request(1, client=b"b")
+    for one in (a_small, a_big, a_last, b_first, b_second):
+        batcher.offer(one)
+    assert batcher.take() == [a_small, b_first, b_second]  # a's 3 inputs would make 6: a is done for this batch
+    assert batcher.take() == [a_big, a_last]
+
+
+def test_clients_that_come_and_go_are_forgotten() -> None:
+    batcher = Batcher(max_batch=4, max_delay_s=0.0, max_queued_inputs=100)
+    for k in range(2 * REMEMBERED_CLIENTS):
+        batcher.offer(request(1, client=b"c%d" % k))
+        assert len(batcher.take()) == 1
+    assert len(batcher._served_at) <= REMEMBERED_CLIENTS
