@@ -222,7 +222,7 @@ class Frontend:
             if not frame.more:
                 return frames, size, count
             # Too many frames: only those that say what to answer are kept while the rest is discarded.
-            oversized = self._oversized = _Oversized(frames[:3], size, count)
+            oversized = self._oversized = _Oversized(frames[:3], size, count, time.monotonic())
         taken, size, ended = discarder()(self.socket, self._discard_budget)
         self._discard_budget -= taken
         oversized.size += size
@@ -230,6 +230,13 @@ class Frontend:
         if not ended:
             return None
         self._oversized = None
+        if oversized.count > TRIM_AFTER_FRAMES:  # an operator should know: every client waited for it
+            log.warning(
+                "refused a message of %d frames (%d bytes): ZeroMQ held all of it before it could be refused, about "
+                "64 bytes a frame, and reading it took %.1f s, in which no other client's request could be read; "
+                "where untrusted clients can connect, let in only the ones you list (docs/security.md)",
+                oversized.count - 1, oversized.size, time.monotonic() - oversized.started,
+            )  # fmt: skip
         return oversized.frames, oversized.size, oversized.count
 
     def _handle(self, frames: list[zmq.Frame], size: int, count: int, limit: int) -> bool:
@@ -432,6 +439,7 @@ class _Oversized:
     frames: list[zmq.Frame]
     size: int
     count: int
+    started: float  # when its first frame was read (time.monotonic)
 
 
 _trimmed_at = -math.inf

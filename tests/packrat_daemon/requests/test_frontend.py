@@ -384,7 +384,7 @@ def _resident_mib() -> float:
 
 @pytest.mark.slow
 def test_the_memory_a_message_of_very_many_frames_took_is_given_back(
-    served: Served, monkeypatch: pytest.MonkeyPatch
+    served: Served, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Issue 27, 11: libzmq buffers a whole message before the daemon sees it, about 64 bytes a frame; glibc kept what
     # it freed, so one message of 10 million empty frames left the daemon 610 MiB larger for good.
@@ -403,5 +403,6 @@ def test_the_memory_a_message_of_very_many_frames_took_is_given_back(
     assert served.client.poll(5000), "the message was not answered"
     header, _ = decode_reply(served.client.recv_multipart())
     assert header["error"]["code"] == "BAD_REQUEST" and f"{frames} frames" in header["error"]["message"]
+    assert f"refused a message of {frames + 1} frames (0 bytes)" in caplog.text  # all waited for it: logged
     assert held > 10  # what the message took while it waited to be read, on both sockets of this process
     assert _resident_mib() - before < held / 3, (before, held, _resident_mib())
