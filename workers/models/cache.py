@@ -11,6 +11,15 @@ where KEY is the sha256 of everything the converted file depends on (see `cache_
 written to a private temporary folder and renamed into place in one step, so a reader never sees half
 a model; a lock file makes a second process wait for the first one's conversion instead of repeating it.
 
+Both runtimes are converted from the same ONNX export of a PyTorch model, which is the slowest step (the
+dynamo exporter traces and optimises the graph), so it is made once for both, by whichever conversion
+comes first, and kept in its own entry, `onnx-export-KEY/` (model.onnx, the weights beside it in
+model.onnx.data, meta.json), KEY covering the model, the exporters' versions and opsets (`export_key`).
+ONNX Runtime's entry holds those files themselves (hard links where the file system allows them, else
+copies: an entry never changes once in place); OpenVINO's IR is converted from them. Each runtime's KEY
+covers the export's, so a new exporter version gives new entries for both. An ONNX file (`--model m.onnx`)
+is not exported: its conversions start from the file.
+
 int8 (`ensure_quantized`) is one more step on the OpenVINO conversion: NNCF quantizes it on calibration
 inputs in `python -m workers.models.quantize`, into `openvino-int8-KEY/`, KEY covering the OpenVINO entry, the
 calibration inputs' bytes and NNCF's version, so other calibration data gives another entry.
@@ -57,6 +66,14 @@ from workers.models.subprocesses import run_module
 # Bump when the converter changes what it writes, so old cache entries are no longer used.
 CACHE_FORMAT = 1
 ARTIFACTS = {"onnxruntime": "model.onnx", "openvino": "model.xml"}
+# The ONNX export both runtimes are converted from (`ensure_exported`): its entry's prefix and file, what
+# it depends on besides the model (torch's dynamo exporter builds the graph with onnxscript and onnx-ir),
+# and the opset each exporter is asked for (dynamo's is its own default in torch 2.13; the TorchScript
+# exporter, the fallback, stays at the opset it was checked at).
+EXPORT = "onnx-export"
+EXPORT_ARTIFACT = "model.onnx"
+EXPORT_PACKAGES = ("torch", "onnx", "onnxscript", "onnx-ir")
+EXPORT_OPSETS = {"dynamo": 20, "torchscript": 18}
 CONVERT_TIMEOUT_S = 1800.0
 # A converted model's agreement with its source (PyTorch, or an ONNX file on ONNX Runtime), relative to the
 # output's scale: max|out - reference| <= ATOL + RTOL * max|reference|. Measured: ResNet-50 7.6e-5 on logits
@@ -90,8 +107,9 @@ def cache_dir() -> Path:
 def cache_key(spec: str, input_override: str | None, runtime: str) -> str:
     """sha256 of what the converted model depends on: the spec, the input override, the model's source
     file (size and mtime, for file and module:function specs) and the versions of torch, the exporter
-    and the runtime. A new runtime version or a rewritten model file gives a new key, never a stale hit."""
-    parts = {
+    and the runtime. A new runtime version or a rewritten model file gives a new key, never a stale hit.
+    A runtime converted from the ONNX export also covers the export's key (`export_key`)."""
+    parts: dict[str, Any] = {
         "format": CACHE_FORMAT,
         "spec": spec,
         "input": input_override,
@@ -99,6 +117,23 @@ def cache_key(spec: str, input_override: str | None, runtime: str) -> str:
         "runtime": runtime,
         # torch exports the model; the runtime's own packages convert and run it.
         "versions": {name: _version(name) for name in ("torch", *RUNTIME_REQUIREMENTS[runtime].packages)},
+    }
+    if runtime in ARTIFACTS:
+        parts["export"] = export_key(spec, input_override)
+    return _digest(parts)
+
+
+def export_key(spec: str, input_override: str | None) -> str:
+    """sha256 of what a model's ONNX export depends on: the model (as in `cache_key`), the opsets asked for
+    and the versions of the packages that export it. No runtime: both runtimes are converted from it."""
+    parts = {
+        "format": CACHE_FORMAT,
+        "step": EXPORT,
+        "spec": spec,
+        "input": input_override,
+        "source": _source_fingerprint(spec),
+        "opsets": EXPORT_OPSETS,
+        "versions": {name: _version(name) for name in EXPORT_PACKAGES},
     }
     return _digest(parts)
 
@@ -111,6 +146,10 @@ def entry_dir(spec: str, input_override: str | None, runtime: str) -> Path:
     return cache_dir() / f"{runtime}-{cache_key(spec, input_override, runtime)[:32]}"
 
 
+def export_dir(spec: str, input_override: str | None) -> Path:
+    return cache_dir() / f"{EXPORT}-{export_key(spec, input_override)[:32]}"
+
+
 def ensure_converted(spec: str, input_override: str | None, runtime: str) -> Converted:
     """The cached conversion of `spec` for `runtime`, converting it first (in a subprocess) if needed."""
     if runtime not in ARTIFACTS:
@@ -120,7 +159,20 @@ def ensure_converted(spec: str, input_override: str | None, runtime: str) -> Con
     def convert(staging: Path) -> None:
         run_converter(spec, input_override, runtime, staging / ARTIFACTS[runtime])
 
-    return _cached(entry, runtime, convert, f"the conversion of {spec} for {runtime}")
+    return _cached(entry, ARTIFACTS[runtime], convert, f"the conversion of {spec} for {runtime}")
+
+
+def ensure_exported(spec: str, input_override: str | None, export: Callable[[Path], dict[str, Any]]) -> Converted:
+    """The cached ONNX export of `spec` that ONNX Runtime and OpenVINO are both converted from; made first, if
+    needed, by `export(path)`, which writes model.onnx at `path` and returns the entry's meta (its `input`
+    at least). Called in a converter's process, which has the PyTorch model loaded: exporting runs it."""
+    entry = export_dir(spec, input_override)
+
+    def make(staging: Path) -> None:
+        meta = export(staging / EXPORT_ARTIFACT)
+        (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+    return _cached(entry, EXPORT_ARTIFACT, make, f"the ONNX export of {spec}")
 
 
 def calibration_inputs(spec: InputSpec, calibration: str | None) -> tuple[np.ndarray, str]:
@@ -163,39 +215,41 @@ def ensure_quantized(spec: str, input_override: str | None, calibration: str | N
         meta = {**source.meta, "precision": "int8", "quantization": quantization}
         (staging / "meta.json").write_text(json.dumps(meta))
 
-    made = _cached(entry, "openvino", quantize, f"the int8 quantization of {spec}")
+    made = _cached(entry, ARTIFACTS["openvino"], quantize, f"the int8 quantization of {spec}")
     # The entry is found by the inputs' bytes: say where this caller's came from, not the first caller's file.
     return dataclasses.replace(
         made, meta={**made.meta, "quantization": {**made.meta["quantization"], "calibration": origin}}
     )
 
 
-def _cached(entry: Path, runtime: str, make: Callable[[Path], None], what: str) -> Converted:
-    """The entry if it is there; else `make` it (under the lock, once) in a staging folder renamed into place."""
-    cached = read_entry(entry, runtime)
+def _cached(entry: Path, artifact: str, make: Callable[[Path], None], what: str) -> Converted:
+    """The entry if it is there; else `make` it (under the lock, once) in a staging folder renamed into place.
+    `artifact`: the file a runtime opens, named in ARTIFACTS (or the export's)."""
+    cached = read_entry(entry, artifact)
     if cached is not None:
         return cached
     entry.parent.mkdir(parents=True, exist_ok=True)
     with _locked(entry.with_name(entry.name + ".lock")):
-        cached = read_entry(entry, runtime)  # another process may have made it while we waited
+        cached = read_entry(entry, artifact)  # another process may have made it while we waited
         if cached is not None:
             return cached
         _make_into(entry, make, what)
-    made = read_entry(entry, runtime)
+    made = read_entry(entry, artifact)
     if made is None:
         raise ConversionError(f"{what} left no usable files in {entry}")
     return made
 
 
-def read_entry(entry: Path, runtime: str) -> Converted | None:
-    """The entry's model and input if it is complete; None if it is absent (a renamed-in entry is whole)."""
+def read_entry(entry: Path, artifact: str) -> Converted | None:
+    """The entry's `artifact` (model.onnx, model.xml) and input if it is complete; None if it is absent (a
+    renamed-in entry is whole)."""
     try:
         meta = json.loads((entry / "meta.json").read_text())
     except (FileNotFoundError, NotADirectoryError):
         return None
     except (OSError, ValueError) as exc:
         raise ConversionError(f"cache entry {entry} is unreadable ({exc}); delete it to convert again") from exc
-    path = entry / ARTIFACTS[runtime]
+    path = entry / artifact
     if not path.is_file():
         raise ConversionError(f"cache entry {entry} has no {path.name}; delete it to convert again")
     return Converted(path, InputSpec.from_json(meta["input"]), meta)

@@ -8,16 +8,19 @@ in a subprocess, never in the template: exporting and checking a model runs it, 
 The ONNX export uses torch.onnx.export's dynamo exporter (the default in torch 2.13) with a dynamic batch
 axis; models it cannot capture (TorchScript files, some data-dependent code) fall back to the TorchScript
 exporter with dynamic_axes. Both were checked on the built-in ResNet-50 and BERT-base wrappers. A model of
-several inputs or outputs is exported with each under its name (the runtimes feed and read them by name). OpenVINO's
-IR is converted from that ONNX file, so both runtimes serve the same graph. Every conversion is run at two
-batch sizes other than the export's example and compared with PyTorch before it is accepted.
+several inputs or outputs is exported with each under its name (the runtimes feed and read them by name). The
+export is made once for both runtimes and kept in the cache (`workers.models.cache.ensure_exported`): ONNX
+Runtime serves that file, OpenVINO's IR is converted from it, so both serve the same graph, and whichever
+runtime is converted second skips the export. Every conversion is run at two batch sizes other than the
+export's example and compared with PyTorch before it is accepted.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +29,15 @@ import numpy as np
 import torch
 
 from packrat_daemon.wire.codec import unpack_records
-from workers.models.cache import ATOL, CHECK_BATCHES, RTOL, ConversionError, converter_main
+from workers.models.cache import (
+    ATOL,
+    CHECK_BATCHES,
+    EXPORT_OPSETS,
+    RTOL,
+    ConversionError,
+    converter_main,
+    ensure_exported,
+)
 from workers.models.loading import LoadedModel, load_model
 from workers.models.outputs import Served, output_keys
 from workers.models.spec import sample_input
@@ -49,13 +60,17 @@ def convert(spec: str, input_override: str | None, runtime: str, out: Path) -> d
             " Python API) has no type for; serve it with --runtime torch"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
+
+    def export(path: Path) -> dict:
+        exporter = export_onnx(model, path)
+        return {"model": spec, "input_override": input_override, "input": model.input.to_json(),
+                "exporter": exporter, "torch": torch.__version__}  # fmt: skip
+
+    exported = ensure_exported(spec, input_override, export)  # the other runtime's conversion may have made it
     if runtime == "onnxruntime":
-        exporter = export_onnx(model, out)
+        share_export(exported.path, out)
     else:
-        with tempfile.TemporaryDirectory(dir=out.parent) as scratch:
-            onnx_path = Path(scratch) / "model.onnx"
-            exporter = export_onnx(model, onnx_path)
-            onnx_to_openvino(onnx_path, out)
+        onnx_to_openvino(exported.path, out)
     errors = check_against_torch(model, runtime, out)
     return {
         "model": spec,
@@ -63,11 +78,26 @@ def convert(spec: str, input_override: str | None, runtime: str, out: Path) -> d
         "runtime": runtime,
         "input": model.input.to_json(),
         "notes": list(model.notes),
-        "exporter": exporter,
+        "exporter": exported.meta["exporter"],
+        "onnx_export": exported.path.parent.name,
         "max_abs_error": errors,
         "tolerance": {"rtol": RTOL, "atol": ATOL},
         "torch": torch.__version__,
     }
+
+
+def share_export(source: Path, out: Path) -> None:
+    """The export's files (model.onnx as `out`, its external data under its own name, which model.onnx refers
+    to) into ONNX Runtime's entry: hard links, since neither entry is written again once in place, so the
+    weights are on disk once; copies where the file system cannot link them."""
+    for path in sorted(source.parent.iterdir()):
+        if path.name == "meta.json" or not path.is_file():
+            continue
+        target = out if path == source else out.parent / path.name
+        try:
+            os.link(path, target)
+        except OSError:
+            shutil.copyfile(path, target)
 
 
 class _Named(torch.nn.Module):
@@ -115,6 +145,7 @@ def export_onnx(model: LoadedModel, path: Path) -> str:
             str(path),
             dynamo=True,
             dynamic_shapes=dynamic,
+            opset_version=EXPORT_OPSETS["dynamo"],
             input_names=inputs,
             output_names=outputs,
         )
@@ -130,7 +161,7 @@ def export_onnx(model: LoadedModel, path: Path) -> str:
         str(path),
         dynamo=False,
         dynamic_axes=axes,
-        opset_version=18,
+        opset_version=EXPORT_OPSETS["torchscript"],
         input_names=inputs,
         output_names=outputs,
     )

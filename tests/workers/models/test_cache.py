@@ -81,3 +81,42 @@ def test_cache_dir_follows_the_environment(tmp_path: Path, monkeypatch: pytest.M
     assert conversion.cache_dir() == tmp_path
     monkeypatch.delenv("PACKRAT_CACHE_DIR")
     assert conversion.cache_dir() == Path.home() / ".cache" / "packrat"
+
+
+def test_both_runtimes_keys_cover_the_export_s_and_the_export_s_no_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    def keys() -> tuple[str, str, str]:
+        export = conversion.export_key("builtin:tiny-mlp", None)
+        return export, *(conversion.cache_key("builtin:tiny-mlp", None, runtime) for runtime in conversion.ARTIFACTS)
+
+    export, onnxruntime, openvino = keys()
+    assert export != conversion.export_key("builtin:tiny-cnn", None)
+    assert export != conversion.export_key("builtin:tiny-mlp", "float32:16")
+    real = conversion._version
+    with monkeypatch.context() as patch:  # a new exporter: a new export, and both runtimes converted from it again
+        patch.setattr(conversion, "_version", lambda package: "99.0" if package == "onnx-ir" else real(package))
+        assert all(new != old for new, old in zip(keys(), (export, onnxruntime, openvino), strict=True))
+    with monkeypatch.context() as patch:  # another opset asked for: the same
+        patch.setitem(conversion.EXPORT_OPSETS, "dynamo", conversion.EXPORT_OPSETS["dynamo"] + 1)
+        assert all(new != old for new, old in zip(keys(), (export, onnxruntime, openvino), strict=True))
+    with monkeypatch.context() as patch:  # a new ONNX Runtime: its own entry only, from the same export
+        patch.setattr(conversion, "_version", lambda package: "99.0" if package == "onnxruntime" else real(package))
+        assert keys() == (export, keys()[1], openvino) and keys()[1] != onnxruntime
+
+
+def test_the_export_is_made_once_and_read_back_from_its_own_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PACKRAT_CACHE_DIR", str(tmp_path))
+    calls: list[Path] = []
+
+    def export(path: Path) -> dict:
+        calls.append(path)
+        path.write_text("graph")
+        return {"input": {"dtype": "float32", "shape": [4], "high": None}, "exporter": "dynamo"}
+
+    made = conversion.ensure_exported("builtin:x", None, export)
+    again = conversion.ensure_exported("builtin:x", None, export)
+    assert len(calls) == 1 and made == again
+    assert made.path == conversion.export_dir("builtin:x", None) / "model.onnx" and made.path.read_text() == "graph"
+    assert made.input == InputSpec("float32", (4,)) and made.meta["exporter"] == "dynamo"
+    assert made.path.parent.name.startswith(f"{conversion.EXPORT}-")
