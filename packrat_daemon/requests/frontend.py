@@ -67,8 +67,8 @@ MAX_KEPT_FRAMES = 3 + MAX_TENSORS  # version 2: a frame per named tensor
 # A message of more frames is refused; the frames past these are discarded without a Python object each
 # (zmqio.discarder), at most DISCARD_FRAMES_PER_WAKE of them per read: libzmq hands over no other client's
 # message before that one's last frame anyway, and in between the loop goes on answering the requests it holds,
-# keeping their deadlines and starting batches. Read whole, 10 million empty frames held the loop for seconds,
-# and requests already read timed out meanwhile unanswered.
+# keeping their deadlines and starting batches. Read whole, a message of 10 million frames kept the loop from
+# answering anything for seconds, the requests it already held included.
 DISCARD_FRAMES_PER_WAKE = 1 << 15
 # ZeroMQ's cap is per frame (ZMQ_MAXMSGSIZE): a frame up to twice the message limit, and at least 1 MiB over
 # it (a small model's limit is mostly the header's allowance), is read and answered TOO_LARGE; a peer that
@@ -202,7 +202,8 @@ class Frontend:
 
     def _receive(self) -> tuple[list[zmq.Frame], int, int] | None:
         """The next message: its first MAX_KEPT_FRAMES frames, its size in bytes (the identity not counted) and its
-        number of frames; None while one of more frames is still being discarded (this read's share is spent).
+        number of frames; None while a message of too many frames is still being discarded (this read's share is
+        spent).
         Raises zmq.Again when no message is waiting.
 
         ZeroMQ hands a multipart message over only once all of it has arrived, so this cannot refuse the bytes
@@ -433,8 +434,8 @@ class Frontend:
 
 @dataclass(slots=True)
 class _Oversized:
-    """A message of more than MAX_KEPT_FRAMES frames while its rest is discarded: the frames its answer needs
-    (the identity, and a delimiter or the header, then the header), its size and frames so far."""
+    """A message of more than MAX_KEPT_FRAMES frames while its rest is discarded: the frames its answer needs (the
+    identity, then the header, after a REQ client's delimiter where it sent one), its size and frames so far."""
 
     frames: list[zmq.Frame]
     size: int

@@ -5,7 +5,8 @@ pyzmq's ``send_multipart`` checks every part's type and combines flags as enums,
 wraps the answer in an enum. Each costs about a microsecond, and a round trip to a tiny model
 passes through a dozen of them in processes whose caches the other processes have just evicted.
 These helpers do the same work with plain ints and the frame's own ``more`` flag, through the
-compiled socket methods. Measured with ``bench/e2e.py``'s tiny-model comparison.
+compiled socket methods. Measured with ``bench/e2e.py``'s tiny-model comparison. A message of far too many
+frames is discarded by :func:`discarder`'s choice, without a Python object per frame.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -101,13 +103,22 @@ class VectorDiscard:
         self._wordfree = libc.wordfree
         self._wordfree.argtypes = [ctypes.POINTER(_WordExp)]
         self._wordfree.restype = None
-        self._iov = (ctypes.c_uint64 * (2 * DISCARD_BATCH))()  # struct iovec {void *iov_base; size_t iov_len;}
-        self._table = np.frombuffer(memoryview(self._iov), dtype=np.uint64).reshape(DISCARD_BATCH, 2)
+        self._free_one = libc.free
+        self._free_one.argtypes = [ctypes.c_void_p]
+        self._free_one.restype = None
+        # struct iovec {void *iov_base; size_t iov_len;}: two words (size_t is a pointer's size on Linux)
+        self._iov = (ctypes.c_size_t * (2 * DISCARD_BATCH))()
+        self._table = np.frombuffer(memoryview(self._iov), dtype=np.uintp).reshape(DISCARD_BATCH, 2)
         self._count = ctypes.c_size_t()
+        self._lock = threading.Lock()  # one table: a second thread's call would free this one's buffers
 
     def __call__(self, socket: zmq.Socket, most: int) -> tuple[int, int, bool]:
         if most <= 0:
             return 0, 0, False
+        with self._lock:
+            return self._discard(socket, most)
+
+    def _discard(self, socket: zmq.Socket, most: int) -> tuple[int, int, bool]:
         self._count.value = min(most, DISCARD_BATCH)
         rc = self._recviov(socket.underlying, self._iov, ctypes.byref(self._count), NOBLOCK)
         frames = self._count.value  # those received, also when a later one failed
@@ -123,10 +134,12 @@ class VectorDiscard:
 
     def _free(self, buffers: np.ndarray) -> None:
         count = len(buffers)
-        vector = self._malloc((count + 1) * 8)
-        if not vector:
-            raise MemoryError(f"no memory for a vector of {count} pointers")
-        words = np.frombuffer(memoryview((ctypes.c_uint64 * (count + 1)).from_address(vector)), dtype=np.uint64)
+        vector = self._malloc((count + 1) * ctypes.sizeof(ctypes.c_void_p))
+        if not vector:  # no memory even for the vector: one at a time, then
+            for address in buffers.tolist():
+                self._free_one(address)
+            return
+        words = np.frombuffer(memoryview((ctypes.c_size_t * (count + 1)).from_address(vector)), dtype=np.uintp)
         words[:count] = buffers
         words[count] = 0
         self._wordfree(ctypes.byref(_WordExp(count, vector, 0)))
