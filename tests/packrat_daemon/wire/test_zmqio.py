@@ -12,6 +12,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from packrat_daemon.wire import zmqio
 from packrat_daemon.wire.zmqio import (
     NOBLOCK,
     VectorDiscard,
@@ -116,3 +117,21 @@ def recv_frames_upto(socket: zmq.Socket, count: int) -> list[zmq.Frame]:
     while frames[-1].more and len(frames) < count:
         frames.append(socket.recv(NOBLOCK, copy=False))
     return frames
+
+
+def test_the_discarder_is_pyzmqs_own_libzmq_or_else_pyzmq_frame_by_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    # zmq_recviov of another libzmq than pyzmq's must never be called on pyzmq's sockets.
+    discarder.cache_clear()
+    try:
+        monkeypatch.setattr(zmqio, "_pyzmq_libzmq", lambda: None)
+        assert discarder() is discard_python
+        discarder.cache_clear()
+        monkeypatch.undo()
+        monkeypatch.setattr(zmq, "zmq_version_info", lambda: (0, 0, 1))  # a library of another version
+        assert discarder() is discard_python
+        discarder.cache_clear()
+        monkeypatch.undo()
+        found = zmqio._pyzmq_libzmq()
+        assert isinstance(discarder(), VectorDiscard) == (found is not None)
+    finally:
+        discarder.cache_clear()
