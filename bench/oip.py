@@ -17,9 +17,10 @@ median latency; each round's ratio and difference to `zmq` on the same daemon pa
 ratio and difference are the medians over rounds. JSON on stdout (`--out FILE` also writes it there).
 
 `--floor` (on by default) adds the `floor` variant: no Packrat in it, a child process answering tritonclient's
-gRPC `ModelInfer` from a bare grpc.aio server and a bare ZeroMQ ROUTER echoing, each with a reply of the model's
-output size. Its `grpc` minus `zmq` is what one gRPC hop costs over one ZeroMQ hop on this machine, whatever the
-gateway does: the least the gateway's figure can be.
+gRPC `ModelInfer` from a bare grpc.aio server (bytes in, a reply serialized once, as the gateway registers
+it) and a bare ZeroMQ ROUTER echoing, each with a reply of the model's output size. Its `grpc` minus `zmq` is
+what one gRPC hop costs over one ZeroMQ hop on this machine, whatever the gateway does: the least the
+gateway's figure can be.
 
 `--breakdown` (on by default) splits the gRPC path's time on the first variant after the rounds: tritonclient
 building and serializing the request and parsing the reply (timed alone in this process), the gateway's parse
@@ -113,10 +114,11 @@ class Served:
 
 
 # The floor variant's server: a bare grpc.aio ModelInfer and a bare ZeroMQ echo, replies of the output's size.
+# ModelInfer takes and returns bytes, as the gateway's does (protocol/grpc/wire.py): no parse, a reply made once.
 FLOOR_LAUNCH = """
 import asyncio, sys, threading
 import grpc, zmq
-from packrat_daemon.protocol.grpc import inference_pb2 as pb, inference_pb2_grpc as pb_grpc
+from packrat_daemon.protocol.grpc import inference_pb2 as pb
 endpoint, port, reply = sys.argv[1], int(sys.argv[2]), bytes(int(sys.argv[3]))
 def echo():
     router = zmq.Context.instance().socket(zmq.ROUTER)
@@ -125,16 +127,17 @@ def echo():
         identity, *_ = router.recv_multipart(copy=False)
         router.send_multipart([identity, reply])
 threading.Thread(target=echo, daemon=True).start()
-class Answer(pb_grpc.GRPCInferenceServiceServicer):
-    async def ModelInfer(self, request, context):
-        response = pb.ModelInferResponse(model_name=request.model_name, id=request.id)
-        output = response.outputs.add(name="output", datatype="FP32")
-        output.shape.extend([len(reply) // 4])
-        response.raw_output_contents.append(reply)
-        return response
+response = pb.ModelInferResponse(model_name="floor", model_version="1")
+response.outputs.add(name="output", datatype="FP32", shape=[len(reply) // 4])
+response.raw_output_contents.append(reply)
+answer = response.SerializeToString()
+async def model_infer(request, context):
+    return answer
 async def main():
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", -1)])
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(Answer(), server)
+    handler = grpc.unary_unary_rpc_method_handler(model_infer)
+    service = grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {"ModelInfer": handler})
+    server.add_generic_rpc_handlers((service,))
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     await server.wait_for_termination()
@@ -241,7 +244,6 @@ def breakdown(served: Served, paths: Paths, batch: np.ndarray, requests: int, fo
     return {
         "grpc_median_ms": round(grpc_ms, 3),
         "zmq_median_ms": round(zmq_ms, 3),
-        "zmq_client_and_hop_ms": round(zmq_ms - gateway["queue"] - gateway["compute_infer"], 3),
         **{key: round(value, 3) for key, value in parts.items()},
         "server_parse_alone": server_parse,
     }
