@@ -38,8 +38,9 @@ def _own_state_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
 @pytest.fixture(scope="session")
 def shared_conversion_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One $PACKRAT_CACHE_DIR for the session's tests that need a model converted without testing the
-    conversion or the cache itself: a built-in one module converts is a cache hit in the next. A test of
-    converting or caching keeps a fresh folder of its own."""
+    conversion or the cache itself: a built-in one module converts is a cache hit in the next, and a model's
+    second runtime is converted from the first one's ONNX export. A test of converting or caching keeps a
+    fresh folder of its own."""
     return tmp_path_factory.mktemp("shared-packrat-cache")
 
 

@@ -133,10 +133,13 @@ def test_a_conversion_of_a_folder_is_redone_when_a_file_in_it_changes(bert_folde
     assert conversion.cache_key(str(folder), None, "onnxruntime") != before
 
 
-@pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("PACKRAT_CACHE_DIR", str(tmp_path / "cache"))
-    yield tmp_path / "cache"
+@pytest.fixture(scope="module")
+def cache(shared_conversion_cache: Path) -> Iterator[Path]:
+    """The session's shared cache (this module's folder is its own, so no earlier run's conversion is found):
+    what is tested is what each runtime serves, and the second runtime reads the first one's ONNX export."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PACKRAT_CACHE_DIR", str(shared_conversion_cache))  # the converter subprocesses inherit it
+        yield shared_conversion_cache
 
 
 @pytest.mark.slow

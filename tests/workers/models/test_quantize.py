@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from packrat_daemon.wire.errors import ConfigError
 from workers.models import cache as conversion
 from workers.models.precision import cpu_units, run_both
-from workers.models.spec import PRECISION_CHOICES, check_precision, runtime_precisions
+from workers.models.spec import PRECISION_CHOICES, InputSpec, check_precision, runtime_precisions
 
 NEEDS_NNCF = pytest.mark.skipif(
     importlib.util.find_spec("nncf") is None or importlib.util.find_spec("openvino") is None,
@@ -65,6 +66,43 @@ def test_int8_is_quantized_once_per_calibration_and_stays_close_to_fp32(
     samples = conversion.ensure_quantized("builtin:tiny-mlp", None, None)  # other inputs, another entry
     assert samples.meta["quantization"]["calibration"].startswith(f"{conversion.QUANTIZE_SAMPLES} random sample")
     assert len([p for p in (tmp_path / "cache").iterdir() if p.is_dir() and "int8" in p.name]) == 2
+
+
+def test_each_calibration_gets_its_own_entry_and_each_caller_is_told_its_own_origin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The int8 cache's key, with the quantizer replaced (the slow test above quantizes for real): the same inputs'
+    bytes find the same entry without quantizing, even from another file, which the entry found then names."""
+    monkeypatch.setenv("PACKRAT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(conversion, "installed", lambda package: True)
+    source = tmp_path / "cache" / "openvino-fp32" / "model.xml"
+    source.parent.mkdir(parents=True)
+    source.write_text("fp32")
+    spec = InputSpec("float32", (16,))
+    fp32 = conversion.Converted(source, spec, {"input": spec.to_json(), "notes": []})
+    monkeypatch.setattr(conversion, "ensure_converted", lambda *args: fp32)
+    quantized: list[np.ndarray] = []
+
+    def quantize(module: str, args: list[str], what: str) -> None:
+        given = dict(zip(args[::2], args[1::2], strict=True))
+        quantized.append(np.load(given["--inputs"]))
+        Path(given["--out"]).write_text("int8")
+        Path(given["--report"]).write_text(json.dumps({"scheme": "default", "nncf": "test"}))
+
+    monkeypatch.setattr(conversion, "run_step", quantize)
+    mine = tmp_path / "mine.npy"
+    np.save(mine, np.random.default_rng(3).standard_normal((12, 16), dtype=np.float32))
+    first = conversion.ensure_quantized("builtin:tiny-mlp", None, str(mine))
+    assert len(quantized) == 1 and np.array_equal(quantized[0], np.load(mine))
+    copy = tmp_path / "copy.npy"
+    shutil.copyfile(mine, copy)
+    again = conversion.ensure_quantized("builtin:tiny-mlp", None, str(copy))  # the same bytes: the same entry
+    assert len(quantized) == 1 and again.path == first.path
+    assert again.meta["quantization"]["calibration"] == f"12 inputs of --calibration {copy}"
+    samples = conversion.ensure_quantized("builtin:tiny-mlp", None, None)  # other inputs, another entry
+    assert len(quantized) == 2 and samples.path != first.path and len(quantized[1]) == conversion.QUANTIZE_SAMPLES
+    assert samples.meta["quantization"]["calibration"].startswith(f"{conversion.QUANTIZE_SAMPLES} random sample")
+    assert samples.meta["precision"] == "int8" and samples.path.read_text() == "int8"
 
 
 def test_int8_without_nncf_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
