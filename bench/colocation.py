@@ -13,8 +13,9 @@ Strategies, on the same traffic (same seed) side by side:
 - `even`: a static even split (b); `proportional`: cores in proportion to each model's offered work,
   re-split as it moves (c); `joint`: policies.colocation.plan_jointly, re-planned as the traffic moves.
 All four re-pick a model's plan inside an unchanged share for its live batch sizes, and the moving ones
-move cores only through policies.colocation.worth_moving (with the coordinator's change detector and
-cool-down), so moves are counted the same way.
+move cores only through packrat_daemon.coordinate.watch, `packrat coordinate`'s own rule (a backlogged queue
+moves at once to the split for the last second's rates; else policies.colocation.should_move's predicted
+gain, change detector and cool-down), so moves are counted the same way.
 
 Machines and models:
 - 16 cores: BERT and Inception-v3 on their measured 16-core tables (bench/profiles/);
@@ -81,8 +82,8 @@ def analytic(name: str, cores: int) -> Profile:
     threads = [t for t in THREAD_GRID if t <= cores]
     if name in AMDAHL:
         serial, parallel = AMDAHL[name]
-        cells = {(t, b): 2.0 + b * (serial + parallel / t) for t in threads for b in BATCHES}
-        return Profile.from_latencies(cells, model=name)
+        table = {(t, b): 2.0 + b * (serial + parallel / t) for t in threads for b in BATCHES}
+        return Profile.from_latencies(table, model=name)
     measured = Profile.read_csv(ROOT / TABLES[name])
     cells = list(measured)
     theta = physics.fit(cells, np.array([measured.latency(*cell) for cell in cells]))
@@ -147,6 +148,9 @@ def run_case(cores: int, kind: str, load: str, duration_s: float, seed: int) -> 
         result = simulate_colocated(models, cores, settings, Interference.named(INTERFERENCE))
         report = result.to_json()
         report["wall_s"] = round(time.perf_counter() - started, 2)  # real seconds, not part of the simulation
+        report["moves_by_rule"] = {
+            rule: sum(1 for move in report["moves"] if move["rule"] == rule) for rule in ("backlog", "gain")
+        }
         if kind == "shift":
             report["steady"] = result.steady(changes, SETTLE_S)
             report["moves_in_steady_phases"] = sum(

@@ -2,12 +2,14 @@
 jointly, and move cores when the move pays (hysteresis), shrinking before growing.
 
 Each look asks every daemon for its demand (`{"op": "demand"}` on its control socket: profile, live batch
-sizes, batch rate, the CPUs it holds). A daemon that does not answer is down: it is skipped, its share stays
-reserved for it, and no core moves while it is away (its cores are neither planned for nor given away). When it
-answers again it is told its share at once. Cores move only when every daemon is up with a profile and
-`policies.colocation.should_move` says the joint plan's predicted gain is worth it; each daemon is then told
-its new CPUs and plan (`{"op": "assign"}`) in `shares.move_order`: one that loses cores finishes its switch
-(its reply comes once no worker of it is left on a CPU it gave away) before one that gains them is told.
+sizes, the inputs queued since start and the queue now, the CPUs it holds); the rate each model is planned
+for and the rule that moves cores are `packrat_daemon.coordinate.watch`'s, the simulation's own. A daemon
+that does not answer is down: it is skipped, its share stays reserved for it, and no core moves while it is
+away (its cores are neither planned for nor given away). When it answers again it is told its share at
+once. Cores move only when every daemon is up with a profile and the watch says so (a model's queue
+backlogged on its share, or a predicted gain worth a move); each daemon is then told its new CPUs and plan
+(`{"op": "assign"}`) in `shares.move_order`: one that loses cores finishes its switch (its reply comes once
+no worker of it is left on a CPU it gave away) before one that gains them is told.
 The coordinator never stops because a daemon is gone: every control error is logged and the next look retries.
 """
 
@@ -26,9 +28,10 @@ from typing import Any
 
 from packrat_daemon.control.server import request as control_request
 from packrat_daemon.coordinate.shares import CoordinateError, cores_of, divide, even_split, move_order
+from packrat_daemon.coordinate.watch import Decision, Reading, Watch, WatchSettings
 from packrat_daemon.wire.errors import ConfigError, PackratError, PolicyError, TopologyError
 from policies.base import Plan
-from policies.colocation import JointPlan, ModelDemand, evaluate, plan_jointly, should_move
+from policies.colocation import JointPlan, ModelDemand, evaluate, plan_jointly
 from policies.planning.distribution import BatchDistribution
 from policies.planning.profile import Profile
 from policies.planning.topology import Topology, format_cpulist
@@ -56,7 +59,7 @@ class Link:
     error: str | None = None  # why the last request failed
     returned: bool = False  # it answered after being down (or for the first time): tell it its share
 
-    def to_json(self, share: frozenset[int]) -> dict[str, Any]:
+    def to_json(self, share: frozenset[int], offered: float | None = None) -> dict[str, Any]:
         demand = self.demand or {}
         return {
             "name": self.name,
@@ -68,6 +71,8 @@ class Link:
             "model": demand.get("model"),
             "batches_per_s": demand.get("batches_per_s"),
             "inputs_per_s": demand.get("inputs_per_s"),
+            "offered_inputs_per_s": offered,  # the watch's rate of arrivals (what the joint plan is planned for)
+            "queued_inputs": demand.get("queued_inputs"),
             "has_profile": demand.get("profile") is not None if demand else None,
             "error": self.error,
         }
@@ -113,6 +118,8 @@ class Coordinator:
         timeout_s: float,
         status_path: Path | None,
         request: Request = control_request,
+        watch: WatchSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.links = list(links)
         self.by_name = {link.name: link for link in self.links}
@@ -121,6 +128,8 @@ class Coordinator:
         self.interval_s, self.min_gain, self.timeout_s = interval_s, min_gain, timeout_s
         self.status_path = status_path
         self.request = request
+        self.clock = clock
+        self.watch = Watch([link.name for link in self.links], watch or WatchSettings(min_gain=min_gain))
         self.split = even_split(len(self.cores), len(self.links))
         self.shares = self._shares(self.split)
         self.first = dict(self.shares)  # the even division: what each daemon's own --cpus should say
@@ -129,6 +138,7 @@ class Coordinator:
         self.declined = ""  # why the last look did not move cores
         self.moves: deque[Move] = deque(maxlen=MOVES_KEPT)
         self.looks = 0
+        self._profiles: dict[str, tuple[str, Profile]] = {}
         log.info(
             "coordinating %d models on %d cores (%s): %s",
             len(self.links), len(self.cores), topology.describe(), self._describe(self.shares),
@@ -166,6 +176,7 @@ class Coordinator:
                             format_cpulist(self.shares[link.name]))  # fmt: skip
             link.up, link.error = False, str(exc)
             link.holds = link.holds or self.shares[link.name]
+            self.watch.forget(link.name)
             return
         demand = reply["demand"]
         share = frozenset(int(cpu) for cpu in demand["share"]["cpu_ids"])
@@ -180,6 +191,15 @@ class Coordinator:
         # Its share is what it holds once its last switch has left every other CPU; until then, both.
         link.holds = share if demand.get("vacated", True) else share | link.holds
         link.up, link.answered, link.demand, link.error = True, True, demand, None
+        if "arrived_inputs" in demand:
+            requests = demand.get("arrived_requests")
+            reading = Reading(
+                self.clock(),
+                int(demand["arrived_inputs"]),
+                int(demand.get("queued_inputs") or 0),
+                None if requests is None else int(requests),
+            )
+            self.watch.read(link.name, reading)
 
     # -- planning -------------------------------------------------------------------------------
     def _plan(self) -> None:
@@ -197,31 +217,37 @@ class Coordinator:
             missing = [link.name for link, demand in zip(self.links, demands, strict=True) if demand is None]
             self.declined = f"{', '.join(missing)} serve(s) without a profile: the split stays as it is"
             return
-        ready = [demand for demand in demands if demand is not None]
+        bases = [demand for demand in demands if demand is not None]
+        cores, split, now = len(self.cores), self.split, self.clock()
         try:
-            current = evaluate(ready, self.split, total_cores=len(self.cores))
-            proposed = plan_jointly(ready, len(self.cores))
+            # The simulation's estimate and rule (packrat_daemon.coordinate.watch): a backlog moves at once,
+            # else a predicted gain of min_gain, at most once per cool-down.
+            decision = self.watch.decide(
+                now,
+                bases,
+                lambda demands: plan_jointly(demands, cores),
+                lambda demands: evaluate(demands, split, total_cores=cores),
+            )
         except PackratError as exc:
             self.declined = f"no joint plan: {exc}"
             log.warning("coordinator: %s", self.declined)
             return
-        self.joint = current
-        if not should_move(current, proposed, self.min_gain):  # the simulation's rule too (no cool-down here)
-            self.declined = (
-                f"the split {list(self.split)} is predicted at {_ms(current.predicted_ms)}, the best "
-                f"{list(proposed.split)} at {_ms(proposed.predicted_ms)}: not worth a move (min gain "
-                f"{self.min_gain:.0%})"
-            )
+        self.joint = decision.current
+        if not decision.move or decision.proposed is None or decision.current is None:
+            self.declined = _declined(decision, self.watch.settings)
             return
+        current, proposed = decision.current, decision.proposed
         target = self._shares(proposed.split)
         plans = {share.name: share.plan for share in proposed.shares}
         names = [link.name for link in self.links if target[link.name] != self.shares[link.name]]
         predicted = (_finite(current.predicted_ms), _finite(proposed.predicted_ms))
-        move = self._assign(names, {name: target[name] for name in names}, "joint plan", predicted, plans)
+        reason = "joint plan" if decision.rule == "gain" else f"joint plan, {', '.join(decision.backlogged)} backlogged"
+        move = self._assign(names, {name: target[name] for name in names}, reason, predicted, plans)
         if move is not None and all(step["ok"] for step in move.steps):
             self.split, self.joint = proposed.split, proposed
             self.plans.update(plans)
             self.declined = ""
+            self.watch.moved(now, decision)
 
     def _keep_free(self, down: Sequence[str]) -> None:
         """A daemon that is down comes back on its own --cpus, its first share: every model up that was moved
@@ -240,15 +266,18 @@ class Coordinator:
         self.split = tuple(sum(1 for core in self.cores if set(core) & self.shares[link.name]) for link in self.links)
 
     def _demand(self, link: Link) -> ModelDemand | None:
+        """The model's demand but its rate (the watch's, from its arrivals): profile, batch sizes, target."""
         demand = link.demand or {}
         if demand.get("profile") is None:
             return None
-        profile = Profile.parse_csv(demand["profile"], source=f"{link.name}'s profile")
+        text = demand["profile"]
+        if self._profiles.get(link.name, (None,))[0] != text:  # parsed once per profile, not at every look
+            self._profiles[link.name] = (text, Profile.parse_csv(text, source=f"{link.name}'s profile"))
+        profile = self._profiles[link.name][1]
         sizes = {int(b): float(w) for b, w in demand.get("batch_sizes") or []}
-        # A model without traffic yet: its plan for one input, at no rate (it keeps the fewest cores).
+        # A model without traffic yet: its plan for one input (no arrivals: no rate, it keeps the fewest cores).
         distribution = BatchDistribution.from_counts(sizes) if sizes else BatchDistribution.single(1)
-        rate = float(demand.get("batches_per_s") or 0.0) if sizes else 0.0
-        return ModelDemand(link.name, profile, distribution, rate, link.target_ms)
+        return ModelDemand(link.name, profile, distribution, 0.0, link.target_ms)
 
     # -- moving ---------------------------------------------------------------------------------
     def _assign(
@@ -325,9 +354,10 @@ class Coordinator:
             "looks": self.looks,
             "interval_s": self.interval_s,
             "min_gain": self.min_gain,
+            "watch": self.watch.settings.to_json(),
             "machine": {"cpus": format_cpulist(self.topology.cpu_ids), "cores": len(self.cores)},
             "split": dict(zip([link.name for link in self.links], self.split, strict=True)),
-            "models": [link.to_json(self.shares[link.name]) for link in self.links],
+            "models": [link.to_json(self.shares[link.name], self._offered(link.name)) for link in self.links],
             "joint_plan": None if self.joint is None else self.joint.to_json(),
             "declined": self.declined,
             "moves": [move.to_json() for move in self.moves],
@@ -345,6 +375,11 @@ class Coordinator:
             log.warning("coordinator: could not write %s: %s", self.status_path, exc)
 
     # -- helpers --------------------------------------------------------------------------------
+    def _offered(self, name: str) -> float | None:
+        if not self.by_name[name].up:
+            return None
+        return round(self.watch.inputs_per_s(name, self.clock(), self.watch.settings.arrivals_s), 3)
+
     def _shares(self, split: Sequence[int]) -> dict[str, frozenset[int]]:
         cpus = divide(self.cores, split)
         return {link.name: frozenset(share) for link, share in zip(self.links, cpus, strict=True)}
@@ -352,6 +387,20 @@ class Coordinator:
     @staticmethod
     def _describe(shares: Mapping[str, frozenset[int]]) -> str:
         return ", ".join(f"{name} on CPUs {format_cpulist(cpus)}" for name, cpus in shares.items())
+
+
+def _declined(decision: Decision, settings: WatchSettings) -> str:
+    """Why a look did not move cores, for the status file."""
+    current, proposed = decision.current, decision.proposed
+    if decision.rule == "gathering":
+        return f"waiting for {settings.arrivals_s:g} s of every model's arrivals before planning on them"
+    if current is None or proposed is None:
+        return "the traffic has not changed enough since the last plan to plan again"
+    return (
+        f"the split {list(current.split)} is predicted at {_ms(current.predicted_ms)}, the best "
+        f"{list(proposed.split)} at {_ms(proposed.predicted_ms)}: not worth a move (min gain "
+        f"{settings.min_gain:.0%}, at most once per {settings.cooldown_s:g} s)"
+    )
 
 
 def _compact(plan: Plan) -> dict[str, Any]:

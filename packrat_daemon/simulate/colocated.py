@@ -9,10 +9,12 @@ core and two are busy together, each runs at half speed or worse, and when their
 none slows another beyond the interference of a busier machine. A lone batch on the machine finishes
 exactly when `ServiceModel.batch_ms` says (a test checks it), so one tenant is the single-model simulation.
 
-A `Coordinator` divides the cores: it looks every `look_s` at the batches each model started over the last
-`window_s` (their rate and sizes: the daemon's live batch distribution), asks its strategy for a split,
-and moves cores only when `policies.colocation.should_move` (the rule `packrat coordinate` applies too)
-says the predicted gain pays, at most once per cool-down. Strategies: `joint`
+A `Coordinator` divides the cores: it looks every `look_s` at each model's batcher as its daemon's demand
+reply gives it (the requests and inputs queued since start, the queue now) and at the batches it started
+over the last `window_s` (their sizes: the daemon's live batch distribution), asks its strategy for a
+split, and moves cores only when `packrat_daemon.coordinate.watch` (the estimate and rule `packrat
+coordinate` applies too) says so: at once for a backlogged model, else for a predicted gain, at most once
+per cool-down. Strategies: `joint`
 (policies.colocation.plan_jointly), `every` (each model plans for all the machine's cores, as independent
 daemons do), `even` (a static even split) and `proportional` (cores in proportion to each model's offered
 work, re-split with the same hysteresis). Inside an unchanged
@@ -33,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from packrat_daemon.config import ServeConfig
+from packrat_daemon.coordinate.watch import Decision, Reading, Watch, WatchSettings
 from packrat_daemon.load.arrivals import BatchMix, PoissonCount, Trace
 from packrat_daemon.load.report import Tally
 from packrat_daemon.measure.emulation import Interference
@@ -44,7 +47,7 @@ from packrat_daemon.simulate.service import ServiceModel
 from packrat_daemon.startup import distribution_for
 from packrat_daemon.wire.errors import ConfigError
 from policies.base import Plan
-from policies.colocation import JointPlan, ModelDemand, evaluate, plan_jointly, should_move
+from policies.colocation import JointPlan, ModelDemand, evaluate, plan_jointly
 from policies.packrat import PackratPolicy
 from policies.planning.cores import CoreAllocator
 from policies.planning.distribution import BatchDistribution
@@ -53,7 +56,6 @@ from policies.planning.topology import Topology
 
 STRATEGIES = ("joint", "every", "even", "proportional")
 WEIGHT_STEP = 20  # the live batch sizes' weights are rounded to 1/20: noise alone never re-plans a model
-RATE_FLOOR = 1.0  # batches per second: below it a rate's change is judged against 1/s
 FINISHED = 1e-9  # ms of work left below which a slice has finished (float rounding of the processor sharing)
 
 
@@ -209,14 +211,9 @@ class Tenant(Simulation):
         # The slow-down is the machine's: f(threads busy on all its cores), time-shared past them.
         self.service = ServiceModel.of(profile, machine.cores, config.max_batch, interference)
         self.started: list[tuple[float, int]] = []  # (virtual s, inputs) of each batch started
-        self.arrivals: list[tuple[float, int]] = []  # (virtual s, samples) of each request sent
         self.busy_s = 0.0  # time with a batch in flight
         self.traffic: Traffic | None = None  # what its clients send
         self.tally = SentTally(started=0.0)
-
-    def _offer(self, samples: int, answered: Any) -> None:
-        self.arrivals.append((self.clock.now, samples))
-        super()._offer(samples, answered)
 
     def compute(self, batch: list[Request], slices: list[tuple[int, int]], sent: float) -> None:
         started = self.clock.now
@@ -251,36 +248,27 @@ class Tenant(Simulation):
 @dataclass(frozen=True)
 class CoordinatorSettings:
     strategy: str = "joint"
-    look_s: float = 1.0  # how often the coordinator looks at the models' traffic
-    arrivals_s: float = 3.0  # the inputs that arrived over this last stretch give each model's rate …
-    batches: int = 100  # … and its last this many batches started …
-    window_s: float = 10.0  # … within this last stretch of time its batch sizes
-    min_gain: float = 0.1  # predicted gain a move (or a model's re-plan) must bring: the hysteresis
-    cooldown_s: float = 4.0  # least time between two moves
-    # A look plans only when some model's batch rate or mean batch moved by more than this fraction since
-    # the last plan: a change detector before the planner, so a steady phase is not re-planned for noise.
-    change: float = 0.15
-    confirm: int = 1  # looks in a row a split must win before cores move to it
+    look_s: float = 0.5  # how often the coordinator looks at the models' traffic
+    batches: int = 100  # each model's last this many batches started …
+    window_s: float = 10.0  # … within this last stretch of time give its batch sizes
     min_cores: int = 1
+    # The demand estimate and the move rule, packrat coordinate's own (packrat_daemon.coordinate.watch).
+    watch: WatchSettings = field(default_factory=WatchSettings)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"unknown co-location strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
-        if not (self.look_s > 0 and self.window_s > 0 and self.cooldown_s >= 0):
-            raise ConfigError("the coordinator's look interval and window must be positive, its cool-down >= 0")
+        if not (self.look_s > 0 and self.window_s > 0):
+            raise ConfigError("the coordinator's look interval and window must be positive")
 
     def to_json(self) -> dict[str, Any]:
         return {
             "strategy": self.strategy,
             "look_s": self.look_s,
-            "arrivals_s": self.arrivals_s,
             "batches": self.batches,
             "window_s": self.window_s,
-            "min_gain": self.min_gain,
-            "cooldown_s": self.cooldown_s,
             "min_cores": self.min_cores,
-            "change": self.change,
-            "confirm": self.confirm,
+            **self.watch.to_json(),
         }
 
 
@@ -326,28 +314,22 @@ class Coordinator:
         self.moves: list[dict[str, Any]] = []
         self.replans: list[dict[str, Any]] = []
         self.looks = 0
-        self.last_move = -math.inf
         self._last_distribution = {t.name: distribution_for(t.config) for t in tenants}
         self._predict = PackratPolicy()
-        self._planned: list[tuple[float, float]] | None = None  # (batch rate, mean batch) per model at the last plan
+        self.watch = Watch([t.name for t in tenants], settings.watch)
         self.plans = 0  # looks that planned (the others saw no change)
-        self._candidate: tuple[int, ...] | None = None  # the split that won the last look(s), not yet moved to
-        self._wins = 0
 
     def begin(self) -> None:
+        self._read(0.0)
         self.loop.at(self.settings.look_s, self._look)
 
     def split(self) -> tuple[int, ...]:
         return tuple(t.share for t in self.tenants)
 
-    def demands(self, now: float) -> list[ModelDemand]:
-        """Each model's demand as its daemon would report it: the batch sizes of its last `batches` batches
-        (within `window_s`), and a batch rate of the inputs that arrived over the last `arrivals_s` divided
-        by their mean batch. The inputs arriving are what the clients offer, whatever the split; the batches
-        the daemon formed are not (a model short of cores queues, so it batches more and starts fewer
-        batches), and counting batches alone would see a model turning busy only once its batches grew."""
+    def bases(self, now: float) -> list[ModelDemand]:
+        """Each model's demand but its rate (the watch's), as its daemon would report it: the batch sizes of
+        its last `batches` batches (within `window_s`), rounded so that noise alone never re-plans it."""
         found = []
-        span = min(self.settings.arrivals_s, now)
         for tenant in self.tenants:
             recent = [rows for t, rows in tenant.started if now - self.settings.window_s < t <= now]
             recent = recent[-self.settings.batches :]
@@ -358,10 +340,12 @@ class Coordinator:
                 if not any(rounded.values()):
                     rounded = {max(counts, key=lambda b: (counts[b], b)): 1}
                 distribution = self._last_distribution[tenant.name] = BatchDistribution.from_counts(rounded)
-            inputs = sum(samples for t, samples in tenant.arrivals if now - span < t <= now)
-            rate = inputs / span / _mean(distribution) if span > 0 else 0.0
-            found.append(ModelDemand(tenant.name, tenant.profile, distribution, rate))
+            found.append(ModelDemand(tenant.name, tenant.profile, distribution, 0.0))
         return found
+
+    def demands(self, now: float) -> tuple[ModelDemand, ...]:
+        """Each model's demand at the slow rule's rate (the watch's estimate from its arrivals)."""
+        return self.watch.demands(now, self.bases(now), self.settings.watch.arrivals_s)
 
     def propose(self, demands: Sequence[ModelDemand]) -> JointPlan:
         strategy, cores = self.settings.strategy, self.cores
@@ -379,59 +363,48 @@ class Coordinator:
             return every_core(demands, self.cores)
         return evaluate(demands, self.split(), total_cores=self.cores)
 
+    def _read(self, now: float) -> None:
+        """Each model's reading, as its daemon's demand reply gives it: inputs queued since start, queue now."""
+        for tenant in self.tenants:
+            batcher = tenant.batcher
+            reading = Reading(now, batcher.arrived_inputs, batcher.queued_inputs, batcher.arrived_requests)
+            self.watch.read(tenant.name, reading)
+
     def _look(self) -> None:
         if all(t.done for t in self.tenants):
             return  # the traffic is over: no more looks, so the run ends
         now = self.loop.clock.now
         self.looks += 1
-        demands = self.demands(now)
-        if not self._moved(demands):
-            self.loop.at(now + self.settings.look_s, self._look)
-            return
-        self._planned = [(d.rate_per_s, _mean(d.distribution)) for d in demands]
-        self.plans += 1
-        current = self.rescore(demands)
-        proposed = self.propose(demands)
-        # The rule packrat coordinate applies too (policies.colocation.should_move): worth_moving, at most once
-        # per cool-down unless the current split cannot carry the load (its queue grows until cores move).
-        if should_move(current, proposed, self.settings.min_gain, now - self.last_move, self.settings.cooldown_s):
-            # Moved only once the same split has won `confirm` looks in a row: one noisy look never moves cores.
-            self._wins = self._wins + 1 if proposed.split == self._candidate else 1
-            self._candidate = proposed.split
-            if self._wins >= self.settings.confirm:
-                self._move(now, current, proposed)
-                self._wins, self._candidate = 0, None
-            else:
-                self._planned = None  # look again next time, changed or not
-        else:
-            self._wins, self._candidate = 0, None
-            self._replan(now, demands, current)
+        self._read(now)
+        # The rule packrat coordinate applies too (packrat_daemon.coordinate.watch): a backlog moves at once to
+        # the split for the last second's rates; else worth_moving, at most once per cool-down.
+        decision = self.watch.decide(now, self.bases(now), self.propose, self.rescore)
+        if decision.planned:
+            self.plans += 1
+        if decision.move:
+            assert decision.current is not None and decision.proposed is not None
+            self._move(now, decision)
+        elif decision.rule == "hold":
+            assert decision.current is not None
+            self._replan(now, decision.demands, decision.current)
         self.loop.at(now + self.settings.look_s, self._look)
 
-    def _moved(self, demands: Sequence[ModelDemand]) -> bool:
-        """Whether some model's batch rate or mean batch moved by more than `change` since the last plan."""
-        if self._planned is None:
-            return True
-        change = self.settings.change
-        for demand, (rate, mean) in zip(demands, self._planned, strict=True):
-            if abs(demand.rate_per_s - rate) > change * max(rate, RATE_FLOOR):
-                return True
-            if abs(_mean(demand.distribution) - mean) > change * mean:
-                return True
-        return False
-
-    def _move(self, now: float, current: JointPlan, proposed: JointPlan) -> None:
+    def _move(self, now: float, decision: Decision) -> None:
+        current, proposed = decision.current, decision.proposed
+        assert current is not None and proposed is not None
         before = self.split()
         gain = None if math.isinf(current.predicted_ms) else 1.0 - proposed.predicted_ms / current.predicted_ms
         self.moves.append({
             "t_s": round(now, 3),
+            "rule": decision.rule,
+            "backlogged": list(decision.backlogged),
             "from": list(before),
             "to": list(proposed.split),
             "predicted_ms_before": _finite(current.predicted_ms),
             "predicted_ms_after": _finite(proposed.predicted_ms),
             "predicted_gain": None if gain is None else round(gain, 4),
         })  # fmt: skip
-        self.last_move = now
+        self.watch.moved(now, decision)
         for tenant, share in zip(self.tenants, proposed.shares, strict=True):
             if share.cores != tenant.share or share.plan != tenant.plan:
                 tenant.assign(share.cores, share.plan, f"coordinate: {share.cores} cores")
@@ -442,7 +415,7 @@ class Coordinator:
             if share.plan == tenant.plan or demand.rate_per_s == 0:
                 continue
             now_ms = self._predict.expected_latency(tenant.profile, tenant.plan, demand.distribution)
-            if share.service_ms <= now_ms * (1.0 - self.settings.min_gain):
+            if share.service_ms <= now_ms * (1.0 - self.settings.watch.min_gain):
                 self.replans.append({"t_s": round(now, 3), "model": tenant.name, "plan": share.plan.describe()})
                 tenant.assign(tenant.share, share.plan, "coordinate: re-plan in its share")
 

@@ -20,10 +20,25 @@ from policies.planning.topology import Topology, format_cpulist
 PROFILE = Profile.from_latencies({(t, b): 40.0 * b / 4 / t for t in range(1, 9) for b in (1, 4)}).to_csv()
 
 
+class Clock:
+    """The coordinator's clock: each look comes one interval after the last."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class Daemons:
-    """What each daemon answers: its share, its traffic; `down` ones do not answer, `refusing` ones refuse."""
+    """What each daemon answers: its share, its traffic (batches of 4 at `rates` per second, counted as they
+    arrive on `clock`), its queue; `down` ones do not answer, `refusing` ones refuse."""
 
     def __init__(self, machine: int, **rates: float) -> None:
+        self.clock = Clock()
+        self.arrived = dict.fromkeys(rates, 0.0)
+        self.queued = dict.fromkeys(rates, 0)
+        self._counted = dict.fromkeys(rates, 0.0)
         everything = list(range(machine))
         self.shares = {name: list(everything) for name in rates}
         self.rates = dict(rates)
@@ -43,9 +58,12 @@ class Daemons:
             self.told.append((name, format_cpulist(body["cpus"]), "plan" in body))
             return {"ok": True, "done": "switched"}
         rate = self.rates[name]
+        self.arrived[name] += 4 * rate * (self.clock.now - self._counted[name])
+        self._counted[name] = self.clock.now
         return {"ok": True, "demand": {
             "model": name, "profile": self.profiles[name], "batch_sizes": [[4, 1.0]] if rate else [],
-            "batches_per_s": rate, "inputs_per_s": 4 * rate, "vacated": True,
+            "batches_per_s": rate, "inputs_per_s": 4 * rate, "vacated": True, "now_s": self.clock.now,
+            "arrived_inputs": round(self.arrived[name]), "queued_inputs": self.queued[name],
             "share": {"cpu_ids": self.shares[name], "cores": len(self.shares[name])},
         }}  # fmt: skip
 
@@ -53,27 +71,33 @@ class Daemons:
 def coordinator(daemons: Daemons, tmp_path: Path | None = None, cores: int = 8) -> Coordinator:
     links = [Link(name, f"ipc://{name}/control.ipc") for name in daemons.rates]
     status = None if tmp_path is None else tmp_path / "coordinator.json"
-    return Coordinator(links, Topology.synthetic(cores), 5.0, 0.1, 30.0, status, request=daemons)
+    return Coordinator(links, Topology.synthetic(cores), 5.0, 0.1, 30.0, status, request=daemons, clock=daemons.clock)
+
+
+def tick(coord: Coordinator, daemons: Daemons) -> None:
+    """One look, one interval after the last."""
+    daemons.clock.now += coord.interval_s
+    coord.tick()
 
 
 def test_the_first_look_divides_the_cores_evenly_and_tells_each_daemon(tmp_path: Path) -> None:
     daemons = Daemons(8, a=0.0, b=0.0)
-    coordinator(daemons, tmp_path).tick()
+    tick(coordinator(daemons, tmp_path), daemons)
     # Started on every CPU, both only give CPUs up: told in --daemon order, each left to plan inside its share.
     assert daemons.told == [("a", "0-3", False), ("b", "4-7", False)]
     status = json.loads((tmp_path / "coordinator.json").read_text())
     assert [(m["name"], m["cpus"], m["up"]) for m in status["models"]] == [("a", "0-3", True), ("b", "4-7", True)]
     assert status["split"] == {"a": 4, "b": 4} and status["moves"] == []
-    assert "not worth a move" in status["declined"]  # neither has traffic: the even split stays
+    assert "waiting for 3 s" in status["declined"]  # one look: no rate yet, so the even split stays
 
 
 def test_cores_move_to_the_busy_model_and_the_one_that_shrinks_is_told_first(tmp_path: Path) -> None:
     daemons = Daemons(8, a=0.0, b=0.0)
     coord = coordinator(daemons, tmp_path)
-    coord.tick()
+    tick(coord, daemons)
     daemons.told.clear()
     daemons.rates["b"] = 60.0  # b busy (60 batches/s: 60% of 4 cores), a idle
-    coord.tick()
+    tick(coord, daemons)
     assert [name for name, _, _ in daemons.told] == ["a", "b"]  # a shrinks first, then b grows onto its CPUs
     assert all(with_plan for _, _, with_plan in daemons.told)  # each with its share of the joint plan
     assert daemons.shares["a"] == [0] and daemons.shares["b"] == list(range(1, 8))
@@ -82,35 +106,35 @@ def test_cores_move_to_the_busy_model_and_the_one_that_shrinks_is_told_first(tmp
     assert [step["model"] for step in move["steps"]] == ["a", "b"] and all(step["ok"] for step in move["steps"])
     # Steady traffic: the next look keeps the split (hysteresis).
     daemons.told.clear()
-    coord.tick()
+    tick(coord, daemons)
     assert daemons.told == []
 
 
 def test_a_daemon_that_is_down_keeps_its_share_and_gets_it_back_when_it_returns(tmp_path: Path) -> None:
     daemons = Daemons(8, a=0.0, b=0.0)
     coord = coordinator(daemons, tmp_path)
-    coord.tick()
+    tick(coord, daemons)
     daemons.told.clear()
     daemons.down.add("a")
     daemons.rates["b"] = 60.0
-    coord.tick()  # never raises: a is skipped, and no core moves while it is away
+    tick(coord, daemons)  # never raises: a is skipped, and no core moves while it is away
     status = json.loads((tmp_path / "coordinator.json").read_text())
     assert daemons.told == [] and "a down" in status["declined"]
     assert [(m["name"], m["up"], m["cpus"]) for m in status["models"]][0] == ("a", False, "0-3")
     daemons.down.clear()
     daemons.shares["a"] = list(range(8))  # restarted on every CPU
-    coord.tick()
+    tick(coord, daemons)
     assert daemons.told[0] == ("a", "0-3", False)  # its share back first; then the joint plan may move cores
 
 
 def test_a_refusal_ends_the_move_before_the_model_that_would_grow_is_told(tmp_path: Path) -> None:
     daemons = Daemons(8, a=0.0, b=0.0)
     coord = coordinator(daemons, tmp_path)
-    coord.tick()
+    tick(coord, daemons)
     daemons.told.clear()
     daemons.refusing.add("a")
     daemons.rates["b"] = 60.0
-    coord.tick()
+    tick(coord, daemons)
     assert daemons.told == []  # a refused to shrink, so b was not told to grow onto a's CPUs
     move = json.loads((tmp_path / "coordinator.json").read_text())["moves"][-1]
     assert move["steps"] == [
@@ -123,7 +147,7 @@ def test_without_a_profile_the_shares_stay_as_they_are(tmp_path: Path) -> None:
     daemons = Daemons(8, a=0.0, b=60.0)
     daemons.profiles["a"] = None  # type: ignore[assignment]
     coord = coordinator(daemons, tmp_path)
-    coord.tick()
+    tick(coord, daemons)
     assert [name for name, _, _ in daemons.told] == ["a", "b"]  # shares given, no move
     assert "a serve(s) without a profile" in coord.declined
 
@@ -131,33 +155,52 @@ def test_without_a_profile_the_shares_stay_as_they_are(tmp_path: Path) -> None:
 def test_cores_moved_onto_a_down_models_first_share_are_given_up_for_its_restart(tmp_path: Path) -> None:
     daemons = Daemons(8, a=0.0, b=0.0)
     coord = coordinator(daemons, tmp_path)
-    coord.tick()
+    tick(coord, daemons)
     daemons.rates["b"] = 60.0
-    coord.tick()
+    tick(coord, daemons)
     assert daemons.shares["b"] == list(range(1, 8))  # b grew onto a's first CPUs 1-3
     daemons.told.clear()
     daemons.down.add("a")
-    coord.tick()
+    tick(coord, daemons)
     # a restarts on its --cpus 0-3: b gives 1-3 up now, so that a finds them free.
     assert daemons.told == [("b", "4-7", False)] and coord.split == (4, 4)
     move = json.loads((tmp_path / "coordinator.json").read_text())["moves"][-1]
     assert move["reason"] == "a down: its first share kept free" and move["to"] == {"b": "4-7"}
     daemons.told.clear()
-    coord.tick()
+    tick(coord, daemons)
     assert daemons.told == []  # while a stays down, nothing more moves
     daemons.down.clear()
     daemons.shares["a"] = [0, 1, 2, 3]
-    coord.tick()
+    tick(coord, daemons)
     assert daemons.told[0] == ("a", "0-3", False)  # back on its own share; then b, still busy, may grow again
 
 
 def test_a_daemon_that_restarted_between_two_looks_is_told_its_share(tmp_path: Path) -> None:
     daemons = Daemons(8, a=0.0, b=60.0)
     coord = coordinator(daemons, tmp_path)
-    coord.tick()
-    coord.tick()
+    tick(coord, daemons)
+    tick(coord, daemons)
     assert daemons.shares["a"] == [0]
     daemons.told.clear()
     daemons.shares["a"] = [0, 1, 2, 3]  # back on its --cpus before any look saw it down
-    coord.tick()
+    tick(coord, daemons)
     assert daemons.told == [("a", "0", False)]
+
+
+def test_a_backlogged_queue_moves_cores_at_once_by_the_simulations_rule(tmp_path: Path) -> None:
+    daemons = Daemons(8, a=20.0, b=20.0)
+    links = [Link(name, f"ipc://{name}/control.ipc") for name in daemons.rates]
+    coord = Coordinator(links, Topology.synthetic(8), 0.5, 0.1, 30.0, tmp_path / "coordinator.json",
+                        request=daemons, clock=daemons.clock)  # fmt: skip
+    for _ in range(10):
+        tick(coord, daemons)
+    assert coord.split == (4, 4) and not coord.moves
+    daemons.rates["a"], daemons.queued["a"] = 150.0, 40  # a's traffic jumps past what 4 cores carry; it queues
+    tick(coord, daemons)
+    assert not coord.moves  # its last second's rate still half the phase before: its share still carries it
+    tick(coord, daemons)
+    move = coord.moves[-1]
+    assert move.reason == "joint plan, a backlogged" and coord.split[0] > 4
+    status = json.loads((tmp_path / "coordinator.json").read_text())
+    assert status["models"][0]["queued_inputs"] == 40 and status["watch"]["backlog_looks"] == 1
+    assert status["models"][0]["offered_inputs_per_s"] == pytest.approx(4 * 150.0)  # read since the change
