@@ -48,6 +48,9 @@ HEDGE_FRESH_S = 2 * HEARTBEAT_SECONDS
 #   CPU (runnable, or in uninterruptible sleep): a sleeping, deadlocked or stopped worker; or
 # - the job timeout passed since the slice was sent, whatever its CPU time (the ceiling).
 PROGRESS_LOOK_S = 0.2
+# A late slice whose worker used at least this share of a CPU since it was sent is computing it: not hedged (see
+# Dispatcher.hedge). A stopped or blocked worker uses none; one on a machine loaded with others still computes.
+HEDGE_CPU_SHARE = 0.1
 MIN_PROGRESS_CPU_S = 0.01
 
 
@@ -79,6 +82,14 @@ def stopped(pid: int | None) -> bool:
         return False
 
 
+def computing(job: Job, now: float) -> bool:
+    """Whether the worker of a late slice is computing it: it used at least HEDGE_CPU_SHARE of a CPU since the slice
+    was sent. A stopped, blocked or starved worker is not (a hedge elsewhere answers sooner); one that cannot be read
+    is taken as not."""
+    cpu, sent = job.worker.cpu_seconds(), job.cpu_at_send
+    return cpu is not None and sent is not None and cpu - sent >= HEDGE_CPU_SHARE * (now - job.sent_at)
+
+
 class Replies(Protocol):
     """Where the supervisor's answers go: the frontend, which owns the clients' socket."""
 
@@ -106,6 +117,7 @@ class Supervisor:
         self.replies = replies
         self.requeue = requeue  # a batch whose workers were all lost goes back to the head of the queue
         self.queued = queued  # the inputs waiting to be batched, for the gauge each look sets
+        dispatcher.queued = queued  # while none wait, a batch aside keeps the dispatcher busy (Dispatcher.busy)
         self.changed = True  # the pool changed since the last look: look on this wake
         self.due = 0.0  # time.monotonic() of the next periodic look
         self._generation = -1  # the reconciler's generation at the last look: a new plan is looked at at once
@@ -164,9 +176,37 @@ class Supervisor:
         if self.changed or now >= self.due or self.reconciler.generation != self._generation:
             self.look(now)
             self.metrics.queued.set(self.queued())
+        if self.dispatcher.parked:
+            self._start_parked()
 
     def start(self, batch: list[Request], now: float) -> None:
+        """Send the loop's batch to the serving workers; a request to run alone (a suspect of a failure or a hang)
+        is parked instead, to run aside on a worker the next batches can spare (_start_parked), unless the pool
+        has only one worker."""
+        if len(batch) == 1 and batch[0].alone and len(self.pool.live()) > 1:
+            self.dispatcher.parked.append(batch[0])
+            self._start_parked()
+            return
         self.dispatcher.dispatch(batch, self.dispatcher.serving)
+
+    def _start_parked(self) -> None:
+        """Run each parked request on an idle serving worker while another serving worker, not running a batch
+        aside, is left to the loop's batches: a request that hangs the model then holds one worker, not every
+        client. With one worker in the pool there is nothing to spare, and they run on it in turn."""
+        dispatcher = self.dispatcher
+        busy = {job.worker.id for job in dispatcher.jobs.values()}
+        idle = [w for w in dispatcher.serving if w.id not in busy and not w.outstanding and w.pending is None]
+        while dispatcher.parked and idle:
+            worker = idle[0]
+            aside = {job.worker.id for batch in dispatcher.aside for job in batch.jobs}
+            kept = [w for w in dispatcher.serving if w.id not in aside and w.id != worker.id]
+            if not kept and len(self.pool.live()) > 1:
+                return  # the next batches' only worker: wait for another (starting, or answering a batch aside)
+            idle.pop(0)
+            request = dispatcher.parked.pop(0)
+            log.info("request %s (%d inputs) runs alone on worker %d, aside from the batches", request.request_id,
+                     request.samples, worker.id)  # fmt: skip
+            dispatcher.run_aside(request, worker)
 
     # -- deadlines and looks ------------------------------------------------------------------------
     def on_deadline(self, now: float) -> None:
@@ -176,7 +216,24 @@ class Supervisor:
         self._hedge(now)
         for request in self.dispatcher.expire(now):
             self.replies.reply_error(request, ErrorCode.TIMEOUT, "the request's timeout passed while it was computed")
+        self._move_aside(now)
         self.changed = self.changed or bool(self.dispatcher.overdue(now))
+
+    def _move_aside(self, now: float) -> None:
+        """The loop's batch moves aside once its unanswered slices are late and a worker is free for the next batch
+        (Dispatcher.move_aside): the requests whose rows are all in are answered now."""
+        batch = self.dispatcher.batch
+        completed = self.dispatcher.move_aside(now)
+        if completed is None or batch is None:
+            return
+        waiting = [job for job in batch.jobs if job.output is None]
+        log.info(
+            "a batch's slice(s) on worker(s) %s are late (%.0f ms): the batch moves aside, %d request(s) answered now, "
+            "the next batch starts on the free workers",
+            [job.worker.id for job in waiting], (now - batch.started) * 1000.0, len(completed),
+        )  # fmt: skip
+        for done in completed:
+            self.replies.reply_result(done)
 
     def look(self, now: float) -> None:
         """Replace overdue and hung workers, let the reconciler converge, refresh `serving`.
@@ -215,6 +272,7 @@ class Supervisor:
         self.metrics.workers_serving({worker.id: worker.pid for worker in self.dispatcher.serving})
         if self.dispatcher.late:  # a late slice waits for an idle worker: a new one may have come
             self._hedge(now)
+        self._move_aside(now)  # a new worker may be the free one it waited for
 
     def _on_hang(self, job: Job, hang: Hang, now: float, why: str) -> None:
         """A slice of the batch in flight is hung (Dispatcher.hang): the hang's requests are answered, the others
@@ -264,7 +322,7 @@ class Supervisor:
 
     def _hedge(self, now: float) -> None:
         fresh = [worker for worker in self.serving if now - worker.last_seen <= HEDGE_FRESH_S]
-        for copy in self.dispatcher.hedge(now, fresh):
+        for copy in self.dispatcher.hedge(now, fresh, computing):
             late = copy.twin
             assert late is not None and late.predicted_ms is not None  # only a predicted slice is hedged
             log.info(

@@ -5,6 +5,12 @@ profile rows). Each worker's rows are views of the clients' own buffers, which t
 frames or copies once into the worker's shared memory. A worker that dies or times out has its slice
 sent to another instance, so every request ends in a result or an explicit error. A slice that is
 merely late is hedged first: sent to an idle worker too, the first answer used, and nobody killed.
+
+One batch is the loop's at a time (`batch`: the next one starts once it is answered). A batch whose last slices
+are late while a worker is free for the next one is moved aside (`move_aside`): the requests whose rows are all
+in are answered at once, the rest wait for their slices on their own workers, and the next batch starts on the
+free ones. A request run alone to tell a bad input from its neighbours runs aside from the start (`run_aside`),
+on a worker the next batches can spare: a model that hangs on an input then holds one worker, not every client.
 """
 
 from __future__ import annotations
@@ -24,6 +30,11 @@ from packrat_daemon.requests.jobs import Completed, InFlightBatch, Job
 from packrat_daemon.requests.splitter import Splitter
 from packrat_daemon.wire.codec import DTYPES
 from workers.messages import numpy_name
+
+# A batch due to move aside while no worker was free for the next one is looked at again this much later.
+ASIDE_RECHECK_S = 0.05
+# Weight of the newest answer in the running mean of a slice's time from dispatch to answer (`typical_slice_s`).
+TYPICAL_WEIGHT = 0.2
 
 # Sends one job ({"job", "dtype", "shape"} and the input as byte views) to a worker: Pool.run, which
 # moves it through shared memory or as frames; False when the worker is gone.
@@ -49,7 +60,13 @@ class Dispatcher:
         self.deadline_floor_s = deadline_floor_s
         self.hedge_margin = hedge_margin  # math.inf: never hedge
         self.hedge_floor_s = hedge_floor_s
-        self.batch: InFlightBatch | None = None
+        self.batch: InFlightBatch | None = None  # the loop's batch: the next one starts once it is answered
+        self.aside: list[InFlightBatch] = []  # batches moved aside (move_aside, run_aside), still computing
+        self.parked: list[Request] = []  # requests to run alone, waiting for a worker to spare (the supervisor's)
+        # The inputs the batcher holds: while none, a batch aside counts as busy (the loop wakes for its deadlines,
+        # a drain waits for it). The supervisor gives the batcher's count.
+        self.queued: Callable[[], int] = lambda: 0
+        self.typical_slice_s = math.inf  # a running mean of the slices' times from dispatch to answer; none yet
         # Every job sent and not answered, the losers of hedges included: a worker holding one is busy.
         self.jobs: dict[int, Job] = {}
         self.late: list[Job] = []  # slices past their hedge time that wait for an idle worker
@@ -71,7 +88,12 @@ class Dispatcher:
 
     @property
     def busy(self) -> bool:
-        return self.batch is not None
+        """A batch is in flight: the loop's, or, while nothing is queued, one aside or a request parked."""
+        return self.batch is not None or (bool(self.aside or self.parked) and not self.queued())
+
+    def live(self, batch: InFlightBatch) -> bool:
+        """Whether `batch` is still answered: the loop's or one aside (by identity: a batch compares its fields)."""
+        return batch is self.batch or any(batch is aside for aside in self.aside)
 
     def dispatch(self, requests: list[Request], workers: list[WorkerHandle]) -> None:
         if any(w.outstanding for w in workers):
@@ -90,14 +112,17 @@ class Dispatcher:
         for worker, rows in self.splitter.choose(workers, batch.rows):
             self._send_job(batch, offset, rows, worker)
             offset += rows
+        batch.aside_at = self._late_at(batch)
+        self.next_deadline = min(self.next_deadline, batch.aside_at)
 
     def on_result(self, worker: WorkerHandle, header: dict[str, Any], payload: list[Any]) -> list[Completed]:
         job = self.jobs.pop(header["job"], None)
-        batch = self.batch
-        if job is None or job.batch is not batch:
-            if job is not None:
-                _unlink(job)
-            return []  # a late answer for a slice already re-sent elsewhere, or of a batch already answered
+        if job is None:
+            return []  # a late answer for a slice already re-sent elsewhere
+        batch = job.batch
+        if batch is not self.batch and not self.live(batch):
+            _unlink(job)
+            return []  # of a batch already answered or given up
         twin = job.twin
         if twin is not None:
             if twin.output is not None:
@@ -110,12 +135,74 @@ class Dispatcher:
         job.compute_ms = float(header["compute_ms"])
         if self.own_times is not None:
             self.own_times.add(HOP, time.monotonic() - job.sent_at - job.compute_ms / 1000.0)
+        took = time.monotonic() - job.sent_at
+        typical = self.typical_slice_s
+        self.typical_slice_s = took if typical == math.inf else typical + TYPICAL_WEIGHT * (took - typical)
         batch.unanswered -= 1
-        return self._finish() if batch.done() else []
+        return self._finish(batch) if batch.done() else []
 
-    def hedge(self, now: float, workers: list[WorkerHandle]) -> list[Job]:
+    def _late_at(self, batch: InFlightBatch) -> float:
+        """When the slices of `batch`, just sent, are late: after the hedge margin times a typical slice's time (at
+        least the hedge floor), and not before their hedge times (a hedge answers sooner where the model is not at
+        fault). Never with hedging off, before any slice was answered or predicted, or on plans whose instances share
+        cores: the next batch would run on the late slice's cores."""
+        typical = self.typical_slice_s
+        if typical == math.inf:  # nothing answered yet: the profile's prediction, if it has one
+            predicted = [job.predicted_ms for job in batch.jobs if job.predicted_ms is not None]
+            typical = max(predicted) / 1000.0 if predicted else math.inf
+        if math.isinf(self.hedge_margin) or typical == math.inf or self.splitter.oversubscribed:
+            return math.inf
+        wait = max(self.hedge_floor_s, self.hedge_margin * typical)
+        hedges = [job.hedge_at for job in batch.jobs if job.hedge_at < math.inf]
+        return max([max(job.sent_at for job in batch.jobs) + wait, *hedges])
+
+    def move_aside(self, now: float) -> list[Completed] | None:
+        """Move the loop's batch aside once its unanswered slices are late (`aside_at`) and a serving worker is free
+        for the next batch: the requests whose rows are all in are answered now (returned), the others wait for
+        their slices where they are. None when nothing moved."""
+        batch = self.batch
+        if batch is None or now < batch.aside_at:
+            return None
+        busy = {job.worker.id for job in self.jobs.values()}
+        if not any(w.id not in busy and not w.outstanding and w.pending is None for w in self.serving):
+            batch.aside_at = now + ASIDE_RECHECK_S  # every worker is busy: nothing to gain yet
+            self._refresh_next_deadline()
+            return None
+        self.batch = None
+        self.late.clear()
+        self.aside.append(batch)
+        batch.aside_at = math.inf
+        done = sorted((job for job in batch.jobs if job.output is not None), key=lambda j: j.offset)
+        completed = []
+        offset = 0
+        for request in batch.requests:
+            end = offset + request.samples
+            if not request.answered and _covered(done, offset, end):
+                request.answered = True  # answered here: the batch's own end leaves it out
+                rows = _gather(done, offset, request.samples)
+                queue_ms = (batch.started - request.arrived) * 1000.0
+                compute_ms = max(job.compute_ms for job in done if job.offset < end and offset < job.offset + job.rows)
+                completed.append(Completed(request, rows, queue_ms, compute_ms, done))
+            offset = end
+        self._refresh_next_deadline()
+        return completed
+
+    def run_aside(self, request: Request, worker: WorkerHandle) -> None:
+        """Send a request to run alone (parked) to `worker`, aside from the loop's batches."""
+        batch = InFlightBatch([request], DTYPES[request.dtype], tuple(request.shape[1:]))
+        if request.deadline is not None:
+            batch.deadline = request.deadline
+            self.next_deadline = min(self.next_deadline, batch.deadline)
+        self.aside.append(batch)
+        self._send_job(batch, 0, request.samples, worker)
+
+    def hedge(
+        self, now: float, workers: list[WorkerHandle], computing: Callable[[Job, float], bool] | None = None
+    ) -> list[Job]:
         """Send each slice of the batch in flight that is past its hedge time to an idle worker as well, and
-        return the copies sent. A slice with no idle worker to take it waits in `late` for the next one."""
+        return the copies sent. A slice with no idle worker to take it waits in `late` for the next one. A slice
+        whose worker is `computing` it is not hedged: a copy would only compute it again, and spread a hang on its
+        input to a second worker; its batch moves aside instead (move_aside), leaving the idle worker to the next."""
         batch = self.batch
         if batch is None:
             self.late.clear()
@@ -123,7 +210,7 @@ class Dispatcher:
         for job in batch.jobs:
             if job.hedge_at <= now:
                 job.hedge_at = math.inf  # hedged once at most
-                if job.output is None and job.twin is None:
+                if job.output is None and job.twin is None and not (computing is not None and computing(job, now)):
                     self.late.append(job)
         self.late = [job for job in self.late if job.batch is batch and job.output is None and job.twin is None]
         if not self.late:
@@ -140,7 +227,7 @@ class Dispatcher:
         """Re-send the lost worker's slices; False when no worker is left to take them. A slice whose hedge
         copy is still computing elsewhere is not re-sent: that copy is the slice now."""
         orphaned = [job for job in self.jobs.values() if job.worker.id == lost.id]
-        needed = [job for job in orphaned if job.batch is self.batch and job.twin is None]
+        needed = [job for job in orphaned if job.twin is None and self.live(job.batch)]
         candidates = [w for w in workers if w.id != lost.id]
         if needed and not candidates:
             return False
@@ -166,30 +253,31 @@ class Dispatcher:
         return list(late.values())
 
     def expire(self, now: float) -> list[Request]:
-        """In-flight requests whose timeout_ms passed: the caller answers TIMEOUT, and the batch's result
+        """In-flight and parked requests whose timeout_ms passed: the caller answers TIMEOUT, and the batch's result
         leaves them out. Also refreshes `next_deadline`."""
         expired: list[Request] = []
-        batch = self.batch
-        if batch is not None and batch.deadline < now:
-            expired = [r for r in batch.requests if not r.answered and r.deadline is not None and r.deadline < now]
-            for request in expired:
+        for batch in [self.batch, *self.aside] if self.batch is not None else list(self.aside):
+            if batch.deadline >= now:
+                continue
+            late = [r for r in batch.requests if not r.answered and r.deadline is not None and r.deadline < now]
+            for request in late:
                 request.answered = True
+            expired += late
             left = [r.deadline for r in batch.requests if not r.answered and r.deadline is not None]
             batch.deadline = min(left, default=math.inf)
             if all(r.answered for r in batch.requests):
-                # Every request of it answered TIMEOUT: the batch is cancelled, so the next one may start (a model
-                # that hangs on one input stalled every client behind its batch). Its jobs stay in `jobs`: their
-                # workers are busy until they answer (the result is then dropped: no batch of theirs is in flight)
-                # or their deadline replaces them, and then the slice is not re-sent (reassign: not of this batch).
-                self.batch = None
-                self.late.clear()
+                # Every request of it answered: the batch is cancelled, so the next one may start (a model that hangs
+                # on one input stalled every client behind its batch). Its jobs stay in `jobs`: their workers are busy
+                # until they answer (the result is then dropped: no live batch of theirs) or their deadline replaces
+                # them, and then the slice is not re-sent (reassign: not of a live batch).
+                self._drop(batch)
                 batch.jobs = []  # see _finish: no cycle (each job still names its batch)
-                batch = None
-        self.next_deadline = min(
-            [min(job.deadline, job.hedge_at) for job in self.jobs.values()]
-            + ([batch.deadline] if batch is not None else []),
-            default=math.inf,
-        )
+        if self.parked:
+            late = [r for r in self.parked if r.deadline is not None and r.deadline < now]
+            if late:
+                self.parked = [r for r in self.parked if r.deadline is None or r.deadline >= now]
+                expired += late
+        self._refresh_next_deadline()
         return expired
 
     def deadline(self, worker: WorkerHandle, rows: int, now: float) -> tuple[float, float | None]:
@@ -214,16 +302,23 @@ class Dispatcher:
         return (start + hedge_after if hedge_after < allowed else math.inf), start + allowed, predicted
 
     def fail(self, job_id: object) -> tuple[list[Request], list[Request]] | None:
-        """A worker's FAILED for job `job_id`. None when that job is not of the batch in flight: a late failure of
-        an earlier batch's slice (re-sent elsewhere, or a hedge's other copy), which is ignored (it used to abort
-        whatever batch was in flight then). Else the batch is given up and its unanswered requests are returned
-        as (suspects, others): those with rows in the failed slice, and the rest, whose rows it never held."""
+        """A worker's FAILED for job `job_id`. None when that job is not of a batch in flight (the loop's or one
+        aside): a late failure of an earlier batch's slice (re-sent elsewhere, or a hedge's other copy), which is
+        ignored (it used to abort whatever batch was in flight then). Else the batch is given up and its unanswered
+        requests are returned as (suspects, others): those with rows in the failed slice, and the rest, whose rows
+        it never held."""
         job = self.jobs.pop(job_id, None) if isinstance(job_id, int) else None
-        batch = self.batch
-        if job is None or batch is None or job.batch is not batch:
+        if job is None or not self.live(job.batch):
             return None
+        batch = job.batch
         suspects, others = _sort(batch, job)
-        self.abandon()
+        self._drop(batch)
+        for other in [j for j in self.jobs.values() if j.batch is batch]:
+            del self.jobs[other.id]
+            _unlink(other)
+        _unlink(job)
+        batch.jobs = []  # see _finish: no cycle may keep the request buffers alive
+        self._refresh_next_deadline()
         return suspects, others
 
     def hang(self, job: Job) -> Hang | None:
@@ -235,37 +330,57 @@ class Dispatcher:
         error), the other suspects run again each alone, and the rest batched again as usual. Its jobs stay in `jobs`
         (their workers are busy until they answer, the answer then dropped, or are replaced). None when `job` is not
         of the batch in flight (a hedge's loser, a slice of a batch given up): its worker is the caller's to judge."""
-        batch = self.batch
-        if batch is None or job.batch is not batch or job.output is not None:
+        batch = job.batch
+        if job.output is not None or not self.live(batch):
             return None
         suspects, others = _sort(batch, job)
         hung = [request for request in suspects if request.alone]
         again = [request for request in suspects if not request.alone]
         for request in again:
             request.alone = True
-        self.batch = None
-        self.late.clear()
+        self._drop(batch)
         # Its worker is replaced: the answer is no longer waited for, and a model that spins on an input would keep
         # the worker, and every batch sent to it, until the job timeout. A hung request may also hang every other
         # worker that holds its rows: a hedge's copy, its first batch's slice.
         workers = {job.worker.id: job.worker}
         workers.update((j.worker.id, j.worker) for j in self.jobs.values() if any(_holds(j, r) for r in hung))
         batch.jobs = []  # see _finish: no cycle (each job still names its batch: `_holds` reads its requests)
-        self.next_deadline = min([min(j.deadline, j.hedge_at) for j in self.jobs.values()], default=math.inf)
+        self._refresh_next_deadline()
         return Hang(hung, others + again, list(workers.values()))
 
     def abandon(self) -> list[Request]:
-        """Give up the batch in flight (no worker left); the caller answers its unanswered requests with errors."""
-        requests = [r for r in self.batch.requests if not r.answered] if self.batch else []
-        if self.batch is not None:
-            self.batch.jobs.clear()  # see _finish: no cycle may keep the request buffers alive
-        self.batch = None
+        """Give up every batch in flight, aside too, and the parked requests (no worker left, or the daemon stops);
+        the caller answers or re-queues the unanswered requests."""
+        batches = [self.batch, *self.aside] if self.batch is not None else self.aside
+        requests = [r for batch in batches for r in batch.requests if not r.answered] + self.parked
+        for batch in batches:
+            batch.jobs.clear()  # see _finish: no cycle may keep the request buffers alive
+        self.batch, self.aside, self.parked = None, [], []
+        self.late.clear()
         for job in self.jobs.values():
             _unlink(job)
         self.jobs.clear()
         return requests
 
     # -- internals --------------------------------------------------------------------------
+    def _drop(self, batch: InFlightBatch) -> None:
+        """`batch` is answered or given up: neither the loop's nor aside any more."""
+        if batch is self.batch:
+            self.batch = None
+            self.late.clear()
+        else:
+            self.aside = [aside for aside in self.aside if aside is not batch]
+
+    def _refresh_next_deadline(self) -> None:
+        batches = [self.batch, *self.aside] if self.batch is not None else self.aside
+        self.next_deadline = min(
+            [min(job.deadline, job.hedge_at) for job in self.jobs.values()]
+            + [batch.deadline for batch in batches]
+            + ([self.batch.aside_at] if self.batch is not None else [])
+            + [request.deadline for request in self.parked if request.deadline is not None],
+            default=math.inf,
+        )
+
     def _send_job(
         self, batch: InFlightBatch, offset: int, rows: int, worker: WorkerHandle, twin: Job | None = None
     ) -> Job:
@@ -283,6 +398,7 @@ class Dispatcher:
             # A slice needs at most its threads' CPU for its predicted time, however loaded the machine (a loaded
             # machine slows the wall clock, not the work): a worker that used `margin` times that, still with no
             # answer, spins (Supervisor.look). After the budgets of the slices it already holds, as the deadline.
+            job.cpu_at_send = cpu
             job.cpu_budget = max(self.deadline_floor_s, self.deadline_margin * worker.threads * predicted / 1000.0)
             held = [j.cpu_limit for j in self.jobs.values() if j.worker.id == worker.id]
             job.cpu_limit = max([cpu, *held]) + job.cpu_budget
@@ -299,10 +415,8 @@ class Dispatcher:
             job.deadline = self.next_deadline = 0.0  # unreachable worker: the next check re-routes it at once
         return job
 
-    def _finish(self) -> list[Completed]:
-        batch = self.batch
-        assert batch is not None
-        self.batch = None
+    def _finish(self, batch: InFlightBatch) -> list[Completed]:
+        self._drop(batch)
         jobs = batch.jobs if len(batch.jobs) == 1 else sorted(batch.jobs, key=lambda j: j.offset)
         # Jobs and their batch point at each other; left alone, that cycle would keep the clients'
         # input buffers (megabytes each) alive until the cyclic garbage collector runs, and every new
@@ -313,7 +427,7 @@ class Dispatcher:
         completed = []
         offset = 0
         for request in batch.requests:
-            if not request.answered:  # answered TIMEOUT while in flight: its rows go nowhere
+            if not request.answered:  # answered TIMEOUT while in flight, or when moved aside: answered once
                 rows = _gather(jobs, offset, request.samples)
                 queue_ms = (batch.started - request.arrived) * 1000.0
                 completed.append(Completed(request, rows, queue_ms, compute_ms, jobs))
@@ -342,6 +456,11 @@ def _sort(batch: InFlightBatch, job: Job) -> tuple[list[Request], list[Request]]
             (suspects if start < high and low < end else others).append(request)
         start = end
     return suspects, others
+
+
+def _covered(jobs: list[Job], low: int, high: int) -> bool:
+    """Whether the slices `jobs` (one per slice: they do not overlap) hold every row in [low, high)."""
+    return sum(max(0, min(high, j.offset + j.rows) - max(low, j.offset)) for j in jobs) == high - low
 
 
 def _holds(job: Job, request: Request) -> bool:

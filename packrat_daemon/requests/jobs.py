@@ -39,6 +39,7 @@ class Job:
     # (no prediction, or its CPU time could not be read).
     cpu_limit: float = math.inf
     cpu_budget: float = math.inf  # this slice's own part of it, in CPU seconds
+    cpu_at_send: float | None = None  # the worker's CPU seconds when it was sent, where a budget was set
 
 
 @dataclass
@@ -50,6 +51,7 @@ class InFlightBatch:
     jobs: list[Job] = field(default_factory=list)
     unanswered: int = 0  # jobs sent and not answered yet
     deadline: float = math.inf  # the earliest of its requests' deadlines (timeout_ms bounds the whole request)
+    aside_at: float = math.inf  # when its unanswered slices are late: it may move aside (Dispatcher.move_aside)
 
     @property
     def rows(self) -> int:

@@ -173,7 +173,8 @@ def fleet(
     looks: list[float] = []
     replaced: list[WorkerHandle] = []
     reconciler = SimpleNamespace(
-        pool=SimpleNamespace(backend=None, ready=lambda: [worker]),
+        # A worker replaced is killed by the real reconciler: no longer ready (nor looked at for heartbeats).
+        pool=SimpleNamespace(backend=None, ready=lambda: [] if any(w is worker for w in replaced) else [worker]),
         generation=1,
         looks=looks,
         step=lambda: looks.append(time.monotonic()),
@@ -191,6 +192,10 @@ def fleet(
         abandon=lambda: list(abandoned or []),
         fail=lambda _job: failed,
         on_result=lambda _worker, _header, _payload: list(completed or []),
+        batch=None,
+        aside=[],
+        parked=[],
+        move_aside=lambda _now: None,
     )
     replies: list[tuple[str, object]] = []
     requeued: list[list[Request]] = []
@@ -267,3 +272,52 @@ def test_a_failure_of_no_batch_in_flight_is_ignored() -> None:
     f = fleet(abandoned=[request(1)], failed=None)
     f.supervisor._on_event(PoolEvent("failed", WorkerHandle(1, 2, (0, 1), 1, WorkerState.READY), {"job": 3}, []))
     assert f.replies == [] and f.requeued == []
+
+
+def parking(serving: int, live: int, queued: int = 1) -> tuple[Fleet, list[WorkerHandle], list[object]]:
+    """A supervisor on a real dispatcher with `serving` ready workers, `live` in the pool (starting ones too)."""
+    pool = [WorkerHandle(k + 1, 1, (k,), 1, WorkerState.READY, pid=None) for k in range(serving)]
+    sent: list[object] = []
+    dispatcher = Dispatcher(lambda worker, header, frames: sent.append((worker.id, header["job"])) or True,
+                            Splitter(None, "exact"), 60.0, 3.0, 1.0, 1.5, 0.1)  # fmt: skip
+    f = fleet(dispatcher=dispatcher, worker=pool[0])
+    f.reconciler.serving = f.reconciler.pool.ready = lambda: pool
+    f.reconciler.pool.live = lambda: [*pool, *[None] * (live - serving)]
+    f.supervisor.queued = dispatcher.queued = lambda: queued
+    dispatcher.serving = pool
+    return f, pool, sent
+
+
+def alone(request_id: int) -> Request:
+    one = Request(b"c", None, request_id, "float32", (1, 2), memoryview(np.ones((1, 2), np.float32).tobytes()))
+    one.alone = True
+    return one
+
+
+def test_a_request_to_run_alone_runs_aside_on_a_worker_the_next_batches_can_spare() -> None:
+    # Issue 27, 9: a hung request's run alone held the only batch slot for its whole deadline.
+    f, pool, sent = parking(serving=2, live=2)
+    first, second = alone(1), alone(2)
+    f.supervisor.start([first], 0.0)
+    assert sent == [(1, 1)] and not f.dispatcher.busy  # aside on worker 1: the next batch may start, on worker 2
+    f.supervisor.start([second], 0.0)
+    assert f.dispatcher.parked == [second] and len(sent) == 1  # worker 2 is all the next batches have: it waits
+    f.supervisor.check(time.monotonic())
+    assert f.dispatcher.parked == [second]
+    header = {"job": 1, "dtype": "float32", "shape": [1, 2], "compute_ms": 1.0, "batch": 1}
+    assert [c.request for c in f.dispatcher.on_result(pool[0], header, [np.ones((1, 2), np.float32)])] == [first]
+    f.supervisor.check(time.monotonic())
+    assert f.dispatcher.parked == [] and sent[-1] == (1, 2)  # worker 1 is free again, worker 2 left to the batches
+
+
+def test_a_parked_request_waits_for_a_starting_worker_rather_than_take_the_only_serving_one() -> None:
+    f, pool, sent = parking(serving=1, live=2)  # the hung worker's replacement is starting
+    f.supervisor.start([alone(1)], 0.0)
+    f.supervisor.check(time.monotonic())
+    assert sent == [] and len(f.dispatcher.parked) == 1
+
+
+def test_with_one_worker_in_the_pool_a_request_to_run_alone_is_the_loops_batch() -> None:
+    f, pool, sent = parking(serving=1, live=1)
+    f.supervisor.start([alone(1)], 0.0)
+    assert sent == [(1, 1)] and f.dispatcher.batch is not None and f.dispatcher.aside == []

@@ -9,7 +9,7 @@ import numpy as np
 
 from packrat_daemon.fleet.pool import WorkerHandle, WorkerState
 from packrat_daemon.requests.batcher import Request
-from packrat_daemon.requests.dispatcher import Dispatcher, Splitter
+from packrat_daemon.requests.dispatcher import ASIDE_RECHECK_S, Dispatcher, Splitter
 from policies.planning.profile import Profile
 
 
@@ -414,3 +414,111 @@ def test_a_slice_without_a_prediction_has_no_cpu_budget() -> None:
     dispatcher.dispatch(requests(2)[0], [worker])
     (job,) = dispatcher.jobs.values()
     assert job.cpu_limit == job.cpu_budget == math.inf and job.deadline == job.sent_at + 5
+
+
+def aside(size: int = 2, queued: int = 1) -> tuple[Recorder, list[WorkerHandle], Dispatcher]:
+    """No profile, one-thread workers; `queued`: the inputs the batcher holds meanwhile."""
+    recorder, pool = Recorder(), workers(*[1] * size)
+    dispatcher = Dispatcher(
+        recorder, Splitter(None, "exact"), job_timeout_s=60, deadline_margin=3.0, deadline_floor_s=1.0,
+        hedge_margin=1.5, hedge_floor_s=0.1,
+    )  # fmt: skip
+    dispatcher.serving = pool
+    dispatcher.queued = lambda: queued
+    dispatcher.typical_slice_s = 0.02  # as answers taught it: late after the hedge floor, 0.1 s
+    return recorder, pool, dispatcher
+
+
+def test_a_batch_whose_last_slice_is_late_moves_aside_answering_what_is_in_and_the_next_batch_starts() -> None:
+    # Issue 27, 9: one batch was in flight at a time, so a slice hung on one input held every client's requests
+    # until its deadline, and then the hung request's run alone held them again.
+    recorder, pool, dispatcher = aside()
+    batch, arrays = requests(1, 1)
+    dispatcher.dispatch(batch, pool)
+    first, late = recorder.sent  # a row each, on workers 1 and 2
+    assert answer(dispatcher, pool, first) == []
+    in_flight = dispatcher.batch
+    assert in_flight is not None and dispatcher.next_deadline <= in_flight.aside_at
+    assert abs(in_flight.aside_at - max(job.sent_at for job in dispatcher.jobs.values()) - 0.1) < 1e-9
+    assert dispatcher.move_aside(in_flight.aside_at - 0.01) is None and dispatcher.batch is in_flight
+    done = dispatcher.move_aside(in_flight.aside_at + 0.01)
+    assert done is not None and [c.request for c in done] == [batch[0]] and batch[0].answered
+    np.testing.assert_array_equal(done[0].output, arrays[0] * 2)
+    assert not dispatcher.busy and dispatcher.aside == [in_flight]
+    pool[1].outstanding = 1  # as the pool counts the late slice
+    following, more = requests(1)
+    dispatcher.dispatch(following, pool)
+    assert recorder.sent[2][0] == pool[0].identity  # the next batch goes to the free worker
+    assert [c.request for c in answer(dispatcher, pool, recorder.sent[2])] == following
+    done = answer(dispatcher, pool, late)  # the late slice's answer completes the request it held
+    assert [c.request for c in done] == [batch[1]] and dispatcher.aside == []
+    np.testing.assert_array_equal(done[0].output, arrays[1] * 2)
+
+
+def test_a_late_batch_stays_while_no_worker_is_free_for_the_next() -> None:
+    recorder, pool, dispatcher = aside()
+    dispatcher.dispatch(requests(1, 1)[0], pool)
+    assert answer(dispatcher, pool, recorder.sent[0]) == []
+    in_flight = dispatcher.batch
+    assert in_flight is not None
+    pool[0].outstanding = 1  # busy with something else (a hedge's loser, say)
+    now = in_flight.aside_at + 0.01
+    assert dispatcher.move_aside(now) is None and dispatcher.batch is in_flight
+    assert in_flight.aside_at == now + ASIDE_RECHECK_S and dispatcher.next_deadline <= in_flight.aside_at
+
+
+def test_a_request_run_aside_hangs_or_fails_without_touching_the_loops_batch() -> None:
+    recorder, pool, dispatcher = aside(3)
+    (suspect, other), _ = requests(1, 1)
+    suspect.alone = other.alone = True
+    dispatcher.run_aside(suspect, pool[2])
+    dispatcher.run_aside(other, pool[1])
+    main, arrays = requests(1)
+    dispatcher.dispatch(main, pool[:1])
+    assert dispatcher.busy and len(dispatcher.aside) == 2
+    by_worker = {job.worker.id: job for job in dispatcher.jobs.values()}
+    hang = dispatcher.hang(by_worker[3])
+    assert hang is not None and hang.hung == [suspect] and hang.again == [] and hang.replace == [pool[2]]
+    assert dispatcher.fail(by_worker[2].id) == ([other], [])
+    assert dispatcher.aside == [] and dispatcher.batch is not None
+    done = answer(dispatcher, pool, recorder.sent[2])
+    assert [c.request for c in done] == main
+    np.testing.assert_array_equal(done[0].output, arrays[0] * 2)
+
+
+def test_parked_and_aside_requests_keep_the_dispatcher_busy_while_nothing_is_queued_and_expire_and_are_abandoned() -> (
+    None
+):
+    recorder, pool, dispatcher = aside(queued=0)
+    (parked, moved), _ = requests(1, 1)
+    parked.deadline = 5.0
+    dispatcher.parked.append(parked)
+    dispatcher.run_aside(moved, pool[0])
+    assert dispatcher.busy  # the loop wakes for their deadlines, and a drain waits for them
+    dispatcher.queued = lambda: 3
+    assert not dispatcher.busy  # the next batch may start
+    assert dispatcher.expire(4.0) == [] and dispatcher.next_deadline <= 5.0
+    assert dispatcher.expire(6.0) == [parked] and dispatcher.parked == []
+    assert dispatcher.abandon() == [moved] and dispatcher.aside == [] and dispatcher.jobs == {}
+
+
+def test_nothing_moves_aside_before_a_slice_was_answered_or_predicted_or_with_hedging_off() -> None:
+    recorder, pool, dispatcher = aside()
+    dispatcher.typical_slice_s = math.inf
+    dispatcher.dispatch(requests(1, 1)[0], pool)
+    assert dispatcher.batch is not None and dispatcher.batch.aside_at == math.inf
+    for sent in recorder.sent:
+        answer(dispatcher, pool, sent)
+    assert dispatcher.typical_slice_s < math.inf  # learned from the answers
+    dispatcher.hedge_margin = math.inf
+    dispatcher.dispatch(requests(1, 1)[0], pool)
+    assert dispatcher.batch is not None and dispatcher.batch.aside_at == math.inf
+
+
+def test_before_any_answer_a_batch_is_late_after_its_predicted_slice_times_the_hedge_margin() -> None:
+    recorder, pool, dispatcher = hedging(2)  # 400 ms predicted per 2-row slice, hedged after 0.6 s
+    assert dispatcher.typical_slice_s == math.inf
+    dispatcher.dispatch(requests(2, 2)[0], pool)
+    assert dispatcher.batch is not None
+    sent = max(job.sent_at for job in dispatcher.jobs.values())
+    assert abs(dispatcher.batch.aside_at - sent - 0.6) < 1e-9

@@ -86,3 +86,30 @@ def test_a_slow_request_gets_its_result_and_a_sleeping_or_spinning_hang_fails_on
     assert "replaced only once its CPU time stops" in text  # the slow slice, looked at past its deadline
     assert "its CPU time stopped" in str(sleeping[1]) and "it spins" in str(spinning[1])
     assert text.count("the batch is given up") == 4  # each hang: its batch, then the hung request alone
+
+
+@pytest.mark.slow
+def test_a_hang_holds_one_worker_while_the_others_serve(tmp_path: Path) -> None:
+    # Two workers, no profile: a slice's deadline is the job timeout. Before, the one batch in flight waited for the
+    # hung slice, then the hung request's run alone held it again: every client waited twice the timeout. Now the
+    # hung batch moves aside once late (past the hedge floor, a typical slice having been answered), and the run
+    # alone runs aside too, on a worker the batches can spare.
+    args = ["--model", "tests.model_factories:hangs_on_marked_inputs", "--policy", "fixed", "--plan", "2*1x2",
+            "--max-batch", "4", "--max-delay-ms", "100", "--job-timeout-s", "1.5", "--no-adapt"]  # fmt: skip
+    with running_daemon(tmp_path, *args) as (endpoint, process):
+
+        async def traffic() -> tuple[list[object], list[object]]:
+            async with AsyncClient(endpoint, timeout=60) as client:
+                await client.infer(np.full((1, 16), 3.0, np.float32))  # a slice's typical time, from its answer
+                marked = asyncio.ensure_future(client.infer(np.full((1, 16), MARKED, np.float32)))
+                innocent: list[object] = []
+                while not marked.done():  # one after another while the marked request hangs
+                    innocent.append(await client.infer(np.full((1, 16), 3.0, np.float32)))
+                return [await asyncio.gather(marked, return_exceptions=True)][0], innocent
+
+        marked, innocent = asyncio.run(traffic())
+        assert process.poll() is None
+    assert isinstance(marked[0], InternalError) and "hung" in str(marked[0]), marked
+    assert innocent and all(isinstance(o, np.ndarray) and (o == 6.0).all() for o in innocent), innocent
+    log = (tmp_path / "daemon.log").read_text()
+    assert "the batch moves aside" in log and "aside from the batches" in log, log
