@@ -15,11 +15,14 @@ from tests.helpers.daemons import daemon_env
 from tests.model_factories import TwoOutputs
 
 
-@pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    monkeypatch.setenv("PACKRAT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("PYTHONPATH", daemon_env()["PYTHONPATH"])  # the converter's subprocess imports the factory
-    yield tmp_path / "cache"
+@pytest.fixture(scope="module")
+def cache(shared_conversion_cache: Path) -> Iterator[Path]:
+    """The session's shared cache: what is tested is what each runtime answers, not the conversion, and the
+    second runtime reads the first one's ONNX export."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PACKRAT_CACHE_DIR", str(shared_conversion_cache))
+        patch.setenv("PYTHONPATH", daemon_env()["PYTHONPATH"])  # the converter's subprocess imports the factory
+        yield shared_conversion_cache
 
 
 @pytest.mark.slow
