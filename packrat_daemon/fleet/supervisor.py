@@ -191,8 +191,9 @@ class Supervisor:
 
     def _start_parked(self) -> None:
         """Run each parked request on an idle serving worker while another serving worker, not running a batch
-        aside, is left to the loop's batches: a request that hangs the model then holds one worker, not every
-        client. With one worker in the pool there is nothing to spare, and they run on it in turn."""
+        aside, is left to the loop's batches, or while no batch waits or runs: a request that hangs the model then
+        holds one worker, not every client. With one worker in the pool there is nothing to spare, and they run
+        on it in turn."""
         dispatcher = self.dispatcher
         busy = {job.worker.id for job in dispatcher.jobs.values()}
         idle = [w for w in dispatcher.serving if w.id not in busy and not w.outstanding and w.pending is None]
@@ -200,7 +201,7 @@ class Supervisor:
             worker = idle[0]
             aside = {job.worker.id for batch in dispatcher.aside for job in batch.jobs}
             kept = [w for w in dispatcher.serving if w.id not in aside and w.id != worker.id]
-            if not kept and len(self.pool.live()) > 1:
+            if not kept and len(self.pool.live()) > 1 and (self.queued() or dispatcher.batch is not None):
                 return  # the next batches' only worker: wait for another (starting, or answering a batch aside)
             idle.pop(0)
             request = dispatcher.parked.pop(0)

@@ -98,8 +98,12 @@ class Dispatcher:
     def dispatch(self, requests: list[Request], workers: list[WorkerHandle]) -> None:
         if any(w.outstanding for w in workers):
             # A worker still computing a slice nobody waits for (a hedge's loser, an abandoned batch) would
-            # take this batch's slice only after it: leave it out while the others can take the batch.
+            # take this batch's slice only after it: leave it out while the others can take the batch. With none
+            # free, leave out those whose slice is late (a hang's, maybe): the others answer theirs soon.
             free = [w for w in workers if not w.outstanding]
+            if not free:
+                late = self._late_workers(time.monotonic())
+                free = [w for w in workers if w.id not in late]
             workers = free or workers
         first = requests[0]
         batch = InFlightBatch(requests, DTYPES[first.dtype], tuple(first.shape[1:]))
@@ -155,6 +159,14 @@ class Dispatcher:
         wait = max(self.hedge_floor_s, self.hedge_margin * typical)
         hedges = [job.hedge_at for job in batch.jobs if job.hedge_at < math.inf]
         return max([max(job.sent_at for job in batch.jobs) + wait, *hedges])
+
+    def _late_workers(self, now: float) -> set[int]:
+        """The workers holding a slice sent longer ago than the hedge margin times a typical slice's time (at least
+        the hedge floor)."""
+        if self.typical_slice_s == math.inf or math.isinf(self.hedge_margin):
+            return set()
+        wait = max(self.hedge_floor_s, self.hedge_margin * self.typical_slice_s)
+        return {job.worker.id for job in self.jobs.values() if now - job.sent_at > wait}
 
     def move_aside(self, now: float) -> list[Completed] | None:
         """Move the loop's batch aside once its unanswered slices are late (`aside_at`) and a serving worker is free

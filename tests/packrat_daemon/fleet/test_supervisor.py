@@ -321,3 +321,10 @@ def test_with_one_worker_in_the_pool_a_request_to_run_alone_is_the_loops_batch()
     f, pool, sent = parking(serving=1, live=1)
     f.supervisor.start([alone(1)], 0.0)
     assert sent == [(1, 1)] and f.dispatcher.batch is not None and f.dispatcher.aside == []
+
+
+def test_with_nothing_queued_a_parked_request_takes_the_last_idle_worker() -> None:
+    # A hung batch's suspects run each alone: with no batch waiting, holding a worker back for one only delays them.
+    f, pool, sent = parking(serving=1, live=2, queued=0)
+    f.supervisor.start([alone(1)], 0.0)
+    assert sent == [(1, 1)] and f.dispatcher.parked == []

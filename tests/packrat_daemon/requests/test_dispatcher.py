@@ -522,3 +522,14 @@ def test_before_any_answer_a_batch_is_late_after_its_predicted_slice_times_the_h
     assert dispatcher.batch is not None
     sent = max(job.sent_at for job in dispatcher.jobs.values())
     assert abs(dispatcher.batch.aside_at - sent - 0.6) < 1e-9
+
+
+def test_with_every_worker_busy_a_batch_leaves_out_those_whose_slice_is_late() -> None:
+    recorder, pool, dispatcher = aside()
+    (stuck, recent), _ = requests(1, 1)
+    dispatcher.run_aside(stuck, pool[0])
+    dispatcher.run_aside(recent, pool[1])
+    next(job for job in dispatcher.jobs.values() if job.worker is pool[0]).sent_at -= 1.0  # a second ago: late
+    pool[0].outstanding = pool[1].outstanding = 1
+    dispatcher.dispatch(requests(1)[0], pool)
+    assert recorder.sent[-1][0] == pool[1].identity  # queued behind a slice about to answer, not behind a hang
