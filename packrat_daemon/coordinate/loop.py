@@ -393,7 +393,7 @@ def _declined(decision: Decision, settings: WatchSettings) -> str:
     """Why a look did not move cores, for the status file."""
     current, proposed = decision.current, decision.proposed
     if decision.rule == "gathering":
-        return f"waiting for {settings.arrivals_s:g} s of every model's arrivals before planning on them"
+        return f"waiting for {settings.fast_s:g} s of every model's arrivals before planning on them"
     if current is None or proposed is None:
         return "the traffic has not changed enough since the last plan to plan again"
     return (

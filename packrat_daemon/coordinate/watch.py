@@ -267,9 +267,10 @@ class Watch:
         return tuple(found)
 
     def _covered(self, now: float) -> bool:
-        """Whether every model's readings span the slow rule's window (since the change point's, after one):
-        a rate over the first half second of a model's traffic is noise, and a move made on it is undone."""
-        need = min(self.settings.arrivals_s, now - self._change_point + self.settings.fast_s)
+        """Whether every model's readings span at least fast_s: a rate over the first half second of a model's
+        traffic is noise, and a move made on it is undone; one that waits for the whole slow window leaves a
+        model that its first share cannot carry queueing for those seconds."""
+        need = self.settings.fast_s
         return all(readings and readings[0].t_s <= now - need for readings in self._readings.values())
 
     def _changed(self, demands: Sequence[ModelDemand]) -> bool:

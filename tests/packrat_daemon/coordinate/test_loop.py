@@ -88,7 +88,7 @@ def test_the_first_look_divides_the_cores_evenly_and_tells_each_daemon(tmp_path:
     status = json.loads((tmp_path / "coordinator.json").read_text())
     assert [(m["name"], m["cpus"], m["up"]) for m in status["models"]] == [("a", "0-3", True), ("b", "4-7", True)]
     assert status["split"] == {"a": 4, "b": 4} and status["moves"] == []
-    assert "waiting for 3 s" in status["declined"]  # one look: no rate yet, so the even split stays
+    assert "waiting for 1 s" in status["declined"]  # one look: no rate yet, so the even split stays
 
 
 def test_cores_move_to_the_busy_model_and_the_one_that_shrinks_is_told_first(tmp_path: Path) -> None:
