@@ -122,6 +122,10 @@ def test_the_joint_coordinator_moves_cores_to_the_busy_model_and_never_oversubsc
     held_first = [move["to"] for move in moves if move["t_s"] < 20][-1]
     held_second = [move["to"] for move in moves if move["t_s"] < 40][-1]
     assert held_first[0] > held_first[1] and held_second[1] > held_second[0]
+    # b's jump at 20 s is met within a second by the fast rule (its queue, its rate past its share), before
+    # the slow rule's 3 s of arrivals could show it.
+    first_after = next(move for move in moves if move["t_s"] >= 20)
+    assert first_after["rule"] == "backlog" and first_after["t_s"] <= 21 and first_after["backlogged"] == ["b"]
 
 
 @pytest.mark.slow
