@@ -41,7 +41,11 @@ def machine_run(cores: int, batches: list[tuple[float, list[tuple[int, int]]]]) 
     service = ServiceModel.of(PROFILE, cores, 32, Interference.named("default"))
     out: list[list[float]] = [[] for _ in batches]
     for k, (at, slices) in enumerate(batches):
-        loop.at(at, lambda k=k, slices=slices: machine.run(service, slices, out[k].extend))
+
+        def start(k: int = k, slices: list[tuple[int, int]] = slices) -> None:
+            machine.run(service, slices, out[k].extend)
+
+        loop.at(at, start)
     loop.run(10_000)
     return out
 
