@@ -40,7 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--emulate-cores", type=int,
         help="for daemons of --runtime emulated with this --emulate-cores: share T made-up cores (docs/emulation.md)",
     )  # fmt: skip
-    parser.add_argument("--interval", type=float, default=5.0, help="seconds between two looks (default 5)")
+    parser.add_argument("--interval", type=float, default=0.5, help="seconds between two looks (default 0.5)")
     parser.add_argument(
         "--min-gain", type=float, default=0.1,
         help="move cores only for a predicted cut of the mean latency this large, a fraction (default 0.1)",
@@ -109,7 +109,7 @@ def parse_targets(flags: list[str], names: list[str]) -> dict[str, float]:
 
 def check_numbers(args: argparse.Namespace) -> None:
     if not (args.interval > 0 and math.isfinite(args.interval)):
-        raise ConfigError(f"--interval {args.interval}: give a number of seconds above 0, e.g. 5")
+        raise ConfigError(f"--interval {args.interval}: give a number of seconds above 0, e.g. 0.5")
     if not 0 <= args.min_gain < 1:
         raise ConfigError(f"--min-gain {args.min_gain}: give a fraction from 0 up to (not including) 1, e.g. 0.1")
     if not (args.timeout > 0 and math.isfinite(args.timeout)):
