@@ -216,9 +216,9 @@ class StallsOnMarked(nn.Module):
                 time.sleep(60)
         if lowest <= self.SLOW:
             end = time.monotonic() + self.SLOW_S
-            while time.monotonic() < end:  # a fifth of a CPU: 4 ms of work, then 16 ms waiting
-                busy = time.monotonic() + 0.004
-                while time.monotonic() < busy:
+            while time.monotonic() < end:  # at most a fifth of a CPU: 4 ms of CPU (runnable until had), 16 ms asleep
+                busy = time.process_time() + 0.004
+                while time.process_time() < busy:
                     pass
                 time.sleep(0.016)
         return x * 2

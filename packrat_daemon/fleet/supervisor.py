@@ -74,6 +74,26 @@ def waiting_for_cpu(pid: int | None) -> bool:
     return False
 
 
+def run_seconds(pid: int | None) -> float | None:
+    """The time the process's threads have spent on a CPU, to the nanosecond (/proc/<pid>/task/*/schedstat); None
+    where it cannot be read. /proc/<pid>/stat's CPU times are sampled at each timer tick: a thread that computes in
+    bursts shorter than a tick between sleeps can show none for a long time, and would look stopped."""
+    if pid is None:
+        return None
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    total = 0
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat", "rb") as schedstat:
+                total += int(schedstat.read().split()[0])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that has just exited
+    return total / 1e9
+
+
 def stopped(pid: int | None) -> bool:
     """True for a process stopped by a signal or a tracer (SIGSTOP, a debugger): hung, but not by its input."""
     try:
@@ -122,7 +142,7 @@ class Supervisor:
         self.due = 0.0  # time.monotonic() of the next periodic look
         self._generation = -1  # the reconciler's generation at the last look: a new plan is looked at at once
         self._next_template_check = 0.0
-        self._cpu_at_look: dict[int, float] = {}  # job id -> its worker's CPU seconds when last found overdue
+        self._cpu_at_look: dict[int, float] = {}  # job id -> its worker's run_seconds when last found overdue
 
     def pump(self, timeout_ms: int, waiting: bool = False) -> None:
         """Handle what the workers and templates sent; `waiting`: a poll has just reported a message. Every
@@ -308,15 +328,18 @@ class Supervisor:
             return "its CPU time cannot be read"  # gone: its exit is on its way
         if cpu >= job.cpu_limit:
             return f"it used the slice's CPU budget ({job.cpu_budget:.2f} s of CPU) without answering: it spins"
-        if before is not None and cpu - before < MIN_PROGRESS_CPU_S and not waiting_for_cpu(worker.pid):
-            return f"its CPU time stopped ({cpu - before:.3f} s in {PROGRESS_LOOK_S:g} s, no thread waiting for a CPU)"
+        ran = run_seconds(worker.pid)
+        progress = cpu if ran is None else ran
+        if before is not None and progress - before < MIN_PROGRESS_CPU_S and not waiting_for_cpu(worker.pid):
+            ran_s = progress - before
+            return f"its CPU time stopped ({ran_s:.3f} s in {PROGRESS_LOOK_S:g} s, no thread waiting for a CPU)"
         if before is None:
             log.info(
                 "worker %d has not answered its %d rows in %.0f ms; replaced only once its CPU time stops or passes "
                 "the slice's CPU budget",
                 worker.id, job.rows, (now - job.sent_at) * 1000.0,
             )  # fmt: skip
-        self._cpu_at_look[job.id] = cpu
+        self._cpu_at_look[job.id] = progress
         job.deadline = now + PROGRESS_LOOK_S
         self.dispatcher.next_deadline = min(self.dispatcher.next_deadline, job.deadline)
         return None

@@ -24,6 +24,7 @@ from packrat_daemon.fleet.supervisor import (
     MIN_PROGRESS_CPU_S,
     RECONCILE_INTERVAL_S,
     Supervisor,
+    run_seconds,
     waiting_for_cpu,
 )
 from packrat_daemon.ops.metrics import Metrics
@@ -36,14 +37,14 @@ from policies.planning.profile import Profile
 
 # Stand-ins for a worker's process, each started with `child`: one that spins (a busy hang: its CPU time advances
 # at full speed), one asleep (a sleeping hang), and one that computes slowly, a little CPU in a long time, as a
-# worker does on a machine loaded with other work.
+# worker does on a machine loaded with other work (each 5 ms of CPU it waits for is spent runnable, as a
+# worker's computing is, however long the machine makes it wait).
 SPIN = "while True: pass"
-SLEEP = "import time; time.sleep(600)"
+SLEEP = "time.sleep(600)"
 SLOW = """
-import time
 while True:
-    end = time.monotonic() + 0.005
-    while time.monotonic() < end:
+    end = time.process_time() + 0.005
+    while time.process_time() < end:
         pass
     time.sleep(0.015)
 """
@@ -51,8 +52,10 @@ while True:
 
 @contextlib.contextmanager
 def child(body: str) -> Iterator[subprocess.Popen[bytes]]:
-    """A Python process running `body`, once its interpreter has started (start-up's CPU is not the slice's)."""
-    process = subprocess.Popen([sys.executable, "-c", f"print('up', flush=True)\n{body}"], stdout=subprocess.PIPE)
+    """A Python process running `body` (with `time` imported), once its interpreter has started (start-up's CPU is
+    not the slice's)."""
+    process = subprocess.Popen([sys.executable, "-c", f"import time\nprint('up', flush=True)\n{body}"],
+                               stdout=subprocess.PIPE)  # fmt: skip
     try:
         assert process.stdout is not None and process.stdout.readline() == b"up\n"
         yield process
@@ -140,6 +143,9 @@ def test_past_the_job_timeout_even_a_computing_worker_is_hung() -> None:
 
 def test_a_worker_waits_for_a_cpu_while_it_spins_not_while_it_sleeps() -> None:
     with child(SPIN) as busy, child(SLEEP) as asleep:
+        deadline = time.monotonic() + 10
+        while waiting_for_cpu(asleep.pid) and time.monotonic() < deadline:  # between its print and its sleep
+            time.sleep(0.02)
         assert waiting_for_cpu(busy.pid) and not waiting_for_cpu(asleep.pid)
         busy.send_signal(signal.SIGSTOP)
         time.sleep(0.1)
@@ -328,3 +334,14 @@ def test_with_nothing_queued_a_parked_request_takes_the_last_idle_worker() -> No
     f, pool, sent = parking(serving=1, live=2, queued=0)
     f.supervisor.start([alone(1)], 0.0)
     assert sent == [(1, 1)] and f.dispatcher.parked == []
+
+
+def test_the_time_on_a_cpu_is_read_to_the_nanosecond_while_the_process_lives() -> None:
+    with child(SLOW) as slow:
+        first = later = run_seconds(slow.pid)
+        deadline = time.monotonic() + 10
+        while first is not None and later is not None and later <= first and time.monotonic() < deadline:
+            time.sleep(0.05)
+            later = run_seconds(slow.pid)
+        assert first is not None and later is not None and later > first
+    assert run_seconds(slow.pid) is None and run_seconds(None) is None
