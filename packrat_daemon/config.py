@@ -311,15 +311,16 @@ SETTINGS: tuple[Setting, ...] = sectioned(
         # Generous by default: killing a worker that is merely slow (a noisy neighbour, a burst of load)
         # costs a fork, a warm-up and a re-run, and under load that cascades. bench/faults.py shows 1.5.
         3.0,
-        "a worker is presumed hung once its part of a batch takes this many times the profile's latency "
-        "(at least slice_deadline_floor_ms, at most job_timeout_s): it is replaced and the part sent to another",
+        "a part of a batch past this many times the profile's latency (at least slice_deadline_floor_ms) has its "
+        "worker watched: hung once it has used this many times the part's CPU time unanswered, its CPU time has "
+        "stopped, or job_timeout_s has passed; it is then replaced and the part's requests run again each alone",
         reload="live",
     ),
     Setting(
         "slice_deadline_floor_ms",
         WAIT,
         1000.0,
-        "the least time in milliseconds a part of a batch is given before its worker is presumed hung",
+        "the least time in milliseconds (and CPU time) a part of a batch is given before its worker is watched",
         reload="live",
     ),
     Setting(

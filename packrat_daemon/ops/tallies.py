@@ -143,8 +143,9 @@ def batch_predicted_ms(done: Completed) -> float | None:
 
 
 def first_of_batch(done: Completed) -> bool:
-    """True for one answered request per batch: its first request not answered TIMEOUT while in flight
-    (requests answered with a result are never marked, so every reply of the batch agrees on which)."""
+    """True for one answered request per batch: its first request not marked answered (a request is marked when
+    TIMEOUT ends it in flight, or when its batch moved aside with its rows in, before its reply is counted), so
+    every reply of the batch agrees on which."""
     if not done.jobs:
         return False
     requests = done.jobs[0].batch.requests
