@@ -5,10 +5,11 @@ candidate, whether a request fails meanwhile, and whether a restart serves the c
                                            [--out bench/results/first-answer.json]
 
 `packrat serve --model M` with no other flag than where it binds (tcp loopback, the default endpoint's kind),
-its default state folder below a fresh $XDG_STATE_HOME (never the user's). A client sends the demo's traffic
-(one request of --batch sample inputs at a time, as `packrat demo` does) from the moment the daemon is
-started: the first request waits in ZeroMQ's queue until the daemon binds, so its answer is the time to the
-first answer. Every later request has --timeout-s; an error reply or a timeout counts as failed. The
+its default state folder below a fresh $XDG_STATE_HOME and an empty conversion cache (never the user's). A
+client sends the demo's traffic (one request of --batch sample inputs at a time, as `packrat demo` does) from
+the moment the daemon is started: the first request waits in ZeroMQ's queue until the daemon binds, so its
+answer is the time to the first answer. Every later request has --timeout-s; an error reply or a timeout
+counts as failed. The
 `status` reply is read every --status-every-s: which candidate is served, and which are still measured
 (runtime_choice), so "the best candidate serves" is the first status after which nothing is left to measure
 and the served one is the one chosen. --traffic-s after that, the daemon is stopped (SIGTERM) and started
@@ -186,6 +187,7 @@ def main() -> int:
         env = dict(os.environ)
         env.pop("STATE_DIRECTORY", None)
         env["XDG_STATE_HOME"] = str(folder / "state-home")  # a fresh default state folder, kept for the restart
+        env["PACKRAT_CACHE_DIR"] = str(folder / "cache")  # and no conversion made before: a new user's first start
         for name in ("fresh", "restart"):
             print(f"first_answer: {name} start of {args.model} ...", file=sys.stderr)
             result[name] = one_start(args, folder, name, env)
