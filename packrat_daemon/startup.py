@@ -216,10 +216,12 @@ def _answer_first(
 
 
 # The background measurement's templates (and the workers they fork, which inherit it) run at this niceness: the
-# serving workers come first, and the measurement takes most of what they leave (nice 5 weighs about a third of
-# nice 0; at 10, a tenth, a machine shared with other work starved a conversion for minutes). Every candidate is
-# measured so, the served runtime included, so that their profiles are compared under the same conditions.
-MEASURE_NICE = 5
+# serving workers come first, by a little. Its weight is not its share: a multi-threaded step waits for its slowest
+# thread, so under traffic that keeps every core busy nice 5 (a third of nice 0's weight) measured many times
+# slower than alone, and a large model's first start reached its best candidate only after many minutes, serving
+# the slow first answer meanwhile. Every candidate is measured so, the served runtime included, so that their
+# profiles are compared under the same conditions.
+MEASURE_NICE = 1
 
 
 @dataclass(frozen=True)
@@ -643,7 +645,7 @@ def screen_cell(loaded: Loaded, topology: Topology, config: ServeConfig, interru
     if interrupted():
         raise KeyboardInterrupt
     threads, batch = topology.usable_cores, distribution_for(config).max_batch
-    bench = Bench(loaded.backend, topology, loaded.info, repeats=3)
+    bench = Bench(loaded.backend, topology, loaded.info, repeats=2)  # enough to tell a 1.5x gap
     try:
         ms = bench.measure_cell(threads, batch).latency_ms
     finally:
