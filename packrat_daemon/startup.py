@@ -516,8 +516,7 @@ def prepare_candidates(
             ms = screens.get(each.key)
             why = None if ms is None or fastest is None else screened_slower(ms, fastest[1], fastest[0], margin)
             if why is not None:
-                screened[each.key] = why
-                log.info("candidate %s: not profiled: %s", each.key, why)
+                screened[each.key] = why  # said with the verdicts, once the choice is made
             elif _guard(each, config, metrics, refused):
                 candidates.append(_profile_and_plan(each, config, topology, policy, profiles, measure, interrupted))
                 if ms is not None and fastest is None:
