@@ -9,8 +9,8 @@ quantized by NNCF on the sample inputs), in the daemon and in-process.
 Kept short for a shared 2-core machine: few rounds (3 by default), interleaved in a shuffled order with
 bench/runtimes.py's `interleave`, so drift hits every configuration alike; medians are reported. The default
 daemon starts first, alone, then the daemon with auto/auto, alone (each profiles every (runtime, precision)
-candidate and runs the accuracy guard); auto/auto saves its profile, and the fp32 daemon plans from that
-file's fp32 rows (--profile), so both plan on the same measurements. Both run with --no-adapt, so each is
+candidate and runs the accuracy guard), then the daemon at fp32, which measures its own fp32 candidates (auto's
+screening profiles only those near its fastest). Both run with --no-adapt, so each is
 measured on one plan. In-process times are the runtime's compute time; the daemon's are client round trips
 (transport and batching included). "OpenVINO at its defaults" sets no precision hint: on a CPU with bf16 units
 OpenVINO then runs bf16. Every configuration's error is measured the guard's way
@@ -382,12 +382,12 @@ def bench_model(spec: str, args: argparse.Namespace, folder: Path) -> dict[str, 
             f"{spec}: the daemon with --precision auto --runtime auto (profiles every candidate) ...", file=sys.stderr
         )
         more = args.daemon_args.split()
-        # The fp32 daemon plans from the profile the auto daemon measured and saved, so auto starts first. The
-        # default daemon starts before both, alone: its first start measures every candidate too.
+        # Each daemon starts alone, the default one first: its first start measures the candidates too.
         configs = [
             ("daemon_default", []),
             ("daemon_auto", ["--precision", "auto", "--save-profile", str(saved)]),
-            ("daemon_fp32", ["--precision", "fp32", "--profile", str(saved)]),
+            # Its own profile: the auto daemon's screening profiles only the candidates near the fastest.
+            ("daemon_fp32", ["--precision", "fp32"]),
         ]
         if args.int8:
             int8 = ["--runtime", "openvino", "--precision", "int8", "--max-rel-error", str(args.int8_tolerance)]
