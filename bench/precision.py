@@ -8,15 +8,13 @@ quantized by NNCF on the sample inputs), in the daemon and in-process.
 
 Kept short for a shared 2-core machine: few rounds (3 by default), interleaved in a shuffled order with
 bench/runtimes.py's `interleave`, so drift hits every configuration alike; medians are reported. The default
-daemon starts first, alone, then the daemon with auto/auto, alone (each profiles every (runtime, precision)
-candidate and runs the accuracy guard), then the daemon at fp32, which measures its own fp32 candidates (auto's
-screening profiles only those near its fastest). Both run with --no-adapt, so each is
-measured on one plan. In-process times are the runtime's compute time; the daemon's are client round trips
-(transport and batching included). "OpenVINO at its defaults" sets no precision hint: on a CPU with bf16 units
-OpenVINO then runs bf16. Every configuration's error is measured the guard's way
+daemon starts first, alone, then the daemon with auto/auto, alone (each screens every (runtime, precision)
+candidate, and guards and profiles those near the fastest), then the daemon at fp32 (its own fp32 candidates).
+All run with --no-adapt, so each is measured on one plan. In-process times are the runtime's compute time; the
+daemon's are client round trips (transport and batching included). "OpenVINO at its defaults" sets no precision
+hint: on a CPU with bf16 units OpenVINO then runs bf16. Every configuration's error is measured the guard's way
 (packrat_daemon.measure.accuracy.compare) on the same sample inputs (a batch of the largest B) against in-
-process PyTorch fp32; the daemon's own guard report (what it checked before serving) is in
-`daemon_auto.guard`.
+process PyTorch fp32; the daemon's own guard report (what it checked before serving) is in `daemon_auto.guard`.
 
 int8 rows are reported but are no peer of the targets: `--precision auto` never serves int8, whose error
 depends on its calibration inputs. The int8 daemon runs `--max-rel-error` at `--int8-tolerance`, so its
