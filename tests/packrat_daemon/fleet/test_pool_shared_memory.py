@@ -194,9 +194,15 @@ def test_results_through_shared_memory_are_identical_to_frames(tmp_path: Path, m
         backend.wait_template(120)
         pools = {"shared": Pool(backend), "frames": Pool(backend, shared_memory=False)}
         workers = {name: pool.spawn(1, (0,), generation=1) for name, pool in pools.items()}
-        for name, pool in pools.items():
-            while workers[name].state is WorkerState.STARTING:
-                pool.pump(200)
+        owners = {workers[name].identity: pool for name, pool in pools.items()}
+        deadline = time.monotonic() + 120
+        while any(worker.state is WorkerState.STARTING for worker in workers.values()):
+            assert time.monotonic() < deadline, "the workers did not start"
+            received = backend.recv(200)
+            # Both pools share one socket: each worker's READY goes to the pool that spawned it (a pool that
+            # pumped it would drop another pool's message, and that pool would wait for ever).
+            if received is not None and received[0] in owners:
+                owners[received[0]].handle(*received)
         assert workers["shared"].shared is not None and workers["frames"].shared is None
         rng = np.random.default_rng(11)
         for number, rows in enumerate([1, 3, 2, 40, 1]):  # 40 rows outgrow the first arena
