@@ -462,12 +462,11 @@ def prepare_runtime(
     metrics: Metrics | None = None,
     state: StateKeeper | None = None,
     refused: dict[str, str] | None = None,
-    nice: int = 0,
 ) -> RuntimeCandidate | None:
     """Start a template for `runtime` at `precision`, run the accuracy guard on a reduced precision (or take the
     state file's, run under the same settings), get the profile (file, state file or measured) and the policy's
     plan. None: `--precision auto` and the guard refused it (why goes into `refused`, by the candidate's label)."""
-    loaded = _load(runtime, precision, config, topology, context, state or StateKeeper(None), nice)
+    loaded = _load(runtime, precision, config, topology, context, state or StateKeeper(None), nice=0)
     try:
         if not _guard(loaded, config, metrics, refused):
             loaded.backend.close()
