@@ -392,6 +392,12 @@ class Coordinator:
 def _declined(decision: Decision, settings: WatchSettings) -> str:
     """Why a look did not move cores, for the status file."""
     current, proposed = decision.current, decision.proposed
+    if decision.backlogged:
+        waiting = ", ".join(decision.backlogged)
+        return (
+            f"{waiting} backlogged, not moved yet: a rise the other models' traffic does not mirror by a fall of "
+            f"{settings.fall_z:g}σ waits for the backlog to hold one look more (or the move gains too little)"
+        )
     if decision.rule == "gathering":
         return f"waiting for {settings.fast_s:g} s of every model's arrivals before planning on them"
     if current is None or proposed is None:

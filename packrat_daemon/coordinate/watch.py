@@ -20,13 +20,16 @@ The `Watch` turns them into each model's demand and decides whether to move, by 
   rate of the last `fast_s` (`saturating`); and that second's requests exceed the rate of the `arrivals_s`
   before it by `rise_z` standard deviations. A model that passes all three is backlogged: the models are
   planned at once for each one's rate over the last `fast_s` and cores move to that split, with no
-  cool-down and no gain threshold beyond `worth_moving`'s, when it gives the backlogged model more cores.
+  cool-down and no gain threshold beyond `worth_moving`'s, when it gives the backlogged model more cores
+  and the traffic shifted: every model that gives cores up had its requests over that second fall by
+  `fall_z` standard deviations. A rise the donors do not mirror waits until the backlog has held one look
+  more; one second of Poisson arrivals cannot tell a clump from a phase change, but a clump rarely comes
+  just as the other models' traffic falls.
   That moment is the traffic's change point: until `arrivals_s` have passed, every rate (the slow rule's
   too) is read over the time since `fast_s` before it, so the slow rule does not move the cores back on a
   rate that still averages the phase before.
 
-One second of Poisson arrivals cannot always tell a phase change from a clump (docs/colocation.md measures
-what that costs); the three tests together make a clump that passes them rare.
+docs/colocation.md measures what each test costs and saves.
 `Watch` holds the readings; every decision is `policies.colocation`'s, a pure function of the demands.
 """
 
@@ -77,6 +80,10 @@ class WatchSettings:
     # … and only a model whose requests over the last fast_s exceed, by rise_z standard deviations, what the
     # rate over the arrivals_s before them predicts (0: not asked): a jump, not a Poisson clump.
     rise_z: float = 2.0
+    # … and, to move at one look, the models whose cores it takes must show the other side of a shift: their
+    # requests over the last fast_s fell by fall_z standard deviations (0: not asked). A rise the donors do not
+    # mirror (a clump, or new traffic on top of theirs) waits for the backlog to hold one look more.
+    fall_z: float = 1.0
     # The slow rule's gain must also exceed noise_gain / √n, n the fewest inputs a model with traffic had in its window:
     # a rate counted from n Poisson arrivals is off by about 1/√n, and so is a gain predicted from it.
     noise_gain: float = 0.0
@@ -93,6 +100,8 @@ class WatchSettings:
                 "the backlog test needs a positive factor, a number of inputs >= 0 and a number of looks >= 0 "
                 "(0 turns the fast rule off), and a noise gain >= 0"
             )
+        if self.rise_z < 0 or self.fall_z < 0:
+            raise ConfigError(f"rise_z and fall_z are standard deviations >= 0; got {self.rise_z!r}, {self.fall_z!r}")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -195,7 +204,11 @@ class Watch:
         if backlogged:
             proposed = propose(fast)
             grows = any(proposed.share(name).cores > current.share(name).cores for name in backlogged)
-            if grows and worth_moving(current, proposed, settings.min_gain):
+            # A rise the donors do not mirror waits for the backlog to hold one look more.
+            confirmed = self._shifted(now, current, proposed) or bool(
+                self.backlogged(served, slow, settings.backlog_looks + 1, among=backlogged)
+            )
+            if grows and confirmed and worth_moving(current, proposed, settings.min_gain):
                 return Decision("backlog", fast, current, proposed, backlogged)
         if not self._covered(now):
             return Decision("gathering", slow, served, None, backlogged)
@@ -249,22 +262,36 @@ class Watch:
             return None
         return last.requests - first.requests, last.t_s - first.t_s
 
-    def backlogged(self, served: JointPlan, demands: Sequence[ModelDemand]) -> tuple[str, ...]:
-        """The models whose queue, at each of the last `backlog_looks` readings since the last move, held more
-        than `backlog` × the inputs arriving during one batch's service on their share (and `backlog_inputs`)."""
+    def backlogged(
+        self, served: JointPlan, demands: Sequence[ModelDemand], looks: int | None = None, among: Sequence[str] = ()
+    ) -> tuple[str, ...]:
+        """The models (of `among`, if given) whose queue, at each of the last `looks` (`backlog_looks`) readings
+        since the last move, held more than `backlog` × the inputs arriving during one batch's service on their
+        share (and `backlog_inputs`)."""
         settings = self.settings
+        looks = settings.backlog_looks if looks is None else looks
         if settings.backlog_looks == 0:
             return ()
         found = []
         for share, demand in zip(served.shares, demands, strict=True):
+            if among and share.name not in among:
+                continue
             readings = [r for r in self._readings[share.name] if r.t_s > self.last_move]
-            if len(readings) < settings.backlog_looks:
+            if len(readings) < looks:
                 continue
             arriving = demand.rate_per_s * _mean(demand.distribution) * share.service_ms / 1000.0
             limit = max(settings.backlog_inputs, settings.backlog * arriving)
-            if all(r.queued_inputs > limit for r in readings[-settings.backlog_looks :]):
+            if all(r.queued_inputs > limit for r in readings[-looks:]):
                 found.append(share.name)
         return tuple(found)
+
+    def _shifted(self, now: float, current: JointPlan, proposed: JointPlan) -> bool:
+        """Whether every model the move takes cores from shows a fall of `fall_z` over the last fast_s: the
+        traffic moved between the models, rather than one model's clump on top of the others' steady load."""
+        if self.settings.fall_z <= 0:
+            return True
+        donors = [share.name for share in proposed.shares if share.cores < current.share(share.name).cores]
+        return bool(donors) and all(-self.rise(name, now) >= self.settings.fall_z for name in donors)
 
     def _covered(self, now: float) -> bool:
         """Whether every model's readings span at least fast_s: a rate over the first half second of a model's

@@ -88,6 +88,34 @@ def test_a_backlog_moves_at_once_to_the_split_for_the_last_seconds_rates_and_the
     assert "backlog" not in later and "gain" not in later and run.split == moved
 
 
+def steady_run(settings: WatchSettings | None = None) -> Run:
+    run = Run(settings)
+    for _ in range(20):
+        run.look({"a": 100.0, "b": 100.0})
+    assert run.split == (4, 4)
+    return run
+
+
+def test_a_clump_the_other_model_does_not_mirror_waits_a_look_and_a_shift_between_them_moves_at_once() -> None:
+    # Half a second of a at 400 a second: its last second (250) is past what its 4 cores carry (222), far above
+    # its rate before (6.5σ), with 40 inputs queued: all three tests of the fast rule pass at that look.
+    clump = ({"a": 400.0, "b": 100.0}, {"a": 40})
+    unasked = steady_run(WatchSettings(fall_z=0.0))
+    assert unasked.look(*clump) == "backlog"
+    # b's requests did not fall: one look is not enough, and the clump is over by the next.
+    run = steady_run()
+    assert run.look(*clump) != "backlog"
+    after = [run.look({"a": 100.0, "b": 100.0}) for _ in range(12)]
+    assert "backlog" not in after and "gain" not in after and run.split == (4, 4)
+    # The same rise while b's requests fall (60 in the last second against 100: 3.5σ) is a shift: at once.
+    shifted = steady_run()
+    assert shifted.look({"a": 400.0, "b": 20.0}, {"a": 40}) == "backlog" and shifted.split[0] > 4
+    # A rise that lasts, with b's traffic unchanged, moves at the second look.
+    lasting = steady_run()
+    assert lasting.look(*clump) != "backlog"
+    assert lasting.look({"a": 400.0, "b": 100.0}, {"a": 80}) == "backlog" and lasting.split[0] > 4
+
+
 def test_with_the_fast_rule_off_the_same_backlog_waits_for_the_slow_rule() -> None:
     run = Run(WatchSettings(backlog_looks=0))
     for _ in range(20):
@@ -103,6 +131,8 @@ def test_the_settings_and_the_models_named_are_checked() -> None:
         WatchSettings(min_gain=1.0)
     with pytest.raises(ConfigError, match="backlog"):
         WatchSettings(backlog_looks=-1)
+    with pytest.raises(ConfigError, match="standard deviations"):
+        WatchSettings(fall_z=-1.0)
     with pytest.raises(ConfigError, match="its own name"):
         Watch(["a", "a"], WatchSettings())
     run = Run()
