@@ -37,6 +37,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--timeout", type=float, default=60.0, help="seconds a request without a deadline may take (default 60)"
     )
     parser.add_argument("--max-delay-ms", type=float, help="the daemon's max_delay_ms, for the model configuration")
+    parser.add_argument(
+        "--grpc-server", choices=("threads", "aio"), default="threads",
+        help="gRPC on grpcio's threaded server, each thread with its own connection to the daemon (the default), "
+        "or on grpc.aio in the gateway's event loop (docs/oip.md compares them)",
+    )  # fmt: skip
     parser.add_argument("--key", help="a daemon serving CURVE: this gateway's .key_secret file (docs/security.md)")
     parser.add_argument("--server-key", help="a daemon serving CURVE: its public .key file")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
@@ -63,5 +68,6 @@ def run(args: argparse.Namespace) -> int:
         max_delay_ms=args.max_delay_ms,
         key=args.key,
         server_key=args.server_key,
+        grpc_server=args.grpc_server,
     )
     return run_gateway(options)

@@ -25,7 +25,7 @@ from packrat_daemon import __version__
 from packrat_daemon.protocol.errors import OipError, Status
 from packrat_daemon.protocol.stats import Statistics
 from packrat_daemon.protocol.tensors import OIP_DATATYPE, PACKRAT_DTYPE
-from packrat_daemon.protocol.upstream import Upstream, UpstreamGone, UpstreamTimeout
+from packrat_daemon.protocol.upstream import BlockingUpstream, Upstream, UpstreamGone, UpstreamTimeout
 from packrat_daemon.wire.codec import ErrorCode
 
 log = logging.getLogger("packrat.oip")
@@ -211,6 +211,10 @@ class DataPlane:
             spec = self.spec
         if spec is None:
             raise OipError(Status.UNAVAILABLE, "the daemon is not serving yet (it is starting); retry later")
+        return self._named(spec, name, version)
+
+    @staticmethod
+    def _named(spec: ModelSpec, name: str, version: str | None) -> ModelSpec:
         if name != spec.name:
             raise OipError(Status.NOT_FOUND, f"unknown model {name!r}; this server serves {spec.name!r}")
         if version not in (None, "", VERSION):
@@ -274,29 +278,80 @@ class DataPlane:
         started_ns = time.perf_counter_ns() if started_ns is None else started_ns
         spec = await self.model(name, version)
         try:
-            array, dtype = self._checked_input(spec, inputs, outputs)
-            if self.draining:
-                raise OipError(Status.UNAVAILABLE, "the server is shutting down; retry elsewhere", "SHUTTING_DOWN")
+            array, dtype = self._sendable(spec, inputs, outputs)
             sent_ns = time.perf_counter_ns()
             wait = self.timeout_s if timeout_s is None else timeout_s
             try:
                 header, output = await self.upstream.infer(array, max(wait, 1e-3), dtype=dtype)
-            except UpstreamGone as exc:
-                self._ready, self._checked = False, time.monotonic()
-                raise OipError(Status.UNAVAILABLE, f"{exc}; retry later") from None
-            except UpstreamTimeout:
-                raise OipError(
-                    Status.UNAVAILABLE if timeout_s is None else Status.DEADLINE_EXCEEDED,
-                    f"the daemon did not answer within {wait:g} s; is it running?",
-                ) from None
-            if not header["ok"]:
-                error = header["error"]
-                if error["code"] == ErrorCode.SHUTTING_DOWN:
-                    self._ready, self._checked = False, time.monotonic()  # readiness says so from now on
-                raise OipError.from_packrat(error["code"], error["message"])
+            except UpstreamTimeout as exc:
+                raise self._upstream_failed(exc, wait, timeout_s) from None
+            return self._result(spec, header, output, outputs, request_id, started_ns, sent_ns)
         except OipError:
             self.statistics.failed(time.perf_counter_ns() - started_ns)
             raise
+
+    def known_model(self, name: str, version: str | None = None) -> ModelSpec | None:
+        """`model`'s answer where it needs no `await` (the model is known); None where it would ask the daemon."""
+        return None if self.spec is None else self._named(self.spec, name, version)
+
+    def infer_blocking(
+        self,
+        upstream: BlockingUpstream,
+        spec: ModelSpec,
+        inputs: list[InferInput],
+        outputs: list[str] | None,
+        request_id: str,
+        timeout_s: float | None,
+        started_ns: int,
+    ) -> InferResult:
+        """`infer` for a thread of its own with a connection of its own (the threaded gRPC server's handlers), for
+        the model `known_model` gave; it blocks that thread, never the loop. Statistics are shared with `infer`."""
+        try:
+            array, dtype = self._sendable(spec, inputs, outputs)
+            sent_ns = time.perf_counter_ns()
+            wait = self.timeout_s if timeout_s is None else timeout_s
+            try:
+                header, output = upstream.infer(array, max(wait, 1e-3), dtype=dtype)
+            except UpstreamTimeout as exc:
+                raise self._upstream_failed(exc, wait, timeout_s) from None
+            return self._result(spec, header, output, outputs, request_id, started_ns, sent_ns)
+        except OipError:
+            self.statistics.failed(time.perf_counter_ns() - started_ns)
+            raise
+
+    def _sendable(
+        self, spec: ModelSpec, inputs: list[InferInput], outputs: list[str] | None
+    ) -> tuple[np.ndarray | dict[str, np.ndarray], str | None]:
+        checked = self._checked_input(spec, inputs, outputs)
+        if self.draining:
+            raise OipError(Status.UNAVAILABLE, "the server is shutting down; retry elsewhere", "SHUTTING_DOWN")
+        return checked
+
+    def _upstream_failed(self, exc: UpstreamTimeout, wait: float, timeout_s: float | None) -> OipError:
+        if isinstance(exc, UpstreamGone):
+            self._ready, self._checked = False, time.monotonic()
+            return OipError(Status.UNAVAILABLE, f"{exc}; retry later")
+        return OipError(
+            Status.UNAVAILABLE if timeout_s is None else Status.DEADLINE_EXCEEDED,
+            f"the daemon did not answer within {wait:g} s; is it running?",
+        )
+
+    def _result(
+        self,
+        spec: ModelSpec,
+        header: dict[str, Any],
+        output: Any,
+        outputs: list[str] | None,
+        request_id: str,
+        started_ns: int,
+        sent_ns: int,
+    ) -> InferResult:
+        """The daemon's reply as a result, or its error as an OipError."""
+        if not header["ok"]:
+            error = header["error"]
+            if error["code"] == ErrorCode.SHUTTING_DOWN:
+                self._ready, self._checked = False, time.monotonic()  # readiness says so from now on
+            raise OipError.from_packrat(error["code"], error["message"])
         assert output is not None  # an ok infer reply always carries its tensors (decode_reply checks)
         timing = header.get("timing") or {}
         answered: tuple[tuple[TensorSpec, np.ndarray], ...] = ()

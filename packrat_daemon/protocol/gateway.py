@@ -21,7 +21,7 @@ import grpc
 import uvicorn
 
 from packrat_daemon.protocol.dataplane import DataPlane
-from packrat_daemon.protocol.upstream import Upstream
+from packrat_daemon.protocol.upstream import ThreadUpstreams, Upstream
 from packrat_daemon.wire.curve import ClientKeys, is_loopback_address
 from packrat_daemon.wire.errors import ConfigError
 
@@ -31,6 +31,7 @@ DRAIN_GRACE_S = 10.0
 # How often the gateway asks whether the daemon serves, until it does (then only when asked: readiness probes).
 WARM_UP_POLL_S = 0.5
 DEFAULT_MAX_REQUEST_MB = 64
+GRPC_SERVERS = ("threads", "aio")
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ class GatewayOptions:
     max_delay_ms: float | None = None
     key: str | None = None  # CURVE towards the daemon: this gateway's .key_secret and the daemon's .key
     server_key: str | None = None
+    # "threads": grpcio's threaded server, each handler thread with a connection of its own to the daemon;
+    # "aio": grpc.aio on the loop, through the loop's one connection (docs/oip.md measures both).
+    grpc_server: str = "threads"
 
     def check(self) -> None:
         """ConfigError saying what to change, before anything is bound."""
@@ -61,6 +65,8 @@ class GatewayOptions:
                 "and read its results; give a TLS certificate and key (--tls-cert, --tls-key), bind 127.0.0.1 "
                 "(behind a mesh or proxy that terminates TLS), or accept the risk with --insecure-public"
             )
+        if self.grpc_server not in GRPC_SERVERS:
+            raise ConfigError(f"--grpc-server is one of {', '.join(GRPC_SERVERS)}, not {self.grpc_server!r}")
         if (self.key is None) != (self.server_key is None):
             raise ConfigError("CURVE towards the daemon needs both --key (this gateway's) and --server-key")
 
@@ -83,7 +89,7 @@ def run_gateway(options: GatewayOptions) -> int:
 
 async def serve_gateway(options: GatewayOptions, install_signals: bool, stop: asyncio.Event | None = None) -> None:
     """Serve until `stop` is set (or, with `install_signals`, a stop signal comes), then drain and return."""
-    from packrat_daemon.protocol.grpc.server import grpc_server
+    from packrat_daemon.protocol.grpc.server import grpc_server, threaded_grpc_server
     from packrat_daemon.protocol.rest import RestApp
 
     options.check()
@@ -99,11 +105,16 @@ async def serve_gateway(options: GatewayOptions, install_signals: bool, stop: as
     plane = DataPlane(upstream, options.model_name, options.timeout_s, options.max_delay_ms)
     rest: uvicorn.Server | None = None
     rest_task: asyncio.Task[None] | None = None
-    rpc: grpc.aio.Server | None = None
+    rpc: grpc.aio.Server | grpc.Server | None = None
+    threads: ThreadUpstreams | None = None
     target = host_port(options.address, options.grpc_port)
     try:
-        if options.grpc_port:
+        if options.grpc_port and options.grpc_server == "threads":
+            threads = ThreadUpstreams(options.connect, keys, upstream)
+            rpc = threaded_grpc_server(plane, threads, asyncio.get_running_loop(), options.max_request_mb << 20)
+        elif options.grpc_port:
             rpc = grpc_server(plane, options.max_request_mb << 20)
+        if rpc is not None:
             try:
                 if options.tls_cert:
                     bound = rpc.add_secure_port(target, _grpc_credentials(options))
@@ -113,7 +124,10 @@ async def serve_gateway(options: GatewayOptions, install_signals: bool, stop: as
                 bound = 0
             if not bound:
                 raise ConfigError(f"cannot bind gRPC to {target}; is the port in use?")
-            await rpc.start()
+            if isinstance(rpc, grpc.aio.Server):
+                await rpc.start()
+            else:
+                rpc.start()
         if options.http_port:
             config = uvicorn.Config(
                 RestApp(plane),
@@ -147,8 +161,13 @@ async def serve_gateway(options: GatewayOptions, install_signals: bool, stop: as
         plane.draining = True  # not ready from now on; new inferences are refused, those in flight go on
         if rest is not None:
             rest.should_exit = True
-        if rpc is not None:
+        if isinstance(rpc, grpc.aio.Server):
             await rpc.stop(DRAIN_GRACE_S)
+        elif rpc is not None:  # its handlers block their threads, not the loop, which answers their other calls
+            stopped_event = rpc.stop(DRAIN_GRACE_S)
+            await asyncio.get_running_loop().run_in_executor(None, stopped_event.wait)
+        if threads is not None:
+            threads.close()
         if rest_task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await rest_task

@@ -10,6 +10,7 @@ every frontend, so `execution_count` counts requests, and `batch_stats` is by re
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,8 +41,14 @@ class Statistics:
     execution_count: int = 0  # requests answered
     durations: dict[str, Duration] = field(default_factory=lambda: {name: Duration() for name in DURATIONS})
     by_batch: dict[int, dict[str, Duration]] = field(default_factory=dict)
+    # The loop's requests and the threaded gRPC server's handlers count into the same statistics.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def succeeded(self, samples: int, total_ns: int, queue_ns: int, compute_ns: int, input_ns: int, output_ns: int):
+        with self._lock:
+            self._succeeded(samples, total_ns, queue_ns, compute_ns, input_ns, output_ns)
+
+    def _succeeded(self, samples: int, total_ns: int, queue_ns: int, compute_ns: int, input_ns: int, output_ns: int):
         self.last_inference_ms = int(time.time() * 1000)
         self.inference_count += samples
         self.execution_count += 1
@@ -54,10 +61,15 @@ class Statistics:
             batch[name].add(parts[name])
 
     def failed(self, total_ns: int) -> None:
-        self.durations["fail"].add(total_ns)
+        with self._lock:
+            self.durations["fail"].add(total_ns)
 
     def to_json(self, name: str, version: str) -> dict[str, Any]:
         """One entry of the `model_stats` list, in the REST extension's JSON (the gRPC message's fields)."""
+        with self._lock:
+            return self._to_json(name, version)
+
+    def _to_json(self, name: str, version: str) -> dict[str, Any]:
         return {
             "name": name,
             "version": version,

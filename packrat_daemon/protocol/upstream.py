@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -165,6 +168,138 @@ class Upstream:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._socket.getsockopt(zmq.FD))
             self._loop.remove_reader(self._monitor.getsockopt(zmq.FD))
+        self._socket.disable_monitor()
+        self._monitor.close(linger=0)
+        self._socket.close(linger=0)
+
+
+class ThreadUpstreams:
+    """A DEALER to the daemon for each thread that asks (the threaded gRPC server's handlers), each used blocking.
+
+    A handler thread then sends its request and waits for the reply itself: no hop through the event loop. Each
+    socket watches its own connection, as `Upstream` does: a request on a socket with no connection is refused at
+    once (after waiting for a first handshake while the loop's own `Upstream` says the daemon is there), and one in
+    flight when the connection drops fails then.
+    """
+
+    def __init__(
+        self, endpoint: str, keys: ClientKeys | None, shared: Upstream, context: zmq.Context | None = None
+    ) -> None:
+        self.endpoint = endpoint
+        self._keys = keys
+        self._shared = shared  # the loop's connection: whether the daemon is there at all
+        self._context = context or zmq.Context.instance()
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._all: list[BlockingUpstream] = []
+        self._closed = False
+
+    def mine(self) -> BlockingUpstream:
+        """The calling thread's connection, made on its first request."""
+        upstream: BlockingUpstream | None = getattr(self._local, "upstream", None)
+        if upstream is None:
+            with self._lock:
+                if self._closed:
+                    raise UpstreamGone("the gateway is stopping")
+                upstream = BlockingUpstream(self.endpoint, self._keys, self._shared, self._context)
+                self._all.append(upstream)
+            self._local.upstream = upstream
+        return upstream
+
+    def close(self) -> None:
+        """Close every thread's socket; call once no handler runs (the gRPC server has stopped)."""
+        with self._lock:
+            self._closed = True
+            for upstream in self._all:
+                upstream.close()
+            self._all.clear()
+
+
+class BlockingUpstream:
+    """One thread's DEALER to the daemon: send, then wait on the socket and its monitor for the reply."""
+
+    # How long a fresh socket waits for its first handshake while the daemon is known to be there.
+    FIRST_HANDSHAKE_S = 2.0
+
+    def __init__(self, endpoint: str, keys: ClientKeys | None, shared: Upstream, context: zmq.Context) -> None:
+        self.endpoint = endpoint
+        self._shared = shared
+        self._socket = context.socket(zmq.DEALER)
+        if keys is not None:
+            keys.apply(self._socket)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        allow_ipv6(self._socket, endpoint)
+        self._socket.connect(endpoint)
+        self._poller = zmq.Poller()
+        self._poller.register(self._socket, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+        self.connected = False
+        self._ids = itertools.count(1)
+
+    def infer(self, array: np.ndarray | dict[str, np.ndarray], timeout_s: float, dtype: str | None = None) -> Reply:
+        """As `Upstream.infer`, blocking the calling thread."""
+        deadline = time.monotonic() + timeout_s
+        request_id = next(self._ids)
+        if isinstance(array, dict):
+            frames = encode_tensors_request(request_id, array, timeout_ms=timeout_s * 1000.0)
+        else:
+            frames = encode_infer_request(request_id, array, timeout_ms=timeout_s * 1000.0, dtype=dtype)
+        self._watch()
+        if not self.connected:
+            self._first_handshake(min(deadline, time.monotonic() + self.FIRST_HANDSHAKE_S))
+        large = len(frames) > 1 and len(frames[-1]) >= ZERO_COPY_MIN_BYTES  # as Upstream._send
+        while True:
+            try:
+                self._socket.send_multipart(frames, zmq.NOBLOCK, copy=not large)
+                break
+            except zmq.Again:  # ZeroMQ's queue is full: wait for room, within the timeout
+                if time.monotonic() >= deadline:
+                    raise self._timeout(timeout_s) from None
+                time.sleep(0.01)
+        socket = self._socket
+        while True:
+            while socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                reply = self._decode(socket.recv_multipart(zmq.NOBLOCK, copy=False))
+                if reply is not None and reply[0].get("id") == request_id:
+                    return reply
+                # else: the late reply to an earlier request of this thread that timed out
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._timeout(timeout_s)
+            ready = dict(self._poller.poll(max(1, math.ceil(left * 1000.0))))
+            if self._monitor in ready:
+                self._watch()
+                if not self.connected:
+                    raise UpstreamGone(f"the daemon at {self.endpoint} went away while this request was in flight")
+
+    def _first_handshake(self, until: float) -> None:
+        while not self.connected:
+            left = until - time.monotonic()
+            if not self._shared.connected or left <= 0:
+                raise UpstreamGone(
+                    f"no connection to the daemon at {self.endpoint}: not started, stopped or restarting"
+                )
+            if self._monitor.poll(max(1, math.ceil(min(left, 0.05) * 1000.0))):
+                self._watch()
+
+    def _watch(self) -> None:
+        monitor = self._monitor
+        while monitor.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self.connected = recv_monitor_message(monitor, zmq.NOBLOCK)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
+
+    def _timeout(self, timeout_s: float) -> UpstreamTimeout:
+        return UpstreamTimeout(f"no reply from the daemon at {self.endpoint} within {timeout_s:g} s")
+
+    @staticmethod
+    def _decode(frames: list[Any]) -> Reply | None:
+        try:
+            return decode_reply(frames)
+        except ProtocolError as exc:
+            log.warning("dropping a reply from the daemon that breaks its protocol: %s", exc)
+            return None
+
+    def close(self) -> None:
         self._socket.disable_monitor()
         self._monitor.close(linger=0)
         self._socket.close(linger=0)

@@ -9,25 +9,34 @@ the service (streaming, the model repository, shared memory) are answered UNIMPL
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import grpc
 import numpy as np
 
 from packrat_daemon.protocol import tensors
-from packrat_daemon.protocol.dataplane import DataPlane, InferInput, ModelSpec, check_tensor
+from packrat_daemon.protocol.dataplane import DataPlane, InferInput, InferResult, ModelSpec, check_tensor
 from packrat_daemon.protocol.errors import OipError, Status
 from packrat_daemon.protocol.grpc import inference_pb2 as pb
-from packrat_daemon.protocol.grpc import inference_pb2_grpc as pb_grpc
 from packrat_daemon.protocol.grpc.wire import encode_infer_response, split_infer_request
+from packrat_daemon.protocol.upstream import ThreadUpstreams
 
 log = logging.getLogger("packrat.oip")
 
 T = TypeVar("T")
+
+# The threaded server's handler threads: as many inferences in flight at once, each with its own connection to the
+# daemon (made when a thread first serves one); more wait for a free thread. grpcio starts threads as calls need
+# them, so one client sending one request at a time uses one.
+HANDLER_THREADS = 32
+# A call's time remaining past this is no deadline at all: the daemon's `timeout_ms` is at most 2**31 - 1 ms.
+_NO_DEADLINE_S = (2**31 - 1) / 1000.0
 
 # Which typed-contents field carries each datatype (the protocol's table); FP16 and BF16 travel raw only.
 _CONTENTS_FIELD = {
@@ -54,73 +63,114 @@ async def _answer(context: grpc.aio.ServicerContext, call: Callable[[], Awaitabl
     raise AssertionError("context.abort returns only by raising")
 
 
-class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+def _answer_blocking(context: grpc.ServicerContext, call: Callable[[], T]) -> T:
+    """`_answer` for the threaded server's handlers."""
+    try:
+        return call()
+    except OipError as exc:
+        code, details = grpc.StatusCode[exc.status.grpc], exc.message
+    except Exception:
+        log.exception("internal error in a gRPC call")
+        code, details = grpc.StatusCode.INTERNAL, "the server failed on this request; it is logged"
+    context.abort(code, details)
+    raise AssertionError("context.abort returns only by raising")
+
+
+class Calls:
+    """Every call of the service but `ModelInfer`: its response message, or OipError. Both servers answer them
+    from the data plane on the gateway's loop."""
+
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
 
-    async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:  # noqa: N802 - gRPC's names
+    async def ServerLive(self, request: Any) -> pb.ServerLiveResponse:  # noqa: N802 - gRPC's names
         return pb.ServerLiveResponse(live=self.plane.live())
 
-    async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:  # noqa: N802
+    async def ServerReady(self, request: Any) -> pb.ServerReadyResponse:  # noqa: N802
         return pb.ServerReadyResponse(ready=await self.plane.ready())
 
-    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:  # noqa: N802
+    async def ModelReady(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:  # noqa: N802
         return pb.ModelReadyResponse(ready=await self.plane.model_ready(request.name, request.version))
 
-    async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:  # noqa: N802
+    async def ServerMetadata(self, request: Any) -> pb.ServerMetadataResponse:  # noqa: N802
         return pb.ServerMetadataResponse(**self.plane.server_metadata())
 
-    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> Any:  # noqa: N802
-        async def call() -> pb.ModelMetadataResponse:
-            metadata = await self.plane.model_metadata(request.name, request.version)
-            tensor = pb.ModelMetadataResponse.TensorMetadata
-            return pb.ModelMetadataResponse(
-                name=metadata["name"],
-                versions=metadata["versions"],
-                platform=metadata["platform"],
-                inputs=[tensor(**entry) for entry in metadata["inputs"]],
-                outputs=[tensor(**entry) for entry in metadata["outputs"]],
-            )
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:  # noqa: N802
+        metadata = await self.plane.model_metadata(request.name, request.version)
+        tensor = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=metadata["name"],
+            versions=metadata["versions"],
+            platform=metadata["platform"],
+            inputs=[tensor(**entry) for entry in metadata["inputs"]],
+            outputs=[tensor(**entry) for entry in metadata["outputs"]],
+        )
 
-        return await _answer(context, call)
+    async def ModelConfig(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:  # noqa: N802
+        config = await self.plane.model_config(request.name, request.version)
+        message = pb.ModelConfig(
+            name=config["name"],
+            platform=config["platform"],
+            backend=config["backend"],
+            max_batch_size=config["max_batch_size"],
+            input=[pb.ModelInput(**entry) for entry in config["input"]],
+            output=[pb.ModelOutput(**entry) for entry in config["output"]],
+            instance_group=[pb.ModelInstanceGroup(**entry) for entry in config["instance_group"]],
+            dynamic_batching=pb.ModelDynamicBatching(**config["dynamic_batching"]),
+        )
+        for key, value in config["parameters"].items():
+            message.parameters[key].string_value = value["string_value"]
+        return pb.ModelConfigResponse(config=message)
 
-    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> Any:  # noqa: N802
-        async def call() -> pb.ModelConfigResponse:
-            config = await self.plane.model_config(request.name, request.version)
-            message = pb.ModelConfig(
-                name=config["name"],
-                platform=config["platform"],
-                backend=config["backend"],
-                max_batch_size=config["max_batch_size"],
-                input=[pb.ModelInput(**entry) for entry in config["input"]],
-                output=[pb.ModelOutput(**entry) for entry in config["output"]],
-                instance_group=[pb.ModelInstanceGroup(**entry) for entry in config["instance_group"]],
-                dynamic_batching=pb.ModelDynamicBatching(**config["dynamic_batching"]),
-            )
-            for key, value in config["parameters"].items():
-                message.parameters[key].string_value = value["string_value"]
-            return pb.ModelConfigResponse(config=message)
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest) -> pb.ModelStatisticsResponse:  # noqa: N802
+        stats = await self.plane.model_statistics(request.name, request.version)
+        response = pb.ModelStatisticsResponse()
+        for entry in stats:
+            model = response.model_stats.add()
+            model.name, model.version = entry["name"], entry["version"]
+            model.last_inference = entry["last_inference"]
+            model.inference_count, model.execution_count = entry["inference_count"], entry["execution_count"]
+            for key, value in entry["inference_stats"].items():
+                getattr(model.inference_stats, key).CopyFrom(pb.StatisticDuration(**value))
+            for batch in entry["batch_stats"]:
+                added = model.batch_stats.add(batch_size=batch["batch_size"])
+                for key in ("compute_input", "compute_infer", "compute_output"):
+                    getattr(added, key).CopyFrom(pb.StatisticDuration(**batch[key]))
+        return response
 
-        return await _answer(context, call)
 
-    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> Any:  # noqa: N802
-        async def call() -> pb.ModelStatisticsResponse:
-            stats = await self.plane.model_statistics(request.name, request.version)
-            response = pb.ModelStatisticsResponse()
-            for entry in stats:
-                model = response.model_stats.add()
-                model.name, model.version = entry["name"], entry["version"]
-                model.last_inference = entry["last_inference"]
-                model.inference_count, model.execution_count = entry["inference_count"], entry["execution_count"]
-                for key, value in entry["inference_stats"].items():
-                    getattr(model.inference_stats, key).CopyFrom(pb.StatisticDuration(**value))
-                for batch in entry["batch_stats"]:
-                    added = model.batch_stats.add(batch_size=batch["batch_size"])
-                    for key in ("compute_input", "compute_infer", "compute_output"):
-                        getattr(added, key).CopyFrom(pb.StatisticDuration(**batch[key]))
-            return response
+def _infer_call(
+    request: pb.ModelInferRequest, raw: list[memoryview], spec: ModelSpec, remaining: float | None
+) -> tuple[list[InferInput], list[str] | None, float | None]:
+    """What `ModelInfer` asks of the data plane: (inputs, outputs asked for, timeout in seconds or None)."""
+    inputs = _inputs(request, raw, spec)
+    outputs = [output.name for output in request.outputs] or None
+    return inputs, outputs, _timeout(request, remaining)
 
-        return await _answer(context, call)
+
+def _encoded(plane: DataPlane, spec: ModelSpec, result: InferResult) -> bytes:
+    encoding = time.perf_counter_ns()
+    # Every output asked for, in the model's order.
+    answered = [(tensor.name, tensor.datatype, array) for tensor, array in result.answered()]
+    response = encode_infer_response(spec.name, "1", result.request_id, answered)
+    plane.answered(result, encoding)
+    return response
+
+
+class InferenceServicer:
+    """The service on grpc.aio, on the gateway's loop."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+        self.calls = Calls(plane)
+
+    def handler(self, name: str) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+        call = getattr(self.calls, name)
+
+        async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            return await _answer(context, lambda: call(request))
+
+        return handle
 
     async def ModelInfer(self, data: bytes, context: grpc.aio.ServicerContext) -> Any:  # noqa: N802
         """A serialized ModelInferRequest in, a serialized ModelInferResponse out (registered without protobuf's
@@ -130,21 +180,62 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         async def call() -> bytes:
             request, raw = split_infer_request(data)
             spec = await self.plane.model(request.model_name, request.model_version)
-            inputs = _inputs(request, raw, spec)
-            outputs = [output.name for output in request.outputs] or None
-            remaining = context.time_remaining()
-            timeout_s = _timeout(request, remaining)
+            inputs, outputs, timeout_s = _infer_call(request, raw, spec, context.time_remaining())
             result = await self.plane.infer(
                 request.model_name, request.model_version, inputs, outputs, request.id, timeout_s, started
             )
-            encoding = time.perf_counter_ns()
-            # Every output asked for, in the model's order.
-            answered = [(tensor.name, tensor.datatype, array) for tensor, array in result.answered()]
-            response = encode_infer_response(spec.name, "1", request.id, answered)
-            self.plane.answered(result, encoding)
-            return response
+            return _encoded(self.plane, spec, result)
 
         return await _answer(context, call)
+
+
+class ThreadedServicer:
+    """The service on grpcio's threaded server: `ModelInfer` runs in its handler thread, which sends to the daemon
+    on a connection of its own and waits for the reply itself (`upstream.ThreadUpstreams`); the loop is not on an
+    inference's path. Every other call, and an inference that finds the model not known yet, is answered on the
+    gateway's loop, as the asyncio server answers it."""
+
+    # How long a handler waits for a call run on the loop: readiness is bounded by its probe timeout already.
+    LOOP_CALL_TIMEOUT_S = 30.0
+
+    def __init__(self, plane: DataPlane, upstreams: ThreadUpstreams, loop: asyncio.AbstractEventLoop) -> None:
+        self.plane = plane
+        self.calls = Calls(plane)
+        self.upstreams = upstreams
+        self.loop = loop
+
+    def _on_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        try:
+            return future.result(self.LOOP_CALL_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise OipError(Status.UNAVAILABLE, "the gateway is too busy to answer; retry later") from None
+
+    def handler(self, name: str) -> Callable[[Any, grpc.ServicerContext], Any]:
+        call = getattr(self.calls, name)
+
+        def handle(request: Any, context: grpc.ServicerContext) -> Any:
+            return _answer_blocking(context, lambda: self._on_loop(call(request)))
+
+        return handle
+
+    def ModelInfer(self, data: bytes, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        """As `InferenceServicer.ModelInfer`, in this thread."""
+        started = time.perf_counter_ns()
+
+        def call() -> bytes:
+            request, raw = split_infer_request(data)
+            plane = self.plane
+            spec = plane.known_model(request.model_name, request.model_version)
+            if spec is None:  # not serving yet: the loop asks the daemon (readiness), as the asyncio server does
+                spec = self._on_loop(plane.model(request.model_name, request.model_version))
+            inputs, outputs, timeout_s = _infer_call(request, raw, spec, context.time_remaining())
+            upstream = self.upstreams.mine()
+            result = plane.infer_blocking(upstream, spec, inputs, outputs, request.id, timeout_s, started)
+            return _encoded(plane, spec, result)
+
+        return _answer_blocking(context, call)
 
 
 def _inputs(request: pb.ModelInferRequest, raw: list[memoryview], spec: ModelSpec) -> list[InferInput]:
@@ -183,8 +274,9 @@ def _inputs(request: pb.ModelInferRequest, raw: list[memoryview], spec: ModelSpe
 
 def _timeout(request: pb.ModelInferRequest, remaining: float | None) -> float | None:
     """The request's deadline in seconds: the call's own, or the `timeout` parameter (microseconds), whichever
-    is sooner; None if it has neither."""
-    choices = [] if remaining is None else [remaining]
+    is sooner; None if it has neither (grpcio's threaded server gives a call without a deadline an unbounded
+    `time_remaining`, grpc.aio None)."""
+    choices = [] if remaining is None or remaining > _NO_DEADLINE_S else [remaining]
     if "timeout" in request.parameters:
         microseconds = request.parameters["timeout"].int64_param
         if microseconds < 1:
@@ -194,19 +286,31 @@ def _timeout(request: pb.ModelInferRequest, remaining: float | None) -> float | 
 
 
 def grpc_server(plane: DataPlane, max_message_bytes: int) -> grpc.aio.Server:
-    """The gRPC server with the service added; the caller adds its port (plain or TLS) and starts it."""
-    server = grpc.aio.server(
-        options=[
-            # Checked against each message's length prefix before its bytes are read into memory.
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-        ]
-    )
+    """The gRPC server on grpc.aio with the service added; the caller adds its port (plain or TLS) and starts it."""
+    server = grpc.aio.server(options=_options(max_message_bytes))
     add_service(InferenceServicer(plane), server)
     return server
 
 
-def add_service(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
+def threaded_grpc_server(
+    plane: DataPlane, upstreams: ThreadUpstreams, loop: asyncio.AbstractEventLoop, max_message_bytes: int
+) -> grpc.Server:
+    """The gRPC server on grpcio's thread pool with the service added; the caller adds its port and starts it."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=HANDLER_THREADS, thread_name_prefix="oip-grpc")
+    server = grpc.server(pool, options=_options(max_message_bytes))
+    add_service(ThreadedServicer(plane, upstreams, loop), server)
+    return server
+
+
+def _options(max_message_bytes: int) -> list[tuple[str, Any]]:
+    # Checked against each message's length prefix before its bytes are read into memory.
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+    ]
+
+
+def add_service(servicer: InferenceServicer | ThreadedServicer, server: grpc.Server | grpc.aio.Server) -> None:
     """The service's calls on `server`, as the generated `add_GRPCInferenceServiceServicer_to_server` adds
     them, except `ModelInfer`, which takes and returns the serialized messages."""
     service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
@@ -216,7 +320,7 @@ def add_service(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
             handler = grpc.unary_unary_rpc_method_handler(servicer.ModelInfer)
         else:
             handler = grpc.unary_unary_rpc_method_handler(
-                getattr(servicer, method.name),
+                servicer.handler(method.name),
                 request_deserializer=getattr(pb, method.input_type.name).FromString,
                 response_serializer=getattr(pb, method.output_type.name).SerializeToString,
             )

@@ -94,12 +94,15 @@ def test_the_gateway_never_imports_torch() -> None:
 
 
 @pytest.mark.slow
-def test_a_daemon_that_dies_fails_the_requests_in_flight_at_once(tmp_path: Path) -> None:
-    """`packrat oip` in front of a daemon that is killed mid-request: the request is answered 503 when the
+@pytest.mark.parametrize("grpc_server", ["threads", "aio"])
+def test_a_daemon_that_dies_fails_the_requests_in_flight_at_once(tmp_path: Path, grpc_server: str) -> None:
+    """`packrat oip` in front of a daemon that is killed mid-request, over REST and over gRPC (each gRPC server:
+    a handler thread's own connection has its own watch): each request is answered 503 / UNAVAILABLE when the
     connection drops (not after its 60 s timeout), the gateway turns not ready and refuses at once after."""
     import threading
 
     import numpy as np
+    import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
 
@@ -111,11 +114,13 @@ def test_a_daemon_that_dies_fails_the_requests_in_flight_at_once(tmp_path: Path)
     args = ["--model", "tests.packrat_daemon.protocol.oip_models:sentinel_mlp", "--policy", "fixed"]
     args += ["--plan", "1*1x4", "--max-batch", "4", "--profile", str(profile)]
     with running_daemon(tmp_path, *args) as (endpoint, daemon):
-        port = free_port()
+        port, grpc_port = free_port(), free_port()
         command = [sys.executable, "-m", "packrat_daemon", "oip", "--connect", endpoint, "--http-port", str(port)]
+        command += ["--grpc-port", str(grpc_port), "--grpc-server", grpc_server]
         gateway = subprocess.Popen(command, env=daemon_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:
             http = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+            rpc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
             deadline = time.monotonic() + 60
             while True:
                 try:
@@ -125,29 +130,46 @@ def test_a_daemon_that_dies_fails_the_requests_in_flight_at_once(tmp_path: Path)
                     pass  # not listening yet
                 assert gateway.poll() is None and time.monotonic() < deadline
                 time.sleep(0.2)
+            ones = np.ones((1, 16), np.float32)
+            grpc_tensor = grpcclient.InferInput("input", [1, 16], "FP32")
+            grpc_tensor.set_data_from_numpy(ones)
+            rpc.infer("sentinel_mlp", [grpc_tensor])  # a handler thread has its connection before the kill
             slow = np.full((1, 16), SLOW, np.float32)
             tensor = httpclient.InferInput("input", [1, 16], "FP32")
             tensor.set_data_from_numpy(slow, binary_data=True)
-            outcome: dict[str, object] = {}
+            slow_grpc = grpcclient.InferInput("input", [1, 16], "FP32")
+            slow_grpc.set_data_from_numpy(slow)
+            outcomes: dict[str, dict[str, object]] = {"http": {}, "grpc": {}}
 
-            def call() -> None:
+            def call(path: str) -> None:
                 started = time.monotonic()
                 try:
-                    httpclient.InferenceServerClient(f"127.0.0.1:{port}").infer("sentinel_mlp", [tensor])
+                    if path == "http":
+                        httpclient.InferenceServerClient(f"127.0.0.1:{port}").infer("sentinel_mlp", [tensor])
+                    else:
+                        rpc.infer("sentinel_mlp", [slow_grpc])
                 except InferenceServerException as exc:
-                    outcome["status"] = exc.status()
-                outcome["seconds"] = time.monotonic() - started
+                    outcomes[path]["status"] = exc.status()
+                outcomes[path]["seconds"] = time.monotonic() - started
 
-            in_flight = threading.Thread(target=call)
-            in_flight.start()
-            time.sleep(0.5)  # the request is in the daemon's worker, which takes SLOW_S
+            in_flight = [threading.Thread(target=call, args=(path,)) for path in outcomes]
+            for thread in in_flight:
+                thread.start()
+            time.sleep(0.5)  # both requests are with the daemon, whose worker takes SLOW_S for each
             daemon.kill()
-            in_flight.join(30)
-            assert outcome.get("status") == "503" and float(outcome["seconds"]) < 10, outcome  # type: ignore[arg-type]
+            for thread in in_flight:
+                thread.join(30)
+            for path, status in (("http", "503"), ("grpc", "StatusCode.UNAVAILABLE")):
+                outcome = outcomes[path]
+                assert outcome.get("status") == status and float(outcome["seconds"]) < 10, outcomes  # type: ignore[arg-type]
             assert not http.is_server_ready()
             with pytest.raises(InferenceServerException) as caught:
                 http.infer("sentinel_mlp", [tensor])
             assert caught.value.status() == "503" and "no connection" in caught.value.message()
+            with pytest.raises(InferenceServerException) as caught:
+                rpc.infer("sentinel_mlp", [grpc_tensor])
+            assert caught.value.status() == "StatusCode.UNAVAILABLE" and "no connection" in caught.value.message()
+            rpc.close()
         finally:
             stop_process(gateway, 15)
 
