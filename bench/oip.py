@@ -7,7 +7,9 @@ One daemon per variant, each with the gateway (REST and gRPC) beside it:
 
 - process: `packrat serve --http-port --grpc-port`, the gateway in a child process (what serve does);
 - thread: the same gateway in a thread of the daemon's own process (started before `serve` by this script),
-  to measure whether the GIL it shares with the serving loop costs more than the process's extra hops save.
+  to measure whether the GIL it shares with the serving loop costs more than the process's extra hops save;
+- aio: `packrat serve` and beside it `packrat oip --grpc-server aio`, the gateway's gRPC on grpc.aio in its event
+  loop instead of grpcio's threaded server (the default), each inference through the loop's one connection.
 
 Each round visits every variant and, on it, every path in a rotating order, sending `--requests` requests of
 `--batch` samples one after the other from this process: `zmq` through Packrat's client library straight
@@ -17,10 +19,10 @@ median latency; each round's ratio and difference to `zmq` on the same daemon pa
 ratio and difference are the medians over rounds. JSON on stdout (`--out FILE` also writes it there).
 
 `--floor` (on by default) adds the `floor` variant: no Packrat in it, a child process answering tritonclient's
-gRPC `ModelInfer` from a bare grpc.aio server (bytes in, a reply serialized once, as the gateway registers
-it) and a bare ZeroMQ ROUTER echoing, each with a reply of the model's output size. Its `grpc` minus `zmq` is
-what one gRPC hop costs over one ZeroMQ hop on this machine, whatever the gateway does: the least the
-gateway's figure can be.
+gRPC `ModelInfer` from a bare grpcio threaded server (`grpc`, as the gateway serves by default) and a bare
+grpc.aio server (`grpc_aio`), each bytes in and a reply serialized once, as the gateway registers it, and a bare
+ZeroMQ ROUTER echoing, each with a reply of the model's output size. Its `grpc` minus `zmq` is what one gRPC hop
+costs over one ZeroMQ hop on this machine, whatever the gateway does: the least the gateway's figure can be.
 
 `--breakdown` (on by default) splits the gRPC path's time on the first variant after the rounds: tritonclient
 building and serializing the request and parsing the reply (timed alone in this process), the gateway's parse
@@ -74,14 +76,21 @@ class Served:
         self.endpoint = f"ipc://{folder}/{variant}.ipc"
         self.http_port, self.grpc_port = free_port(), free_port()
         args = ["--endpoint", self.endpoint, *serve_args]
+        self.gateway: subprocess.Popen[bytes] | None = None
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        self.log = folder / f"{variant}.log"
         if variant == "process":
             command = [sys.executable, "-m", "packrat_daemon", "serve", *args]
             command += ["--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port)]
+        elif variant == "aio":
+            command = [sys.executable, "-m", "packrat_daemon", "serve", *args]
+            gateway = [sys.executable, "-m", "packrat_daemon", "oip", "--connect", self.endpoint]
+            gateway += ["--grpc-server", "aio", "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port)]
+            with open(folder / "aio-gateway.log", "wb") as out:
+                self.gateway = subprocess.Popen(gateway, env=env, stdout=out, stderr=out)
         else:
             command = [sys.executable, "-c", THREAD_LAUNCH, self.endpoint, str(self.http_port), str(self.grpc_port)]
             command += args
-        env = dict(os.environ, PYTHONPATH=str(REPO))
-        self.log = folder / f"{variant}.log"
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(command, env=env, stdout=out, stderr=out)
 
@@ -106,6 +115,9 @@ class Served:
         client.close()
 
     def stop(self) -> None:
+        if self.gateway is not None:
+            self.gateway.terminate()
+            self.gateway.wait(30)
         self.process.terminate()
         try:
             self.process.wait(60)
@@ -113,13 +125,15 @@ class Served:
             self.process.kill()
 
 
-# The floor variant's server: a bare grpc.aio ModelInfer and a bare ZeroMQ echo, replies of the output's size.
+# The floor variant's servers: a bare threaded and a bare grpc.aio ModelInfer and a bare ZeroMQ echo, replies of the
+# output's size.
 # ModelInfer takes and returns bytes, as the gateway's does (protocol/grpc/wire.py): no parse, a reply made once.
 FLOOR_LAUNCH = """
 import asyncio, sys, threading
+from concurrent import futures
 import grpc, zmq
 from packrat_daemon.protocol.grpc import inference_pb2 as pb
-endpoint, port, reply = sys.argv[1], int(sys.argv[2]), bytes(int(sys.argv[3]))
+endpoint, port, reply, threaded_port = sys.argv[1], int(sys.argv[2]), bytes(int(sys.argv[3])), int(sys.argv[4])
 def echo():
     router = zmq.Context.instance().socket(zmq.ROUTER)
     router.bind(endpoint)
@@ -133,6 +147,13 @@ response.raw_output_contents.append(reply)
 answer = response.SerializeToString()
 async def model_infer(request, context):
     return answer
+def threaded_infer(request, context):
+    return answer
+threaded = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=[("grpc.max_receive_message_length", -1)])
+handlers = {"ModelInfer": grpc.unary_unary_rpc_method_handler(threaded_infer)}
+threaded.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("inference.GRPCInferenceService", handlers),))
+threaded.add_insecure_port(f"127.0.0.1:{threaded_port}")
+threaded.start()
 async def main():
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", -1)])
     handler = grpc.unary_unary_rpc_method_handler(model_infer)
@@ -272,9 +293,9 @@ class Floor(Timed):
         import tritonclient.grpc as grpcclient
         import zmq
 
-        endpoint, port = f"ipc://{folder}/floor.ipc", free_port()
+        endpoint, port, threaded_port = f"ipc://{folder}/floor.ipc", free_port(), free_port()
         self.process = subprocess.Popen(
-            [sys.executable, "-c", FLOOR_LAUNCH, endpoint, str(port), str(reply_bytes)], cwd=REPO
+            [sys.executable, "-c", FLOOR_LAUNCH, endpoint, str(port), str(reply_bytes), str(threaded_port)], cwd=REPO
         )
         self.dealer = zmq.Context.instance().socket(zmq.DEALER)
         self.dealer.connect(endpoint)
@@ -287,11 +308,17 @@ class Floor(Timed):
             self.dealer.send_multipart([b"{}", payload], copy=False)
             self.dealer.recv_multipart(copy=False)
 
-        self.send = {"zmq": zmq_round_trip, "grpc": lambda: self.grpc.infer("floor", [grpc_input])}
+        self.threaded = grpcclient.InferenceServerClient(f"127.0.0.1:{threaded_port}")
+        self.send = {
+            "zmq": zmq_round_trip,
+            "grpc": lambda: self.threaded.infer("floor", [grpc_input]),
+            "grpc_aio": lambda: self.grpc.infer("floor", [grpc_input]),
+        }
         deadline = time.monotonic() + 60
         while True:
             try:
                 self.send["grpc"]()
+                self.send["grpc_aio"]()
                 break
             except Exception:
                 if time.monotonic() > deadline or self.process.poll() is not None:
@@ -300,6 +327,7 @@ class Floor(Timed):
 
     def close(self) -> None:
         self.grpc.close()
+        self.threaded.close()
         self.dealer.close(linger=0)
         self.process.kill()
         self.process.wait()
@@ -400,7 +428,7 @@ def main() -> None:
                 with Client(daemons[0].endpoint, timeout=120) as probe:
                     reply_bytes = probe.infer(batch).nbytes
                 clients["floor"] = Floor(Path(folder), reply_bytes, batch)
-                visits["floor"] = [path for path in ("zmq", "grpc") if path in paths or path == "zmq"]
+                visits["floor"] = [path for path in ("zmq", "grpc", "grpc_aio") if path[:4] in paths or path == "zmq"]
             for variant, client in clients.items():
                 for path in visits[variant]:
                     client.timed(path, args.warmup)
