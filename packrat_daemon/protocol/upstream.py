@@ -207,11 +207,13 @@ class ThreadUpstreams:
         return upstream
 
     def close(self) -> None:
-        """Close every thread's socket; call once no handler runs (the gRPC server has stopped)."""
+        """Close every thread's socket, once the gRPC server has stopped. A socket is used by its thread alone: one
+        whose handler still waits for the daemon (past the server's grace) is left to the process's exit."""
         with self._lock:
             self._closed = True
             for upstream in self._all:
-                upstream.close()
+                if not upstream.busy:
+                    upstream.close()
             self._all.clear()
 
 
@@ -235,10 +237,18 @@ class BlockingUpstream:
         self._poller.register(self._socket, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
         self.connected = False
+        self.busy = False  # a request of its thread is in flight
         self._ids = itertools.count(1)
 
     def infer(self, array: np.ndarray | dict[str, np.ndarray], timeout_s: float, dtype: str | None = None) -> Reply:
         """As `Upstream.infer`, blocking the calling thread."""
+        self.busy = True
+        try:
+            return self._infer(array, timeout_s, dtype)
+        finally:
+            self.busy = False
+
+    def _infer(self, array: np.ndarray | dict[str, np.ndarray], timeout_s: float, dtype: str | None) -> Reply:
         deadline = time.monotonic() + timeout_s
         request_id = next(self._ids)
         if isinstance(array, dict):
