@@ -197,6 +197,8 @@ class ThreadUpstreams:
     def mine(self) -> BlockingUpstream:
         """The calling thread's connection, made on its first request."""
         upstream: BlockingUpstream | None = getattr(self._local, "upstream", None)
+        if self._closed:
+            raise UpstreamGone("the gateway is stopping")
         if upstream is None:
             with self._lock:
                 if self._closed:
