@@ -302,7 +302,7 @@ SETTINGS: tuple[Setting, ...] = sectioned(
         SECONDS,
         120.0,
         "a worker that has not answered its part of a batch for this long is replaced and the part sent to another "
-        "(the bound when the profile predicts nothing shorter)",
+        "(the bound when no prediction, the profile's or production's, says shorter)",
         reload="live",
     ),
     Setting(
@@ -311,9 +311,10 @@ SETTINGS: tuple[Setting, ...] = sectioned(
         # Generous by default: killing a worker that is merely slow (a noisy neighbour, a burst of load)
         # costs a fork, a warm-up and a re-run, and under load that cascades. bench/faults.py shows 1.5.
         3.0,
-        "a part of a batch past this many times the profile's latency (at least slice_deadline_floor_ms) has its "
-        "worker watched: hung once it has used this many times the part's CPU time unanswered, its CPU time has "
-        "stopped, or job_timeout_s has passed; it is then replaced and the part's requests run again each alone",
+        "a part of a batch past this many times its predicted latency (the profile's, else production's; at least "
+        "slice_deadline_floor_ms) has its worker watched: hung once it has used this many times the part's CPU "
+        "time unanswered, its CPU time has stopped, or job_timeout_s has passed; it is then replaced and the part's "
+        "requests run again each alone",
         reload="live",
     ),
     Setting(
@@ -321,6 +322,19 @@ SETTINGS: tuple[Setting, ...] = sectioned(
         WAIT,
         1000.0,
         "the least time in milliseconds (and CPU time) a part of a batch is given before its worker is watched",
+        reload="live",
+    ),
+    Setting(
+        "slice_spin_floor_ms",
+        WAIT,
+        # Below slice_deadline_floor_ms: only a worker that computes without a pause is judged this early, and only by
+        # the CPU it used; one that sleeps between bursts (waiting on something) keeps the deadline floor. 200 ms tells
+        # a spin on a small model within the 1 s stall target (bench/faults.py --attack hanging_model).
+        200.0,
+        "from this many milliseconds (or slice_deadline_margin times the part's predicted latency, if later) a part "
+        "of a batch is looked at every 0.2 s for a spin, before its deadline too: its worker is hung once a thread "
+        "of it was on a CPU or waiting for one throughout a look (it never paused) and it has used "
+        "slice_deadline_margin times the part's CPU time unanswered, at least this many milliseconds of CPU time",
         reload="live",
     ),
     Setting(

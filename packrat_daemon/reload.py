@@ -82,7 +82,7 @@ def _batcher(owners: Owners, c: ServeConfig) -> None:
 def _dispatcher(owners: Owners, c: ServeConfig) -> None:
     owners.dispatcher.set_deadlines(
         c.job_timeout_s, c.slice_deadline_margin, c.slice_deadline_floor_ms / 1000.0,
-        c.slice_hedge_margin, c.slice_hedge_floor_ms / 1000.0,
+        c.slice_hedge_margin, c.slice_hedge_floor_ms / 1000.0, c.slice_spin_floor_ms / 1000.0,
     )  # fmt: skip
 
 
@@ -107,6 +107,7 @@ DEADLINES = (
     "job_timeout_s",
     "slice_deadline_margin",
     "slice_deadline_floor_ms",
+    "slice_spin_floor_ms",
     "slice_hedge_margin",
     "slice_hedge_floor_ms",
 )

@@ -68,6 +68,7 @@ def assemble(
         config.slice_hedge_margin,
         config.slice_hedge_floor_ms / 1000.0,
         own_times=metrics.own_times,
+        spin_floor_s=config.slice_spin_floor_ms / 1000.0,
     )
     # L(b) under the plan in force: the dispatcher's splitter on its serving workers, both read at each call.
     predict = plan_latency(lambda: dispatcher.splitter, lambda: dispatcher.serving)

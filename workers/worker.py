@@ -75,8 +75,11 @@ def _boot(
         pin_process(config.cores)
     runtime.set_threads(config.threads)
     runtime.serve_only()
+    warmed = []  # [batch, ms] each: the daemon's first prediction of a slice where the profile has none
     for batch in config.warmup:
+        began = time.perf_counter()
         runtime.run(sample_input(input_spec, batch))
+        warmed.append([batch, (time.perf_counter() - began) * 1000.0])
 
     context = zmq.Context()
     socket = context.socket(zmq.DEALER)
@@ -87,6 +90,7 @@ def _boot(
     socket.connect(config.backend)
     ready = _status(config.worker_id, config.threads, config.cores)
     ready["arena"] = list(shared.output.write((), 0))  # created now, so the daemon can check it maps it
+    ready["warmup_ms"] = warmed
     try:
         socket.send_multipart(messages.encode(messages.READY, ready))
     except zmq.Again:

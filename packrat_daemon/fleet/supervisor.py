@@ -47,9 +47,14 @@ HEDGE_FRESH_S = 2 * HEARTBEAT_SECONDS
 # - its CPU time advanced less than MIN_PROGRESS_CPU_S since the last look while none of its threads waited for a
 #   CPU (runnable, or in uninterruptible sleep): a sleeping, deadlocked or stopped worker; or
 # - the job timeout passed since the slice was sent, whatever its CPU time (the ceiling).
+# Earlier, from the spin floor (Dispatcher.spin_floor_s; Job.deadline until Job.watched_at), one rule alone: between
+# two looks a thread of the worker was on a CPU or waiting for one throughout (SPIN_SHARE of the time: it never slept,
+# however loaded the machine) and its CPU time passed the slice's spin budget (Job.spin_limit): it spins. A worker that
+# sleeps between bursts (waiting on something, or a stand-in for a slow one) is left to the rules above.
 PROGRESS_LOOK_S = 0.2
-# A late slice whose worker used at least this share of a CPU since it was sent is computing it: not hedged (see
-# Dispatcher.hedge). A stopped or blocked worker uses none; one on a machine loaded with others still computes.
+SPIN_SHARE = 0.9
+# A late slice whose worker used at least this share of a CPU since it was sent, or has a thread waiting for one, is
+# computing it: not hedged (see Dispatcher.hedge). A stopped or blocked worker uses none and waits for none.
 HEDGE_CPU_SHARE = 0.1
 MIN_PROGRESS_CPU_S = 0.01
 
@@ -78,20 +83,42 @@ def run_seconds(pid: int | None) -> float | None:
     """The time the process's threads have spent on a CPU, to the nanosecond (/proc/<pid>/task/*/schedstat); None
     where it cannot be read. /proc/<pid>/stat's CPU times are sampled at each timer tick: a thread that computes in
     bursts shorter than a tick between sleeps can show none for a long time, and would look stopped."""
+    stats = schedstats(pid)
+    return None if stats is None else sum(run for run, _ in stats.values())
+
+
+def schedstats(pid: int | None) -> dict[str, tuple[float, float]] | None:
+    """Each thread's (time on a CPU, time waiting for one) in seconds, to the nanosecond, by thread id
+    (/proc/<pid>/task/*/schedstat); None where the process cannot be read."""
     if pid is None:
         return None
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return None
-    total = 0
+    stats = {}
     for task in tasks:
         try:
             with open(f"/proc/{pid}/task/{task}/schedstat", "rb") as schedstat:
-                total += int(schedstat.read().split()[0])
-        except (OSError, IndexError, ValueError):
+                run, waited = schedstat.read().split()[:2]
+            stats[task] = (int(run) / 1e9, int(waited) / 1e9)
+        except (OSError, ValueError):
             continue  # a thread that has just exited
-    return total / 1e9
+    return stats
+
+
+def never_paused(
+    before: tuple[float, dict[str, tuple[float, float]]], now: float, stats: dict[str, tuple[float, float]]
+) -> bool:
+    """Whether, since `before` (a look's time and schedstats), a thread was on a CPU or waiting for one for at least
+    SPIN_SHARE of the time: it computed without a pause, however loaded the machine."""
+    then, earlier = before
+    elapsed = now - then
+    for task, (run, waited) in stats.items():
+        old = earlier.get(task)
+        if old is not None and elapsed > 0 and (run + waited) - (old[0] + old[1]) >= SPIN_SHARE * elapsed:
+            return True
+    return False
 
 
 def stopped(pid: int | None) -> bool:
@@ -104,10 +131,22 @@ def stopped(pid: int | None) -> bool:
 
 def computing(job: Job, now: float) -> bool:
     """Whether the worker of a late slice is computing it: it used at least HEDGE_CPU_SHARE of a CPU since the slice
-    was sent. A stopped, blocked or starved worker is not (a hedge elsewhere answers sooner); one that cannot be read
-    is taken as not."""
+    was sent, or a thread of it waits for a CPU now. A stopped or blocked worker is not (a hedge elsewhere answers
+    sooner); one that cannot be read is taken as not. One starved of CPU on a loaded machine is: it may be spinning on
+    its input, and a copy would hang the idle worker too (bench/faults.py --attack hanging_model saw it)."""
     cpu, sent = job.worker.cpu_seconds(), job.cpu_at_send
-    return cpu is not None and sent is not None and cpu - sent >= HEDGE_CPU_SHARE * (now - job.sent_at)
+    if cpu is not None and sent is not None and cpu - sent >= HEDGE_CPU_SHARE * (now - job.sent_at):
+        return True
+    return waiting_for_cpu(job.worker.pid)
+
+
+def _predicted(job: Job) -> str:
+    """A slice's prediction, as a log line says it."""
+    if job.predicted_ms is not None:
+        return f"predicted {job.predicted_ms:.0f} ms"
+    if job.learned_ms is not None:
+        return f"{job.learned_ms:.0f} ms in production"
+    return "no prediction"
 
 
 class Replies(Protocol):
@@ -143,6 +182,8 @@ class Supervisor:
         self._generation = -1  # the reconciler's generation at the last look: a new plan is looked at at once
         self._next_template_check = 0.0
         self._cpu_at_look: dict[int, float] = {}  # job id -> its worker's run_seconds when last found overdue
+        # Job id -> (when, its worker's schedstats) at its last look: the spin's rule.
+        self._stats_at_look: dict[int, tuple[float, dict[str, tuple[float, float]]]] = {}
 
     def pump(self, timeout_ms: int, waiting: bool = False) -> None:
         """Handle what the workers and templates sent; `waiting`: a poll has just reported a message. Every
@@ -273,7 +314,7 @@ class Supervisor:
             if hang is not None:  # a stopped worker is not its input's doing: its slice is re-sent below
                 self._on_hang(job, hang, now, why)
                 continue
-            predicted = "no prediction" if job.predicted_ms is None else f"predicted {job.predicted_ms:.0f} ms"
+            predicted = _predicted(job)
             log.warning(
                 "worker %d (pid %s, %d threads) has not answered its %d rows in %.0f ms (%s) and %s: presumed hung, "
                 "replacing it and sending the rows to another worker",
@@ -299,7 +340,7 @@ class Supervisor:
         """A slice of the batch in flight is hung (Dispatcher.hang): the hang's requests are answered, the others
         queued again; the slice's worker and those holding a hung request's rows are replaced."""
         took = f"{(now - job.sent_at) * 1000.0:.0f} ms"
-        predicted = "no prediction" if job.predicted_ms is None else f"predicted {job.predicted_ms:.0f} ms"
+        predicted = _predicted(job)
         log.warning(
             "worker %d (pid %s) has not answered its %d rows in %s (%s) and %s: the batch is given up, %d request(s) "
             "answered as hung (they hung alone too), %d queued again (the slice's each alone), %d worker(s) replaced",
@@ -316,30 +357,42 @@ class Supervisor:
             self._on_lost(worker)
 
     def _hung(self, job: Job, now: float) -> str | None:
-        """Why the worker of `job`, past the slice's deadline, is hung (the rules above PROGRESS_LOOK_S); None while it
-        is only slow, with the job's deadline moved PROGRESS_LOOK_S on for the next look."""
-        # Looks of answered jobs are dropped here, so the table holds only overdue ones.
-        self._cpu_at_look = {i: cpu for i, cpu in self._cpu_at_look.items() if i in self.dispatcher.jobs}
+        """Why the worker of `job`, past the slice's first look, is hung (the rules above PROGRESS_LOOK_S); None while
+        it is only slow, with the job's deadline moved PROGRESS_LOOK_S on for the next look."""
+        # Looks of answered jobs are dropped here, so the tables hold only overdue ones.
+        jobs = self.dispatcher.jobs
+        self._cpu_at_look = {i: cpu for i, cpu in self._cpu_at_look.items() if i in jobs}
+        self._stats_at_look = {i: stats for i, stats in self._stats_at_look.items() if i in jobs}
         if now - job.sent_at >= self.dispatcher.job_timeout_s:
             return f"the job timeout ({self.dispatcher.job_timeout_s:g} s) passed"
         worker = job.worker
-        cpu, before = worker.cpu_seconds(), self._cpu_at_look.get(job.id)
+        cpu = worker.cpu_seconds()
         if cpu is None:
             return "its CPU time cannot be read"  # gone: its exit is on its way
         if cpu >= job.cpu_limit:
             return f"it used the slice's CPU budget ({job.cpu_budget:.2f} s of CPU) without answering: it spins"
-        ran = run_seconds(worker.pid)
-        progress = cpu if ran is None else ran
-        if before is not None and progress - before < MIN_PROGRESS_CPU_S and not waiting_for_cpu(worker.pid):
-            ran_s = progress - before
-            return f"its CPU time stopped ({ran_s:.3f} s in {PROGRESS_LOOK_S:g} s, no thread waiting for a CPU)"
-        if before is None:
-            log.info(
-                "worker %d has not answered its %d rows in %.0f ms; replaced only once its CPU time stops or passes "
-                "the slice's CPU budget",
-                worker.id, job.rows, (now - job.sent_at) * 1000.0,
-            )  # fmt: skip
-        self._cpu_at_look[job.id] = progress
+        stats = schedstats(worker.pid)
+        if stats is not None:
+            earlier = self._stats_at_look.get(job.id)
+            self._stats_at_look[job.id] = (now, stats)
+            if cpu >= job.spin_limit and earlier is not None and never_paused(earlier, now, stats):
+                return (
+                    f"it computed without a pause and used the slice's CPU budget ({job.spin_budget:.2f} s of CPU) "
+                    "without answering: it spins"
+                )
+        if now >= job.watched_at:
+            before = self._cpu_at_look.get(job.id)
+            progress = cpu if stats is None else sum(run for run, _ in stats.values())
+            if before is not None and progress - before < MIN_PROGRESS_CPU_S and not waiting_for_cpu(worker.pid):
+                ran_s = progress - before
+                return f"its CPU time stopped ({ran_s:.3f} s in {PROGRESS_LOOK_S:g} s, no thread waiting for a CPU)"
+            if before is None:
+                log.info(
+                    "worker %d has not answered its %d rows in %.0f ms; replaced only once its CPU time stops or "
+                    "passes the slice's CPU budget",
+                    worker.id, job.rows, (now - job.sent_at) * 1000.0,
+                )  # fmt: skip
+            self._cpu_at_look[job.id] = progress
         job.deadline = now + PROGRESS_LOOK_S
         self.dispatcher.next_deadline = min(self.dispatcher.next_deadline, job.deadline)
         return None
@@ -376,6 +429,13 @@ class Supervisor:
             log.info("worker %d now runs %d thread(s) on cores %s", worker.id, worker.threads, list(worker.cores))
         elif event.kind == "ready":
             log.info("worker %d ready: %d thread(s) on cores %s", worker.id, worker.threads, list(worker.cores))
+            # Its warm-up's times: production's first prediction of slices the profile predicts nothing for, before
+            # any is answered (a model may hang on the first batch it is sent).
+            for timed in event.header.get("warmup_ms") or ():
+                try:
+                    self.dispatcher.learn(worker.threads, int(timed[0]), float(timed[1]))
+                except (TypeError, ValueError, IndexError):
+                    continue
 
     def _on_failed(self, worker: WorkerHandle, header: dict[str, object]) -> None:
         """A slice failed (the model raised). One bad input must not fail other clients' requests: the requests

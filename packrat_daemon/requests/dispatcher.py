@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,9 @@ from workers.messages import numpy_name
 ASIDE_RECHECK_S = 0.05
 # Weight of the newest answer in the running mean of a slice's time from dispatch to answer (`typical_slice_s`).
 TYPICAL_WEIGHT = 0.2
+# Production's prediction of a slice the profile predicts nothing for (`learned_ms`): the longest of the last this many
+# compute times of slices of its shape (threads, rows), its workers' warm-ups included.
+LEARNED_KEEP = 8
 
 # Sends one job ({"job", "dtype", "shape"} and the input as byte views) to a worker: Pool.run, which
 # moves it through shared memory or as frames; False when the worker is gone.
@@ -52,14 +56,20 @@ class Dispatcher:
         hedge_margin: float = math.inf,
         hedge_floor_s: float = 0.0,
         own_times: OwnTimes | None = None,
+        spin_floor_s: float | None = None,
     ) -> None:
         self.send = send
         self.splitter = splitter
         self.job_timeout_s = job_timeout_s
         self.deadline_margin = deadline_margin
         self.deadline_floor_s = deadline_floor_s
+        # The least time and CPU time a slice is given before a worker computing it without a pause is taken for a
+        # spin (Supervisor.look; before the deadline, only that). None: deadline_floor_s (no earlier look).
+        self.spin_floor_s = deadline_floor_s if spin_floor_s is None else spin_floor_s
         self.hedge_margin = hedge_margin  # math.inf: never hedge
         self.hedge_floor_s = hedge_floor_s
+        # The compute times of the last LEARNED_KEEP slices of each shape (threads, rows), newest last.
+        self.timed: dict[tuple[int, int], deque[float]] = {}
         self.batch: InFlightBatch | None = None  # the loop's batch: the next one starts once it is answered
         self.aside: list[InFlightBatch] = []  # batches moved aside (move_aside, run_aside), still computing
         self.parked: list[Request] = []  # requests to run alone, waiting for a worker to spare (the supervisor's)
@@ -80,11 +90,43 @@ class Dispatcher:
         self.serving: list[WorkerHandle] = []
 
     def set_deadlines(
-        self, job_timeout_s: float, margin: float, floor_s: float, hedge_margin: float, hedge_floor_s: float
+        self,
+        job_timeout_s: float,
+        margin: float,
+        floor_s: float,
+        hedge_margin: float,
+        hedge_floor_s: float,
+        spin_floor_s: float | None = None,
     ) -> None:
         """A reload's bounds (the arguments of __init__): slices sent from now on get them, those out keep theirs."""
         self.job_timeout_s, self.deadline_margin, self.deadline_floor_s = job_timeout_s, margin, floor_s
+        self.spin_floor_s = floor_s if spin_floor_s is None else spin_floor_s
         self.hedge_margin, self.hedge_floor_s = hedge_margin, hedge_floor_s
+
+    def learn(self, threads: int, rows: int, compute_ms: float) -> None:
+        """A slice of `rows` inputs was computed on a `threads`-thread worker in `compute_ms` (a RESULT's time, or a
+        worker's warm-up at start): kept for `learned_ms`."""
+        if not (compute_ms > 0.0 and math.isfinite(compute_ms)):
+            return
+        times = self.timed.get((threads, rows))
+        if times is None:
+            times = self.timed[(threads, rows)] = deque(maxlen=LEARNED_KEEP)
+        times.append(compute_ms)
+
+    def learned_ms(self, threads: int, rows: int) -> float | None:
+        """Production's prediction of a slice of `rows` inputs on a `threads`-thread worker, for slices the profile
+        predicts nothing for: the longest of the last LEARNED_KEEP slices of that shape it timed; without one, of the
+        nearest smaller slice on as many threads, scaled up in proportion to the rows (a batch costs no more per
+        input than a smaller one), else of the nearest larger one (nor more in all than a larger one). None when no
+        slice on as many threads was timed."""
+        times = self.timed.get((threads, rows))
+        if times:
+            return max(times)
+        smaller = max((r for t, r in self.timed if t == threads and r < rows), default=None)
+        if smaller is not None:
+            return max(self.timed[(threads, smaller)]) * rows / smaller
+        larger = min((r for t, r in self.timed if t == threads and r > rows), default=None)
+        return None if larger is None else max(self.timed[(threads, larger)])
 
     @property
     def busy(self) -> bool:
@@ -137,6 +179,7 @@ class Dispatcher:
             _put_in_place_of(batch.jobs, twin, job)
         job.output = payload[0]  # the output array, as the pool decoded it (a copy if it came shared)
         job.compute_ms = float(header["compute_ms"])
+        self.learn(worker.threads, job.rows, job.compute_ms)
         if self.own_times is not None:
             self.own_times.add(HOP, time.monotonic() - job.sent_at - job.compute_ms / 1000.0)
         took = time.monotonic() - job.sent_at
@@ -151,8 +194,8 @@ class Dispatcher:
         fault). Never with hedging off, before any slice was answered or predicted, or on plans whose instances share
         cores: the next batch would run on the late slice's cores."""
         typical = self.typical_slice_s
-        if typical == math.inf:  # nothing answered yet: the profile's prediction, if it has one
-            predicted = [job.predicted_ms for job in batch.jobs if job.predicted_ms is not None]
+        if typical == math.inf:  # nothing answered yet: the profile's prediction, or production's, if any
+            predicted = [job.expected_ms for job in batch.jobs if job.expected_ms is not None]
             typical = max(predicted) / 1000.0 if predicted else math.inf
         if math.isinf(self.hedge_margin) or typical == math.inf or self.splitter.oversubscribed:
             return math.inf
@@ -295,23 +338,37 @@ class Dispatcher:
     def deadline(self, worker: WorkerHandle, rows: int, now: float) -> tuple[float, float | None]:
         """(deadline, predicted ms) of a slice of `rows` sent to `worker` now: the profile's latency times
         the margin, at least the floor, at most the job timeout; after the deadlines of the slices the
-        worker already holds (it runs them one after another). Without a prediction: the job timeout."""
-        return self._times(worker, rows, now)[1:]
+        worker already holds (it runs them one after another). Where the profile predicts nothing, production's
+        prediction (`learned_ms`; the second value stays None: it is not the profile's) sets it the same way;
+        without either: the job timeout."""
+        return self._times(worker, rows, now)[1:3]
 
-    def _times(self, worker: WorkerHandle, rows: int, now: float) -> tuple[float, float, float | None]:
-        """(hedge time, deadline, predicted ms) of a slice; no hedge without a prediction, nor one that
-        would come no earlier than the deadline."""
+    def _times(
+        self, worker: WorkerHandle, rows: int, now: float
+    ) -> tuple[float, float, float | None, float | None, float]:
+        """(hedge time, deadline, the profile's predicted ms, production's learned ms where the profile has none, first
+        look) of a slice; no hedge without the profile's prediction, nor one that would come no earlier than the
+        deadline. The first look is the spin floor or the margin times the prediction, whichever is later, and no
+        later than the deadline."""
         predicted = self.splitter.predicted_ms(worker.threads, rows)
+        # What slices of this shape took here, where the profile predicts nothing. It is not hedged, as before (a copy
+        # would send the rows to a second worker): it sets the deadline and the CPU budgets only.
+        learned = None if predicted is not None else self.learned_ms(worker.threads, rows)
+        expected = predicted if predicted is not None else learned
         allowed = self.job_timeout_s
         hedge_after = math.inf
-        if predicted is not None:
-            allowed = min(allowed, max(self.deadline_floor_s, self.deadline_margin * predicted / 1000.0))
-            # Instances that share cores run slower than their profiled cells by a factor nobody predicts, and a
-            # hedge would only put more work on the same cores: such plans are never hedged.
-            if not self.splitter.oversubscribed:
-                hedge_after = max(self.hedge_floor_s, self.hedge_margin * predicted / 1000.0)
-        start = max([now] + [job.deadline for job in self.jobs.values() if job.worker.id == worker.id])
-        return (start + hedge_after if hedge_after < allowed else math.inf), start + allowed, predicted
+        first_look = allowed
+        if expected is not None:
+            allowed = min(allowed, max(self.deadline_floor_s, self.deadline_margin * expected / 1000.0))
+            first_look = min(allowed, max(self.spin_floor_s, self.deadline_margin * expected / 1000.0))
+        # Instances that share cores run slower than their profiled cells by a factor nobody predicts, and a hedge
+        # would only put more work on the same cores: such plans are never hedged.
+        if predicted is not None and not self.splitter.oversubscribed:
+            hedge_after = max(self.hedge_floor_s, self.hedge_margin * predicted / 1000.0)
+        held = [max(job.deadline, job.watched_at) for job in self.jobs.values() if job.worker.id == worker.id]
+        start = max([now, *held])
+        hedge_at = start + hedge_after if hedge_after < allowed else math.inf
+        return hedge_at, start + allowed, predicted, learned, start + first_look
 
     def fail(self, job_id: object) -> tuple[list[Request], list[Request]] | None:
         """A worker's FAILED for job `job_id`. None when that job is not of a batch in flight (the loop's or one
@@ -398,22 +455,28 @@ class Dispatcher:
     ) -> Job:
         """Send rows [offset, offset+rows) of `batch` to `worker`; `twin`: the slice this job hedges."""
         now = time.monotonic()
-        hedge_at, deadline, predicted = self._times(worker, rows, now)
+        hedge_at, deadline, predicted, learned, first_look = self._times(worker, rows, now)
         if len(batch.requests) == 1 and batch.requests[0].alone:
             # A suspect of a failure or a hang, run alone to tell it from its neighbours: a hedge's copy on a second
             # worker would only spread what it does to the first.
             hedge_at = math.inf
-        job = Job(self._next_job, batch, offset, rows, worker, now, deadline, predicted, hedge_at, twin)
+        job = Job(self._next_job, batch, offset, rows, worker, now, first_look, predicted, hedge_at, twin)
+        job.watched_at, job.learned_ms = deadline, learned
         self._next_job += 1
-        cpu = None if predicted is None else worker.cpu_seconds()
-        if cpu is not None and predicted is not None:
+        expected = job.expected_ms
+        cpu = None if expected is None else worker.cpu_seconds()
+        if cpu is not None and expected is not None:
             # A slice needs at most its threads' CPU for its predicted time, however loaded the machine (a loaded
             # machine slows the wall clock, not the work): a worker that used `margin` times that, still with no
             # answer, spins (Supervisor.look). After the budgets of the slices it already holds, as the deadline.
+            # Two budgets: the spin floor's for a worker that computes without a pause, the deadline floor's for any.
+            needs = self.deadline_margin * worker.threads * expected / 1000.0
             job.cpu_at_send = cpu
-            job.cpu_budget = max(self.deadline_floor_s, self.deadline_margin * worker.threads * predicted / 1000.0)
-            held = [j.cpu_limit for j in self.jobs.values() if j.worker.id == worker.id]
-            job.cpu_limit = max([cpu, *held]) + job.cpu_budget
+            job.cpu_budget = max(self.deadline_floor_s, needs)
+            job.spin_budget = min(job.cpu_budget, max(self.spin_floor_s, needs))
+            mine = [j for j in self.jobs.values() if j.worker.id == worker.id]
+            job.cpu_limit = max([cpu, *(j.cpu_limit for j in mine)]) + job.cpu_budget
+            job.spin_limit = max([cpu, *(j.spin_limit for j in mine)]) + job.spin_budget
         self.next_deadline = min(self.next_deadline, deadline, hedge_at)
         header = {"job": job.id, "dtype": numpy_name(batch.dtype), "shape": [rows, *batch.sample_shape]}
         self.jobs[job.id] = job

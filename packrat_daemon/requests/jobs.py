@@ -28,7 +28,9 @@ class Job:
     rows: int
     worker: WorkerHandle
     sent_at: float
-    deadline: float  # monotonic time past which its worker is looked at, maybe hung (see Dispatcher.deadline)
+    # Monotonic time past which its worker is looked at, maybe hung: at first the spin floor or the margin times the
+    # prediction (Dispatcher._times), then each look's next.
+    deadline: float
     predicted_ms: float | None  # the profile's latency for this slice; None when it has none
     hedge_at: float = math.inf  # monotonic time past which its rows are also sent to an idle worker
     twin: Job | None = None  # the same rows on another worker once hedged: the first answer is used
@@ -40,6 +42,20 @@ class Job:
     cpu_limit: float = math.inf
     cpu_budget: float = math.inf  # this slice's own part of it, in CPU seconds
     cpu_at_send: float | None = None  # the worker's CPU seconds when it was sent, where a budget was set
+    # As cpu_limit and cpu_budget, with the spin floor: a worker that used this while computing without a pause spins.
+    spin_limit: float = math.inf
+    spin_budget: float = math.inf
+    # The deadline proper (Dispatcher.deadline): past it every rule of the hang applies; before it (from `deadline`),
+    # only the spin's. 0: from `deadline` on (a job built elsewhere, as the tests do).
+    watched_at: float = 0.0
+    # Production's prediction where the profile has none (Dispatcher.learned_ms): it sets the deadline and the CPU
+    # budget as the profile's would (with the learned floor), never a hedge, and is not the profile's in the metrics.
+    learned_ms: float | None = None
+
+    @property
+    def expected_ms(self) -> float | None:
+        """The slice's predicted time: the profile's, else production's, else None."""
+        return self.learned_ms if self.predicted_ms is None else self.predicted_ms
 
 
 @dataclass

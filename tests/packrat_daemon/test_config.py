@@ -59,6 +59,7 @@ SAMPLE: dict[str, Any] = {
     "job_timeout_s": 9.0,
     "slice_deadline_margin": 2.5,
     "slice_deadline_floor_ms": 50.0,
+    "slice_spin_floor_ms": 40.0,
     "slice_hedge_margin": 2.0,
     "slice_hedge_floor_ms": 20.0,
     "drain_timeout_s": 4.0,

@@ -127,6 +127,7 @@ def test_a_reload_hands_every_live_setting_to_the_object_that_uses_it(
     batcher, dispatcher = owners.batcher, owners.dispatcher
     assert (batcher.max_batch, batcher.max_delay_s, batcher.max_queued_inputs) == (8, 0.0025, 64)
     assert (dispatcher.job_timeout_s, dispatcher.deadline_margin, dispatcher.deadline_floor_s) == (9.0, 2.5, 0.05)
+    assert dispatcher.spin_floor_s == 0.04
     assert (dispatcher.hedge_margin, dispatcher.hedge_floor_s) == (2.0, 0.02)
     assert owners.watchdog.off_plan_bound_s == 60.0 and owners.profiles.path == "saved.csv"
     assert answers("127.0.0.2", after) and not answers("127.0.0.1", after)
@@ -190,8 +191,9 @@ def test_every_live_setting_changed_through_a_real_sighup_takes_effect(tmp_path:
         "plan": "2x4", "max_batch": 4, "max_delay_ms": 3.0, "max_queue": 32, "save_profile": str(saved),
         "adapt": False, "adapt_interval_s": 2.0, "adapt_min_batches": 7, "adapt_cooldown_s": 1.0, "adapt_min_gain": 0.2,
         "job_timeout_s": 9.0, "slice_deadline_margin": 2.5, "slice_deadline_floor_ms": 50.0, "slice_hedge_margin": 2.0,
-        "slice_hedge_floor_ms": 20.0, "drain_timeout_s": 12.0, "startup_timeout_s": 60.0,
-        "metrics_port": moved, "metrics_address": "127.0.0.2", "log_level": "debug", "log_format": "json",
+        "slice_hedge_floor_ms": 20.0, "slice_spin_floor_ms": 40.0, "drain_timeout_s": 12.0,
+        "startup_timeout_s": 60.0, "metrics_port": moved, "metrics_address": "127.0.0.2", "log_level": "debug",
+        "log_format": "json",
     }  # fmt: skip
     second = {"policy": "packrat", "profile": str(profile), "batches": [2], "min_split_gain": 0.3}
     assert set(first) | set(second) == LIVE  # a new live setting needs its check here

@@ -9,7 +9,7 @@ import numpy as np
 
 from packrat_daemon.fleet.pool import WorkerHandle, WorkerState
 from packrat_daemon.requests.batcher import Request
-from packrat_daemon.requests.dispatcher import ASIDE_RECHECK_S, Dispatcher, Splitter
+from packrat_daemon.requests.dispatcher import ASIDE_RECHECK_S, LEARNED_KEEP, Dispatcher, Splitter
 from policies.planning.profile import Profile
 
 
@@ -533,3 +533,59 @@ def test_with_every_worker_busy_a_batch_leaves_out_those_whose_slice_is_late() -
     pool[0].outstanding = pool[1].outstanding = 1
     dispatcher.dispatch(requests(1)[0], pool)
     assert recorder.sent[-1][0] == pool[1].identity  # queued behind a slice about to answer, not behind a hang
+
+
+def test_without_a_profile_a_slice_is_predicted_from_the_slices_of_its_shape_production_timed() -> None:
+    # Issue 27, 9: with no profile a hung slice's deadline was the job timeout (1 s in bench/faults.py's hanging_model:
+    # every innocent request in its slice waited that long). Production's times of its shape now predict it: the
+    # longest of the last few, else a smaller slice's scaled to the rows, else a larger one's.
+    worker = WorkerHandle(1, 1, (0,), 1, WorkerState.READY, pid=os.getpid())
+    dispatcher = Dispatcher(
+        Recorder(), Splitter(None, "exact"), job_timeout_s=5, deadline_margin=3, deadline_floor_s=1, spin_floor_s=0.2
+    )
+    assert dispatcher.learned_ms(1, 2) is None
+    dispatcher.learn(1, 1, 30.0)  # a worker's warm-up
+    dispatcher.learn(1, 1, 20.0)
+    dispatcher.learn(1, 4, 50.0)
+    dispatcher.learn(2, 3, 9.0)
+    assert dispatcher.learned_ms(1, 1) == 30.0 and dispatcher.learned_ms(1, 2) == 60.0  # from 1 row, scaled
+    assert dispatcher.learned_ms(1, 8) == 100.0 and dispatcher.learned_ms(2, 1) == 9.0  # from 4 rows; from 3
+    assert dispatcher.learned_ms(4, 1) is None
+    for _ in range(LEARNED_KEEP):  # the longest of the last LEARNED_KEEP: the warm-up's 30 ms ages out
+        dispatcher.learn(1, 1, 10.0)
+    assert dispatcher.learned_ms(1, 1) == 10.0
+    dispatcher.dispatch(requests(2)[0], [worker])
+    (job,) = dispatcher.jobs.values()
+    # Not the profile's (the metrics compare that), and not hedged; its deadline and CPU budgets as a profile's.
+    assert job.predicted_ms is None and job.learned_ms == 20.0 and job.hedge_at == math.inf
+    assert abs(job.watched_at - job.sent_at - 1.0) < 1e-9 and abs(job.deadline - job.sent_at - 0.2) < 1e-9
+    assert job.cpu_budget == 1.0 and job.spin_budget == 0.2
+    assert job.cpu_at_send is not None and job.spin_limit == job.cpu_at_send + 0.2
+    assert dispatcher.deadline(worker, 2, job.sent_at) == (job.watched_at + 1.0, None)  # queued behind it
+    reply = {"job": job.id, "dtype": "float32", "shape": [2, 2], "compute_ms": 700.0, "batch": 2}
+    dispatcher.on_result(worker, reply, [np.zeros((2, 2), np.float32)])
+    assert dispatcher.learned_ms(1, 2) == 700.0  # every answer is timed
+
+
+def test_a_spin_floor_looks_at_a_slice_before_its_deadline_with_a_smaller_cpu_budget() -> None:
+    profile = Profile.from_latencies({(1, 2): 10.0, (1, 4): 400.0})
+    worker = WorkerHandle(1, 1, (0,), 1, WorkerState.READY, pid=os.getpid())
+    dispatcher = Dispatcher(
+        Recorder(), Splitter(profile, "exact"), job_timeout_s=60, deadline_margin=3, deadline_floor_s=1,
+        spin_floor_s=0.25,
+    )  # fmt: skip
+    dispatcher.dispatch(requests(2)[0], [worker])
+    small = max(dispatcher.jobs.values(), key=lambda j: j.id)
+    assert abs(small.deadline - small.sent_at - 0.25) < 1e-9 and abs(small.watched_at - small.sent_at - 1.0) < 1e-9
+    assert (small.spin_budget, small.cpu_budget) == (0.25, 1.0)
+    assert small.cpu_at_send is not None and small.spin_limit == small.cpu_at_send + 0.25
+    dispatcher.abandon()
+    dispatcher.dispatch(requests(4)[0], [worker])  # predicted 400 ms: 3x that is past both floors
+    large = max(dispatcher.jobs.values(), key=lambda j: j.id)
+    assert abs(large.deadline - large.watched_at) < 1e-9 and abs(large.watched_at - large.sent_at - 1.2) < 1e-9
+    assert abs(large.spin_budget - 1.2) < 1e-9 and abs(large.cpu_budget - 1.2) < 1e-9
+    # Without a spin floor (as the tests' dispatchers), the first look is the deadline, as before.
+    plain = Dispatcher(Recorder(), Splitter(profile, "exact"), job_timeout_s=60, deadline_margin=3, deadline_floor_s=1)
+    plain.dispatch(requests(2)[0], [worker])
+    (job,) = plain.jobs.values()
+    assert job.deadline == job.watched_at and job.spin_budget == job.cpu_budget == 1.0
