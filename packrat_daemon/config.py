@@ -332,7 +332,7 @@ SETTINGS: tuple[Setting, ...] = sectioned(
         # a spin on a small model within the 1 s stall target (bench/faults.py --attack hanging_model).
         200.0,
         "from this many milliseconds (or slice_deadline_margin times the part's predicted latency, if later) a part "
-        "of a batch is looked at every 0.2 s for a spin, before its deadline too: its worker is hung once a thread "
+        "of a batch is looked at every 0.1 s for a spin, before its deadline too: its worker is hung once a thread "
         "of it was on a CPU or waiting for one throughout a look (it never paused) and it has used "
         "slice_deadline_margin times the part's CPU time unanswered, at least this many milliseconds of CPU time",
         reload="live",

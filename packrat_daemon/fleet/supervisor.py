@@ -47,12 +47,14 @@ HEDGE_FRESH_S = 2 * HEARTBEAT_SECONDS
 # - its CPU time advanced less than MIN_PROGRESS_CPU_S since the last look while none of its threads waited for a
 #   CPU (runnable, or in uninterruptible sleep): a sleeping, deadlocked or stopped worker; or
 # - the job timeout passed since the slice was sent, whatever its CPU time (the ceiling).
-# Earlier, from the spin floor (Dispatcher.spin_floor_s; Job.deadline until Job.watched_at), one rule alone: between
-# two looks a thread of the worker was on a CPU or waiting for one throughout (SPIN_SHARE of the time: it never slept,
-# however loaded the machine) and its CPU time passed the slice's spin budget (Job.spin_limit): it spins. A worker that
-# sleeps between bursts (waiting on something, or a stand-in for a slow one) is left to the rules above.
+# Earlier, from the spin floor (Dispatcher.spin_floor_s; Job.deadline until Job.watched_at), looked at every
+# SPIN_LOOK_S, one rule alone: between two looks a thread of the worker was on a CPU or waiting for one throughout
+# (SPIN_SHARE of the time: it never slept, however loaded the machine) and its CPU time passed the slice's spin budget
+# (Job.spin_limit): it spins. A worker that sleeps between bursts (waiting on something, or a stand-in for a slow one)
+# is left to the rules above.
 PROGRESS_LOOK_S = 0.2
 SPIN_SHARE = 0.9
+SPIN_LOOK_S = 0.1  # a spin is told at the first look past its budget, so looks before the deadline come this often
 # A late slice whose worker used at least this share of a CPU since it was sent, or has a thread waiting for one, is
 # computing it: not hedged (see Dispatcher.hedge). A stopped or blocked worker uses none and waits for none.
 HEDGE_CPU_SHARE = 0.1
@@ -358,7 +360,8 @@ class Supervisor:
 
     def _hung(self, job: Job, now: float) -> str | None:
         """Why the worker of `job`, past the slice's first look, is hung (the rules above PROGRESS_LOOK_S); None while
-        it is only slow, with the job's deadline moved PROGRESS_LOOK_S on for the next look."""
+        it is only slow, with the job's deadline moved on for the next look (SPIN_LOOK_S before its deadline proper,
+        PROGRESS_LOOK_S after)."""
         # Looks of answered jobs are dropped here, so the tables hold only overdue ones.
         jobs = self.dispatcher.jobs
         self._cpu_at_look = {i: cpu for i, cpu in self._cpu_at_look.items() if i in jobs}
@@ -393,7 +396,7 @@ class Supervisor:
                     worker.id, job.rows, (now - job.sent_at) * 1000.0,
                 )  # fmt: skip
             self._cpu_at_look[job.id] = progress
-        job.deadline = now + PROGRESS_LOOK_S
+        job.deadline = now + (PROGRESS_LOOK_S if now >= job.watched_at else SPIN_LOOK_S)
         self.dispatcher.next_deadline = min(self.dispatcher.next_deadline, job.deadline)
         return None
 
