@@ -112,7 +112,12 @@ def main() -> None:
         if args.out:
             args.out.write_text(text + "\n")
 
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(f"stopped by signal {signum}")  # the finally blocks close the load and the daemon
+
+    signal.signal(signal.SIGTERM, stop)
     samples: list[dict[str, Any]] = []
+    load: subprocess.Popen[str] | None = None
     with tempfile.TemporaryDirectory(prefix="packrat-soak-") as tmp:
         folder = Path(tmp)
         state = folder / "state"
@@ -163,9 +168,13 @@ def main() -> None:
             report["daemon_alive_at_end"] = daemon.process.poll() is None
             report["plan_log"] = daemon.plan_log()
         finally:
+            if load is not None and load.poll() is None:
+                load.kill()
             daemon.close()
             log = daemon.log_path.read_text(errors="replace").splitlines()
             report["log_errors"] = [line for line in log if " ERROR " in line or "Traceback" in line][:50]
+            # Workers replaced as hung: with no model that hangs, each is a false positive of the hang rule.
+            report["hang_verdicts"] = [line for line in log if "the batch is given up" in line][:50]
     load_report = report.get("load", {})
     errors = load_report.get("errors", {}) if isinstance(load_report, dict) else {}
     # None, not 0, when the load generator left no report: its errors are then unknown.
