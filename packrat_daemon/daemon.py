@@ -79,6 +79,7 @@ class Daemon:
             lambda _now: self.control.tick(),  # `packrat reconfigure`: the requests the loop read
             lambda now: self.state.tick(self, now),
             lambda _now: self.frontend.forget_departed(),  # clients gone: their queued requests dropped
+            self.batcher.inbox.trim,  # a burst's spare shared memory given back once idle
             self._measured,  # the background measurement's outcome: a switch of runtime, precision or plan
         )
         self.core = LoopCore(self.batcher, self.supervisor, self.adaptation, self.frontend.reply_error, self.switch,

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 # Answer a request with an error: the frontend's reply in the daemon, a refusal counted in the simulation.
 ReplyError = Callable[["Request", ErrorCode, str], None]
-Hook = Callable[[float], None]  # something done on every wake, given the time of the tick
+Hook = Callable[[float], object]  # something done on every wake, given the time of the tick (what it returns is unused)
 
 
 class Workers(Protocol):

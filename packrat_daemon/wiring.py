@@ -77,6 +77,9 @@ def assemble(
         context, config, served.info, metrics, batcher, reconciler,
         busy=lambda: dispatcher.busy, served=batcher.served, status=status,
     )  # fmt: skip
+    # A slice holds max_batch inputs at most (a reload only shrinks it): each worker's input arena is made
+    # at that size and paged in once, so the daemon's resident size does not climb with each record slice.
+    reconciler.pool.input_arena_bytes = config.max_batch * frontend.sample_bytes
     adaptation = OnlineAdaptation(config, started.policy, served.profile, started.topology)
     state = started.state.attach(adaptation)  # production's estimates from --state-dir, if any
     supervisor = Supervisor(

@@ -96,6 +96,14 @@ class Arena:
             offset = end
         return self.location
 
+    def reserve(self, size: int) -> None:
+        """Make the arena `size` bytes now, every page faulted in: writes up to that size then pay only the copy,
+        and its resident size is what it will be."""
+        if size > self.location.size or self._map is None:
+            self._replace(size)
+        assert self._map is not None
+        _populate(self._map)
+
     def _replace(self, size: int) -> None:
         size = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
         fd = os.memfd_create(f"packrat-{self.label}", os.MFD_CLOEXEC)
@@ -179,20 +187,30 @@ class _Slab:
         self.view = memoryview(self.arena._map)  # exported from now on; see Inbox.close
         self.base = _address(self.view)
         self.size = self.arena.location.size
+        self.freed_at = time.monotonic()  # when its last payload's request went (Inbox.trim)
+        self.paged = False  # every page faulted in (page_in), not only those a payload was written to
 
     def page_in(self) -> None:
         """Fault every page in now, so that the first payload copied here pays only the copy."""
         assert self.arena._map is not None
-        try:
-            self.arena._map.madvise(MADV_POPULATE_WRITE)
-        except OSError:  # an older kernel: one write per page faults each in
-            np.frombuffer(self.view, dtype=np.uint8)[:: mmap.PAGESIZE] = 0
+        _populate(self.arena._map)
+        self.paged = True
 
     def close(self) -> None:
         try:
             self.view.release()
         finally:
             self.arena.close()  # its memfd is closed even when a view of it still lives
+
+
+def _populate(mapped: mmap.mmap) -> None:
+    """Fault every page of `mapped` in for writing."""
+    try:
+        mapped.madvise(MADV_POPULATE_WRITE)
+    except OSError:  # an older kernel: one write per page faults each in
+        mapped_bytes = np.frombuffer(mapped, dtype=np.uint8)
+        mapped_bytes[:: mmap.PAGESIZE] = 0
+        del mapped_bytes  # the map must not stay exported, or it could not be closed
 
 
 def _slab_size(nbytes: int) -> int:
@@ -208,6 +226,10 @@ _SLABS: list[_Slab] = []  # every inbox slab of this process, for `locate`
 # Free slabs an inbox keeps per size for the next payloads; more are closed, so that a burst of queued
 # requests does not hold its memory for good.
 KEEP_FREE_SLABS = 4
+# A free slab beyond the first of its size is closed once it has waited this long for a payload: a burst's
+# slabs serve the burst, then the memory goes back, so the daemon's resident size does not climb from one
+# record burst to the next over a long run.
+SPARE_SLAB_IDLE_S = 30.0
 
 
 class Inbox:
@@ -226,6 +248,7 @@ class Inbox:
         nbytes = data.nbytes
         if nbytes < SHARED_MIN_BYTES or not data.c_contiguous:
             return None
+        self.trim()
         size = _slab_size(nbytes)
         free = self._free.setdefault(size, [])
         if free:
@@ -263,22 +286,40 @@ class Inbox:
             reserved += slab.size
         return reserved
 
+    def trim(self, now: float | None = None) -> int:
+        """Close the free slabs that have waited SPARE_SLAB_IDLE_S for a payload, all but one of each size
+        (a paged-in one where there is one, so the next payload pays no page faults); returns how many.
+        Called as payloads arrive and from the daemon's periodic work."""
+        now = time.monotonic() if now is None else now
+        closed = 0
+        for free in self._free.values():
+            if len(free) < 2:
+                continue
+            paged = [slab for slab in free if slab.paged]
+            keep = paged[-1] if paged else free[-1]
+            for slab in [slab for slab in free if slab is not keep and now - slab.freed_at >= SPARE_SLAB_IDLE_S]:
+                free.remove(slab)
+                _close_slab(slab)
+                closed += 1
+        return closed
+
     def close(self) -> None:
         """Free every slab of this inbox (at exit: a payload still referenced keeps its mapping alive)."""
         for free in self._free.values():
             while free:
-                slab = free.pop()
-                with contextlib.suppress(ValueError):
-                    _SLABS.remove(slab)
-                with contextlib.suppress(BufferError):
-                    slab.close()
+                _close_slab(free.pop())
 
 
 def _release(free: list[_Slab], slab: _Slab) -> None:
     """A payload's request is gone: its slab is free for the next payload of its size, or closed."""
     if len(free) < KEEP_FREE_SLABS:
+        slab.freed_at = time.monotonic()
         free.append(slab)
         return
+    _close_slab(slab)
+
+
+def _close_slab(slab: _Slab) -> None:
     with contextlib.suppress(ValueError):
         _SLABS.remove(slab)
     with contextlib.suppress(BufferError):  # a view still alive keeps the mapping until it goes

@@ -108,9 +108,14 @@ class SharedArenas:
     """A worker's shared memory as the daemon holds it: the arena it writes the worker's inputs into,
     and the worker's output arena as mapped here."""
 
-    def __init__(self, worker_id: int) -> None:
+    def __init__(self, worker_id: int, input_bytes: int = 0) -> None:
         self.inputs = Arena(f"w{worker_id}-in")
         self.outputs = PeerArena()
+        if input_bytes >= SHARED_MIN_BYTES:
+            try:
+                self.inputs.reserve(input_bytes)
+            except OSError as exc:  # it grows on demand instead, as each bigger input comes
+                warn_no_shared_memory(f"worker {worker_id}'s input", exc)
 
     def close(self) -> None:
         self.inputs.close()
@@ -132,6 +137,9 @@ class Pool:
         self.retiring: list[Backend] = []  # older templates, closed once the last of their workers has exited
         self.warmup = warmup
         self.shared_memory = shared_memory  # False: every tensor as frames (the bench's old path)
+        # The largest input a worker is sent, when known: its input arena is made at this size and paged in
+        # when it starts (0: it grows as bigger inputs come, and its resident pages with the largest so far).
+        self.input_arena_bytes = 0
         self.workers: dict[int, WorkerHandle] = {}
         self._by_identity_bytes: dict[bytes, WorkerHandle] = {}  # every message from a worker is looked up
         self.boot_failures = 0  # workers in a row that exited before they were ready; a ready one resets it
@@ -322,7 +330,7 @@ class Pool:
         """Use shared memory with a worker that offered its output arena, if this process can map it."""
         if not self.shared_memory or not arena:
             return
-        shared = SharedArenas(worker.id)
+        shared = SharedArenas(worker.id, self.input_arena_bytes)
         try:
             shared.outputs.array(Location(*arena), np.dtype(np.uint8), (0,))
         except OSError as exc:

@@ -6,13 +6,23 @@ import errno
 import logging
 import os
 import re
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from workers import arena as arena_module
-from workers.arena import KEEP_FREE_SLABS, MIN_ARENA_BYTES, SHARED_MIN_BYTES, Arena, Inbox, PeerArena, locate
+from workers.arena import (
+    KEEP_FREE_SLABS,
+    MIN_ARENA_BYTES,
+    SHARED_MIN_BYTES,
+    SPARE_SLAB_IDLE_S,
+    Arena,
+    Inbox,
+    PeerArena,
+    locate,
+)
 
 
 def memfds(label: str) -> list[str]:
@@ -163,6 +173,29 @@ def test_an_inbox_keeps_a_few_free_places_and_closes_the_rest() -> None:
     assert not memfds("test-burst-1024k")
 
 
+def test_a_bursts_spare_places_go_back_once_idle_and_a_paged_in_one_stays() -> None:
+    # Issue 27's hour-long soak: each record burst of queued big requests left its extra places open for
+    # good, so the daemon's resident size rose in steps (+9.6 MB at 30 minutes, +2.4 MB at 48).
+    inbox = Inbox("test-trim")
+    try:
+        assert inbox.reserve([SHARED_MIN_BYTES]) == 1 << 20  # the paged-in place start-up makes
+        x = np.ones(SHARED_MIN_BYTES, dtype=np.uint8)
+        owners = [Owner() for _ in range(3)]
+        for owner in owners:
+            inbox.place(x, owner)
+        del owner
+        owners.clear()
+        assert len(memfds("test-trim-1024k")) == 2 * 3
+        now = time.monotonic()
+        assert inbox.trim(now) == 0  # just freed: the next burst may come at once
+        assert inbox.trim(now + SPARE_SLAB_IDLE_S) == 2
+        assert len(memfds("test-trim-1024k")) == 2
+        assert resident_bytes("test-trim-1024k") == 1 << 20  # the one kept is the paged-in one
+        assert inbox.trim(now + 10 * SPARE_SLAB_IDLE_S) == 0  # one place per size always stays
+    finally:
+        inbox.close()
+
+
 def resident_bytes(label: str) -> int:
     """How much of this process's mappings of arenas labelled `label` is in memory (smaps' Rss)."""
     total, inside = 0, False
@@ -172,6 +205,21 @@ def resident_bytes(label: str) -> int:
         elif inside and line.startswith("Rss:"):
             total += int(line.split()[1]) * 1024
     return total
+
+
+def test_a_reserved_arena_is_paged_in_at_its_size_and_a_write_within_it_keeps_it() -> None:
+    # Issue 27's soak: a worker's input arena grew, and paged in, with each record slice, so the daemon's
+    # resident size climbed for the whole hour; a worker's arena is now made at the largest slice at once.
+    arena = Arena("test-reserved-in")
+    try:
+        arena.reserve(3 << 20)
+        assert resident_bytes("test-reserved-in") == 3 << 20
+        before = arena.location
+        x = np.ones(2 << 20, dtype=np.uint8)
+        assert arena.write([memoryview(x)], x.nbytes) == before  # the same memfd: no growing, no new pages
+        assert resident_bytes("test-reserved-in") == 3 << 20
+    finally:
+        arena.close()
 
 
 def test_a_reserved_inbox_place_is_paged_in_and_taken_by_the_first_payload_of_its_size() -> None:
