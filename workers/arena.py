@@ -18,7 +18,9 @@ A payload's memory is reused only once its request object is gone, so no worker 
 except for an abandoned job, whose answer the daemon drops. The daemon reserves one place per payload
 size it can be sent before it opens (``Inbox.reserve``), paged in: the first payload of a size would
 otherwise pay a page fault per 4 KiB page while the daemon's one loop waits, several milliseconds for a
-batch of images.
+batch of images. A burst's extra places are closed once idle (``Inbox.trim``) and a worker's input arena
+is made at its largest size at once (``Arena.reserve``), so the daemon's resident size does not climb in
+steps, one per record burst or record slice, over a long run.
 
 A slab that cannot be made (no file descriptor left, no memory for a memfd) is not a failed request: the
 payload stays in its ZeroMQ frame and travels as frames, and a warning says why, once a minute at most.
