@@ -250,7 +250,6 @@ class Inbox:
         nbytes = data.nbytes
         if nbytes < SHARED_MIN_BYTES or not data.c_contiguous:
             return None
-        self.trim()
         size = _slab_size(nbytes)
         free = self._free.setdefault(size, [])
         if free:
@@ -291,7 +290,7 @@ class Inbox:
     def trim(self, now: float | None = None) -> int:
         """Close the free slabs that have waited SPARE_SLAB_IDLE_S for a payload, all but one of each size
         (a paged-in one where there is one, so the next payload pays no page faults); returns how many.
-        Called as payloads arrive and from the daemon's periodic work."""
+        The daemon's loop calls it on every wake (a periodic hook)."""
         now = time.monotonic() if now is None else now
         closed = 0
         for free in self._free.values():
