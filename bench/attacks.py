@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import zmq
-from harness import REPO, DaemonProcess, free_port
+from harness import REPO, DaemonProcess, free_port, private_state
 from innocent import Load
 
 from packrat_daemon.control.server import request as control_request
@@ -55,6 +55,7 @@ class Daemon(DaemonProcess):
         prefix = ["prlimit", f"--nofile={nofile}", "--"] if nofile else []
         if "--runtime" not in args and "--config" not in args:
             args = [*args, *PINNED]
+        args = private_state(name, folder, args)
         command = [*prefix, sys.executable, "-m", "packrat_daemon", "serve", "--endpoint", self.endpoint, *args]
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)

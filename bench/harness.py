@@ -116,12 +116,23 @@ def serve_batches(conn: Any, make_input: Callable[[int], Any], run: Callable[[An
 PLAN_LOG_MARKERS = ("packrat.daemon: split check", "packrat.daemon: adapting", "packrat.daemon: plan ")
 
 
+def private_state(name: str, folder: Path, args: list[str]) -> list[str]:
+    """`args` with a state folder of this daemon's own, `folder/NAME.state`, unless they choose one (or a config
+    file does): a benchmark neither reads a profile or plan another run left in the user's default folder nor
+    leaves its own there."""
+    if "--state-dir" in args or "--config" in args:
+        return args
+    return [*args, "--state-dir", str(folder / f"{name}.state")]
+
+
 class DaemonProcess:
-    """`packrat serve ARGS` on a private ipc endpoint in `folder`, its log in `folder/NAME.log`."""
+    """`packrat serve ARGS` on a private ipc endpoint in `folder`, its log in `folder/NAME.log`, its state in
+    `folder/NAME.state` unless ARGS say otherwise."""
 
     def __init__(self, name: str, folder: Path, args: list[str]) -> None:
         self.endpoint = f"ipc://{folder}/{name}.ipc"
         self.log_path = folder / f"{name}.log"
+        args = private_state(name, folder, args)
         command = [sys.executable, "-m", "packrat_daemon", "serve", "--endpoint", self.endpoint, *args]
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)

@@ -155,8 +155,9 @@ class Daemon:
         return True
 
     def _drained(self) -> bool:
-        """Draining: True once nothing is queued or running, or the deadline passed (close() answers the rest)."""
-        if not self.dispatcher.busy and not self.batcher.queue:
+        """Draining: True once nothing is queued or running (aside too), or the deadline passed (close() answers the
+        rest)."""
+        if not self.dispatcher.holds_work and not self.batcher.queue:
             return True
         if self.drain_deadline is not None and time.monotonic() > self.drain_deadline:
             log.warning("drain deadline passed; answering what is left with SHUTTING_DOWN")

@@ -133,6 +133,12 @@ class Dispatcher:
         """A batch is in flight: the loop's, or, while nothing is queued, one aside or a request parked."""
         return self.batch is not None or (bool(self.aside or self.parked) and not self.queued())
 
+    @property
+    def holds_work(self) -> bool:
+        """Anything unanswered: the loop's batch, one aside, a request parked (a drain waits for each of them, whatever
+        is queued; `busy` is what the loop waits on before the next batch)."""
+        return self.batch is not None or bool(self.aside or self.parked)
+
     def live(self, batch: InFlightBatch) -> bool:
         """Whether `batch` is still answered: the loop's or one aside (by identity: a batch compares its fields)."""
         return batch is self.batch or any(batch is aside for aside in self.aside)

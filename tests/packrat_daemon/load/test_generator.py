@@ -60,10 +60,11 @@ def test_open_loop_sends_on_schedule_whatever_the_replies():
     assert tally.sent == len(schedule) == len(client.calls) == tally.ok
     assert [samples for _, samples, _ in client.calls] == [samples for _, samples in schedule]
     assert client.most_in_flight > 3
-    assert tally.send_window_s == pytest.approx(1.5, abs=0.1)
-    assert tally.sent / tally.send_window_s == pytest.approx(len(schedule) / 1.5, rel=0.05)
-    # Each request left near its scheduled time (generous: the machine running the tests is shared).
-    assert float(np.median(tally.lags_s)) < 0.01
+    # A loop that waited for each reply would send for 300 × 50 ms = 15 s and fall ever further behind; the
+    # bounds leave room for a starved CPU (the suite runs beside other work) and none for waiting.
+    assert tally.send_window_s == pytest.approx(1.5, abs=0.5)
+    assert tally.sent / tally.send_window_s == pytest.approx(len(schedule) / 1.5, rel=0.25)
+    assert float(np.median(tally.lags_s)) < 0.1 and max(tally.lags_s) < 1.0
 
 
 def test_every_sent_request_ends_as_ok_or_an_error_by_code():

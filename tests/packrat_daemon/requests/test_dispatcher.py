@@ -486,20 +486,20 @@ def test_a_request_run_aside_hangs_or_fails_without_touching_the_loops_batch() -
     np.testing.assert_array_equal(done[0].output, arrays[0] * 2)
 
 
-def test_parked_and_aside_requests_keep_the_dispatcher_busy_while_nothing_is_queued_and_expire_and_are_abandoned() -> (
-    None
-):
+def test_parked_and_aside_requests_keep_the_dispatcher_busy_while_nothing_is_queued_hold_a_drain_and_expire() -> None:
     recorder, pool, dispatcher = aside(queued=0)
     (parked, moved), _ = requests(1, 1)
     parked.deadline = 5.0
     dispatcher.parked.append(parked)
     dispatcher.run_aside(moved, pool[0])
-    assert dispatcher.busy  # the loop wakes for their deadlines, and a drain waits for them
+    assert dispatcher.busy and dispatcher.holds_work  # the loop wakes for their deadlines
     dispatcher.queued = lambda: 3
     assert not dispatcher.busy  # the next batch may start
+    assert dispatcher.holds_work  # and a drain still waits for them, whatever is queued
     assert dispatcher.expire(4.0) == [] and dispatcher.next_deadline <= 5.0
     assert dispatcher.expire(6.0) == [parked] and dispatcher.parked == []
     assert dispatcher.abandon() == [moved] and dispatcher.aside == [] and dispatcher.jobs == {}
+    assert not dispatcher.holds_work
 
 
 def test_nothing_moves_aside_before_a_slice_was_answered_or_predicted_or_with_hedging_off() -> None:
