@@ -13,9 +13,11 @@ protocol version 2: every input by name, every output (or those a request asks f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -277,18 +279,12 @@ class DataPlane:
         """Run the model on its inputs; `outputs` names the outputs asked for (None: all of them)."""
         started_ns = time.perf_counter_ns() if started_ns is None else started_ns
         spec = await self.model(name, version)
-        try:
+        with self._counted(started_ns):
             array, dtype = self._sendable(spec, inputs, outputs)
-            sent_ns = time.perf_counter_ns()
-            wait = self.timeout_s if timeout_s is None else timeout_s
-            try:
-                header, output = await self.upstream.infer(array, max(wait, 1e-3), dtype=dtype)
-            except UpstreamTimeout as exc:
-                raise self._upstream_failed(exc, wait, timeout_s) from None
+            sent_ns, wait = time.perf_counter_ns(), self._wait(timeout_s)
+            with self._upstream_errors(wait, timeout_s):
+                header, output = await self.upstream.infer(array, wait, dtype=dtype)
             return self._result(spec, header, output, outputs, request_id, started_ns, sent_ns)
-        except OipError:
-            self.statistics.failed(time.perf_counter_ns() - started_ns)
-            raise
 
     def known_model(self, name: str, version: str | None = None) -> ModelSpec | None:
         """`model`'s answer where it needs no `await` (the model is known); None where it would ask the daemon."""
@@ -306,18 +302,40 @@ class DataPlane:
     ) -> InferResult:
         """`infer` for a thread of its own with a connection of its own (the threaded gRPC server's handlers), for
         the model `known_model` gave; it blocks that thread, never the loop. Statistics are shared with `infer`."""
-        try:
+        with self._counted(started_ns):
             array, dtype = self._sendable(spec, inputs, outputs)
-            sent_ns = time.perf_counter_ns()
-            wait = self.timeout_s if timeout_s is None else timeout_s
-            try:
-                header, output = upstream.infer(array, max(wait, 1e-3), dtype=dtype)
-            except UpstreamTimeout as exc:
-                raise self._upstream_failed(exc, wait, timeout_s) from None
+            sent_ns, wait = time.perf_counter_ns(), self._wait(timeout_s)
+            with self._upstream_errors(wait, timeout_s):
+                header, output = upstream.infer(array, wait, dtype=dtype)
             return self._result(spec, header, output, outputs, request_id, started_ns, sent_ns)
+
+    # The steps `infer` and `infer_blocking` share: they differ only in awaiting the upstream or blocking on it.
+    @contextlib.contextmanager
+    def _counted(self, started_ns: int) -> Iterator[None]:
+        """An OipError raised inside counts as a failed inference in the statistics extension."""
+        try:
+            yield
         except OipError:
             self.statistics.failed(time.perf_counter_ns() - started_ns)
             raise
+
+    def _wait(self, timeout_s: float | None) -> float:
+        """How long the daemon is given: the request's own timeout, else the gateway's."""
+        return max(self.timeout_s if timeout_s is None else timeout_s, 1e-3)
+
+    @contextlib.contextmanager
+    def _upstream_errors(self, wait: float, timeout_s: float | None) -> Iterator[None]:
+        """The daemon gone or silent, as the OipError a client is given."""
+        try:
+            yield
+        except UpstreamGone as exc:
+            self._ready, self._checked = False, time.monotonic()
+            raise OipError(Status.UNAVAILABLE, f"{exc}; retry later") from None
+        except UpstreamTimeout:
+            raise OipError(
+                Status.UNAVAILABLE if timeout_s is None else Status.DEADLINE_EXCEEDED,
+                f"the daemon did not answer within {wait:g} s; is it running?",
+            ) from None
 
     def _sendable(
         self, spec: ModelSpec, inputs: list[InferInput], outputs: list[str] | None
@@ -326,15 +344,6 @@ class DataPlane:
         if self.draining:
             raise OipError(Status.UNAVAILABLE, "the server is shutting down; retry elsewhere", "SHUTTING_DOWN")
         return checked
-
-    def _upstream_failed(self, exc: UpstreamTimeout, wait: float, timeout_s: float | None) -> OipError:
-        if isinstance(exc, UpstreamGone):
-            self._ready, self._checked = False, time.monotonic()
-            return OipError(Status.UNAVAILABLE, f"{exc}; retry later")
-        return OipError(
-            Status.UNAVAILABLE if timeout_s is None else Status.DEADLINE_EXCEEDED,
-            f"the daemon did not answer within {wait:g} s; is it running?",
-        )
 
     def _result(
         self,
