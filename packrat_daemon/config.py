@@ -237,7 +237,7 @@ SETTINGS: tuple[Setting, ...] = sectioned(
         "profile",
         OPTIONAL_TEXT,
         None,
-        "latency profile CSV",
+        "latency profile CSV; under runtime auto only the runtimes it has rows for are candidates",
         unset="the needed cells are measured at start",
         reload="live",
         reload_note='takes a restart under `runtime = "emulated"`, whose workers wait the profile they started with',

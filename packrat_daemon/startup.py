@@ -131,6 +131,8 @@ def start_up(
     policy = policy_for(config)
     check_cores(config, policy, topology)  # before the model loads: a plan or profile beyond the cores fails now
     pairs = candidate_pairs(config.runtime, config.precision, model=config.model)
+    if config.profile and not config.emulate_measure:
+        pairs = profiled_pairs(config.profile, pairs)
     measure = policy.needs_profile or len(pairs) > 1
     profiles = ProfileFile(config.save_profile)
     folder = state_folder(config.state_dir, config.model, config.policy)
@@ -419,6 +421,27 @@ def resume(
         return dataclasses.replace(served, restored=False)
     log.info("state: serving the learned plan %s; no profiling", plan.describe())
     return dataclasses.replace(served, plan=plan)
+
+
+def profiled_pairs(path: str, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The candidates a given profile has rows for: a profile measured on one runtime (`packrat profile`'s) serves
+    that runtime under `--runtime auto`, where every other candidate would fail for want of its rows. A profile
+    that does not say which runtime measured it serves any. ProfileError, saying what to give, when none is left."""
+    held = Profile.read_all(path)
+    if "" in held:
+        return pairs
+    kept = [pair for pair in pairs if profile_key(*pair) in held]
+    if not kept:
+        wanted = ", ".join(profile_key(*pair) for pair in pairs)
+        raise ProfileError(
+            f"{path} holds profiles of {', '.join(sorted(held))}, none of the candidates ({wanted}); give "
+            "--runtime and --precision it was measured with, or a profile measured for one of the candidates"
+        )
+    if len(kept) < len(pairs):
+        log.info(
+            "profile %s: candidates %s (the runtimes it has rows for)", path, ", ".join(profile_key(*p) for p in kept)
+        )
+    return kept
 
 
 def candidate_pairs(

@@ -39,19 +39,25 @@ HEARTBEAT_TIMEOUT_S = 3 * HEARTBEAT_SECONDS
 # A hedge goes only to an idle worker heard from within this (a heartbeat late at most): not to a hung one.
 HEDGE_FRESH_S = 2 * HEARTBEAT_SECONDS
 # A worker past its slice's deadline (wall-clock time: margin x the prediction) may only be slow: a machine busy
-# with other work stretches the wall clock, not the work. Replacing it would add a fork and a warm-up to the wait
-# (on a one-worker plan, twice over, until every worker "died"), and give up its batch: a request slow twice alone
-# would be answered as hung. So past the deadline it is looked at again every PROGRESS_LOOK_S and hung only when
+# with other work stretches the wall clock. Replacing it would add a fork and a warm-up to the wait (on a one-worker
+# plan, twice over, until every worker "died"), and give up its batch: a request slow twice alone would be answered
+# as hung. So past the deadline it is looked at again every PROGRESS_LOOK_S and hung only when
 # - its CPU time passed the slice's CPU budget (Job.cpu_limit: margin x the CPU its threads would use in the
-#   predicted time): computing that long without an answer is a spin, however loaded the machine; or
+#   predicted time, and what its threads' siblings waited, below): computing that long without an answer is a spin;
 # - its CPU time advanced less than MIN_PROGRESS_CPU_S since the last look while none of its threads waited for a
 #   CPU (runnable, or in uninterruptible sleep): a sleeping, deadlocked or stopped worker; or
 # - the job timeout passed since the slice was sent, whatever its CPU time (the ceiling).
 # Earlier, from the spin floor (Dispatcher.spin_floor_s; Job.deadline until Job.watched_at), looked at every
 # SPIN_LOOK_S, one rule alone: between two looks a thread of the worker was on a CPU or waiting for one throughout
 # (SPIN_SHARE of the time: it never slept, however loaded the machine) and its CPU time passed the slice's spin budget
-# (Job.spin_limit): it spins. A worker that sleeps between bursts (waiting on something, or a stand-in for a slow one)
-# is left to the rules above.
+# (Job.spin_limit, and the siblings' waits): it spins. A worker that sleeps between bursts (waiting on something, or
+# a stand-in for a slow one) is left to the rules above.
+# A loaded machine stretches the work's CPU time too: the threads of an intra-op pool spin at its barriers while a
+# sibling waits for a CPU, so beside busy neighbours a slice's CPU time grows with the wall clock, by several times,
+# and a margin alone no longer tells a spin from a pool sharing its cores. So from a slice's first look, each look
+# adds `sibling_waits` to both budgets: per thread, at most the time its siblings waited for a CPU. A thread that
+# spins alone (a hang in the model's Python, its siblings asleep) is judged as before; a pool whose threads all
+# spin (a hang inside a parallel region) on a machine that keeps them waiting is left to the ceiling.
 PROGRESS_LOOK_S = 0.2
 SPIN_SHARE = 0.9
 SPIN_LOOK_S = 0.1  # a spin is told at the first look past its budget, so looks before the deadline come this often
@@ -107,6 +113,21 @@ def schedstats(pid: int | None) -> dict[str, tuple[float, float]] | None:
         except (OSError, ValueError):
             continue  # a thread that has just exited
     return stats
+
+
+def sibling_waits(earlier: dict[str, tuple[float, float]], stats: dict[str, tuple[float, float]]) -> float:
+    """The CPU time, between two schedstats readings, that a pool's threads may have spent waiting at a barrier for
+    siblings that waited for a CPU: for each thread, its time on a CPU, at most the time the others waited for one.
+    0 for a single busy thread whose siblings sleep; on a machine shared with busy neighbours, up to all of it."""
+    ran = {task: run - earlier[task][0] for task, (run, _) in stats.items() if task in earlier}
+    waits = {task: waited - earlier[task][1] for task, (_, waited) in stats.items() if task in earlier}
+    total_wait = sum(waits.values())
+    return sum(min(ran[task], total_wait - waits[task]) for task in ran)
+
+
+def _budget(budget: float, waited: float) -> str:
+    extra = f", plus {waited:.2f} s its threads' siblings waited for a CPU" if waited >= 0.005 else ""
+    return f"{budget:.2f} s of CPU{extra}"
 
 
 def never_paused(
@@ -186,6 +207,7 @@ class Supervisor:
         self._cpu_at_look: dict[int, float] = {}  # job id -> its worker's run_seconds when last found overdue
         # Job id -> (when, its worker's schedstats) at its last look: the spin's rule.
         self._stats_at_look: dict[int, tuple[float, dict[str, tuple[float, float]]]] = {}
+        self._waited_since_look: dict[int, float] = {}  # job id -> sibling_waits summed over its looks
 
     def pump(self, timeout_ms: int, waiting: bool = False) -> None:
         """Handle what the workers and templates sent; `waiting`: a poll has just reported a message. Every
@@ -366,23 +388,32 @@ class Supervisor:
         jobs = self.dispatcher.jobs
         self._cpu_at_look = {i: cpu for i, cpu in self._cpu_at_look.items() if i in jobs}
         self._stats_at_look = {i: stats for i, stats in self._stats_at_look.items() if i in jobs}
+        self._waited_since_look = {i: waited for i, waited in self._waited_since_look.items() if i in jobs}
         if now - job.sent_at >= self.dispatcher.job_timeout_s:
             return f"the job timeout ({self.dispatcher.job_timeout_s:g} s) passed"
         worker = job.worker
         cpu = worker.cpu_seconds()
         if cpu is None:
             return "its CPU time cannot be read"  # gone: its exit is on its way
-        if cpu >= job.cpu_limit:
-            return f"it used the slice's CPU budget ({job.cpu_budget:.2f} s of CPU) without answering: it spins"
-        stats = schedstats(worker.pid)
+        stats, earlier = schedstats(worker.pid), None
+        waited = self._waited_since_look.get(job.id, 0.0)
         if stats is not None:
             earlier = self._stats_at_look.get(job.id)
             self._stats_at_look[job.id] = (now, stats)
-            if cpu >= job.spin_limit and earlier is not None and never_paused(earlier, now, stats):
-                return (
-                    f"it computed without a pause and used the slice's CPU budget ({job.spin_budget:.2f} s of CPU) "
-                    "without answering: it spins"
-                )
+            if earlier is not None:
+                waited = self._waited_since_look[job.id] = waited + sibling_waits(earlier[1], stats)
+        if cpu >= job.cpu_limit + waited:
+            return f"it used the slice's CPU budget ({_budget(job.cpu_budget, waited)}) without answering: it spins"
+        if (
+            stats is not None
+            and earlier is not None
+            and cpu >= job.spin_limit + waited
+            and never_paused(earlier, now, stats)
+        ):
+            return (
+                f"it computed without a pause and used the slice's CPU budget ({_budget(job.spin_budget, waited)}) "
+                "without answering: it spins"
+            )
         if now >= job.watched_at:
             before = self._cpu_at_look.get(job.id)
             progress = cpu if stats is None else sum(run for run, _ in stats.values())

@@ -30,6 +30,24 @@ def test_an_unlabelled_profile_file_serves_the_runtime_that_reads_it(tmp_path: P
     assert read.runtime == "openvino" and read.latency(1, 1) == 2.0
 
 
+def test_a_given_profile_narrows_auto_to_the_runtimes_it_has_rows_for(tmp_path: Path) -> None:
+    # `packrat profile`'s file names its runtime: under --runtime auto, every other candidate failed the start.
+    from packrat_daemon.startup import profiled_pairs
+
+    everything = [("torch", "fp32"), ("onnxruntime", "fp32"), ("openvino", "fp32"), ("openvino", "bf16")]
+    torch_only = tmp_path / "torch.csv"
+    torch_only.write_text("# runtime: torch\nthreads,batch,latency_ms\n1,1,2.0\n")
+    assert profiled_pairs(str(torch_only), everything) == [("torch", "fp32")]
+    both = tmp_path / "both.csv"
+    both.write_text("runtime,precision,threads,batch,latency_ms\ntorch,fp32,1,1,2.0\nopenvino,bf16,1,1,1.0\n")
+    assert profiled_pairs(str(both), everything) == [("torch", "fp32"), ("openvino", "bf16")]
+    unlabelled = tmp_path / "any.csv"
+    unlabelled.write_text("threads,batch,latency_ms\n1,1,2.0\n")
+    assert profiled_pairs(str(unlabelled), everything) == everything
+    with pytest.raises(PackratError, match="give --runtime and --precision it was measured with"):
+        profiled_pairs(str(torch_only), [("openvino", "fp32")])
+
+
 def test_reload_keeps_what_takes_a_restart_and_never_grows_max_batch(caplog: pytest.LogCaptureFixture) -> None:
     running = ServeConfig(model="builtin:tiny-mlp", policy="fixed", plan="2*1x2", max_batch=4)
     fresh = ServeConfig(model="builtin:other", policy="fixed", plan="2x4", max_batch=8, max_delay_ms=3.0)

@@ -67,12 +67,12 @@ def child(body: str) -> Iterator[subprocess.Popen[bytes]]:
 FLOOR_S = 1.0  # serve's default --slice-deadline-floor-ms: the slice's deadline, and its CPU budget (1 thread)
 
 
-def in_flight(pid: int) -> tuple[Fleet, WorkerHandle, Job, Request]:
-    """A supervisor and a real dispatcher with a one-request batch in flight on a 1-thread worker of process `pid`,
-    predicted 10 ms: its deadline and its CPU budget are both the floor."""
-    worker = WorkerHandle(1, 1, (0,), 1, WorkerState.READY, pid=pid)
-    dispatcher = Dispatcher(lambda *_: True, Splitter(Profile.from_latencies({(1, 1): 10.0}), "exact"), 60.0, 3.0,
-                            FLOOR_S)  # fmt: skip
+def in_flight(pid: int, threads: int = 1) -> tuple[Fleet, WorkerHandle, Job, Request]:
+    """A supervisor and a real dispatcher with a one-request batch in flight on a `threads`-thread worker of process
+    `pid`, predicted 10 ms: its deadline and its CPU budget are both the floor."""
+    worker = WorkerHandle(1, threads, tuple(range(threads)), 1, WorkerState.READY, pid=pid)
+    profile = Profile.from_latencies({(threads, 1): 10.0})
+    dispatcher = Dispatcher(lambda *_: True, Splitter(profile, "exact"), 60.0, 3.0, FLOOR_S)
     dispatcher.serving = [worker]
     one = Request(b"c", None, 1, "float32", (1, 2), memoryview(np.ones((1, 2), np.float32).tobytes()))
     dispatcher.dispatch([one], [worker])
@@ -105,6 +105,39 @@ def test_a_slice_past_its_deadline_whose_worker_computes_slowly_keeps_its_batch(
         header = {"job": job.id, "dtype": "float32", "shape": [1, 2], "compute_ms": 2000.0, "batch": 1}
         done = f.dispatcher.on_result(worker, header, [np.ones((1, 2), np.float32)])
         assert [completed.request for completed in done] == [one]
+
+
+# A 2-thread pool whose threads share one CPU, as a worker's do beside busy neighbours: both compute (GIL-free) and
+# each waits for the CPU about half the time, so its CPU time grows with the wall clock, as a pool spinning at its
+# barriers for a descheduled sibling makes it.
+SHARED_CPU = """
+import hashlib, os, threading
+os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+def compute():
+    digest, data = hashlib.sha256(), bytes(1 << 20)
+    while True:
+        digest.update(data)
+for _ in range(2):
+    threading.Thread(target=compute, daemon=True).start()
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_a_pool_whose_threads_wait_for_a_shared_cpu_keeps_its_slice_past_its_cpu_budget() -> None:
+    # Before: past 0.2 s of CPU (the spin budget) such a worker was taken for a spin and replaced, and under load
+    # its requests, slow again alone, were answered as hung.
+    with child(SHARED_CPU) as shared:
+        f, worker, job, _ = in_flight(shared.pid, threads=2)
+        look_until(f, lambda: not f.dispatcher.busy, 2.0)
+        after = worker.cpu_seconds()
+        assert job.cpu_at_send is not None and after is not None
+        if after < job.cpu_limit:
+            pytest.skip(
+                f"the loaded machine gave the stand-in {after - job.cpu_at_send:.2f} s of CPU: not past its budget"
+            )
+        assert f.dispatcher.busy and f.dispatcher.jobs == {job.id: job}, "the pool was taken for a spin"
+        assert f.replaced == [] and f.replies == [] and f.requeued == []
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from packrat_daemon.fleet.pool import WorkerHandle, WorkerState
-from packrat_daemon.fleet.supervisor import SPIN_SHARE, never_paused
+from packrat_daemon.fleet.supervisor import SPIN_SHARE, never_paused, sibling_waits
 from packrat_daemon.requests.batcher import Request
 from packrat_daemon.requests.dispatcher import Dispatcher
 from packrat_daemon.requests.jobs import Job
@@ -70,3 +70,16 @@ def test_never_paused_reads_a_threads_time_on_a_cpu_or_waiting_for_one() -> None
     assert not never_paused(before, 10.2, {"1": (1.05, 0.55), "2": (0.1, 0.0), "3": (0.2, 0.0)})
     short = SPIN_SHARE * 0.2 - 0.01
     assert not never_paused(before, 10.2, {"1": (1.0 + short, 0.5)})
+
+
+def test_sibling_waits_is_a_threads_cpu_time_up_to_what_the_others_waited_for_a_cpu() -> None:
+    before = {"1": (1.0, 0.5), "2": (1.0, 0.5), "3": (0.1, 0.0)}
+    # Threads 1 and 2 shared a CPU (0.5 s on it, 0.5 s waiting, each): all of their CPU time may be a barrier's spin.
+    shared = {"1": (1.5, 1.0), "2": (1.5, 1.0), "3": (0.1, 0.0)}
+    assert sibling_waits(before, shared) == pytest.approx(1.0)
+    # Thread 1 alone computes, waiting for a CPU half the time, its siblings asleep: none of it (a spin of its own).
+    alone = {"1": (1.5, 1.0), "2": (1.0, 0.5), "3": (0.1, 0.0)}
+    assert sibling_waits(before, alone) == pytest.approx(0.0)
+    # A sibling that waited a little bounds it; a thread new since the look counts for neither side.
+    little = {"1": (1.5, 0.5), "2": (1.1, 0.6), "4": (0.3, 0.3)}
+    assert sibling_waits(before, little) == pytest.approx(0.1 + 0.0)
