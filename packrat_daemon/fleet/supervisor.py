@@ -19,7 +19,7 @@ from typing import Protocol
 import psutil
 
 from packrat_daemon.adapt.production import ProductionProfile
-from packrat_daemon.fleet.pool import PoolEvent, WorkerHandle
+from packrat_daemon.fleet.pool import PoolEvent, WorkerHandle, schedstats
 from packrat_daemon.fleet.reconciler import Reconciler
 from packrat_daemon.ops.metrics import Metrics
 from packrat_daemon.requests.batcher import Request
@@ -54,10 +54,11 @@ HEDGE_FRESH_S = 2 * HEARTBEAT_SECONDS
 # a stand-in for a slow one) is left to the rules above.
 # A loaded machine stretches the work's CPU time too: the threads of an intra-op pool spin at its barriers while a
 # sibling waits for a CPU, so beside busy neighbours a slice's CPU time grows with the wall clock, by several times,
-# and a margin alone no longer tells a spin from a pool sharing its cores. So from a slice's first look, each look
-# adds `sibling_waits` to both budgets: per thread, at most the time its siblings waited for a CPU. A thread that
-# spins alone (a hang in the model's Python, its siblings asleep) is judged as before; a pool whose threads all
-# spin (a hang inside a parallel region) on a machine that keeps them waiting is left to the ceiling.
+# and a margin alone no longer tells a spin from a pool sharing its cores. So from a slice's sending (on a pool of
+# more than one thread; else its first look), each look adds `sibling_waits` to both budgets: per thread, at most
+# the time its siblings waited for a CPU. A thread that spins alone (a hang in the model's Python, its siblings
+# asleep) is judged as before; a pool whose threads all spin (a hang inside a parallel region) on a machine that
+# keeps them waiting is left to the ceiling.
 PROGRESS_LOOK_S = 0.2
 SPIN_SHARE = 0.9
 SPIN_LOOK_S = 0.1  # a spin is told at the first look past its budget, so looks before the deadline come this often
@@ -93,26 +94,6 @@ def run_seconds(pid: int | None) -> float | None:
     bursts shorter than a tick between sleeps can show none for a long time, and would look stopped."""
     stats = schedstats(pid)
     return None if stats is None else sum(run for run, _ in stats.values())
-
-
-def schedstats(pid: int | None) -> dict[str, tuple[float, float]] | None:
-    """Each thread's (time on a CPU, time waiting for one) in seconds, to the nanosecond, by thread id
-    (/proc/<pid>/task/*/schedstat); None where the process cannot be read."""
-    if pid is None:
-        return None
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return None
-    stats = {}
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/schedstat", "rb") as schedstat:
-                run, waited = schedstat.read().split()[:2]
-            stats[task] = (int(run) / 1e9, int(waited) / 1e9)
-        except (OSError, ValueError):
-            continue  # a thread that has just exited
-    return stats
 
 
 def sibling_waits(earlier: dict[str, tuple[float, float]], stats: dict[str, tuple[float, float]]) -> float:
@@ -400,8 +381,9 @@ class Supervisor:
         if stats is not None:
             earlier = self._stats_at_look.get(job.id)
             self._stats_at_look[job.id] = (now, stats)
-            if earlier is not None:
-                waited = self._waited_since_look[job.id] = waited + sibling_waits(earlier[1], stats)
+            since = earlier[1] if earlier is not None else job.threads_at_send  # the last look, else the sending
+            if since is not None:
+                waited = self._waited_since_look[job.id] = waited + sibling_waits(since, stats)
         if cpu >= job.cpu_limit + waited:
             return f"it used the slice's CPU budget ({_budget(job.cpu_budget, waited)}) without answering: it spins"
         if (

@@ -171,6 +171,7 @@ class Dispatcher:
         job = self.jobs.pop(header["job"], None)
         if job is None:
             return []  # a late answer for a slice already re-sent elsewhere
+        self._start_next(worker)
         batch = job.batch
         if batch is not self.batch and not self.live(batch):
             _unlink(job)
@@ -193,6 +194,30 @@ class Dispatcher:
         self.typical_slice_s = took if typical == math.inf else typical + TYPICAL_WEIGHT * (took - typical)
         batch.unanswered -= 1
         return self._finish(batch) if batch.done() else []
+
+    def _start_next(self, worker: WorkerHandle) -> None:
+        """`worker` answered a slice: the slices it holds behind it start their clocks now. They were set at sending,
+        stacked behind the answered one's deadline proper, so a spin on the next slice after a quick one was told a
+        deadline late (`bench/faults.py --attack hanging_model`: after the job timeout, not at its first look)."""
+        held = [job for job in self.jobs.values() if job.worker.id == worker.id]
+        if not held:
+            return
+        now = time.monotonic()
+        early = held[0].clock_from - now
+        if early <= 0.0:
+            return  # its clock runs already: those behind it are stacked on it, as they should be
+        cpu = worker.cpu_seconds()
+        head = held[0]
+        cpu_early = 0.0 if cpu is None or head.cpu_at_send is None else head.cpu_limit - head.cpu_budget - cpu
+        spin_early = 0.0 if cpu is None or head.cpu_at_send is None else head.spin_limit - head.spin_budget - cpu
+        for job in held:
+            job.clock_from -= early
+            job.deadline -= early
+            job.watched_at -= early
+            job.hedge_at -= early
+            job.cpu_limit -= max(0.0, cpu_early)
+            job.spin_limit -= max(0.0, spin_early)
+        self.next_deadline = min(self.next_deadline, head.deadline, head.hedge_at)
 
     def _late_at(self, batch: InFlightBatch) -> float:
         """When the slices of `batch`, just sent, are late: after the hedge margin times a typical slice's time (at
@@ -351,11 +376,11 @@ class Dispatcher:
 
     def _times(
         self, worker: WorkerHandle, rows: int, now: float
-    ) -> tuple[float, float, float | None, float | None, float]:
+    ) -> tuple[float, float, float | None, float | None, float, float]:
         """(hedge time, deadline, the profile's predicted ms, production's learned ms where the profile has none, first
-        look) of a slice; no hedge without the profile's prediction, nor one that would come no earlier than the
-        deadline. The first look is the spin floor or the margin times the prediction, whichever is later, and no
-        later than the deadline."""
+        look, when its clocks start) of a slice; no hedge without the profile's prediction, nor one that would come no
+        earlier than the deadline. The first look is the spin floor or the margin times the prediction, whichever is
+        later, and no later than the deadline. Its clocks start now, or behind the worker's slices' deadlines."""
         predicted = self.splitter.predicted_ms(worker.threads, rows)
         # What slices of this shape took here, where the profile predicts nothing. It is not hedged, as before (a copy
         # would send the rows to a second worker): it sets the deadline and the CPU budgets only.
@@ -374,7 +399,7 @@ class Dispatcher:
         held = [max(job.deadline, job.watched_at) for job in self.jobs.values() if job.worker.id == worker.id]
         start = max([now, *held])
         hedge_at = start + hedge_after if hedge_after < allowed else math.inf
-        return hedge_at, start + allowed, predicted, learned, start + first_look
+        return hedge_at, start + allowed, predicted, learned, start + first_look, start
 
     def fail(self, job_id: object) -> tuple[list[Request], list[Request]] | None:
         """A worker's FAILED for job `job_id`. None when that job is not of a batch in flight (the loop's or one
@@ -461,13 +486,13 @@ class Dispatcher:
     ) -> Job:
         """Send rows [offset, offset+rows) of `batch` to `worker`; `twin`: the slice this job hedges."""
         now = time.monotonic()
-        hedge_at, deadline, predicted, learned, first_look = self._times(worker, rows, now)
+        hedge_at, deadline, predicted, learned, first_look, clock_from = self._times(worker, rows, now)
         if len(batch.requests) == 1 and batch.requests[0].alone:
             # A suspect of a failure or a hang, run alone to tell it from its neighbours: a hedge's copy on a second
             # worker would only spread what it does to the first.
             hedge_at = math.inf
         job = Job(self._next_job, batch, offset, rows, worker, now, first_look, predicted, hedge_at, twin)
-        job.watched_at, job.learned_ms = deadline, learned
+        job.watched_at, job.learned_ms, job.clock_from = deadline, learned, clock_from
         self._next_job += 1
         expected = job.expected_ms
         cpu = None if expected is None else worker.cpu_seconds()
@@ -478,6 +503,8 @@ class Dispatcher:
             # Two budgets: the spin floor's for a worker that computes without a pause, the deadline floor's for any.
             needs = self.deadline_margin * worker.threads * expected / 1000.0
             job.cpu_at_send = cpu
+            if worker.threads > 1:  # one thread computes alone: no sibling to wait for (a read of /proc saved)
+                job.threads_at_send = worker.thread_times()
             job.cpu_budget = max(self.deadline_floor_s, needs)
             job.spin_budget = min(job.cpu_budget, max(self.spin_floor_s, needs))
             mine = [j for j in self.jobs.values() if j.worker.id == worker.id]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -128,6 +129,9 @@ def test_a_pool_whose_threads_wait_for_a_shared_cpu_keeps_its_slice_past_its_cpu
     # Before: past 0.2 s of CPU (the spin budget) such a worker was taken for a spin and replaced, and under load
     # its requests, slow again alone, were answered as hung.
     with child(SHARED_CPU) as shared:
+        deadline = time.monotonic() + 10.0
+        while len(os.listdir(f"/proc/{shared.pid}/task")) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)  # a worker's pool is there before its first slice
         f, worker, job, _ = in_flight(shared.pid, threads=2)
         look_until(f, lambda: not f.dispatcher.busy, 2.0)
         after = worker.cpu_seconds()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 import os
+import time
 
 import numpy as np
+import pytest
 
 from packrat_daemon.fleet.pool import WorkerHandle, WorkerState
 from packrat_daemon.requests.batcher import Request
@@ -406,6 +408,28 @@ def test_a_slices_cpu_budget_is_the_cpu_its_prediction_implies_after_the_slices_
     assert dispatcher.reassign(lost, [lost, kept])  # the lost worker's slice queues behind the one `kept` holds
     resent = max(dispatcher.jobs.values(), key=lambda j: j.id)
     assert resent.worker is kept and resent.cpu_limit == first.cpu_limit + resent.cpu_budget
+
+
+def test_a_slice_queued_behind_another_starts_its_clocks_when_that_one_is_answered() -> None:
+    # bench/faults.py --attack hanging_model: a spin sent behind a quick slice was looked at only once the quick one's
+    # deadline proper (1 s) and its own first look had passed, so it was told by the job timeout after 2.2 s.
+    worker = WorkerHandle(1, 1, (0,), 1, WorkerState.READY, pid=os.getpid())
+    recorder = Recorder()
+    dispatcher = Dispatcher(recorder, Splitter(Profile.from_latencies({(1, 1): 10.0}), "exact"), job_timeout_s=60,
+                            deadline_margin=3.0, deadline_floor_s=1.0, spin_floor_s=0.2)  # fmt: skip
+    (quick, spin), _ = requests(1, 1)
+    dispatcher.dispatch([quick], [worker])
+    dispatcher.run_aside(spin, worker)
+    first, behind = dispatcher.jobs.values()
+    assert behind.clock_from == first.watched_at and behind.deadline == behind.clock_from + 0.2  # stacked behind it
+    assert behind.spin_limit == first.spin_limit + behind.spin_budget
+    assert answer(dispatcher, [worker], recorder.sent[0])
+    now, cpu = time.monotonic(), worker.cpu_seconds()
+    assert cpu is not None and behind.clock_from <= now
+    assert now - 0.05 < behind.deadline - 0.2 <= now and behind.watched_at == behind.clock_from + 1.0
+    assert dispatcher.next_deadline <= behind.deadline
+    assert cpu - 0.05 < behind.spin_limit - behind.spin_budget <= cpu + 1e-9  # its CPU budgets from the answer on
+    assert behind.cpu_limit - behind.cpu_budget == pytest.approx(behind.spin_limit - behind.spin_budget)
 
 
 def test_a_slice_without_a_prediction_has_no_cpu_budget() -> None:
