@@ -97,35 +97,11 @@ class WorkerHandle:
         fields = stat[stat.rindex(b")") + 2 :].split()
         return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
-    def thread_times(self) -> dict[str, tuple[float, float]] | None:
-        """Each of its threads' (time on a CPU, time waiting for one), as `schedstats`; None where unreadable."""
-        return schedstats(self.pid)
-
     def close_stat(self) -> None:
         """Close the descriptor cpu_seconds keeps (the worker has exited)."""
         fd, self._stat_fd = self._stat_fd, None
         if fd is not None:
             os.close(fd)
-
-
-def schedstats(pid: int | None) -> dict[str, tuple[float, float]] | None:
-    """Each thread's (time on a CPU, time waiting for one) in seconds, to the nanosecond, by thread id
-    (/proc/<pid>/task/*/schedstat); None where the process cannot be read."""
-    if pid is None:
-        return None
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return None
-    stats = {}
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/schedstat", "rb") as schedstat:
-                run, waited = schedstat.read().split()[:2]
-            stats[task] = (int(run) / 1e9, int(waited) / 1e9)
-        except (OSError, ValueError):
-            continue  # a thread that has just exited
-    return stats
 
 
 class SharedArenas:

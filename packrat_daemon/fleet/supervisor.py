@@ -19,7 +19,7 @@ from typing import Protocol
 import psutil
 
 from packrat_daemon.adapt.production import ProductionProfile
-from packrat_daemon.fleet.pool import PoolEvent, WorkerHandle, schedstats
+from packrat_daemon.fleet.pool import PoolEvent, WorkerHandle
 from packrat_daemon.fleet.reconciler import Reconciler
 from packrat_daemon.ops.metrics import Metrics
 from packrat_daemon.requests.batcher import Request
@@ -54,11 +54,11 @@ HEDGE_FRESH_S = 2 * HEARTBEAT_SECONDS
 # a stand-in for a slow one) is left to the rules above.
 # A loaded machine stretches the work's CPU time too: the threads of an intra-op pool spin at its barriers while a
 # sibling waits for a CPU, so beside busy neighbours a slice's CPU time grows with the wall clock, by several times,
-# and a margin alone no longer tells a spin from a pool sharing its cores. So from a slice's sending (on a pool of
-# more than one thread; else its first look), each look adds `sibling_waits` to both budgets: per thread, at most
-# the time its siblings waited for a CPU. A thread that spins alone (a hang in the model's Python, its siblings
-# asleep) is judged as before; a pool whose threads all spin (a hang inside a parallel region) on a machine that
-# keeps them waiting is left to the ceiling.
+# and a margin alone no longer tells a spin from a pool sharing its cores. So each look adds `sibling_waits` to both
+# budgets (per thread, at most the time its siblings waited for a CPU; before the first look, in the same share of
+# the CPU time), and a pool of more than one thread is judged from its second look. A thread that spins alone (a
+# hang in the model's Python, its siblings asleep) is judged as before; a pool whose threads all spin (a hang inside
+# a parallel region) on a machine that keeps them waiting is left to the ceiling.
 PROGRESS_LOOK_S = 0.2
 SPIN_SHARE = 0.9
 SPIN_LOOK_S = 0.1  # a spin is told at the first look past its budget, so looks before the deadline come this often
@@ -94,6 +94,26 @@ def run_seconds(pid: int | None) -> float | None:
     bursts shorter than a tick between sleeps can show none for a long time, and would look stopped."""
     stats = schedstats(pid)
     return None if stats is None else sum(run for run, _ in stats.values())
+
+
+def schedstats(pid: int | None) -> dict[str, tuple[float, float]] | None:
+    """Each thread's (time on a CPU, time waiting for one) in seconds, to the nanosecond, by thread id
+    (/proc/<pid>/task/*/schedstat); None where the process cannot be read."""
+    if pid is None:
+        return None
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    stats = {}
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat", "rb") as schedstat:
+                run, waited = schedstat.read().split()[:2]
+            stats[task] = (int(run) / 1e9, int(waited) / 1e9)
+        except (OSError, ValueError):
+            continue  # a thread that has just exited
+    return stats
 
 
 def sibling_waits(earlier: dict[str, tuple[float, float]], stats: dict[str, tuple[float, float]]) -> float:
@@ -189,6 +209,7 @@ class Supervisor:
         # Job id -> (when, its worker's schedstats) at its last look: the spin's rule.
         self._stats_at_look: dict[int, tuple[float, dict[str, tuple[float, float]]]] = {}
         self._waited_since_look: dict[int, float] = {}  # job id -> sibling_waits summed over its looks
+        self._cpu_at_first_look: dict[int, float] = {}  # job id -> its worker's CPU seconds at its first look
 
     def pump(self, timeout_ms: int, waiting: bool = False) -> None:
         """Handle what the workers and templates sent; `waiting`: a poll has just reported a message. Every
@@ -361,6 +382,16 @@ class Supervisor:
             self.reconciler.replace(worker)
             self._on_lost(worker)
 
+    def _sibling_waits(self, job: Job, cpu: float) -> float:
+        """What `job`'s pool may have spun for siblings that waited for a CPU since it was sent: summed from its first
+        look on, and before it in the same share of the CPU time (its first look comes at the spin floor, and reading
+        every thread at each sending would cost the request path a /proc read per thread)."""
+        waited = self._waited_since_look.get(job.id, 0.0)
+        first = self._cpu_at_first_look.get(job.id)
+        if waited <= 0.0 or first is None or job.cpu_at_send is None or cpu <= first:
+            return waited
+        return waited * (cpu - job.cpu_at_send) / (cpu - first)
+
     def _hung(self, job: Job, now: float) -> str | None:
         """Why the worker of `job`, past the slice's first look, is hung (the rules above PROGRESS_LOOK_S); None while
         it is only slow, with the job's deadline moved on for the next look (SPIN_LOOK_S before its deadline proper,
@@ -370,6 +401,7 @@ class Supervisor:
         self._cpu_at_look = {i: cpu for i, cpu in self._cpu_at_look.items() if i in jobs}
         self._stats_at_look = {i: stats for i, stats in self._stats_at_look.items() if i in jobs}
         self._waited_since_look = {i: waited for i, waited in self._waited_since_look.items() if i in jobs}
+        self._cpu_at_first_look = {i: cpu for i, cpu in self._cpu_at_first_look.items() if i in jobs}
         if now - job.sent_at >= self.dispatcher.job_timeout_s:
             return f"the job timeout ({self.dispatcher.job_timeout_s:g} s) passed"
         worker = job.worker
@@ -377,14 +409,19 @@ class Supervisor:
         if cpu is None:
             return "its CPU time cannot be read"  # gone: its exit is on its way
         stats, earlier = schedstats(worker.pid), None
-        waited = self._waited_since_look.get(job.id, 0.0)
         if stats is not None:
             earlier = self._stats_at_look.get(job.id)
             self._stats_at_look[job.id] = (now, stats)
-            since = earlier[1] if earlier is not None else job.threads_at_send  # the last look, else the sending
-            if since is not None:
-                waited = self._waited_since_look[job.id] = waited + sibling_waits(since, stats)
-        if cpu >= job.cpu_limit + waited:
+            if earlier is None:
+                self._cpu_at_first_look[job.id] = cpu
+            else:
+                self._waited_since_look[job.id] = self._waited_since_look.get(job.id, 0.0) + sibling_waits(
+                    earlier[1], stats
+                )
+        waited = self._sibling_waits(job, cpu)
+        # A pool's first look only reads its threads: what its siblings waited is known from the next (a look later).
+        judged = worker.threads == 1 or earlier is not None
+        if judged and cpu >= job.cpu_limit + waited:
             return f"it used the slice's CPU budget ({_budget(job.cpu_budget, waited)}) without answering: it spins"
         if (
             stats is not None

@@ -503,8 +503,6 @@ class Dispatcher:
             # Two budgets: the spin floor's for a worker that computes without a pause, the deadline floor's for any.
             needs = self.deadline_margin * worker.threads * expected / 1000.0
             job.cpu_at_send = cpu
-            if worker.threads > 1:  # one thread computes alone: no sibling to wait for (a read of /proc saved)
-                job.threads_at_send = worker.thread_times()
             job.cpu_budget = max(self.deadline_floor_s, needs)
             job.spin_budget = min(job.cpu_budget, max(self.spin_floor_s, needs))
             mine = [j for j in self.jobs.values() if j.worker.id == worker.id]

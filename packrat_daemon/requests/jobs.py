@@ -48,9 +48,6 @@ class Job:
     # The deadline proper (Dispatcher.deadline): past it every rule of the hang applies; before it (from `deadline`),
     # only the spin's. 0: from `deadline` on (a job built elsewhere, as the tests do).
     watched_at: float = 0.0
-    # A pool's threads' (time on a CPU, waiting for one) when it was sent, where it has a CPU budget and more than
-    # one thread: what its threads' siblings waited from then on is left out of its budgets (Supervisor._hung).
-    threads_at_send: dict[str, tuple[float, float]] | None = None
     # When its clocks (deadline, first look, hedge, CPU budgets) start: its sending, or, queued behind the worker's
     # earlier slices, their deadlines; moved to the earlier slice's answer when that comes first (Dispatcher.on_result).
     clock_from: float = 0.0
