@@ -126,8 +126,8 @@ time.sleep(600)
 
 @pytest.mark.slow
 def test_a_pool_whose_threads_wait_for_a_shared_cpu_keeps_its_slice_past_its_cpu_budget() -> None:
-    # Before: past 0.2 s of CPU (the spin budget) such a worker was taken for a spin and replaced, and under load
-    # its requests, slow again alone, were answered as hung.
+    # Before: once its CPU time passed the slice's budget (1 s here) such a worker was taken for a spin and replaced,
+    # and under load its requests, slow again alone, were answered as hung.
     with child(SHARED_CPU) as shared:
         deadline = time.monotonic() + 10.0
         while len(os.listdir(f"/proc/{shared.pid}/task")) < 3 and time.monotonic() < deadline:
