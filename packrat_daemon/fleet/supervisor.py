@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import psutil
@@ -116,6 +117,16 @@ def schedstats(pid: int | None) -> dict[str, tuple[float, float]] | None:
     return stats
 
 
+@dataclass
+class Looked:
+    """What the supervisor's looks read of one overdue slice's worker."""
+
+    progress: float | None = None  # its run_seconds (or CPU time) at the last look past the deadline proper
+    stats: tuple[float, dict[str, tuple[float, float]]] | None = None  # (when, schedstats) at the last look: a spin's
+    cpu_at_first: float | None = None  # its CPU seconds at the first look that read its threads
+    waited: float = 0.0  # sibling_waits summed over the looks since
+
+
 def sibling_waits(earlier: dict[str, tuple[float, float]], stats: dict[str, tuple[float, float]]) -> float:
     """The CPU time, between two schedstats readings, that a pool's threads may have spent waiting at a barrier for
     siblings that waited for a CPU: for each thread, its time on a CPU, at most the time the others waited for one.
@@ -205,11 +216,7 @@ class Supervisor:
         self.due = 0.0  # time.monotonic() of the next periodic look
         self._generation = -1  # the reconciler's generation at the last look: a new plan is looked at at once
         self._next_template_check = 0.0
-        self._cpu_at_look: dict[int, float] = {}  # job id -> its worker's run_seconds when last found overdue
-        # Job id -> (when, its worker's schedstats) at its last look: the spin's rule.
-        self._stats_at_look: dict[int, tuple[float, dict[str, tuple[float, float]]]] = {}
-        self._waited_since_look: dict[int, float] = {}  # job id -> sibling_waits summed over its looks
-        self._cpu_at_first_look: dict[int, float] = {}  # job id -> its worker's CPU seconds at its first look
+        self._looked: dict[int, Looked] = {}  # job id -> what the looks at that overdue slice read
 
     def pump(self, timeout_ms: int, waiting: bool = False) -> None:
         """Handle what the workers and templates sent; `waiting`: a poll has just reported a message. Every
@@ -386,8 +393,8 @@ class Supervisor:
         """What `job`'s pool may have spun for siblings that waited for a CPU since it was sent: summed from its first
         look on, and before it in the same share of the CPU time (its first look comes at the spin floor, and reading
         every thread at each sending would cost the request path a /proc read per thread)."""
-        waited = self._waited_since_look.get(job.id, 0.0)
-        first = self._cpu_at_first_look.get(job.id)
+        looked = self._looked[job.id]
+        waited, first = looked.waited, looked.cpu_at_first
         if waited <= 0.0 or first is None or job.cpu_at_send is None or cpu <= first:
             return waited
         return waited * (cpu - job.cpu_at_send) / (cpu - first)
@@ -398,26 +405,21 @@ class Supervisor:
         PROGRESS_LOOK_S after)."""
         # Looks of answered jobs are dropped here, so the tables hold only overdue ones.
         jobs = self.dispatcher.jobs
-        self._cpu_at_look = {i: cpu for i, cpu in self._cpu_at_look.items() if i in jobs}
-        self._stats_at_look = {i: stats for i, stats in self._stats_at_look.items() if i in jobs}
-        self._waited_since_look = {i: waited for i, waited in self._waited_since_look.items() if i in jobs}
-        self._cpu_at_first_look = {i: cpu for i, cpu in self._cpu_at_first_look.items() if i in jobs}
+        self._looked = {i: looked for i, looked in self._looked.items() if i in jobs}
         if now - job.sent_at >= self.dispatcher.job_timeout_s:
             return f"the job timeout ({self.dispatcher.job_timeout_s:g} s) passed"
         worker = job.worker
         cpu = worker.cpu_seconds()
         if cpu is None:
             return "its CPU time cannot be read"  # gone: its exit is on its way
+        looked = self._looked.setdefault(job.id, Looked())
         stats, earlier = schedstats(worker.pid), None
         if stats is not None:
-            earlier = self._stats_at_look.get(job.id)
-            self._stats_at_look[job.id] = (now, stats)
+            earlier, looked.stats = looked.stats, (now, stats)
             if earlier is None:
-                self._cpu_at_first_look[job.id] = cpu
+                looked.cpu_at_first = cpu
             else:
-                self._waited_since_look[job.id] = self._waited_since_look.get(job.id, 0.0) + sibling_waits(
-                    earlier[1], stats
-                )
+                looked.waited += sibling_waits(earlier[1], stats)
         waited = self._sibling_waits(job, cpu)
         # A pool's first look only reads its threads: what its siblings waited is known from the next (a look later).
         judged = worker.threads == 1 or earlier is not None
@@ -434,7 +436,7 @@ class Supervisor:
                 "without answering: it spins"
             )
         if now >= job.watched_at:
-            before = self._cpu_at_look.get(job.id)
+            before = looked.progress
             progress = cpu if stats is None else sum(run for run, _ in stats.values())
             if before is not None and progress - before < MIN_PROGRESS_CPU_S and not waiting_for_cpu(worker.pid):
                 ran_s = progress - before
@@ -445,7 +447,7 @@ class Supervisor:
                     "passes the slice's CPU budget",
                     worker.id, job.rows, (now - job.sent_at) * 1000.0,
                 )  # fmt: skip
-            self._cpu_at_look[job.id] = progress
+            looked.progress = progress
         job.deadline = now + (PROGRESS_LOOK_S if now >= job.watched_at else SPIN_LOOK_S)
         self.dispatcher.next_deadline = min(self.dispatcher.next_deadline, job.deadline)
         return None
