@@ -78,6 +78,13 @@ FRAME_CAP_SLACK_BYTES = 1 << 20
 # Complete messages ZeroMQ queues per connected peer before it stops reading that peer's socket: with
 # the frame cap, what bounds the frontend's memory (docs/protocol.md, "Limits and memory").
 RECEIVE_HWM = 64
+# While a message of too many frames is discarded the receive queues are unbounded (ZeroMQ's 0), then bounded
+# again. libzmq 4.3 tells the sending peer's I/O thread that the queue has room once per *frame* read while the
+# count of whole messages read from that peer is a multiple of the low-water mark (half the high-water mark),
+# which it always is at a connection's first message: reading such a message cost several times as much per
+# frame, and a client can choose it. With no high-water mark there is no low-water mark and no such message.
+# What the others send meanwhile is queued unbounded for as long as the discard lasts (docs/protocol.md).
+DISCARDING_RECEIVE_HWM = 0
 # Replies ZeroMQ queues per connected peer that has stopped reading: past it, with ROUTER_MANDATORY off, a
 # reply is dropped (the client that does not read times out) instead of queued. ZeroMQ's default of 1 000
 # let a client that never read grow the daemon without bound (5 GB for 100 replies of a 4 MiB-output model).
@@ -224,6 +231,7 @@ class Frontend:
                 return frames, size, count
             # Too many frames: only those that say what to answer are kept while the rest is discarded.
             oversized = self._oversized = _Oversized(frames[:3], size, count, time.monotonic())
+            self.socket.setsockopt(zmq.RCVHWM, DISCARDING_RECEIVE_HWM)  # libzmq applies it to every peer's queue
         taken, size, ended = discarder()(self.socket, self._discard_budget)
         self._discard_budget -= taken
         oversized.size += size
@@ -231,6 +239,7 @@ class Frontend:
         if not ended:
             return None
         self._oversized = None
+        self.socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
         if oversized.count > TRIM_AFTER_FRAMES:  # an operator should know: every client waited for it
             log.warning(
                 "refused a message of %d frames (%d bytes): ZeroMQ held all of it before it could be refused, about "

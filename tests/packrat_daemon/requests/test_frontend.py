@@ -252,6 +252,8 @@ def test_a_message_of_too_many_frames_is_discarded_a_share_per_read_while_the_ot
         _send_frames_bomb(attacker, b'{"v":1,"id":"bomb","op":"infer","dtype":"float32","shape":[1,16]}', frames)
         assert served.frontend.socket.poll(10_000)
         assert served.frontend.read() == 0 and not attacker.poll(100)  # one share read, the message not yet answered
+        # Unbounded while it is discarded (libzmq's per-frame wake-ups come with the low-water mark), then bounded.
+        assert served.frontend.socket.getsockopt(zmq.RCVHWM) == frontend_module.DISCARDING_RECEIVE_HWM
         served.frontend.reply_error(held, ErrorCode.TIMEOUT, "its deadline passed")  # what the loop does meanwhile
         assert served.client.poll(1000), "a request the frontend held was not answered while the message was discarded"
         assert decode_reply(served.client.recv_multipart())[0]["error"]["code"] == "TIMEOUT"
@@ -264,6 +266,7 @@ def test_a_message_of_too_many_frames_is_discarded_a_share_per_read_while_the_ot
         assert header["id"] == "bomb" and header["error"]["code"] == "BAD_REQUEST"
         assert f"{frames + 1} frames" in header["error"]["message"]
         assert reads == -(-(frames + 1 - frontend_module.MAX_KEPT_FRAMES + 1) // share)  # a share each, and no more
+        assert served.frontend.socket.getsockopt(zmq.RCVHWM) == frontend_module.RECEIVE_HWM
         # The next message is read whole: nothing of it went with the discarded frames.
         assert served.ask(encode_info_request("after"))["id"] == "after"
     finally:

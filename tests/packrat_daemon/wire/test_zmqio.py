@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from packrat_daemon.wire import zmqio
 from packrat_daemon.wire.zmqio import (
     NOBLOCK,
+    CompiledDiscard,
     VectorDiscard,
     discard_python,
     discarder,
@@ -60,12 +62,20 @@ def test_readable_and_noblock(pair) -> None:
 
 
 def _discarders() -> list[Any]:
-    vector = discarder()
+    """Each way of discarding frames this install has (the contract below holds for all of them)."""
     kinds = [pytest.param(discard_python, id="python")]
-    if isinstance(vector, VectorDiscard):
-        kinds.append(pytest.param(vector, id="zmq_recviov"))
+    path = zmqio._pyzmq_libzmq()
+    if path is None:
+        skip = pytest.mark.skip(reason="pyzmq's libzmq not found")
+        return [*kinds, pytest.param(None, id="zmq_recviov", marks=skip), pytest.param(None, id="compiled", marks=skip)]
+    libzmq = ctypes.CDLL(path)
+    kinds.append(pytest.param(VectorDiscard(libzmq, ctypes.CDLL(None)), id="zmq_recviov"))
+    loop = zmqio._compiled_loop()
+    if loop is None:
+        reason = "packrat_daemon/wire/_discard.c was not compiled (no C compiler at install)"
+        kinds.append(pytest.param(None, id="compiled", marks=pytest.mark.skip(reason=reason)))
     else:
-        kinds.append(pytest.param(None, id="zmq_recviov", marks=pytest.mark.skip(reason="pyzmq's libzmq not found")))
+        kinds.append(pytest.param(CompiledDiscard(libzmq, loop), id="compiled"))
     return kinds
 
 
@@ -111,6 +121,12 @@ def test_discarding_counts_the_rest_of_a_message_and_stops_at_its_last_frame(
     assert not readable(router)
 
 
+@pytest.mark.parametrize("discard", _discarders())
+def test_discarding_with_nothing_waiting_says_so(router_pair: tuple[zmq.Socket, zmq.Socket], discard: Any) -> None:
+    with pytest.raises(zmq.Again):
+        discard(router_pair[0], 10)
+
+
 def recv_frames_upto(socket: zmq.Socket, count: int) -> list[zmq.Frame]:
     """The first `count` frames of the message waiting (or all of it, if shorter)."""
     frames = [socket.recv(NOBLOCK, copy=False)]
@@ -132,6 +148,11 @@ def test_the_discarder_is_pyzmqs_own_libzmq_or_else_pyzmq_frame_by_frame(monkeyp
         discarder.cache_clear()
         monkeypatch.undo()
         found = zmqio._pyzmq_libzmq()
+        compiled = zmqio._compiled_loop() is not None
+        assert isinstance(discarder(), CompiledDiscard) == (found is not None and compiled)
+        assert isinstance(discarder(), VectorDiscard) == (found is not None and not compiled)
+        discarder.cache_clear()
+        monkeypatch.setattr(zmqio, "_compiled_loop", lambda: None)  # an install without a C compiler
         assert isinstance(discarder(), VectorDiscard) == (found is not None)
     finally:
         discarder.cache_clear()
