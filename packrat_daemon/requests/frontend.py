@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import logging
 import math
+import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -78,13 +79,16 @@ FRAME_CAP_SLACK_BYTES = 1 << 20
 # Complete messages ZeroMQ queues per connected peer before it stops reading that peer's socket: with
 # the frame cap, what bounds the frontend's memory (docs/protocol.md, "Limits and memory").
 RECEIVE_HWM = 64
-# While a message of too many frames is discarded the receive queues are unbounded (ZeroMQ's 0), then bounded
-# again. libzmq 4.3 tells the sending peer's I/O thread that the queue has room once per *frame* read while the
-# count of whole messages read from that peer is a multiple of the low-water mark (half the high-water mark),
-# which it always is at a connection's first message: reading such a message cost several times as much per
-# frame, and a client can choose it. With no high-water mark there is no low-water mark and no such message.
-# What the others send meanwhile is queued unbounded for as long as the discard lasts (docs/protocol.md).
+# While a message of too many frames is discarded the receive queues have no high-water mark (ZeroMQ's 0).
+# libzmq 4.3 tells the sending peer's I/O thread that the queue has room once per *frame* read while the count
+# of whole messages read from that peer is a multiple of the low-water mark (half the high-water mark), which
+# it always is at a connection's first message: such a message cost several times as much a frame to read, and
+# a client can choose it. With no high-water mark there is no low-water mark, and no command per frame.
 DISCARDING_RECEIVE_HWM = 0
+# What the other clients send meanwhile is queued without the 64-message bound, so the bound comes back (and
+# the discard goes on at libzmq's slower pace) once the process's peak memory has grown this much since the
+# discard began: that peak already holds the whole message, whose memory libzmq frees as it is read.
+DISCARD_UNBOUNDED_MAX_BYTES = 64 << 20
 # Replies ZeroMQ queues per connected peer that has stopped reading: past it, with ROUTER_MANDATORY off, a
 # reply is dropped (the client that does not read times out) instead of queued. ZeroMQ's default of 1 000
 # let a client that never read grow the daemon without bound (5 GB for 100 replies of a 4 MiB-output model).
@@ -231,15 +235,18 @@ class Frontend:
                 return frames, size, count
             # Too many frames: only those that say what to answer are kept while the rest is discarded.
             oversized = self._oversized = _Oversized(frames[:3], size, count, time.monotonic())
+            oversized.unbounded_below = peak_memory() + DISCARD_UNBOUNDED_MAX_BYTES
             self.socket.setsockopt(zmq.RCVHWM, DISCARDING_RECEIVE_HWM)  # libzmq applies it to every peer's queue
         taken, size, ended = discarder()(self.socket, self._discard_budget)
         self._discard_budget -= taken
         oversized.size += size
         oversized.count += taken
+        if oversized.unbounded_below is not None and (ended or peak_memory() >= oversized.unbounded_below):
+            oversized.unbounded_below = None
+            self.socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
         if not ended:
             return None
         self._oversized = None
-        self.socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
         if oversized.count > TRIM_AFTER_FRAMES:  # an operator should know: every client waited for it
             log.warning(
                 "refused a message of %d frames (%d bytes): ZeroMQ held all of it before it could be refused, about "
@@ -450,6 +457,12 @@ class _Oversized:
     size: int
     count: int
     started: float  # when its first frame was read (time.monotonic)
+    unbounded_below: int | None = None  # the receive queues are unbounded until the peak memory reaches this
+
+
+def peak_memory() -> int:
+    """The most memory this process has held at once, in bytes (Linux counts ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 _trimmed_at = -math.inf

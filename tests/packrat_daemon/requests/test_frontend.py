@@ -273,6 +273,29 @@ def test_a_message_of_too_many_frames_is_discarded_a_share_per_read_while_the_ot
         attacker.close()
 
 
+def test_the_receive_bound_comes_back_mid_discard_once_memory_has_grown_by_the_allowance(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Unbounded queues let the other clients queue all they send while a message is discarded: only up to
+    # DISCARD_UNBOUNDED_MAX_BYTES more than the peak at its start, then the 64-message bound is back.
+    share = 1000
+    monkeypatch.setattr(frontend_module, "DISCARD_FRAMES_PER_WAKE", share)
+    peaks = iter([100 << 20, 120 << 20, (100 << 20) + frontend_module.DISCARD_UNBOUNDED_MAX_BYTES])
+    monkeypatch.setattr(frontend_module, "peak_memory", lambda: next(peaks))
+    _send_frames_bomb(served.client, b'{"v":1,"id":"bomb","op":"infer","dtype":"float32","shape":[1,16]}', 5 * share)
+    assert served.frontend.socket.poll(5000)
+    rcvhwm = []
+    for _ in range(3):
+        served.frontend.read()
+        rcvhwm.append(served.frontend.socket.getsockopt(zmq.RCVHWM))
+    # Grown 20 MiB after the first share: still unbounded; by the allowance after the second: bounded again.
+    assert rcvhwm == [frontend_module.DISCARDING_RECEIVE_HWM, frontend_module.RECEIVE_HWM, frontend_module.RECEIVE_HWM]
+    while served.frontend.socket.poll(0):  # the rest, bounded: no more looks at the memory (the iterator is spent)
+        served.frontend.read()
+    assert served.client.poll(5000)
+    assert decode_reply(served.client.recv_multipart())[0]["error"]["code"] == "BAD_REQUEST"
+
+
 def test_a_message_of_too_many_frames_over_the_byte_limit_is_too_large(served: Served) -> None:
     # The frames discarded count towards the message's size, as the ones kept do.
     limit = served.frontend.max_message_bytes()
