@@ -294,6 +294,76 @@ def frame_bomb(folder: Path, frames: int = 10_000_000) -> dict[str, Any]:
     return result
 
 
+_FLOOD = """
+import sys, zmq
+context = zmq.Context()
+sockets = []
+for _ in range(int(sys.argv[2])):
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(sys.argv[1])
+    sockets.append(socket)
+head = b'{"v":1,"id":"flood","op":"infer","dtype":"float32","shape":[1,16]}'
+frame = bytes(int(sys.argv[3]))
+print("flooding", flush=True)
+sent = turns = 0
+while True:
+    for socket in sockets:  # never reads a reply; a full queue drops the message here
+        try:
+            socket.send_multipart([head, frame, frame], zmq.NOBLOCK)
+            sent += 1
+        except zmq.Again:
+            pass
+    turns += 1
+    if turns % 16 == 0 and __import__("select").select([sys.stdin], [], [], 0)[0]:
+        break
+print("sent", sent, flush=True)
+"""
+
+
+def frame_bomb_flood(
+    folder: Path, frames: int = 10_000_000, flooders: int = 8, frame_bytes: int = 64 * 1024
+) -> dict[str, Any]:
+    """The frame bomb while `flooders` clients send 3-frame messages as fast as they can and read no reply: while
+    the frontend discards the bomb the receive queues have no 64-message mark, so what the flood adds then is
+    bounded only by DISCARD_UNBOUNDED_MAX_BYTES over the peak. The check: the peak over the flood's own steady
+    RSS stays under the bomb's memory (64 bytes a frame), the flood's 64-message bound and that allowance."""
+    from packrat_daemon.requests.frontend import DISCARD_UNBOUNDED_MAX_BYTES, RECEIVE_HWM
+
+    daemon = Daemon("bomb-flood", folder, TINY)
+    daemon.wait()
+    innocent = Innocent(daemon)
+    flood = subprocess.Popen([sys.executable, "-c", _FLOOD, daemon.endpoint, str(flooders), str(frame_bytes)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert flood.stdout is not None and flood.stdin is not None
+    flood.stdout.readline()
+    time.sleep(3.0)  # the flood's queues full: its steady memory
+    steady = rss_bytes(daemon.process.pid)
+    innocent.rss.peak = steady  # the peak from here on
+    attacker = subprocess.Popen([sys.executable, "-c", _FRAME_BOMB, daemon.endpoint, str(frames)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert attacker.stdout is not None
+    attacker.stdout.readline()
+    answer = attacker.stdout.readline().strip()
+    time.sleep(2.0)
+    flood.stdin.write("stop\n")
+    flood.stdin.flush()
+    sent = flood.communicate(timeout=60)[0].split()[-1]
+    result = innocent.finish()
+    attacker.communicate("", timeout=30)
+    alive = daemon.process.poll() is None
+    daemon.close()
+    flood_bound = flooders * (RECEIVE_HWM + 1) * (2 * frame_bytes + 100)
+    bound = 64 * frames + flood_bound + DISCARD_UNBOUNDED_MAX_BYTES
+    grown = result["peak_rss_mib"] * MIB - steady
+    result.update(frames=frames + 1, flood_clients=flooders, flood_message_bytes=2 * frame_bytes,
+                  flood_messages_sent=int(sent), answer=answer[:200], flood_steady_rss_mib=round(steady / MIB, 1),
+                  grown_over_steady_mib=round(grown / MIB, 1), bound_over_steady_mib=round(bound / MIB, 1),
+                  alive=alive)  # fmt: skip
+    result["checks"] = {"alive": alive, "none_lost": result["lost"] == 0, "within_bound": grown <= bound}
+    return result
+
+
 # -- item 10: descriptors ------------------------------------------------------------------------------------
 def descriptors(folder: Path) -> dict[str, Any]:
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # what this machine allows: the daemon takes it all
@@ -444,6 +514,7 @@ SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "curve_keys": curve_keys,
     "ipv6_and_kill": ipv6_and_kill,
     "frame_bomb": frame_bomb,
+    "frame_bomb_flood": frame_bomb_flood,
 }
 
 
