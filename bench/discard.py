@@ -14,7 +14,6 @@ the rounds) and its ratio to the frontend's way (compiled, high-water mark 0) in
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import random
@@ -23,7 +22,6 @@ import statistics
 import struct
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,22 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from packrat_daemon.requests.frontend import DISCARDING_RECEIVE_HWM, RECEIVE_HWM  # noqa: E402
 from packrat_daemon.wire import zmqio  # noqa: E402
-
-Discard = Callable[[zmq.Socket, int], tuple[int, int, bool]]
-
-
-def discarders() -> dict[str, Discard]:
-    """Every discarder this install has, by name."""
-    found: dict[str, Discard] = {"python": zmqio.discard_python}
-    path = zmqio._pyzmq_libzmq()
-    if path is None:
-        return found
-    libzmq = ctypes.CDLL(path)
-    found["zmq_recviov"] = zmqio.VectorDiscard(libzmq, ctypes.CDLL(None))
-    loop = zmqio._compiled_loop()
-    if loop is not None:
-        found["compiled"] = zmqio.CompiledDiscard(libzmq, loop)
-    return found
 
 
 def _greeting() -> bytes:
@@ -75,7 +57,7 @@ def _read(peer: socket.socket, count: int) -> bytes:
     return data
 
 
-def one_run(router: zmq.Socket, port: int, frames: int, first: bool, discard: Discard, hwm: int) -> float:
+def one_run(router: zmq.Socket, port: int, frames: int, first: bool, discard: zmqio.Discarder, hwm: int) -> float:
     """Nanoseconds a frame to discard one message of `frames` frames sent by a fresh connection."""
     peer = socket.create_connection(("127.0.0.1", port))
     try:
@@ -114,7 +96,7 @@ def main() -> None:
     router.setsockopt(zmq.LINGER, 0)
     router.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
     port = router.bind_to_random_port("tcp://127.0.0.1")
-    ways = discarders()
+    ways = zmqio.discarders()
     configurations = [(name, hwm, first) for name in ways for hwm in (RECEIVE_HWM, DISCARDING_RECEIVE_HWM)
                       for first in (True, False)]  # fmt: skip
     reference = ("compiled" if "compiled" in ways else "zmq_recviov", DISCARDING_RECEIVE_HWM, True)

@@ -185,23 +185,34 @@ def _pyzmq_libzmq() -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-@functools.cache
-def discarder() -> Callable[[zmq.Socket, int], tuple[int, int, bool]]:
-    """On pyzmq's own libzmq, where it is found and is the version pyzmq reports: :class:`CompiledDiscard` where
-    the loop was compiled, else :class:`VectorDiscard`; else :func:`discard_python`. Chosen once, at the first
-    message that needs it."""
+# A discarder: (socket, most frames) -> (frames, bytes, whether the message's last frame was among them).
+Discarder = Callable[[zmq.Socket, int], tuple[int, int, bool]]
+
+
+def discarders() -> dict[str, Discarder]:
+    """Every way this process has of discarding frames, slowest first: ``python`` (:func:`discard_python`); on
+    pyzmq's own libzmq, where it is found and is the version pyzmq reports, ``zmq_recviov``
+    (:class:`VectorDiscard`) and, where the install compiled the loop, ``compiled`` (:class:`CompiledDiscard`)."""
+    found: dict[str, Discarder] = {"python": discard_python}
     path = _pyzmq_libzmq()
     if path is None:
-        return discard_python
+        return found
     try:
         libzmq = ctypes.CDLL(path)  # already loaded: dlopen hands back that same library
         major, minor, patch = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
         libzmq.zmq_version(ctypes.byref(major), ctypes.byref(minor), ctypes.byref(patch))
         if (major.value, minor.value, patch.value) != zmq.zmq_version_info():
-            return discard_python
+            return found
+        found["zmq_recviov"] = VectorDiscard(libzmq, ctypes.CDLL(None))
         loop = _compiled_loop()
         if loop is not None:
-            return CompiledDiscard(libzmq, loop)
-        return VectorDiscard(libzmq, ctypes.CDLL(None))
+            found["compiled"] = CompiledDiscard(libzmq, loop)
     except (OSError, AttributeError):  # no such library or function here
-        return discard_python
+        pass
+    return found
+
+
+@functools.cache
+def discarder() -> Discarder:
+    """The fastest of :func:`discarders`, chosen once, at the first message that needs it."""
+    return list(discarders().values())[-1]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 from collections.abc import Iterator
 from typing import Any
@@ -62,21 +61,17 @@ def test_readable_and_noblock(pair) -> None:
 
 
 def _discarders() -> list[Any]:
-    """Each way of discarding frames this install has (the contract below holds for all of them)."""
-    kinds = [pytest.param(discard_python, id="python")]
-    path = zmqio._pyzmq_libzmq()
-    if path is None:
-        skip = pytest.mark.skip(reason="pyzmq's libzmq not found")
-        return [*kinds, pytest.param(None, id="zmq_recviov", marks=skip), pytest.param(None, id="compiled", marks=skip)]
-    libzmq = ctypes.CDLL(path)
-    kinds.append(pytest.param(VectorDiscard(libzmq, ctypes.CDLL(None)), id="zmq_recviov"))
-    loop = zmqio._compiled_loop()
-    if loop is None:
-        reason = "packrat_daemon/wire/_discard.c was not compiled (no C compiler at install)"
-        kinds.append(pytest.param(None, id="compiled", marks=pytest.mark.skip(reason=reason)))
-    else:
-        kinds.append(pytest.param(CompiledDiscard(libzmq, loop), id="compiled"))
-    return kinds
+    """Each way of discarding frames (the contract below holds for all of them); one this install lacks skips."""
+    found = zmqio.discarders()
+    missing = {
+        "zmq_recviov": "pyzmq's libzmq not found",
+        "compiled": "packrat_daemon/wire/_discard.c was not compiled (no C compiler at install)",
+    }
+    return [
+        pytest.param(found[name], id=name) if name in found
+        else pytest.param(None, id=name, marks=pytest.mark.skip(reason=missing[name]))
+        for name in ("python", *missing)
+    ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
