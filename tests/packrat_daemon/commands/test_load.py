@@ -50,8 +50,9 @@ def check_fixed_fields(report: dict[str, Any]) -> None:
 
 @pytest.mark.slow
 def test_poisson_at_low_load_reaches_its_rate_and_every_request_is_answered(endpoint, capsys):
-    # 10 req/s for 12 s: a Poisson count would stray by 1/sqrt(120), about 9%; the fixed count sends exactly 120.
-    rate, duration = 10.0, 12.0
+    # 30 req/s for 4 s (still low for the tiny model): a Poisson count would stray by 1/sqrt(120), about 9%; the
+    # fixed count sends exactly 120.
+    rate, duration = 30.0, 4.0
     report = load(capsys, "--endpoint", endpoint, "--rate", f"{rate:g}", "--duration", f"{duration:g}")
     check_fixed_fields(report)
     assert report["sent"] == report["ok"] == round(rate * duration) and report["errors"] == {}
