@@ -8,6 +8,10 @@ watches the last RECENT batches: when most of them are of sizes that held under 
 counts, the traffic has moved, and the counts restart from those new batches alone. A size that is
 merely rare cannot trigger it (a size with a tenth of the traffic fills 12 of 16 batches in a row about
 once in a billion), so under steady traffic nothing restarts.
+
+Time only ever decays the counts (by 2^-(elapsed / half-life), a factor in [0, 1] that at worst underflows
+to 0), and a clock that goes back decays nothing until it has caught up again: no gap, however long, can
+overflow them.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ class BatchSizeEstimator:
         self.half_life_s = half_life_s
         self.top = top
         self._weights: dict[int, float] = {}
-        self._last = 0.0
+        self._last: float | None = None  # the time the counts were last decayed to (None: never)
         self._first: float | None = None  # the first batch seen (the rate's window is shorter until a while after)
         self._total = 0.0  # the sum of _weights (restarted with them)
         self._batches = 0.0  # decayed counts of batches and inputs, for the rates (never restarted)
@@ -96,9 +100,9 @@ class BatchSizeEstimator:
                  "mostly of %s); the batch sizes restart from those", novel, len(self._recent), before)  # fmt: skip
 
     def _decay(self, now: float) -> None:
-        if now <= self._last:
+        if self._last is not None and not now > self._last:  # the same instant, a clock gone back (or NaN)
             return
-        factor = math.pow(0.5, (now - self._last) / self.half_life_s) if self._last else 1.0
+        factor = 1.0 if self._last is None else math.pow(0.5, (now - self._last) / self.half_life_s)
         self._last = now
         if factor < 1.0:
             # Sizes that faded below a hundredth of a batch are forgotten, so the map stays small.

@@ -6,6 +6,14 @@ learner keeps a robust running estimate: each sample is clipped to within a fact
 current estimate (one stalled call cannot drag it) and folded into an exponentially weighted mean of
 log-latency. Its weight decays with age, so a cell nobody uses any more hands the say back to the
 offline measurement.
+
+Time is an input like any other: a restart, a clock stepped back or forward, a batch size unseen for a
+week. So each estimate keeps its weight as of a time (`weighed`), and only ever multiplies it by a
+decay factor 2^-(elapsed / half-life) with elapsed clamped to [0, MAX_AGE_S]: a factor in [0, 1], which at
+worst underflows to 0 and can never overflow. Restoring a saved estimate takes its weight as of the save,
+never un-decaying it to its last sample's time (2^(age / half-life) overflows after 1 024 half-lives, a
+week at 10 minutes). An estimate whose weight decayed below FORGOTTEN_WEIGHT holds no evidence any more:
+it is dropped, so a size that comes back starts afresh and the state file keeps only what counts.
 """
 
 from __future__ import annotations
@@ -23,13 +31,21 @@ from policies.planning.profile import Cell, Profile
 from policies.planning.topology import Topology
 
 CLIP_FACTOR = 2.0
+# Beyond these an age or a weight is not something production measured but a clock that jumped or a file
+# that was edited: clamped to them. A year is past any decay that still matters (50 000 half-lives); a
+# billion samples is past any cell's steady weight (rate × half-life / ln 2: 100 000 slices/s for 10 min
+# is under 10^8), and keeps a sum of every cell's weight far from a float's range.
+MAX_AGE_S = 366 * 86400.0
+MAX_WEIGHT = 1e9
+FORGOTTEN_WEIGHT = 1e-6  # 20 half-lives: nothing left of the evidence
 
 
 @dataclass
 class _Estimate:
     log_ms: float
-    weight: float  # decayed number of samples behind the estimate
-    seen: float  # time of the last sample
+    weight: float  # decayed number of samples behind the estimate, as of `weighed`
+    weighed: float  # the time `weight` holds for
+    seen: float  # time of the last sample (for its age only: the weight never decays from it)
 
 
 class ProductionProfile:
@@ -47,14 +63,15 @@ class ProductionProfile:
         key = (threads, batch)
         estimate = self._cells.get(key)
         value = math.log(compute_ms)
-        if estimate is None:
-            self._cells[key] = _Estimate(value, 1.0, now)
+        weight = 0.0 if estimate is None else self._decayed(estimate, now)
+        if estimate is None or weight < FORGOTTEN_WEIGHT:  # no evidence left to clip the sample against
+            self._cells[key] = _Estimate(value, 1.0, now, now)
             return
         limit = math.log(CLIP_FACTOR)
         value = min(max(value, estimate.log_ms - limit), estimate.log_ms + limit)
         estimate.log_ms += self.smoothing * (value - estimate.log_ms)
-        estimate.weight = self._decayed(estimate, now) + 1.0
-        estimate.seen = now
+        estimate.weight, estimate.weighed = min(weight + 1.0, MAX_WEIGHT), max(now, estimate.weighed)
+        estimate.seen = max(now, estimate.seen)
 
     def learned(self, now: float) -> dict[tuple[int, int], Cell]:
         """Cells with enough recent evidence, as profile cells (samples = their decayed weight)."""
@@ -82,24 +99,43 @@ class ProductionProfile:
         return conditions_factor(base, learned) if base is not None and learned else 1.0
 
     def export(self, now: float) -> list[LearnedCell]:
-        """Every running estimate with its decayed sample weight and its age, for the state file."""
-        return [
-            LearnedCell(key, math.exp(e.log_ms), self._decayed(e, now), max(0.0, now - e.seen))
-            for key, e in sorted(self._cells.items())
-        ]
+        """Every running estimate with its decayed sample weight and its age, for the state file; the forgotten
+        ones (FORGOTTEN_WEIGHT) are dropped, here and from the learner."""
+        cells = []
+        for key, e in sorted(self._cells.items()):
+            weight = self._decayed(e, now)
+            if weight < FORGOTTEN_WEIGHT:
+                del self._cells[key]
+                continue
+            cells.append(LearnedCell(key, math.exp(e.log_ms), weight, _age(now - e.seen)))
+        return cells
 
     def restore(self, cells: Sequence[LearnedCell], now: float, elapsed: float = 0.0) -> None:
         """Take back `export`'s estimates (a restart): each as it was exported, then aged by `elapsed` seconds
-        (the time since the export), so its weight decays for the downtime as it would have while serving."""
+        (the time since the export), so its weight decays for the downtime as it would have while serving.
+
+        Whatever the numbers (a file edited by hand, a clock stepped back: ages negative, years, not numbers),
+        nothing here can raise: a cell without a usable latency or weight is skipped, ages and weights are
+        clamped (MAX_AGE_S, MAX_WEIGHT), and the weight is kept as of the export, so no growth factor is ever
+        computed."""
+        elapsed = _age(elapsed)
         for cell in cells:
-            if cell.latency_ms > 0 and math.isfinite(cell.latency_ms) and cell.weight > 0:
-                seen = now - cell.age_s - elapsed
-                undecayed = cell.weight * math.pow(2.0, cell.age_s / self.half_life_s)  # its weight at `seen`
-                self._cells[cell.key] = _Estimate(math.log(cell.latency_ms), undecayed, seen)
-        self.samples += round(sum(cell.weight for cell in cells))
+            weight = min(cell.weight, MAX_WEIGHT)  # NaN fails the test below: every comparison with NaN is false
+            if 0 < cell.latency_ms < math.inf and FORGOTTEN_WEIGHT <= weight <= MAX_WEIGHT:
+                weighed = now - elapsed
+                self._cells[cell.key] = _Estimate(
+                    math.log(cell.latency_ms), weight, weighed, weighed - _age(cell.age_s)
+                )
+                self.samples += round(weight)
 
     def _decayed(self, estimate: _Estimate, now: float) -> float:
-        return estimate.weight * math.pow(0.5, max(0.0, now - estimate.seen) / self.half_life_s)
+        """The weight at `now`: never more than as of `weighed` (a clock stepped back decays nothing)."""
+        return estimate.weight * math.pow(0.5, _age(now - estimate.weighed) / self.half_life_s)
+
+
+def _age(seconds: float) -> float:
+    """`seconds` as an age: within [0, MAX_AGE_S], and 0 for NaN (a clock that went back, or a file's nonsense)."""
+    return min(seconds, MAX_AGE_S) if seconds > 0 else 0.0
 
 
 @dataclass(frozen=True)
