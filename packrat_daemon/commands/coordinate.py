@@ -3,8 +3,10 @@
 Each daemon is named and reached through its control socket (`--daemon NAME=ipc://RUN_DIR/control.ipc`, or
 `NAME=RUN_DIR`). The coordinator divides its CPUs into contiguous runs of whole cores, tells each daemon its
 share, and then every `--interval` plans the models jointly from their live demand and moves cores when the
-move is predicted to cut the traffic-weighted mean latency by `--min-gain` or more. `--status` prints what
-the running coordinator last wrote to its status file.
+move is predicted to cut the traffic-weighted mean latency by `--min-gain` or more. It holds a lock in each
+daemon's run dir while it runs (`coordinator.lock`, `coordinate.lock`): a second coordinator on any of them
+refuses to start, naming the first.
+`--status` prints what the running coordinator last wrote to its status file.
 """
 
 from __future__ import annotations
@@ -120,15 +122,24 @@ def run(args: argparse.Namespace) -> int:
     path = status_path(args)
     if args.status:
         return print_status(path, args.json)
-    from packrat_daemon.coordinate.loop import Coordinator, Link
-    from packrat_daemon.ops.logs import setup_logging
-    from policies.planning.topology import Topology
+    from packrat_daemon.coordinate.lock import coordinating
 
     daemons = parse_daemons(args.daemon)
     targets = parse_targets(args.target, [name for name, _ in daemons])
     check_numbers(args)
     if args.emulate_cores is not None and args.emulate_cores < 1:
         raise ConfigError(f"--emulate-cores {args.emulate_cores}: give a positive number of made-up cores")
+    # Held until the coordinator has stopped and written its last status: a second coordinator on any of these
+    # daemons refuses to start (exit 2, naming this one) instead of undoing this one's moves.
+    with coordinating(daemons):
+        return coordinate(args, daemons, targets, path)
+
+
+def coordinate(args: argparse.Namespace, daemons: list[tuple[str, str]], targets: dict[str, float], path: Path) -> int:
+    from packrat_daemon.coordinate.loop import Coordinator, Link
+    from packrat_daemon.ops.logs import setup_logging
+    from policies.planning.topology import Topology
+
     machine = Topology.synthetic(args.emulate_cores) if args.emulate_cores else Topology.detect()
     topology = machine.share(args.cpus)
     setup_logging(args.log_level)
