@@ -6,9 +6,19 @@ images that is megabytes copied for nothing. So `ModelInfer` is served bytes in,
 
 - `split_infer_request` walks only the request's top level (tags and lengths, bounded by the message's
   own length) and takes each `raw_input_contents` (field 7) as a memoryview of the received bytes. Every
-  other field, in order, is parsed by the generated `ModelInferRequest`: protobuf concatenation means those
-  fields alone parse to exactly what the whole message would, less field 7. So names, shapes, parameters
-  and typed contents are still checked by protobuf itself, and the hand parser has only framing to get right.
+  other field of the message (1 to 6), in order, is parsed by the generated `ModelInferRequest`: protobuf
+  concatenation means those fields alone parse to exactly what the whole message would, less field 7. So
+  names, shapes, parameters and typed contents are still checked by protobuf itself, and the hand parser has
+  only framing to get right. A top-level field the message does not define (8 and up: a newer protocol's,
+  or padding) has its framing checked and is skipped, not kept: Packrat reads none.
+- The walk is Python, one turn per top-level field, so the number of fields is bounded (`MAX_FIELDS`),
+  not only the message's bytes: a message of millions of 2-byte fields inside the 64 MiB message limit
+  would otherwise cost a turn (and an object) each, seconds of CPU and gigabytes. No real request comes
+  near the bound: it has a name, a version and an id, a parameter map (at most `MAX_PARAMETERS` entries,
+  each a field of its own), and at most `MAX_TENSORS` inputs, outputs asked for and raw contents (the
+  daemon's own bound on a request's tensors). A message over it is refused at its `MAX_FIELDS + 1`th field,
+  before the rest is looked at. What is inside a field (a tensor's shape, typed contents, its parameters)
+  is parsed by protobuf's C parser (upb), whose cost is linear in bytes with a small constant.
 - `encode_infer_response` serializes the small part (names, shapes, id) with the generated class and
   appends each output's bytes as field 6, copied once, into the one `bytes` gRPC sends.
 
@@ -25,8 +35,16 @@ from google.protobuf.message import DecodeError
 
 from packrat_daemon.protocol.errors import OipError, Status
 from packrat_daemon.protocol.grpc import inference_pb2 as pb
+from packrat_daemon.wire.codec import MAX_TENSORS
 
 RAW_INPUT_FIELD = 7  # ModelInferRequest.raw_input_contents
+LAST_KNOWN_FIELD = 7  # ModelInferRequest's fields are 1 to 7; a higher number is skipped, not kept
+# A request's `parameters` entries: Triton's clients send a handful (priority, timeout, binary_data_output,
+# sequence ids); the protocol sets no number, so this is a generous one.
+MAX_PARAMETERS = 128
+# Top-level fields in a real request: model_name, model_version, id; the parameter entries; and inputs,
+# outputs and raw_input_contents, at most MAX_TENSORS each (the module's docstring says why there is a bound).
+MAX_FIELDS = 3 + MAX_PARAMETERS + 3 * MAX_TENSORS
 RAW_OUTPUT_TAG = b"\x32"  # ModelInferResponse.raw_output_contents: field 6, length-delimited
 _MAX_VARINT_BYTES = 10  # a 64-bit value
 _MAX_FIELD_NUMBER = (1 << 29) - 1
@@ -52,9 +70,17 @@ def split_infer_request(data: bytes) -> tuple[pb.ModelInferRequest, list[memoryv
     """The request without its raw contents, and its `raw_input_contents` as views of `data`, in order."""
     view = memoryview(data)
     raw: list[memoryview] = []
-    rest: list[memoryview] = []  # every other field, tag included, in the order it came
-    pos, end = 0, len(data)
+    rest: list[memoryview] = []  # fields 1 to 6, tag included, in the order they came
+    pos, end, fields = 0, len(data), 0
     while pos < end:  # each turn moves past one field, at least one byte: bounded by the message's length
+        fields += 1
+        if fields > MAX_FIELDS:  # before anything of it is read: the walk costs at most MAX_FIELDS turns
+            raise OipError(
+                Status.INVALID_ARGUMENT,
+                f"the ModelInferRequest has more than {MAX_FIELDS} top-level fields (name, version, id, at most "
+                f"{MAX_PARAMETERS} parameters, at most {MAX_TENSORS} inputs, outputs and raw contents each); "
+                "no request needs more",
+            )
         start = pos
         key, pos = _varint(data, pos, end)
         field, wire_type = key >> 3, key & 7
@@ -79,7 +105,8 @@ def split_infer_request(data: bytes) -> tuple[pb.ModelInferRequest, list[memoryv
             raise _malformed(f"wire type {wire_type} (field {field})")
         if pos > end:
             raise _malformed(f"field {field} is truncated")
-        rest.append(view[start:pos])
+        if field <= LAST_KNOWN_FIELD:
+            rest.append(view[start:pos])
     try:
         request = pb.ModelInferRequest.FromString(b"".join(rest))
     except DecodeError as exc:

@@ -2,13 +2,16 @@
 (`python -m tests.packrat_daemon.protocol.grpc.wire_properties`) by test_wire.py: Packrat's stubs register the
 `inference.*` messages in protobuf's default pool, as tritonclient's do, so they stay out of pytest's process.
 
-The hand parser must agree with protobuf wherever it accepts a message, refuse whatever protobuf refuses, and
-raise nothing but OipError(INVALID_ARGUMENT), on valid requests, on valid requests damaged, and on any bytes.
+The hand parser must agree with protobuf wherever it accepts a message (less the top-level fields the message
+does not define, which it skips), refuse whatever protobuf refuses, and raise nothing but
+OipError(INVALID_ARGUMENT), on valid requests, on valid requests damaged, and on any bytes; and a message of
+more top-level fields than a request has is refused at once, without an object per field.
 """
 
 from __future__ import annotations
 
 import sys
+import tracemalloc
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -17,7 +20,7 @@ from hypothesis import strategies as st
 
 from packrat_daemon.protocol.errors import OipError, Status
 from packrat_daemon.protocol.grpc import inference_pb2 as pb
-from packrat_daemon.protocol.grpc.wire import encode_infer_response, split_infer_request
+from packrat_daemon.protocol.grpc.wire import MAX_FIELDS, encode_infer_response, split_infer_request
 
 EXAMPLES = 400
 texts = st.text(max_size=12)
@@ -75,8 +78,10 @@ def outcome(data: bytes) -> tuple[pb.ModelInferRequest | None, pb.ModelInferRequ
         request, raw = split_infer_request(data)
     except OipError as exc:
         assert exc.status is Status.INVALID_ARGUMENT, exc.status
-        if expected is not None:  # stricter only for a group (proto2's), which no OIP message has
-            assert "wire type 3" in exc.message, f"the hand parser refused a message protobuf takes: {exc.message}"
+        if expected is not None:  # stricter only for a group (proto2's), which no OIP message has, and a bomb
+            assert "wire type 3" in exc.message or "top-level fields" in exc.message, (
+                f"the hand parser refused a message protobuf takes: {exc.message}"
+            )
         return expected, None
     assert all(isinstance(view, memoryview) and view.obj is data for view in raw)  # views of the bytes received
     request.raw_input_contents.extend(bytes(view) for view in raw)
@@ -87,6 +92,10 @@ def agrees(data: bytes) -> None:
     expected, got = outcome(data)  # a refusal of what protobuf takes fails in there
     if got is not None:
         assert expected is not None, "the hand parser took a message protobuf refuses"
+        # Equal once the unknown fields protobuf kept, and the hand parser skipped (top-level ones), are dropped
+        # from both (`==` compares them too).
+        got.DiscardUnknownFields()
+        expected.DiscardUnknownFields()
         assert got == expected and got.SerializeToString() == expected.SerializeToString()
 
 
@@ -152,6 +161,39 @@ def bounds() -> None:
             raise AssertionError(f"{data!r} was taken")
 
 
+def field_bombs() -> None:
+    """A message of millions of 2-byte fields inside the message limit (unknown ones, or one known field
+    repeated) is refused at its (MAX_FIELDS + 1)th field: no turn, and no object, per field beyond."""
+    named = pb.ModelInferRequest(model_name="m", id="x").SerializeToString()
+    bombs = {
+        "unknown": b"\x40\x00" * (8 << 20),  # 16 MiB: field 8, varint 0, 8 Mi times
+        "after a request": named + b"\x40\x00" * (8 << 20),
+        "a known field repeated": b"\x1a\x00" * (8 << 20),  # `id`, empty, 8 Mi times: protobuf keeps the last
+    }
+    for what, data in bombs.items():
+        tracemalloc.start()
+        try:
+            split_infer_request(data)
+        except OipError as exc:
+            assert exc.status is Status.INVALID_ARGUMENT and f"more than {MAX_FIELDS} top-level fields" in exc.message
+        else:
+            raise AssertionError(f"{what}: a message of 8 Mi fields was taken")
+        finally:
+            _, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+        assert peak < 256 << 10, f"{what}: {peak} bytes allocated to refuse it"
+    # The bound itself: MAX_FIELDS fields parse (unknown ones skipped), one more does not.
+    fields = [b"\x1a\x01x"] * (MAX_FIELDS - 1) + [b"\x40\x07"]
+    request, raw = split_infer_request(b"".join(fields))
+    assert request.id == "x" and not raw and request.SerializeToString() == b"\x1a\x01x"
+    try:
+        split_infer_request(b"".join([*fields, b"\x40\x07"]))
+    except OipError as exc:
+        assert "top-level fields" in exc.message
+    else:
+        raise AssertionError(f"{MAX_FIELDS + 1} fields were taken")
+
+
 @settings(max_examples=EXAMPLES // 2, deadline=None)
 @given(
     texts,
@@ -184,6 +226,7 @@ CHECKS = (
     damaged_requests_agree_or_are_refused,
     any_bytes_agree_or_are_refused,
     bounds,
+    field_bombs,
     responses_parse_back,
 )
 
