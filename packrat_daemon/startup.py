@@ -139,7 +139,7 @@ def start_up(
     state = StateKeeper(folder, default=config.state_dir is None)
     if state.path is not None and config.state_dir is None:
         log.info("state: kept in %s (--state-dir DIR elsewhere, --state-dir none for nowhere)", folder)
-    identities = {profile_key(r, p): state.identity(config, r, p, topology.usable_cores) for r, p in pairs}
+    identities = {profile_key(r, p): state.identity(config, r, p, topology) for r, p in pairs}
     settings = choice_settings(config)
     warm = state.warm_choice(identities, settings) if len(pairs) > 1 and not config.profile else None
     if warm is not None and state.choice is not None:
@@ -594,7 +594,7 @@ def _load(
         backend.close()
         raise
     log.info("model %s: input %s %s per sample", config.model, info.dtype, list(info.shape))
-    ident = state.identity(config, info.runtime, info.precision, topology.usable_cores)
+    ident = state.identity(config, info.runtime, info.precision, topology)
     return Loaded(key, precision, backend, info, ident, state.restore(key, ident), state)
 
 

@@ -5,8 +5,8 @@ One JSON file, `learned-profile.json`, holds what this daemon knows about its mo
 
 - per (runtime, precision) it prepared: the cells measured at start (with samples and p90), the cells the
   adaptive search only estimated (kept apart, never served on), when they were measured, and the identity
-  they hold for: the model (its spec, and a file model's SHA-256), the runtime and precision, the library
-  versions that compute it, and the usable cores;
+  they hold for: everything that changes a measurement (`state_identity`: the model's spec and content,
+  the input declared, the runtime and precision, the library versions that compute it, the CPU set);
 - the choice between the candidates: each one's verdict (served, slower, refused by the accuracy guard) and
   why, with the identity it was decided for, so that a restart whose candidates all match serves the one
   chosen without starting the others;
@@ -17,29 +17,38 @@ It is written atomically (a temporary file, fsync, rename, fsync of the folder):
 plan change and at stop, so a SIGKILL loses at most `SAVE_INTERVAL_S` of production's learning. At start
 it is read back when the identity matches: the daemon then serves the saved plan without measuring. A
 file whose identity does not match (another model, a library upgrade, fewer cores) or that cannot be read
-is set aside, renamed with the time, and the log line says why; it never stops a start. The folder and
-its file are held to the run dir's rules, and read bounded (`state_files`); a saved plan is checked against
-this machine before a worker is forked for it.
+is set aside, renamed with the time, and the log line says why; it never stops a start, whatever it holds
+(each field is read strictly, `state_document`; ages and weights a clock moved are clamped, never grown).
+The folder and its file are held to the run dir's rules, and read bounded (`state_files`); a saved plan is
+checked against this machine before a worker is forked for it.
+
+The clocks are injected (`Clock`), as the simulation injects its own: a test runs a month of restarts, with
+the wall clock stepped back and forward, in a second.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
 import json
 import logging
 import math
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from packrat_daemon.adapt.production import LearnedCell
+from packrat_daemon.adapt.production import MAX_AGE_S
 from packrat_daemon.config import ServeConfig
-from packrat_daemon.measure.runtime_choice import SERVED, Verdict
+from packrat_daemon.ops.state_document import (
+    Choice,
+    Entry,
+    Resumed,
+    plan_from_json,
+    resumed_from_json,
+)
 from packrat_daemon.ops.state_files import (
     MAX_STATE_BYTES,
     StateError,
@@ -49,29 +58,28 @@ from packrat_daemon.ops.state_files import (
     set_aside,
     write_atomically,
 )
+from packrat_daemon.ops.state_identity import content_sha256, identity, mismatch
 from packrat_daemon.wire.errors import ConfigError, PackratError
-from policies.base import InstancePlan, Plan
-from policies.planning.distribution import BatchDistribution
-from policies.planning.profile import Cell, Profile
+from policies.base import Plan
+from policies.planning.profile import Profile
 from policies.planning.topology import Topology
-from workers.models.spec import EMULATED
 
 if TYPE_CHECKING:
     from packrat_daemon.adapt.online import OnlineAdaptation
 
+# Re-exported: what the daemon, the benches and the tests import from here.
+__all__ = ["STATE_FILE", "Choice", "Clock", "Entry", "StateKeeper", "identity", "mismatch", "plan_from_json",
+           "state_folder"]  # fmt: skip
+
 log = logging.getLogger("packrat.daemon")
 
 STATE_FILE = "learned-profile.json"
-FORMAT = 1
+# 2: the identity holds the input declared and the CPU set, and production's estimates their weight as of the
+# save; a format-1 file (keyed without them) is set aside rather than served to another input or CPUs.
+FORMAT = 2
 NO_STATE = "none"  # --state-dir none: keep nothing
 APP = "packrat"
 SAVE_INTERVAL_S = 60.0  # production's learning a SIGKILL may lose, against a write (and fsync) per interval
-
-# The libraries whose version changes what a runtime measures (the ONNX and OpenVINO runtimes run models
-# converted by torch's exporter).
-LIBRARIES = {"torch": ("torch",), "onnxruntime": ("torch", "onnxruntime"), "openvino": ("torch", "openvino")}
-
-CellKey = tuple[int, int]
 
 
 def state_folder(setting: str | None, model: str, policy: str, environ: Mapping[str, str] | None = None) -> str | None:
@@ -100,128 +108,24 @@ class Serving(Protocol):
     adaptation: OnlineAdaptation
 
 
-def identity(
-    config: ServeConfig, runtime: str, precision: str, cores: int, digest: Callable[[str], str] | None = None
-) -> dict[str, Any]:
-    """What a saved profile must match to be served again. `digest`: a file's SHA-256 (a cache of `_sha256`)."""
-    digest = digest or _sha256
-    model_file = None
-    if os.path.isfile(config.model):
-        model_file = digest(config.model)
-    # A --profile file's cells are the offline half of what was learned: another file, another start.
-    profile_file = digest(config.profile) if config.profile else None
-    versions = {name: _version(name) for name in LIBRARIES.get(runtime, ())}
-    if runtime == EMULATED and config.profile:
-        # An emulation's "library" is the table its workers wait and the interference they add.
-        versions = {
-            "emulated profile": profile_file,
-            "interference": config.emulate_interference or "default",
-        }
-    return {
-        "model": config.model,
-        "model_sha256": model_file,
-        "profile_sha256": profile_file,
-        "runtime": runtime,
-        "precision": precision,
-        "versions": versions,
-        "usable_cores": cores,
-    }
+@dataclass(frozen=True)
+class Clock:
+    """The two clocks the state reads: `monotonic` (production's estimates are aged on it, as the daemon's loop
+    times them) and `wall` (the time of day a file was saved, for the downtime across a restart)."""
 
-
-def mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
-    """Why a profile saved for `saved` cannot serve `current`, or None."""
-    changed = {"model_sha256": "the model file changed", "profile_sha256": "the --profile file changed"}
-    for key in ("model", "model_sha256", "profile_sha256", "runtime", "precision", "usable_cores"):
-        if saved.get(key) != current[key]:
-            return changed.get(key, f"{key} {saved.get(key)!r} → {current[key]!r}")
-    old = saved.get("versions") or {}
-    for name, version in current["versions"].items():
-        if old.get(name) != version:
-            return f"{name} {old.get(name)} → {version}"
-    return None
-
-
-@dataclass
-class Entry:
-    """One (runtime, precision)'s offline profile as kept in the file."""
-
-    identity: dict[str, Any]
-    profile: Profile
-    estimated: dict[CellKey, float] = field(default_factory=dict)
-    measured_unix: float = field(default_factory=time.time)
-    # A reduced precision's accuracy guard: {"result": GuardResult.to_json(), "settings": what it was run under}.
-    guard: dict[str, Any] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "identity": self.identity,
-            "measured_unix": self.measured_unix,
-            "guard": self.guard,
-            "cells": [[t, b, c.latency_ms, c.samples, c.p90_ms] for (t, b), c in self.profile.items()],
-            "estimated": [[t, b, ms] for (t, b), ms in sorted(self.estimated.items())],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Entry:
-        ident = data["identity"]
-        cells = {(int(t), int(b)): Cell(float(ms), int(n), None if p90 is None else float(p90))
-                 for t, b, ms, n, p90 in data["cells"]}  # fmt: skip
-        profile = Profile(cells, model=ident["model"], runtime=ident["runtime"], precision=ident["precision"])
-        estimated = {(int(t), int(b)): float(ms) for t, b, ms in data.get("estimated", [])}
-        guard = data.get("guard")
-        if guard is not None and not (isinstance(guard, dict) and isinstance(guard.get("result"), dict)):
-            raise StateError("a saved accuracy guard is not an object with a result")
-        return cls(ident, profile, estimated, float(data["measured_unix"]), guard)
-
-
-@dataclass
-class Choice:
-    """The choice between the candidates at a start: each one's verdict, and the identity it was decided for."""
-
-    verdicts: list[Verdict]
-    identities: dict[str, dict[str, Any]]
-    # What the choice was planned for besides the identities: the policy and the batch sizes (another
-    # distribution may have another fastest candidate).
-    settings: dict[str, Any] = field(default_factory=dict)
-    decided_unix: float = field(default_factory=time.time)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "decided_unix": self.decided_unix,
-            "settings": self.settings,
-            "candidates": [v.to_json() | {"identity": self.identities.get(v.candidate, {})} for v in self.verdicts],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Choice:
-        verdicts = [Verdict.from_json(item) for item in data["candidates"]]
-        identities = {str(item["candidate"]): dict(item["identity"]) for item in data["candidates"]}
-        return cls(verdicts, identities, dict(data.get("settings") or {}), float(data["decided_unix"]))
-
-    @property
-    def served(self) -> str | None:
-        return next((v.candidate for v in self.verdicts if v.verdict == SERVED), None)
-
-
-@dataclass
-class Resumed:
-    """What the file says about the runtime it served: production's estimates, the live sizes (for a reader
-    of the file; a restart plans nothing on them), the plan."""
-
-    key: str
-    production: list[LearnedCell]
-    distribution: BatchDistribution | None
-    plan: Plan | None
-    saved_unix: float
+    monotonic: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
 
 
 class StateKeeper:
     """The state file of one daemon: read at start, written while serving. Without a state folder (`--state-dir
     none`, or a default one that cannot be used) it keeps nothing and writes nothing, so the daemon calls it the
     same way either way. `default`: the folder is the default one (`state_folder`), not one the user gave; one
-    that cannot be used is then logged and nothing kept, where a given one stops the start (ConfigError)."""
+    that cannot be used is then logged and nothing kept, where a given one stops the start (ConfigError).
+    `clock`: the clocks it reads (the system's, but for a simulated run)."""
 
-    def __init__(self, state_dir: str | None, default: bool = False) -> None:
+    def __init__(self, state_dir: str | None, default: bool = False, clock: Clock | None = None) -> None:
+        self.clock = clock or Clock()
         self.path = None if state_dir is None else Path(state_dir) / STATE_FILE
         self.entries: dict[str, Entry] = {}
         self.saved: dict[str, Entry] = {}  # entries read from the file, served again when they match
@@ -229,7 +133,7 @@ class StateKeeper:
         self.restored_from: str | None = None  # the file a plan was restored from
         self.served_key: str | None = None
         self.last_saved = -math.inf  # the first tick writes: a SIGKILL right after start keeps the start-up profile
-        self._digest = functools.cache(_sha256)  # the model is hashed once, not once per runtime candidate
+        self._digest = functools.cache(content_sha256)  # the model is hashed once, not once per runtime candidate
         self.saved_choice: Choice | None = None  # the file's choice between the candidates
         self.choice: Choice | None = None  # this start's (or the file's, when served from it)
         self.choice_restored = False  # the choice is the file's: the other candidates were not started
@@ -262,14 +166,24 @@ class StateKeeper:
         try:
             data = load_json(raw)
             if not isinstance(data, dict) or data.get("format") != FORMAT:
-                raise StateError(f"not a format-{FORMAT} state file")
-            self.saved = {key: Entry.from_json(entry) for key, entry in data["entries"].items()}
+                was = data.get("format") if isinstance(data, dict) else None
+                said = f"a format-{was} state file" if isinstance(was, int) else "no state file"
+                raise StateError(f"it is {said}, where this daemon reads format {FORMAT}")
+            entries = data.get("entries")
+            if not isinstance(entries, dict):
+                raise StateError("its entries are not an object")
+            self.saved = {str(key): Entry.from_json(entry) for key, entry in entries.items()}
             choice = data.get("choice")
             self.saved_choice = None if choice is None else Choice.from_json(choice)
             served = data.get("served")
             if served is not None:
-                self.resumed = _resumed(served, float(data["saved_unix"]))
-        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+                self.resumed = resumed_from_json(served, data.get("saved_unix"))
+        except StateError as exc:
+            self.saved, self.resumed, self.saved_choice = {}, None, None
+            self.set_aside(str(exc))
+            return
+        # Beyond the typed reading (StateError), what the model's own readers raise (a verdict's, a profile's).
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError, ArithmeticError) as exc:
             self.saved, self.resumed, self.saved_choice = {}, None, None
             self.set_aside(f"it cannot be read ({type(exc).__name__}: {exc})")
             return
@@ -277,9 +191,9 @@ class StateKeeper:
             self.saved, self.resumed, self.saved_choice = {}, None, None
             self.set_aside(f"it holds an unusable profile ({exc})")
 
-    def identity(self, config: ServeConfig, runtime: str, precision: str, cores: int) -> dict[str, Any]:
+    def identity(self, config: ServeConfig, runtime: str, precision: str, topology: Topology) -> dict[str, Any]:
         """`identity` for this start; empty without --state-dir (nothing is kept to match, no file is hashed)."""
-        return {} if self.path is None else identity(config, runtime, precision, cores, self._digest)
+        return {} if self.path is None else identity(config, runtime, precision, topology, self._digest)
 
     def guard_settings(self, config: ServeConfig) -> dict[str, Any]:
         """What an accuracy guard's verdict holds for besides the identity: the same verdict comes only from the
@@ -360,8 +274,9 @@ class StateKeeper:
         """Hand production's saved estimates back to the running daemon's adaptation, aged by the downtime."""
         resumed = self.resumed
         if resumed is not None and resumed.key == self.served_key and self.restored_from is not None:
-            downtime = max(0.0, time.time() - resumed.saved_unix)
-            adaptation.production.restore(resumed.production, time.monotonic(), downtime)
+            # Clamped: a wall clock stepped back is no downtime; one stepped years ahead ages by at most MAX_AGE_S.
+            downtime = min(max(0.0, self.clock.wall() - resumed.saved_unix), MAX_AGE_S)
+            adaptation.production.restore(resumed.production, self.clock.monotonic(), downtime)
         return self
 
     # -- serving --------------------------------------------------------------------------------
@@ -374,14 +289,14 @@ class StateKeeper:
         """Write everything known now; an error is logged (the daemon keeps serving)."""
         if self.path is None or self.served_key is None:
             return
-        now = time.monotonic()
+        now = self.clock.monotonic()
         self.last_saved = now
         if serving.profile is not None and self.served_key in self.entries:
             self.entries[self.served_key].profile = serving.profile
         live = serving.adaptation.estimator.distribution(now)
         document = {
             "format": FORMAT,
-            "saved_unix": time.time(),
+            "saved_unix": self.clock.wall(),
             "why": why,
             "entries": {key: entry.to_json() for key, entry in self.entries.items()},
             "choice": None if self.choice is None else self.choice.to_json(),
@@ -411,20 +326,20 @@ class StateKeeper:
         return {
             "served": choice.served,
             "decided_at_this_start": not self.choice_restored,
-            "decided_age_s": round(time.time() - choice.decided_unix, 1),
+            "decided_age_s": round(self._age(choice.decided_unix), 1),
             "candidates": [verdict.to_json() for verdict in choice.verdicts],
         }
 
     def provenance(self, serving: Serving, now: float | None = None) -> dict[str, Any]:
         """Where the served profile's cells come from, for `packrat status`: measured at start (and when),
         estimated by the start-up search (never served on), and learned in production (with their ages)."""
-        now = time.monotonic() if now is None else now
+        now = self.clock.monotonic() if now is None else now
         entry = self.entries.get(self.served_key or "")
         learned = serving.adaptation.production.export(now)
         counted = serving.adaptation.production.learned(now)
         return {
             "measured_offline": 0 if serving.profile is None else len(serving.profile),
-            "offline_age_s": None if entry is None else round(time.time() - entry.measured_unix, 1),
+            "offline_age_s": None if entry is None else round(self._age(entry.measured_unix), 1),
             "estimated": 0 if entry is None else len(entry.estimated),
             "learned_in_production": len(counted),
             "production": [
@@ -443,59 +358,7 @@ class StateKeeper:
             "saved_age_s": None if self.path is None or self.last_saved < 0 else round(now - self.last_saved, 1),
         }
 
-
-def plan_from_json(data: dict[str, Any]) -> Plan:
-    """The inverse of Plan.to_json."""
-
-    def instances(items: list[dict[str, Any]]) -> tuple[InstancePlan, ...]:
-        return tuple(InstancePlan(int(i["threads"]), int(i["batch"])) for i in items)
-
-    predicted = data.get("predicted_latency_ms")
-    plan = Plan(
-        instances=instances(data["instances"]),
-        policy=str(data["policy"]),
-        reason=_restored_reason(str(data.get("reason", ""))),
-        predicted_latency_ms=None if predicted is None else float(predicted),
-        oversubscribed=bool(data.get("oversubscribed", False)),
-        split=str(data.get("split", "exact")),
-        alternatives=tuple(instances(layout) for layout in data.get("alternatives", [])),
-    )
-    if not plan.instances or any(i.threads < 1 or i.batch < 1 for i in plan.instances):
-        raise StateError("the saved plan has no instances")
-    return plan
-
-
-def _restored_reason(reason: str) -> str:
-    """A restored plan's reason: the saved one, said to be restored once (a plan restored and saved again
-    keeps its first reason, not one more "restored from" per restart)."""
-    prefix = "restored from the state file ("
-    return reason if reason.startswith(prefix) else f"{prefix}{reason})"
-
-
-def _resumed(served: dict[str, Any], saved_unix: float) -> Resumed:
-    production = [
-        LearnedCell((int(t), int(b)), float(ms), float(w), float(age)) for t, b, ms, w, age in served["production"]
-    ]
-    if any(
-        not (math.isfinite(c.latency_ms) and math.isfinite(c.weight) and math.isfinite(c.age_s)) for c in production
-    ):
-        raise StateError("a production estimate is not a finite number")
-    sizes = served.get("distribution")
-    distribution = None if not sizes else BatchDistribution.from_counts({int(b): float(w) for b, w in sizes})
-    plan = None if served.get("plan") is None else plan_from_json(served["plan"])
-    return Resumed(str(served["key"]), production, distribution, plan, saved_unix)
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    def _age(self, unix: float) -> float:
+        """Seconds since `unix` on the wall clock, for `packrat status`: 0 for a time ahead of it (a clock
+        stepped back since)."""
+        return max(0.0, self.clock.wall() - unix)

@@ -45,7 +45,7 @@ def _policy() -> Any:
 def saved_state(folder: Path, learn: bool = True) -> Serving:
     """A keeper that measured torch's profile, served PLAN and learned two cells in production, then stopped."""
     keeper = StateKeeper(str(folder))
-    keeper.record("torch", Entry(identity(CONFIG, "torch", "fp32", 2), PROFILE, {(1, 1): 0.5}))
+    keeper.record("torch", Entry(identity(CONFIG, "torch", "fp32", TOPOLOGY), PROFILE, {(1, 1): 0.5}))
     keeper.served_key = "torch"
     serving = Serving()
     if learn:
@@ -64,7 +64,7 @@ def test_what_was_learned_comes_back_after_a_restart(tmp_path: Path) -> None:
     assert {tuple(c[:2]) for c in document["served"]["production"]} == {(1, 2), (2, 4)}
     time.sleep(0.05)
     keeper = StateKeeper(str(tmp_path))
-    entry = keeper.restore("torch", identity(CONFIG, "torch", "fp32", 2))
+    entry = keeper.restore("torch", identity(CONFIG, "torch", "fp32", TOPOLOGY))
     assert entry is not None and entry.profile == PROFILE and entry.estimated == {(1, 1): 0.5}
     plan = keeper.resumed_plan("torch", "packrat", TOPOLOGY, 4)
     assert plan is not None and plan.layouts == PLAN.layouts and plan.predicted_latency_ms == 1.5
@@ -94,8 +94,8 @@ def test_a_saved_plan_that_no_longer_fits_is_not_served(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "content",
-    [b"\xff\xfe not utf-8", b"{not json", b"[]", b'{"format": 99}', b'{"format": 1, "entries": {"torch": {}}}',
-     b'{"format": 1, "saved_unix": 1, "entries": {"torch": {"identity": {"model": "m", "runtime": "torch", '
+    [b"\xff\xfe not utf-8", b"{not json", b"[]", b'{"format": 99}', b'{"format": 2, "entries": {"torch": {}}}',
+     b'{"format": 2, "saved_unix": 1, "entries": {"torch": {"identity": {"model": "m", "runtime": "torch", '
      b'"precision": "fp32"}, "measured_unix": 1, "cells": [[1, 1, -5.0, 1, null]]}}}'],
     ids=["not-utf8", "not-json", "a-list", "another-format", "an-entry-without-cells", "a-negative-latency"],
 )  # fmt: skip
@@ -128,7 +128,7 @@ def test_a_file_measured_for_another_setting_is_set_aside_saying_why(
     tmp_path: Path, field: str, value: object, why: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     saved_state(tmp_path)
-    current = identity(CONFIG, "torch", "fp32", 2)
+    current = identity(CONFIG, "torch", "fp32", TOPOLOGY)
     changed = dict(current, **{field: value})
     assert mismatch(current, current) is None
     keeper = StateKeeper(str(tmp_path))
@@ -144,9 +144,9 @@ def test_a_model_file_is_known_by_its_content(tmp_path: Path) -> None:
     model = tmp_path / "model.pt2"
     model.write_bytes(b"weights")
     config = ServeConfig(model=str(model))
-    first = identity(config, "torch", "fp32", 2)
+    first = identity(config, "torch", "fp32", TOPOLOGY)
     model.write_bytes(b"other weights")
-    assert mismatch(first, identity(config, "torch", "fp32", 2)) == "the model file changed"
+    assert mismatch(first, identity(config, "torch", "fp32", TOPOLOGY)) == "the model file changed"
 
 
 def test_writes_are_atomic_and_without_a_state_dir_nothing_is_written(tmp_path: Path) -> None:
@@ -231,7 +231,7 @@ def choice_saved(folder: Path, guard: dict[str, Any] | None = None) -> dict[str,
     from packrat_daemon.measure.runtime_choice import REFUSED, SERVED, Verdict
     from packrat_daemon.ops.state import Choice
 
-    identities = {"torch": identity(CONFIG, "torch", "fp32", 2), "torch/bf16": identity(CONFIG, "torch", "bf16", 2)}
+    identities = {"torch": identity(CONFIG, "torch", "fp32", TOPOLOGY), "torch/bf16": identity(CONFIG, "torch", "bf16", TOPOLOGY)}
     keeper = StateKeeper(str(folder))
     keeper.record("torch", Entry(identities["torch"], PROFILE, guard=guard))
     keeper.served_key = "torch"
@@ -260,7 +260,7 @@ def test_a_restart_among_the_same_candidates_serves_the_one_chosen_with_its_verd
 def test_a_restart_chooses_again_when_the_candidates_or_their_identity_changed(tmp_path: Path, change: str) -> None:
     identities = choice_saved(tmp_path)
     if change == "another candidate":
-        identities["openvino"] = identity(CONFIG, "openvino", "fp32", 2)
+        identities["openvino"] = identity(CONFIG, "openvino", "fp32", TOPOLOGY)
     elif change == "another library version":
         identities["torch/bf16"] = {**identities["torch/bf16"], "versions": {"torch": "0.0.1"}}
     else:

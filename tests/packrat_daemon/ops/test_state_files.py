@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from packrat_daemon.ops import state_files
-from packrat_daemon.ops.state import STATE_FILE, StateKeeper
+from packrat_daemon.ops.state import FORMAT, STATE_FILE, StateKeeper
 from packrat_daemon.ops.state_files import MAX_STATE_BYTES, read_bounded
 from packrat_daemon.wire.errors import ConfigError
 from policies.base import MAX_LAYOUTS, InstancePlan, Plan
@@ -71,7 +71,7 @@ def test_a_planted_temporary_link_is_never_written_through(tmp_path: Path) -> No
     (folder / f".{STATE_FILE}.tmp").symlink_to(victim)
     saved_state(folder)
     assert victim.read_bytes() == b"precious"
-    assert json.loads((folder / STATE_FILE).read_text())["format"] == 1
+    assert json.loads((folder / STATE_FILE).read_text())["format"] == FORMAT
     assert sorted(p.name for p in folder.iterdir()) == [STATE_FILE]  # the link is gone, no .tmp left
 
 
