@@ -27,8 +27,9 @@ from packrat_daemon.loop import LoopCore
 from packrat_daemon.measure import emulation
 from packrat_daemon.ops.metrics import Metrics
 from packrat_daemon.ops.notify import READY, STOPPING, Watchdog, reloading, sd_notify
+from packrat_daemon.protocol.launch import GatewayProcess
 from packrat_daemon.signals import SignalQueue
-from packrat_daemon.startup import Started, distribution_for, replan, start_up
+from packrat_daemon.startup import Started, distribution_for, replan
 from packrat_daemon.wire.errors import PackratError, PolicyError
 from packrat_daemon.wiring import assemble, splitter_for
 from policies.base import Plan, Policy
@@ -55,8 +56,9 @@ class Daemon:
         metrics: Metrics,
         signals: SignalQueue,
         reload_config: Callable[[], ServeConfig] | None = None,
+        gateway: GatewayProcess | None = None,
     ) -> None:
-        self.config = config
+        self.config, self.gateway = config, gateway  # the OIP gateway beside this daemon (protocol.launch)
         self.reload_config = reload_config  # SIGHUP re-reads the configuration through this
         self.topology, self.metrics, self.signals = started.topology, metrics, signals
         # The whole machine, which a share (--cpus, `packrat coordinate`'s assign) is a part of.
@@ -96,6 +98,8 @@ class Daemon:
                      reserved / 2**20, self.batcher.max_batch)  # fmt: skip
         self.frontend.open()
         log.info("serving on %s with %d worker(s)", self.config.endpoint, len(self.reconciler.serving()))
+        while self.gateway is not None and not self.gateway.serving and not self.signals.interrupting:
+            time.sleep(0.05)  # ready only with every frontend: a gateway that died meanwhile is starting again
         sd_notify(READY)
         if self.measuring is not None:  # only now: the first answer's workers warmed up on an unloaded machine
             self.measuring.start()
@@ -147,17 +151,20 @@ class Daemon:
         elif self.drain_deadline is not None:
             log.warning("second stop signal: exiting without draining")
             return False
-        else:
-            self.frontend.accepting = False
+        else:  # the gateway drains first, through the frontend, which accepts until it has gone (`_drained`)
+            if self.gateway is not None:
+                self.gateway.begin_stop()
             self.drain_deadline = time.monotonic() + self.config.drain_timeout_s
             sd_notify(STOPPING)
             log.info("draining: finishing queued requests (up to %.0f s)", self.config.drain_timeout_s)
         return True
 
     def _drained(self) -> bool:
-        """Draining: True once nothing is queued or running (aside too), or the deadline passed (close() answers the
-        rest)."""
-        if not self.dispatcher.holds_work and not self.batcher.queue:
+        """Draining: True once the gateway has gone and nothing is queued or running (aside too), or the deadline
+        passed (close() answers the rest)."""
+        if self.frontend.accepting and (self.gateway is None or self.gateway.gone()):
+            self.frontend.accepting = False  # what the gateway took is queued or answered: refuse new work now
+        if not self.frontend.accepting and not self.dispatcher.holds_work and not self.batcher.queue:
             return True
         if self.drain_deadline is not None and time.monotonic() > self.drain_deadline:
             log.warning("drain deadline passed; answering what is left with SHUTTING_DOWN")
@@ -283,6 +290,7 @@ class Daemon:
             accepting=self.frontend.accepting, profile=self.state.provenance(self, now),
             runtime_choice=self._choice_status(),
             share=self.share.to_json(moves=self.moves),
+            gateway=None if self.gateway is None else self.gateway.status(),
         )  # fmt: skip
         return live_status(snapshot)
 
@@ -360,30 +368,3 @@ class Daemon:
         self.reconciler.pool.close()
         if self.measuring is not None:  # after the pool: a template it serves from may be the measuring thread's
             self.measuring.close()
-
-
-def serve(config: ServeConfig, reload_config: Callable[[], ServeConfig] | None = None) -> int:
-    """Start up, serve until a stop signal, drain, shut down; the caller's signal handlers are back on return."""
-    signals, context, metrics = SignalQueue(), zmq.Context(), Metrics(config.model)
-    started: Started | None = None
-    daemon: Daemon | None = None
-    with signals.installed():
-        try:
-            started = start_up(config, context, metrics, lambda: signals.interrupting)
-            daemon = Daemon(config, started, context, metrics, signals, reload_config)
-            daemon.start()
-            daemon.run()
-        except KeyboardInterrupt:
-            log.info("interrupted during start-up")
-            return 130
-        finally:
-            metrics.close()
-            if daemon is not None:
-                daemon.close()
-            elif started is not None:  # the daemon was never built: its template is still ours to stop
-                started.served.backend.close()
-                if started.measuring is not None:
-                    started.measuring.close()
-            context.term()
-            log.info("stopped")
-    return 0

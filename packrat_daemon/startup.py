@@ -292,7 +292,8 @@ class Measuring:
         """Stop measuring (between two measurements), close what the thread started and nobody took, and let the
         thread end: after the pool has stopped its templates (one may be the thread's: see `_run`)."""
         self._stop.set()
-        self._thread.join(timeout=60)
+        if self._thread.ident is not None:  # never started when the daemon failed before serving
+            self._thread.join(timeout=60)
         outcome, self._outcome = self._outcome, None
         if isinstance(outcome, Measured) and not outcome.same_template:
             outcome.candidate.backend.close()

@@ -226,3 +226,16 @@ class StallsOnMarked(nn.Module):
 
 def stalls_on_marked_inputs() -> nn.Module:
     return StallsOnMarked()
+
+
+class FailsOnEveryInput(nn.Module):
+    """A model that loads but raises on any input: its workers fail at their warm-up, one after another."""
+
+    packrat_input = "float32:16"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise ValueError("this model fails on every input")
+
+
+def fails_on_every_input() -> nn.Module:
+    return FailsOnEveryInput()

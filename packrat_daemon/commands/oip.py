@@ -44,6 +44,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     parser.add_argument("--key", help="a daemon serving CURVE: this gateway's .key_secret file (docs/security.md)")
     parser.add_argument("--server-key", help="a daemon serving CURVE: its public .key file")
+    # Given by `packrat serve`, which started this gateway (launch.GatewayProcess): not for users.
+    parser.add_argument("--status-fd", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     parser.set_defaults(run=run)
@@ -69,5 +71,6 @@ def run(args: argparse.Namespace) -> int:
         key=args.key,
         server_key=args.server_key,
         grpc_server=args.grpc_server,
+        status_fd=args.status_fd,
     )
     return run_gateway(options)

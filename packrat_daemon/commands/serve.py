@@ -28,11 +28,9 @@ def config_loader(args: argparse.Namespace) -> Callable[[], ServeConfig]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from packrat_daemon.daemon import serve
-    from packrat_daemon.protocol.launch import gateway_beside
+    from packrat_daemon.service import serve
 
     load = config_loader(args)
     config = load()
     setup_logging(config.log_level, config.log_format)
-    with gateway_beside(config):  # --http-port/--grpc-port: the Open Inference Protocol gateway (docs/oip.md)
-        return serve(config, load)
+    return serve(config, load)

@@ -47,6 +47,8 @@ class Snapshot:
     share: dict[str, Any] | None = None
     # The choice between the runtime and precision candidates (StateKeeper.choice_status): None before one is made.
     runtime_choice: dict[str, Any] | None = None
+    # The Open Inference Protocol gateway beside the daemon (protocol.launch.GatewayProcess.status): None without.
+    gateway: dict[str, Any] | None = None
 
 
 def live_status(s: Snapshot) -> dict[str, Any]:
@@ -88,5 +90,6 @@ def live_status(s: Snapshot) -> dict[str, Any]:
     reply["profile"] = s.profile
     reply["share"] = s.share
     reply["runtime_choice"] = s.runtime_choice
+    reply["gateway"] = s.gateway
     reply["history"] = [record.to_json() for record in s.history]
     return reply

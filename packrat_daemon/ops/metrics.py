@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
@@ -210,13 +210,15 @@ class Metrics:
         # by the HTTP thread, written by the daemon's loop.
         self.serving_workers = 0
         self.planned_workers = 0
+        self.frontends_serving: Callable[[], bool] = lambda: True  # the OIP gateway, where one runs (service.serve)
         self.worker_pids: dict[int, int] = {}
         r.register(_ProcessCollector(self))
 
     def ready(self) -> bool:
         """True while the workers serve and the pool is not below its plan."""
         # planned_workers stays 0 until the daemon announces its start plan, just before its frontend opens.
-        return self.planned_workers > 0 and self.serving_workers >= self.planned_workers
+        workers = self.planned_workers > 0 and self.serving_workers >= self.planned_workers
+        return workers and self.frontends_serving()
 
     def workers_serving(self, pids: dict[int, int | None]) -> None:
         """The workers serving now, worker id -> process id (None until the worker has said it)."""

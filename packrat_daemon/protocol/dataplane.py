@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ import numpy as np
 
 from packrat_daemon import __version__
 from packrat_daemon.protocol.errors import OipError, Status
+from packrat_daemon.protocol.gateway_metrics import GatewayMetrics
 from packrat_daemon.protocol.stats import Statistics
 from packrat_daemon.protocol.tensors import OIP_DATATYPE, PACKRAT_DTYPE
 from packrat_daemon.protocol.upstream import BlockingUpstream, Upstream, UpstreamGone, UpstreamTimeout
@@ -120,8 +123,11 @@ class DataPlane:
         self.timeout_s = timeout_s  # for requests that bring no deadline of their own
         self.max_delay_ms = max_delay_ms  # the daemon's batching delay, when known: the config extension says it
         self.draining = False  # set on the gateway's own stop signal: refuse new work, finish what is in flight
+        self.in_flight = 0  # inferences between their checks and their answers: the drain waits for none
+        self._in_flight_lock = threading.Lock()  # the threaded gRPC server's handlers count from their threads
         self.spec: ModelSpec | None = None
         self.statistics = Statistics()
+        self.metrics = GatewayMetrics()  # the gateway's Prometheus metrics, which its REST and gRPC handlers count
         self._ready = False
         self._checked = -math.inf
         self._probe_lock = asyncio.Lock()
@@ -151,6 +157,8 @@ class DataPlane:
         if self.spec is None or self._described_differently(status):
             # First, or the daemon behind changed (restarted with another model, or reloaded to another max_batch).
             self.spec = await self._discover(status)
+        else:
+            self.spec = self._followed(self.spec, status)
         return self.spec is not None
 
     def _described_differently(self, status: dict[str, Any]) -> bool:
@@ -158,6 +166,18 @@ class DataPlane:
         assert spec is not None
         given = (status["model"], status["input"]["dtype"], tuple(status["input"]["shape"]), status["max_batch"])
         return given != (spec.model, PACKRAT_DTYPE[spec.input.datatype], spec.input.shape, spec.max_batch)
+
+    @staticmethod
+    def _followed(spec: ModelSpec, status: dict[str, Any]) -> ModelSpec:
+        """`spec` with what the daemon changes while it serves the same tensors: its runtime (a switch to OpenVINO
+        or ONNX Runtime measured faster) and its plan's instances. No new probe: neither changes an output."""
+        runtime = status.get("runtime", spec.runtime)
+        instances = len(status.get("plan", {}).get("instances", [])) or spec.instances
+        if (runtime, instances) == (spec.runtime, spec.instances):
+            return spec
+        if runtime != spec.runtime:
+            log.info("model %r is now served by %s (was %s)", spec.name, runtime, spec.runtime)
+        return dataclasses.replace(spec, runtime=runtime, instances=instances)
 
     async def _discover(self, info: dict[str, Any]) -> ModelSpec | None:
         """The model's description: `info`, and the outputs from a single-sample inference of zeros."""
@@ -231,8 +251,14 @@ class DataPlane:
             return False
         return ready
 
+    async def _current(self, name: str, version: str | None) -> ModelSpec:
+        """`model`, with the description asked of the daemon again if it is older than READY_TTL_S (one `status`
+        per window, shared with the readiness probes): metadata says the runtime served now, not at the start."""
+        await self.ready()
+        return await self.model(name, version)
+
     async def model_metadata(self, name: str, version: str | None = None) -> dict[str, Any]:
-        spec = await self.model(name, version)
+        spec = await self._current(name, version)
         return {
             "name": spec.name,
             "versions": [VERSION],
@@ -243,7 +269,7 @@ class DataPlane:
 
     async def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
         """Triton's model configuration (its JSON form): what `perf_analyzer` reads before it starts."""
-        spec = await self.model(name, version)
+        spec = await self._current(name, version)
         batching: dict[str, Any] = {}
         if self.max_delay_ms is not None:
             batching["max_queue_delay_microseconds"] = round(self.max_delay_ms * 1000)
@@ -313,11 +339,16 @@ class DataPlane:
     @contextlib.contextmanager
     def _counted(self, started_ns: int) -> Iterator[None]:
         """An OipError raised inside counts as a failed inference in the statistics extension."""
+        with self._in_flight_lock:
+            self.in_flight += 1
         try:
             yield
         except OipError:
             self.statistics.failed(time.perf_counter_ns() - started_ns)
             raise
+        finally:
+            with self._in_flight_lock:
+                self.in_flight -= 1
 
     def _wait(self, timeout_s: float | None) -> float:
         """How long the daemon is given: the request's own timeout, else the gateway's."""

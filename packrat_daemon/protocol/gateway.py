@@ -3,8 +3,12 @@ the daemon's ZeroMQ frontend, in a process of its own (`packrat oip`, or started
 --http-port/--grpc-port`). docs/oip.md says why a process of its own, measured against a thread of the daemon.
 
 The same refusal as the ZeroMQ frontend's: a bind beyond loopback needs TLS (or --insecure-public).
-On SIGTERM the gateway stops being ready, refuses new inferences (503 / UNAVAILABLE), lets those in flight
-finish (at most `DRAIN_GRACE_S`), and exits.
+On SIGTERM the gateway stops being ready, refuses new inferences (503 / UNAVAILABLE, and REST closes the
+connection after the answer), lets those in flight finish (at most `DRAIN_GRACE_S`), lingers `DRAIN_LINGER_S` so
+that clients between two requests get their refusal rather than a closed connection, and exits.
+
+With `--status-fd` (the daemon that started it: `launch.GatewayProcess`) it writes "serving" there once every
+port is bound and serving, "failed REASON" when it cannot start, and "draining" on its stop signal.
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -28,6 +34,11 @@ from packrat_daemon.wire.errors import ConfigError
 log = logging.getLogger("packrat.oip")
 
 DRAIN_GRACE_S = 10.0
+# A closed-loop client sends its next request within microseconds of an answer: this long after the last
+# inference in flight has ended, every such client has had its refusal, and closing the listener resets no one.
+DRAIN_LINGER_S = 0.5
+# How often the drain looks whether the inferences in flight have ended.
+DRAIN_POLL_S = 0.02
 # How often the gateway asks whether the daemon serves, until it does (then only when asked: readiness probes).
 WARM_UP_POLL_S = 0.5
 DEFAULT_MAX_REQUEST_MB = 64
@@ -52,6 +63,7 @@ class GatewayOptions:
     # "threads": grpcio's threaded server, each handler thread with a connection of its own to the daemon;
     # "aio": grpc.aio on the loop, through the loop's one connection (docs/oip.md measures both).
     grpc_server: str = "threads"
+    status_fd: int | None = None  # the daemon's end of a status pipe (launch.GatewayProcess), when it started us
 
     def check(self) -> None:
         """ConfigError saying what to change, before anything is bound."""
@@ -82,9 +94,20 @@ def host_port(address: str, port: int) -> str:
 
 def run_gateway(options: GatewayOptions) -> int:
     """Serve until SIGTERM or SIGINT; 0 once drained."""
-    options.check()
-    asyncio.run(serve_gateway(options, install_signals=True))
+    try:
+        options.check()
+        asyncio.run(serve_gateway(options, install_signals=True))
+    except ConfigError as exc:
+        _say(options.status_fd, f"failed {exc}")
+        raise
     return 0
+
+
+def _say(status_fd: int | None, line: str) -> None:
+    """One line on the status pipe of the daemon that started this gateway, if one did."""
+    if status_fd is not None:
+        with contextlib.suppress(OSError):  # the daemon is gone: PR_SET_PDEATHSIG stops this gateway anyway
+            os.write(status_fd, line.replace("\n", " ").encode() + b"\n")
 
 
 async def serve_gateway(options: GatewayOptions, install_signals: bool, stop: asyncio.Event | None = None) -> None:
@@ -108,6 +131,7 @@ async def serve_gateway(options: GatewayOptions, install_signals: bool, stop: as
     rpc: grpc.aio.Server | grpc.Server | None = None
     threads: ThreadUpstreams | None = None
     target = host_port(options.address, options.grpc_port)
+    served = False
     try:
         if options.grpc_port and options.grpc_server == "threads":
             threads = ThreadUpstreams(options.connect, keys, upstream)
@@ -150,6 +174,10 @@ async def serve_gateway(options: GatewayOptions, install_signals: bool, stop: as
             f"{' and ' if options.http_port else ''}gRPC on {target}" if options.grpc_port else "",
             options.describe(),
         )
+        if rest is not None and rest_task is not None:
+            await _rest_started(rest, rest_task)
+        _say(options.status_fd, "serving")
+        served = True
         warm_up = asyncio.create_task(_warm_up(plane, stop))
         stopped = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait([stopped, *filter(None, [rest_task])], return_when=asyncio.FIRST_COMPLETED)
@@ -157,8 +185,12 @@ async def serve_gateway(options: GatewayOptions, install_signals: bool, stop: as
         stopped.cancel()
         if rest_task in done:
             rest_task.result()  # uvicorn ended by itself: it could not bind (it says why), and this raises
+            raise RuntimeError("the REST server stopped by itself")  # the daemon starts the gateway again
     finally:
         plane.draining = True  # not ready from now on; new inferences are refused, those in flight go on
+        _say(options.status_fd, "draining")
+        if served:
+            await _drain(plane)
         if rest is not None:
             rest.should_exit = True
         if isinstance(rpc, grpc.aio.Server):
@@ -173,6 +205,25 @@ async def serve_gateway(options: GatewayOptions, install_signals: bool, stop: as
                 await rest_task
         upstream.close()
         log.info("Open Inference Protocol gateway stopped")
+
+
+async def _rest_started(rest: uvicorn.Server, task: asyncio.Task[None]) -> None:
+    """Wait until uvicorn serves on its socket; its failure to start, raised."""
+    while not rest.started:
+        if task.done():
+            task.result()
+            raise RuntimeError("the REST server stopped before it started")
+        await asyncio.sleep(0.005)
+
+
+async def _drain(plane: DataPlane) -> None:
+    """Wait for the inferences in flight (at most DRAIN_GRACE_S), then linger: see DRAIN_LINGER_S."""
+    deadline = time.monotonic() + DRAIN_GRACE_S
+    while plane.in_flight and time.monotonic() < deadline:
+        await asyncio.sleep(DRAIN_POLL_S)
+    if plane.in_flight:
+        log.warning("%d inference(s) still in flight after %.0f s; stopping anyway", plane.in_flight, DRAIN_GRACE_S)
+    await asyncio.sleep(DRAIN_LINGER_S)
 
 
 async def _warm_up(plane: DataPlane, stop: asyncio.Event) -> None:

@@ -1,6 +1,14 @@
-"""`packrat serve --http-port P --grpc-port Q`: the gateway (`packrat oip`) started beside the daemon as a child
-process, and stopped after it: a process of its own keeps HTTP parsing and its GIL off the serving loop
-(docs/oip.md, "Process or thread", for the measurement).
+"""`packrat serve --http-port P --grpc-port Q`: the gateway (`packrat oip`) as a child process that lives and dies
+with the daemon, one service (docs/oip.md, "One service"):
+
+- started first, before minutes of profiling, and waited for until it has bound every port: a port it cannot
+  bind stops the daemon's start with its message and exit 2;
+- watched: it says "serving" on a status pipe once bound, and its end is the pipe's end. A gateway that dies
+  while the daemon serves is started again with back-off, and the daemon is not ready meanwhile (`serving`);
+- stopped first: on SIGTERM the daemon asks the gateway to drain and serves on until it has gone, so every
+  request the gateway accepted is answered before the daemon stops accepting.
+
+A process of its own keeps HTTP parsing and its GIL off the serving loop (docs/oip.md, "Process or thread").
 """
 
 from __future__ import annotations
@@ -8,11 +16,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import os
+import select
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
 from typing import TYPE_CHECKING, Any
 
 from packrat_daemon.wire.errors import ConfigError
@@ -22,7 +32,15 @@ if TYPE_CHECKING:  # the gateway's module loads uvicorn and grpc: only a daemon 
 
 log = logging.getLogger("packrat.oip")
 
-STOP_GRACE_S = 15.0
+STOP_GRACE_S = 15.0  # the gateway's own drain is at most DRAIN_GRACE_S (10 s) and a linger: room for both
+START_TIMEOUT_S = 60.0  # importing grpc and uvicorn and binding: seconds on a loaded machine, never a minute
+# Back-off between restarts of a gateway that died (after circus's watcher): quick the first time, since a
+# crash is usually a one-off, then doubling up to a ceiling, and back to quick once one has served a while.
+RESTART_FIRST_S = 0.2
+RESTART_MAX_S = 30.0
+RESTART_RESET_AFTER_S = 60.0
+# Lines the gateway writes on its status pipe (`packrat oip --status-fd`).
+SERVING, DRAINING, FAILED = "serving", "draining", "failed"
 _PR_SET_PDEATHSIG = 1
 # A bind address that means every interface, and the loopback address that reaches it from this machine.
 _ANY_TO_LOOPBACK = {"*": "127.0.0.1", "0.0.0.0": "127.0.0.1", "[::]": "[::1]", "[*]": "[::1]"}
@@ -64,7 +82,7 @@ def gateway_options(config: Any) -> GatewayOptions | None:
     return options
 
 
-def command(options: GatewayOptions, log_level: str, log_format: str) -> list[str]:
+def command(options: GatewayOptions, log_level: str, log_format: str, status_fd: int | None = None) -> list[str]:
     argv = [sys.executable, "-m", "packrat_daemon", "oip", "--connect", options.connect]
     argv += ["--http-port", str(options.http_port), "--grpc-port", str(options.grpc_port)]
     argv += ["--address", options.address, "--log-level", log_level, "--log-format", log_format]
@@ -77,6 +95,8 @@ def command(options: GatewayOptions, log_level: str, log_format: str) -> list[st
         argv += ["--max-delay-ms", repr(options.max_delay_ms)]
     if options.insecure_public:
         argv.append("--insecure-public")
+    if status_fd is not None:
+        argv += ["--status-fd", str(status_fd)]
     return argv
 
 
@@ -87,33 +107,159 @@ def _die_with_parent() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed: the gateway could outlive the daemon")
 
 
-def _watch(child: subprocess.Popen[bytes], stopping: threading.Event) -> None:
-    """Say so when the gateway ends before the daemon (it could not bind, or it failed): REST and gRPC are then
-    down while ZeroMQ still serves, and the readiness probes on /v2/health/ready fail."""
-    code = child.wait()
-    if not stopping.is_set():
-        log.error("the Open Inference Protocol gateway exited (code %d): REST and gRPC are down; see its log", code)
+class GatewayProcess:
+    """The gateway child of one daemon: its one owner is the thread that watches it (started, restarted, reaped
+    there); the daemon's loop only reads `serving` and `gone` and calls `start`, `begin_stop` and `close`."""
 
+    def __init__(self, options: GatewayOptions, log_level: str, log_format: str) -> None:
+        self.options, self.log_level, self.log_format = options, log_level, log_format
+        self.serving = False  # bound and serving: the daemon's readiness needs it
+        self.restarts = 0
+        self.last_exit: int | None = None  # how the last gateway ended (a negative number: killed by that signal)
+        self.next_start: float | None = None  # monotonic time of the next restart while one is pending
+        self._stopping = threading.Event()
+        self._gone = threading.Event()  # set once the child has ended after `begin_stop`, or was never running
+        self._child: subprocess.Popen[bytes] | None = None
+        self._status: int | None = None  # the read end of the child's status pipe
+        self._watcher: threading.Thread | None = None
+        self._lock = threading.Lock()  # a restart's spawn and `begin_stop`'s SIGTERM never miss each other
 
-@contextlib.contextmanager
-def gateway_beside(config: Any) -> Iterator[subprocess.Popen[bytes] | None]:
-    """Run the block with the gateway `config` asks for running as a child; SIGTERM it (and wait) after."""
-    options = gateway_options(config)
-    if options is None:
-        yield None
-        return
-    child = subprocess.Popen(command(options, config.log_level, config.log_format), preexec_fn=_die_with_parent)
-    stopping = threading.Event()
-    threading.Thread(target=_watch, args=(child, stopping), name="oip-gateway-watch", daemon=True).start()
-    try:
-        yield child
-    finally:
-        stopping.set()
-        if child.poll() is None:
-            child.terminate()
-            try:
-                child.wait(STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                log.warning("the Open Inference Protocol gateway did not stop in %.0f s; killing it", STOP_GRACE_S)
-                child.kill()
-                child.wait()
+    @classmethod
+    def from_config(cls, config: Any) -> GatewayProcess | None:
+        options = gateway_options(config)
+        return None if options is None else cls(options, config.log_level, config.log_format)
+
+    def describe(self) -> str:
+        ports = [f"REST :{self.options.http_port}"] if self.options.http_port else []
+        ports += [f"gRPC :{self.options.grpc_port}"] if self.options.grpc_port else []
+        if self.serving:
+            state = "serving"
+        elif self._stopping.is_set():
+            state = "stopping"
+        elif self.next_start is not None:
+            state = (
+                f"down (exit {self.last_exit}), restart {self.restarts} in "
+                f"{max(0.0, self.next_start - time.monotonic()):.1f} s"
+            )
+        else:
+            state = "starting"
+        return f"{' and '.join(ports)}: {state}"
+
+    def status(self) -> dict[str, Any]:
+        return {"serving": self.serving, "restarts": self.restarts, "last_exit": self.last_exit,
+                "describe": self.describe()}  # fmt: skip
+
+    # -- start ------------------------------------------------------------------------------------
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Start the gateway and wait until it serves; ConfigError (exit 2) with its reason when it cannot."""
+        self._spawn()
+        line = self._read_status(timeout_s)
+        if line != SERVING:
+            self._reap()
+            reason = line.partition(" ")[2] if line.startswith(FAILED) else f"it exited with code {self.last_exit}"
+            raise ConfigError(f"the Open Inference Protocol gateway could not start: {reason}")
+        self.serving = True
+        self._watcher = threading.Thread(target=self._watch, name="oip-gateway-watch", daemon=True)
+        self._watcher.start()
+
+    def _spawn(self) -> None:
+        with self._lock:
+            if self._stopping.is_set():
+                return  # stopping: no new gateway
+            self._spawn_locked()
+
+    def _spawn_locked(self) -> None:
+        read, write = os.pipe()
+        env = {key: value for key, value in os.environ.items() if key != "NOTIFY_SOCKET"}  # systemd hears the daemon
+        argv = command(self.options, self.log_level, self.log_format, status_fd=write)
+        try:
+            self._child = subprocess.Popen(argv, pass_fds=(write,), env=env, preexec_fn=_die_with_parent)
+        finally:
+            os.close(write)
+        self._status = read
+
+    def _read_status(self, timeout_s: float | None) -> str:
+        """The next line the child writes ("" once it has ended, or none came within `timeout_s`)."""
+        assert self._status is not None
+        line = b""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not line.endswith(b"\n"):
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self._status], [], [], wait)[0]:
+                return ""
+            chunk = os.read(self._status, 1)
+            if not chunk:
+                return ""
+            line += chunk
+        return line.decode(errors="replace").strip()
+
+    def _reap(self) -> None:
+        assert self._child is not None and self._status is not None
+        if self._child.poll() is None:
+            self._child.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._child.wait(STOP_GRACE_S)
+        if self._child.poll() is None:
+            self._child.kill()
+        self.last_exit = self._child.wait()
+        os.close(self._status)
+        self._status = None
+
+    # -- watch ------------------------------------------------------------------------------------
+    def _watch(self) -> None:
+        """Until the daemon stops it: follow the child's status; when it ends, unready, back off, start it again."""
+        delay = RESTART_FIRST_S
+        while self._status is not None:  # None: stopping came before a restart's spawn, so none was started
+            began = time.monotonic()
+            while line := self._read_status(None):  # "" once the child has ended (its end of the pipe closed)
+                self.serving = line == SERVING
+            self.serving = False
+            self._reap()
+            if self._stopping.is_set():
+                break
+            delay = RESTART_FIRST_S if time.monotonic() - began > RESTART_RESET_AFTER_S else delay
+            self.restarts += 1
+            self.next_start = time.monotonic() + delay
+            log.error(
+                "the Open Inference Protocol gateway exited (code %s): REST and gRPC are down and the daemon is "
+                "not ready; starting it again in %.1f s (restart %d)", self.last_exit, delay, self.restarts,
+            )  # fmt: skip
+            if self._stopping.wait(delay):
+                break
+            delay = min(2 * delay, RESTART_MAX_S)
+            self.next_start = None
+            self._spawn()
+            if self._status is None or self._stopping.is_set():
+                continue  # begin_stop came during the spawn: that child has its SIGTERM, or none was started
+            line = self._read_status(START_TIMEOUT_S)
+            if line == SERVING:
+                self.serving = True
+                log.info("the Open Inference Protocol gateway serves again (%s)", self.describe())
+            elif line.startswith(FAILED):
+                log.error("the Open Inference Protocol gateway could not start again: %s", line.partition(" ")[2])
+        self.next_start = None
+        self._gone.set()
+
+    # -- stop -------------------------------------------------------------------------------------
+    def begin_stop(self) -> None:
+        """Ask the gateway to drain (it refuses new requests, answers those it took, then exits); no restarts."""
+        with self._lock:
+            self._stopping.set()
+            self.serving = False
+            child = self._child
+            if child is not None and child.poll() is None:
+                child.terminate()
+        if self._watcher is None:
+            self._gone.set()
+
+    def gone(self) -> bool:
+        """True once the gateway has ended after `begin_stop`: nothing more can come from it."""
+        return self._gone.is_set()
+
+    def close(self) -> None:
+        """Stop the gateway if `begin_stop` was not called, and wait for it (killed after STOP_GRACE_S)."""
+        self.begin_stop()
+        if self._watcher is not None:
+            self._watcher.join(STOP_GRACE_S + 5.0)
+        elif self._child is not None and self._status is not None:
+            self._reap()

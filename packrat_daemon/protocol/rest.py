@@ -18,10 +18,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from packrat_daemon.protocol import tensors
 from packrat_daemon.protocol.dataplane import DataPlane, InferInput, InferResult, ModelSpec, check_tensor
 from packrat_daemon.protocol.errors import OipError, Status
+from packrat_daemon.protocol.gateway_metrics import REST, Call, rest_endpoint
 
 log = logging.getLogger("packrat.oip")
 
@@ -56,26 +58,41 @@ class RestApp:
             return
         if scope["type"] != "http":
             return
+        # In flight until the answer is handed to uvicorn, then counted by its status (gateway_metrics).
+        with self.plane.metrics.call(REST, rest_endpoint(scope["path"])) as call:
+            await self._respond(scope, receive, send, call)
+
+    async def _respond(self, scope: Scope, receive: Receive, send: Send, call: Call) -> None:
         started = time.perf_counter_ns()
         try:
             status, headers, body = await self._route(scope, receive, started)
         except OipError as exc:
+            call.refused(exc.status, exc.packrat_code)
             status, headers, body = _error(exc.status, exc.message)
         except json.JSONDecodeError as exc:
+            call.refused(Status.INVALID_ARGUMENT)
             status, headers, body = _error(Status.INVALID_ARGUMENT, f"the request body is not valid JSON: {exc}")
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            call.refused(Status.INVALID_ARGUMENT)
             status, headers, body = _error(Status.INVALID_ARGUMENT, f"the request is malformed: {exc}")
         except Exception:
             # The last resort: no request may take the gateway down; it is logged and answered 500.
             log.exception("internal error on %s %s", scope.get("method"), scope.get("path"))
+            call.refused(Status.INTERNAL)
             status, headers, body = _error(Status.INTERNAL, "the server failed on this request; it is logged")
+        call.status = str(status)
         headers.append((b"content-length", str(len(body)).encode()))  # not chunked: the size is known
+        if self.plane.draining:  # the gateway stops: this connection takes no further request (gateway._drain)
+            headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
     async def _route(self, scope: Scope, receive: Receive, started: int) -> tuple[int, list, bytes]:
         parts = scope["path"].rstrip("/").split("/")[1:]
         method = scope["method"]
+        if parts == ["metrics"]:  # the gateway's own metrics (docs/metrics.md), for a Prometheus to scrape
+            _only(method, "GET", scope["path"])
+            return 200, [(b"content-type", CONTENT_TYPE_LATEST.encode())], self.plane.metrics.exposition()
         if not parts or parts[0] != "v2":
             raise OipError(Status.NOT_FOUND, f"no route {scope['path']}; the protocol's routes start with /v2")
         rest = parts[1:]

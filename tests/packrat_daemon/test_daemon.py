@@ -413,7 +413,7 @@ def test_serve_restores_the_signal_handlers_when_start_up_fails(tmp_path: Path) 
     import socket
 
     from packrat_daemon.config import ServeConfig
-    from packrat_daemon.daemon import serve
+    from packrat_daemon.service import serve
     from packrat_daemon.wire.errors import ConfigError
 
     with socket.socket() as taken, own_handlers() as ours:
@@ -428,7 +428,7 @@ def test_serve_restores_the_signal_handlers_when_start_up_fails(tmp_path: Path) 
 @pytest.mark.slow
 def test_serve_returns_after_sigterm_with_the_signal_handlers_restored(tmp_path: Path) -> None:
     from packrat_daemon.config import ServeConfig
-    from packrat_daemon.daemon import serve
+    from packrat_daemon.service import serve
 
     endpoint = f"ipc://{tmp_path}/front.ipc"
     config = ServeConfig(model="builtin:tiny-mlp", policy="fixed", plan="1x4", max_batch=4, endpoint=endpoint,

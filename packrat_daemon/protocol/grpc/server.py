@@ -23,6 +23,7 @@ import numpy as np
 from packrat_daemon.protocol import tensors
 from packrat_daemon.protocol.dataplane import DataPlane, InferInput, InferResult, ModelSpec, check_tensor
 from packrat_daemon.protocol.errors import OipError, Status
+from packrat_daemon.protocol.gateway_metrics import GRPC, GRPC_ENDPOINTS, UNKNOWN, Call
 from packrat_daemon.protocol.grpc import inference_pb2 as pb
 from packrat_daemon.protocol.grpc.wire import encode_infer_response, split_infer_request
 from packrat_daemon.protocol.upstream import ThreadUpstreams
@@ -51,28 +52,35 @@ _CONTENTS_FIELD = {
 }
 
 
-async def _answer(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[T]]) -> T:
-    """`call()`, or the call aborted with the gRPC status of its failure (never an unexplained UNKNOWN)."""
-    try:
-        return await call()
-    except OipError as exc:
-        await context.abort(grpc.StatusCode[exc.status.grpc], exc.message)
-    except Exception:
-        log.exception("internal error in a gRPC call")
-        await context.abort(grpc.StatusCode.INTERNAL, "the server failed on this request; it is logged")
+async def _answer(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[T]], seen: Call) -> T:
+    """`call()`, or the call aborted with the gRPC status of its failure (never an unexplained UNKNOWN); `seen`
+    counts it in the gateway's metrics."""
+    with seen:
+        try:
+            return await call()
+        except OipError as exc:
+            seen.refused(exc.status, exc.packrat_code)
+            await context.abort(grpc.StatusCode[exc.status.grpc], exc.message)
+        except Exception:
+            log.exception("internal error in a gRPC call")
+            seen.refused(Status.INTERNAL)
+            await context.abort(grpc.StatusCode.INTERNAL, "the server failed on this request; it is logged")
     raise AssertionError("context.abort returns only by raising")
 
 
-def _answer_blocking(context: grpc.ServicerContext, call: Callable[[], T]) -> T:
+def _answer_blocking(context: grpc.ServicerContext, call: Callable[[], T], seen: Call) -> T:
     """`_answer` for the threaded server's handlers."""
-    try:
-        return call()
-    except OipError as exc:
-        code, details = grpc.StatusCode[exc.status.grpc], exc.message
-    except Exception:
-        log.exception("internal error in a gRPC call")
-        code, details = grpc.StatusCode.INTERNAL, "the server failed on this request; it is logged"
-    context.abort(code, details)
+    with seen:
+        try:
+            return call()
+        except OipError as exc:
+            seen.refused(exc.status, exc.packrat_code)
+            code, details = grpc.StatusCode[exc.status.grpc], exc.message
+        except Exception:
+            log.exception("internal error in a gRPC call")
+            seen.refused(Status.INTERNAL)
+            code, details = grpc.StatusCode.INTERNAL, "the server failed on this request; it is logged"
+        context.abort(code, details)
     raise AssertionError("context.abort returns only by raising")
 
 
@@ -166,9 +174,10 @@ class InferenceServicer:
 
     def handler(self, name: str) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
         call = getattr(self.calls, name)
+        endpoint = GRPC_ENDPOINTS.get(name, UNKNOWN)
 
         async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            return await _answer(context, lambda: call(request))
+            return await _answer(context, lambda: call(request), self.plane.metrics.call(GRPC, endpoint))
 
         return handle
 
@@ -186,7 +195,7 @@ class InferenceServicer:
             )
             return _encoded(self.plane, spec, result)
 
-        return await _answer(context, call)
+        return await _answer(context, call, self.plane.metrics.call(GRPC, "infer"))
 
 
 class ThreadedServicer:
@@ -214,9 +223,11 @@ class ThreadedServicer:
 
     def handler(self, name: str) -> Callable[[Any, grpc.ServicerContext], Any]:
         call = getattr(self.calls, name)
+        endpoint = GRPC_ENDPOINTS.get(name, UNKNOWN)
 
         def handle(request: Any, context: grpc.ServicerContext) -> Any:
-            return _answer_blocking(context, lambda: self._on_loop(call(request)))
+            seen = self.plane.metrics.call(GRPC, endpoint)
+            return _answer_blocking(context, lambda: self._on_loop(call(request)), seen)
 
         return handle
 
@@ -235,7 +246,7 @@ class ThreadedServicer:
             result = plane.infer_blocking(upstream, spec, inputs, outputs, request.id, timeout_s, started)
             return _encoded(plane, spec, result)
 
-        return _answer_blocking(context, call)
+        return _answer_blocking(context, call, self.plane.metrics.call(GRPC, "infer"))
 
 
 def _inputs(request: pb.ModelInferRequest, raw: list[memoryview], spec: ModelSpec) -> list[InferInput]:
@@ -303,8 +314,10 @@ def threaded_grpc_server(
 
 
 def _options(max_message_bytes: int) -> list[tuple[str, Any]]:
-    # Checked against each message's length prefix before its bytes are read into memory.
+    # Checked against each message's length prefix before its bytes are read into memory. SO_REUSEPORT off:
+    # grpcio sets it by default, and a second server on a taken port would then share it silently.
     return [
+        ("grpc.so_reuseport", 0),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
     ]
