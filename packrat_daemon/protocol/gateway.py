@@ -188,8 +188,8 @@ async def serve_gateway(options: GatewayOptions, install_signals: bool, stop: as
             raise RuntimeError("the REST server stopped by itself")  # the daemon starts the gateway again
     finally:
         plane.draining = True  # not ready from now on; new inferences are refused, those in flight go on
-        _say(options.status_fd, "draining")
         if served:
+            _say(options.status_fd, "draining")
             await _drain(plane)
         if rest is not None:
             rest.should_exit = True

@@ -153,7 +153,10 @@ class GatewayProcess:
     def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Start the gateway and wait until it serves; ConfigError (exit 2) with its reason when it cannot."""
         self._spawn()
-        line = self._read_status(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while (line := self._read_status(max(0.0, deadline - time.monotonic()))) not in ("", SERVING):
+            if line.startswith(FAILED):
+                break
         if line != SERVING:
             self._reap()
             reason = line.partition(" ")[2] if line.startswith(FAILED) else f"it exited with code {self.last_exit}"
