@@ -8,7 +8,10 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,12 +20,9 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-import uvicorn
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
-from packrat_daemon.protocol import dataplane
-from packrat_daemon.protocol.dataplane import DataPlane
 from packrat_daemon.protocol.errors import Status
 from packrat_daemon.protocol.gateway_metrics import (
     DRAINING,
@@ -33,14 +33,15 @@ from packrat_daemon.protocol.gateway_metrics import (
     rest_endpoint,
     serve_metrics,
 )
-from packrat_daemon.protocol.grpc import inference_pb2 as pb
-from packrat_daemon.protocol.grpc import inference_pb2_grpc
-from packrat_daemon.protocol.grpc.server import grpc_server, threaded_grpc_server
-from packrat_daemon.protocol.rest import RestApp
-from packrat_daemon.protocol.upstream import ThreadUpstreams, Upstream
 from packrat_daemon.wire.codec import ErrorCode
-from packrat_daemon.wire.errors import ConfigError
 from packrat_daemon.wire.server_side import InfoRequest, encode_error, encode_info, encode_result, parse_request
+from tests.helpers.daemons import REPO, daemon_env
+
+pytest.importorskip("tritonclient.grpc", reason="tritonclient is not installed (pip install -e '.[test]')")
+# tritonclient's messages, not Packrat's: the two cannot share a process (gateway_child), and they are the same on
+# the wire (test_grpc_stubs checks every method and field number).
+from tritonclient.grpc import service_pb2 as pb  # noqa: E402
+from tritonclient.grpc import service_pb2_grpc  # noqa: E402
 
 MODEL = "tiny"  # the stand-in serves builtin:tiny, a model of 4 float32 features in and out
 
@@ -112,70 +113,35 @@ class StandIn:
 
 
 class Gateway:
-    """What `gateway.serve_gateway` runs, composed here so that the test holds its data plane: REST under uvicorn
-    (`rest`), gRPC on grpcio's threads or grpc.aio (`rpc`), and the metrics port of their own (`metrics_port`),
-    on a loop in a thread of its own."""
+    """The gateway of `gateway_child` (REST under uvicorn, gRPC threaded or grpc.aio, the metrics port of their own),
+    in a process of its own: see there why."""
 
-    def __init__(self, endpoint: str, rest: bool, rpc: str | None, metrics_port: int = 0) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
-        self.http_port = self.grpc_port = 0
-        self.run(self._start(endpoint, rest, rpc, metrics_port))
+    def __init__(self, endpoint: str, rest: bool, rpc: str, metrics_port: int = 0) -> None:
+        command = [sys.executable, "-m", "tests.packrat_daemon.protocol.gateway_child", endpoint, str(int(rest)), rpc]
+        self.process = subprocess.Popen(
+            [*command, str(metrics_port)], cwd=REPO, env=daemon_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        ports = json.loads(self._line())
+        self.http_port, self.grpc_port = ports["http"], ports["grpc"]
 
-    def run(self, coroutine: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(10)
+    def _line(self) -> str:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        assert line, f"the gateway exited ({self.process.wait(10)})"
+        return line.strip()
 
-    async def _start(self, endpoint: str, rest: bool, rpc: str | None, metrics_port: int) -> None:
-        self.stopping = asyncio.Event()
-        self.upstream = Upstream(endpoint, None)
-        self.plane = DataPlane(self.upstream, MODEL, timeout_s=5.0)
-        self.rest: uvicorn.Server | None = None
-        self.rpc: Any = None
-        self.threads: ThreadUpstreams | None = None
-        if rest:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-            sock.bind(("127.0.0.1", 0))
-            self.http_port = sock.getsockname()[1]
-            config = uvicorn.Config(RestApp(self.plane), lifespan="off", access_log=False, log_level="warning")
-            self.rest = uvicorn.Server(config)
-            self.rest_task = asyncio.create_task(self.rest.serve(sockets=[sock]))
-            while not self.rest.started:
-                await asyncio.sleep(0.005)
-        if rpc == "threads":
-            self.threads = ThreadUpstreams(endpoint, None, self.upstream)
-            self.rpc = threaded_grpc_server(self.plane, self.threads, asyncio.get_running_loop(), 1 << 20)
-        elif rpc == "aio":
-            self.rpc = grpc_server(self.plane, 1 << 20)
-        if self.rpc is not None:
-            self.grpc_port = self.rpc.add_insecure_port("127.0.0.1:0")
-            started = self.rpc.start()
-            if asyncio.iscoroutine(started):
-                await started
-        self.metrics_task = serve_metrics(self.plane.metrics, "127.0.0.1", metrics_port, self.stopping)
-        while not await self.plane.ready():  # the model described before the first client asks, as _warm_up does
-            await asyncio.sleep(0.01)
-
-    async def _stop(self) -> None:
-        self.stopping.set()
-        if self.rest is not None:
-            self.rest.should_exit = True
-            await self.rest_task
-        if isinstance(self.rpc, grpc.aio.Server):
-            await self.rpc.stop(0)
-        elif self.rpc is not None:
-            self.rpc.stop(0).wait()
-        if self.threads is not None:
-            self.threads.close()
-        if self.metrics_task is not None:
-            await self.metrics_task
-        self.upstream.close()
+    def ask(self, command: str) -> str:
+        assert self.process.stdin is not None
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        return self._line()
 
     def stop(self) -> None:
-        self.run(self._stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-        self.loop.close()
+        assert self.process.stdin is not None
+        self.process.stdin.write("stop\n")
+        self.process.stdin.close()
+        assert self.process.wait(10) == 0
 
 
 @pytest.fixture(scope="module")
@@ -220,9 +186,9 @@ def infer_body(samples: int = 1, timeout_us: int | None = None) -> bytes:
     return json.dumps(request).encode()
 
 
-def grpc_stub(port: int) -> tuple[grpc.Channel, inference_pb2_grpc.GRPCInferenceServiceStub]:
+def grpc_stub(port: int) -> tuple[grpc.Channel, service_pb2_grpc.GRPCInferenceServiceStub]:
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    return channel, inference_pb2_grpc.GRPCInferenceServiceStub(channel)
+    return channel, service_pb2_grpc.GRPCInferenceServiceStub(channel)
 
 
 def grpc_infer(stub: Any, samples: int = 1, model: str = MODEL) -> grpc.StatusCode:
@@ -277,8 +243,8 @@ def test_every_route_and_call_has_its_endpoint_and_every_status_a_reason() -> No
         "/v2/health": UNKNOWN, "/v2/models": UNKNOWN, "/wp-login.php": UNKNOWN,
     }  # fmt: skip
     assert {path: rest_endpoint(path) for path in routes} == routes
-    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-    assert {method.name for method in service.methods} == set(GRPC_ENDPOINTS)
+    proto = (REPO / "packrat_daemon" / "protocol" / "grpc" / "inference.proto").read_text()
+    assert set(re.findall(r"^\s*rpc (\w+)\(", proto, re.M)) == set(GRPC_ENDPOINTS)
     assert set(GRPC_ENDPOINTS.values()) <= set(routes.values())  # one vocabulary for both protocols
     assert set(REASONS) == set(Status) and DRAINING not in REASONS.values()
 
@@ -398,11 +364,11 @@ def test_draining_and_timeouts_are_refusals_of_their_own(gateway: Gateway, fresh
         assert fetch(port, "POST", f"/v2/models/{MODEL}/infer", infer_body())[0] == 503
         assert grpc_infer(stub) == grpc.StatusCode.UNAVAILABLE
         fresh.shutting_down = False
-        gateway.plane.draining = True  # the gateway itself drains (its stop signal)
+        assert gateway.ask("draining 1") == "ok"  # the gateway itself drains (its stop signal)
         try:
             assert fetch(port, "POST", f"/v2/models/{MODEL}/infer", infer_body())[0] == 503
         finally:
-            gateway.plane.draining = False
+            assert gateway.ask("draining 0") == "ok"
         fresh.hold.set()  # the daemon holds the inference past its 20 ms timeout
         assert fetch(port, "POST", f"/v2/models/{MODEL}/infer", infer_body(timeout_us=20_000))[0] == 504
         fresh.hold.clear()
@@ -419,10 +385,8 @@ def test_draining_and_timeouts_are_refusals_of_their_own(gateway: Gateway, fresh
 
 
 # -- the model's description follows the daemon ----------------------------------------------------------------
-def test_metadata_and_config_say_the_runtime_served_now(
-    gateway: Gateway, fresh: StandIn, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(dataplane, "READY_TTL_S", 0.0)  # every question asks the daemon (0.5 s apart otherwise)
+def test_metadata_and_config_say_the_runtime_served_now(gateway: Gateway, fresh: StandIn) -> None:
+    # The gateway asks the daemon at every question (READY_TTL_S 0 in gateway_child; 0.5 s apart otherwise).
     port = gateway.http_port
     channel, stub = grpc_stub(gateway.grpc_port)
     try:
@@ -462,17 +426,13 @@ def test_a_grpc_only_gateway_serves_its_metrics_on_a_port_of_their_own(fresh: St
         assert growth("packrat_gateway_requests_total", protocol="grpc", endpoint="infer", status="OK") == 1
         assert growth("packrat_gateway_refusals_total", protocol="grpc", reason="not_found") == 1
         assert fetch(metrics_port, "GET", "/v2/health/live")[0] == 404  # this port serves the metrics alone
-        with pytest.raises(ConfigError, match=rf"127\.0\.0\.1:{metrics_port}.*--metrics-port"):
-            served.run(_serve_again(served, metrics_port))  # taken: refused, never shared (no SO_REUSEPORT)
+        refused = served.ask(f"serve-metrics {metrics_port}")  # taken: refused, never shared (no SO_REUSEPORT)
+        assert re.match(rf"error .*127\.0\.0\.1:{metrics_port}.*choose another --metrics-port", refused), refused
     finally:
         channel.close()
         served.stop()
     with pytest.raises(OSError):  # stopped with the gateway: the port is closed
         fetch(metrics_port, "GET", "/metrics")
-
-
-async def _serve_again(served: Gateway, port: int) -> None:
-    serve_metrics(served.plane.metrics, "127.0.0.1", port, served.stopping)
 
 
 def test_no_metrics_port_is_none() -> None:
