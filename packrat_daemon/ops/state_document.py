@@ -62,6 +62,8 @@ class Entry:
             t, b, ms, n, p90 = _row(row, 5, "a cell")
             cells[_key(t, b)] = Cell(_latency(ms), _integer(n, "a cell's samples", 1, MAX_SAMPLES),
                                      None if p90 is None else _latency(p90))  # fmt: skip
+        if not cells:  # nothing to plan on: a daemon writes an entry only for a profile it has
+            raise StateError("an entry has no cells")
         profile = Profile(cells, model=ident["model"], runtime=ident["runtime"], precision=ident["precision"])
         estimated = {}
         for row in _list(data.get("estimated", []), "an entry's estimated cells"):

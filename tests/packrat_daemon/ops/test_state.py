@@ -231,7 +231,10 @@ def choice_saved(folder: Path, guard: dict[str, Any] | None = None) -> dict[str,
     from packrat_daemon.measure.runtime_choice import REFUSED, SERVED, Verdict
     from packrat_daemon.ops.state import Choice
 
-    identities = {"torch": identity(CONFIG, "torch", "fp32", TOPOLOGY), "torch/bf16": identity(CONFIG, "torch", "bf16", TOPOLOGY)}
+    identities = {
+        "torch": identity(CONFIG, "torch", "fp32", TOPOLOGY),
+        "torch/bf16": identity(CONFIG, "torch", "bf16", TOPOLOGY),
+    }
     keeper = StateKeeper(str(folder))
     keeper.record("torch", Entry(identities["torch"], PROFILE, guard=guard))
     keeper.served_key = "torch"
