@@ -520,10 +520,11 @@ SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
 
 def run(folder: Path, names: list[str]) -> dict[str, Any]:
     """The scenarios named (all when empty), each in its own subfolder; one that fails says why."""
+    from attacks_gateway import SCENARIOS as GATEWAY  # issue 38: the OIP gateway; it imports this module too
     from attacks_input import SCENARIOS as MORE  # items 1, 3, 7, 8; it imports this module, so loaded here
 
     out: dict[str, Any] = {}
-    scenarios = SCENARIOS | MORE
+    scenarios = SCENARIOS | MORE | GATEWAY
     for name in names or list(scenarios):
         place = folder / f"attack-{name}"
         place.mkdir(mode=0o700)

@@ -1,0 +1,225 @@
+"""Issue 38's findings against the Open Inference Protocol gateway, as more scenarios of bench/faults.py's
+`--attack NAME`: each reports requests sent, answered, lost, the innocent client's longest stall, and the
+gateway's and the daemon's peak RSS growth (`checks`: each true when the service held).
+
+The daemon is `packrat serve --http-port --grpc-port --metrics-port` on builtin:tiny-mlp (one worker, a fixed
+plan), so that the gateway, not the model, is what is measured. The clients are tests/helpers/oip_clients.py's
+closed loops: a request is `lost` when its connection closed without a status or a gRPC call was CANCELLED.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from attacks import MIB, PINNED, STALL_FLOOR_S, Innocent, Rss
+from harness import REPO, DaemonProcess, free_port, private_state
+
+from tests.helpers.oip_clients import LOST, NOT_CONNECTED, OK, REFUSED, Outcomes, closed_loops, rest_loop
+
+MODEL = "tiny-mlp"
+SAMPLE = np.ones((1, 16), np.float32)
+
+
+class Gateway(DaemonProcess):
+    """A tiny-mlp daemon with its gateway (REST, gRPC) and metrics port; `gateway_pid` is the gateway child."""
+
+    def __init__(self, name: str, folder: Path, extra: list[str] | None = None) -> None:
+        self.endpoint = f"ipc://{folder}/{name}.ipc"
+        self.log_path = folder / f"{name}.log"
+        self.http, self.grpc, self.metrics = free_port(), free_port(), free_port()
+        profile = folder / f"{name}-profile.csv"
+        profile.write_text("threads,batch,latency_ms\n1,1,0.2\n1,2,0.3\n1,4,0.4\n")
+        args = ["--model", "builtin:tiny-mlp", "--policy", "fixed", "--plan", "1*1x4", "--max-batch", "4"]
+        args += ["--profile", str(profile), "--http-port", str(self.http), "--grpc-port", str(self.grpc)]
+        args += ["--metrics-port", str(self.metrics), *PINNED, *(extra or [])]
+        command = [sys.executable, "-m", "packrat_daemon", "serve", "--endpoint", self.endpoint]
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen([*command, *private_state(name, folder, args)], stdout=log,
+                                            stderr=subprocess.STDOUT, cwd=REPO)  # fmt: skip
+        from packrat_daemon.wire.client import Client
+
+        self.client = Client(self.endpoint, timeout=5.0)
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while ready(self.metrics) != 200:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the daemon did not get ready:\n{self.log_tail()}")
+            time.sleep(0.1)
+
+    @property
+    def gateway_pid(self) -> int:
+        pid = self.process.pid
+        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            if b"oip" in Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0"):
+                return int(child)
+        raise RuntimeError("the daemon has no gateway child")
+
+
+def ready(port: int) -> int | None:
+    """The daemon's /readyz status (None: nothing answers)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+def _summed(runs: list[dict[str, Any]], key: str) -> int:
+    return sum(run[protocol][key] for run in runs for protocol in ("rest", "grpc"))
+
+
+# -- lifecycle ------------------------------------------------------------------------------------------------
+def gateway_sigterm(folder: Path, runs: int = 10) -> dict[str, Any]:
+    """SIGTERM to `serve` while 6 REST and 6 gRPC clients run closed loops, `runs` times (a fresh daemon each)."""
+    results = []
+    for run in range(runs):
+        daemon = Gateway(f"sigterm-{run}", folder)
+        daemon.wait_ready()
+        rest, rpc, stop, threads = closed_loops("127.0.0.1", daemon.http, daemon.grpc, MODEL, SAMPLE, 6, 6)
+        time.sleep(1.5)
+        daemon.process.send_signal(signal.SIGTERM)
+        code = daemon.process.wait(60)
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+        daemon.client.close()
+        results.append({"rest": rest.to_json(), "grpc": rpc.to_json(), "exit_code": code})
+    sent = _summed(results, OK) + _summed(results, REFUSED) + _summed(results, LOST)
+    return {
+        "runs": runs,
+        "requests_sent": sent,
+        "answered": _summed(results, OK),
+        "refused_503_or_unavailable": _summed(results, REFUSED),
+        "not_connected": _summed(results, NOT_CONNECTED),
+        "lost": _summed(results, LOST),
+        "lost_detail": [d for run in results for p in ("rest", "grpc") for d in run[p]["lost_detail"]][:5],
+        "exit_codes": sorted({run["exit_code"] for run in results}),
+        "checks": {"nothing_lost": _summed(results, LOST) == 0, "exit_0": all(r["exit_code"] == 0 for r in results)},
+    }
+
+
+def gateway_kill(folder: Path) -> dict[str, Any]:
+    """The gateway SIGKILLed while ZeroMQ, REST and gRPC clients run: /readyz, the restart, the ZeroMQ client."""
+    daemon = Gateway("kill", folder)
+    daemon.wait_ready()
+    innocent = Innocent(daemon)  # a ZeroMQ client: the daemon's own clients must not notice
+    rest, rpc, stop, threads = closed_loops("127.0.0.1", daemon.http, daemon.grpc, MODEL, SAMPLE, 2, 2)
+    time.sleep(1.0)
+    killed_at = time.monotonic()
+    os.kill(daemon.gateway_pid, signal.SIGKILL)
+    seen: list[tuple[float, int | None]] = []
+    while time.monotonic() - killed_at < 30:
+        seen.append((round(time.monotonic() - killed_at, 3), ready(daemon.metrics)))
+        if seen[-1][1] == 200 and any(status == 503 for _, status in seen):
+            break
+        time.sleep(0.02)
+    stop.set()
+    for thread in threads:
+        thread.join(30)
+    again, stop_again = Outcomes(), threading.Event()
+    after = threading.Thread(target=rest_loop, args=("127.0.0.1", daemon.http, MODEL, SAMPLE, again, stop_again))
+    after.start()
+    time.sleep(1.0)
+    stop_again.set()
+    after.join(30)
+    result = innocent.finish()
+    daemon.close()
+    unready = [when for when, status in seen if status == 503]
+    back = next((when for when, status in seen if status == 200 and unready and when > unready[0]), None)
+    result |= {
+        "unready_after_s": unready[0] if unready else None,
+        "ready_again_after_s": back,
+        "rest_answered_after_restart": again.counts[OK],
+        "clients_of_the_killed_gateway": {"rest": rest.to_json(), "grpc": rpc.to_json()},
+    }
+    result["checks"] = {
+        "unready_within_1s": bool(unready) and unready[0] < 1.0,
+        "ready_again": back is not None,
+        "zeromq_clients_untouched": result["lost"] == 0 and not result["typed_errors"],
+        "rest_serves_again": again.counts[OK] > 0 and again.counts[LOST] == 0,
+    }
+    return result
+
+
+def gateway_ports_taken(folder: Path) -> dict[str, Any]:
+    """Each port (ZeroMQ, REST, gRPC held by a server with SO_REUSEPORT, metrics) taken: exit code and message."""
+    from concurrent import futures
+
+    import grpc
+
+    out: dict[str, Any] = {}
+    for which in ("zeromq", "rest", "grpc", "metrics"):
+        port, holder, plain = free_port(), None, socket.socket()
+        if which == "grpc":
+            holder = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+            holder.add_insecure_port(f"127.0.0.1:{port}")
+            holder.start()
+        else:
+            plain.bind(("127.0.0.1", port))
+            plain.listen()
+        flag = {"rest": "--http-port", "grpc": "--grpc-port", "metrics": "--metrics-port"}.get(which)
+        endpoint = f"tcp://127.0.0.1:{port}" if which == "zeromq" else f"ipc://{folder}/{which}.ipc"
+        extra = [] if flag is None else [flag, str(port)]
+        extra += [] if which == "rest" else ["--http-port", str(free_port())]
+        command = [sys.executable, "-m", "packrat_daemon", "serve", "--endpoint", endpoint, "--model",
+                   "builtin:tiny-mlp", "--state-dir", str(folder / f"{which}.state"), *PINNED, *extra]  # fmt: skip
+        started = time.monotonic()
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
+        plain.close()
+        if holder is not None:
+            holder.stop(None)
+        last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
+        out[which] = {"exit_code": done.returncode, "seconds": round(time.monotonic() - started, 2),
+                      "error": last[-300:], "names_the_port": str(port) in last,
+                      "traceback": "Traceback" in done.stderr}  # fmt: skip
+    out["checks"] = {which: r["exit_code"] == 2 and r["names_the_port"] and not r["traceback"]
+                     for which, r in out.items()}  # fmt: skip
+    return out
+
+
+def peak_growth(pid: int, attack: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], float]:
+    """Run `attack` while sampling `pid`'s RSS; what it returned and the peak's growth over the start, in MiB."""
+    rss = Rss(pid)
+    before = rss.peak
+    result = attack()
+    return result, round((rss.stop() - before) / MIB, 1)
+
+
+def gateway_figures(daemon: Gateway, innocent: Outcomes, predicted_s: float = 0.01) -> dict[str, Any]:
+    """The innocent REST client's figures, in the shape bench/attacks.py's scenarios report."""
+    target = max(STALL_FLOOR_S, 3 * predicted_s)
+    longest = max(innocent.latencies_s, default=None)
+    return {
+        "requests_sent": sum(innocent.counts.values()),
+        "answered": innocent.counts[OK] + innocent.counts[REFUSED],
+        "lost": innocent.counts[LOST],
+        "longest_innocent_stall_s": None if longest is None else round(longest, 3),
+        "stall_target_s": target,
+        "stall_within_target": longest is not None and longest <= target,
+    }
+
+
+SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
+    "gateway_sigterm": gateway_sigterm,
+    "gateway_kill": gateway_kill,
+    "gateway_ports_taken": gateway_ports_taken,
+}
+
+if __name__ == "__main__":  # one scenario alone: python bench/attacks_gateway.py NAME FOLDER
+    print(json.dumps(SCENARIOS[sys.argv[1]](Path(sys.argv[2])), indent=2))
