@@ -47,15 +47,9 @@ from packrat_daemon.wire.codec import (
     load_header,
 )
 from packrat_daemon.wire.curve import FrontendSecurity
-from packrat_daemon.wire.server_side import (
-    InfoRequest,
-    check_against_model,
-    encode_error,
-    encode_info,
-    encode_timed_result,
-    oversized_message,
-    parse_request,
-)
+from packrat_daemon.wire.model_checks import check_against_model
+from packrat_daemon.wire.server_replies import encode_error, encode_info, encode_timed_result
+from packrat_daemon.wire.server_side import InfoRequest, oversized_message, parse_request
 from packrat_daemon.wire.zmqio import NOBLOCK, ZERO_COPY_MIN_BYTES, discarder, readable, send_frames
 from workers.messages import numpy_name
 from workers.models.spec import EMULATED

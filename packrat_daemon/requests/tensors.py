@@ -16,16 +16,9 @@ import numpy as np
 
 from packrat_daemon.requests.jobs import Completed
 from packrat_daemon.wire.codec import DTYPES, pack_records, unpack_records
-from packrat_daemon.wire.server_side import (
-    InferRequest,
-    ModelTensor,
-    Tensor,
-    check_against_model,
-    check_named_input,
-    check_tensors_against_model,
-    encode_tensors_result,
-    encode_timed_result,
-)
+from packrat_daemon.wire.model_checks import check_against_model, check_named_input, check_tensors_against_model
+from packrat_daemon.wire.server_replies import encode_tensors_result, encode_timed_result
+from packrat_daemon.wire.server_side import InferRequest, ModelTensor, Tensor
 from workers.messages import numpy_name
 from workers.models.spec import DEFAULT_OUTPUT_NAME, InputSpec
 

@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeGuard
 
-import numpy as np
 import zmq
 
 from packrat_daemon.wire.codec import (
@@ -37,7 +36,6 @@ from packrat_daemon.wire.codec import (
     as_buffer,
     check_request_id,
     check_tensor_name,
-    dump_header,
     is_int,
     json_type,
     load_header,
@@ -82,7 +80,7 @@ class InfoRequest:
     op: str = "info"  # or "status": the description with the daemon's live state (docs/status.md)
 
 
-def _bad(message: str, request_id: RequestId | None = None) -> ProtocolError:
+def bad_request(message: str, request_id: RequestId | None = None) -> ProtocolError:
     return ProtocolError(ErrorCode.BAD_REQUEST, message, request_id)
 
 
@@ -182,7 +180,7 @@ def _well_formed_infer(raw: bytes, payload_frame: Frame, max_message_bytes: int)
 
 def _parse_frames(buffers: list[Buffer], max_message_bytes: int) -> InferRequest | InfoRequest:
     if not buffers:
-        raise _bad("empty message: expected frames [header] or [header, payload]")
+        raise bad_request("empty message: expected frames [header] or [header, payload]")
     header_buf = buffers[0]
     if len(header_buf) > MAX_HEADER_BYTES:
         raise ProtocolError(
@@ -192,15 +190,15 @@ def _parse_frames(buffers: list[Buffer], max_message_bytes: int) -> InferRequest
     try:
         header = load_header(header_buf)
     except ValueError as exc:
-        raise _bad(str(exc)) from None
+        raise bad_request(str(exc)) from None
 
     # The id comes first so that every later error can be matched to its request by the client.
     if "id" not in header:
-        raise _bad("header has no 'id'; give every request a string or integer id")
+        raise bad_request("header has no 'id'; give every request a string or integer id")
     request_id = header["id"]
     problem = check_request_id(request_id)
     if problem is not None:
-        raise _bad(problem)
+        raise bad_request(problem)
 
     total = sum(len(buf) for buf in buffers)
     if total > max_message_bytes:
@@ -210,25 +208,25 @@ def _parse_frames(buffers: list[Buffer], max_message_bytes: int) -> InferRequest
     if op == "infer" and header["v"] == TENSORS_VERSION:
         return _parse_tensors(header, request_id, buffers)
     if len(buffers) > 2:
-        raise _bad(f"message has {len(buffers)} frames; expected [header] or [header, payload]", request_id)
+        raise bad_request(f"message has {len(buffers)} frames; expected [header] or [header, payload]", request_id)
 
     if op == "infer":
         return _parse_infer(header, request_id, buffers)
     if op == "info" or op == "status":
         if len(buffers) != 1:
-            raise _bad(f"an {op!r} request is the header frame alone; drop the payload frame", request_id)
+            raise bad_request(f"an {op!r} request is the header frame alone; drop the payload frame", request_id)
         return InfoRequest(request_id, op)
-    raise _bad(f"unknown 'op' {short_repr(op)}; expected 'infer', 'info' or 'status'", request_id)
+    raise bad_request(f"unknown 'op' {short_repr(op)}; expected 'infer', 'info' or 'status'", request_id)
 
 
 def _check_version(header: dict[str, Any], request_id: RequestId) -> None:
     if "v" not in header:
-        raise _bad("header has no 'v'; set it to the protocol version, 1 (or 2 for named tensors)", request_id)
+        raise bad_request("header has no 'v'; set it to the protocol version, 1 (or 2 for named tensors)", request_id)
     version = header["v"]
     if _version_known(version):
         return
     if not is_int(version):
-        raise _bad(f"'v' must be an integer protocol version, got {json_type(version)}", request_id)
+        raise bad_request(f"'v' must be an integer protocol version, got {json_type(version)}", request_id)
     raise ProtocolError(
         ErrorCode.UNSUPPORTED_VERSION,
         f"protocol version {short_repr(version)} is not supported; this server speaks {list(SUPPORTED_VERSIONS)}",
@@ -238,17 +236,17 @@ def _check_version(header: dict[str, Any], request_id: RequestId) -> None:
 
 def _parse_infer(header: dict[str, Any], request_id: RequestId, buffers: list[Buffer]) -> InferRequest:
     if len(buffers) != 2:
-        raise _bad("an 'infer' request needs a payload frame after the header", request_id)
+        raise bad_request("an 'infer' request needs a payload frame after the header", request_id)
     dtype = header.get("dtype")
     if not _dtype_known(dtype):
-        raise _bad(f"unknown 'dtype' {short_repr(dtype)}; expected one of {', '.join(DTYPES)}", request_id)
+        raise bad_request(f"unknown 'dtype' {short_repr(dtype)}; expected one of {', '.join(DTYPES)}", request_id)
     shape = _parse_shape(header.get("shape"), request_id)
     timeout_ms = _parse_timeout(header.get("timeout_ms"), request_id)
 
     payload = buffers[1]
     expected = math.prod(shape) * ITEMSIZE[dtype]
     if len(payload) != expected:
-        raise _bad(
+        raise bad_request(
             f"payload is {len(payload)} bytes, but {dtype} of shape {list(shape)} needs {expected}",
             request_id,
         )
@@ -260,13 +258,13 @@ def _parse_tensors(header: dict[str, Any], request_id: RequestId, buffers: list[
     inputs = header.get("inputs")
     if type(inputs) is not list or not 0 < len(inputs) <= MAX_TENSORS:
         what = f"{len(inputs)} tensors" if type(inputs) is list else json_type(inputs)
-        raise _bad(
+        raise bad_request(
             f"a version-2 'infer' needs 'inputs': an array of 1 to {MAX_TENSORS} objects "
             "{'name', 'dtype', 'shape'}, one per payload frame; got " + what,
             request_id,
         )
     if len(buffers) - 1 != len(inputs):
-        raise _bad(
+        raise bad_request(
             f"'inputs' lists {len(inputs)} tensors, but the message has {len(buffers) - 1} payload frames: send one "
             "frame per tensor, in the order 'inputs' lists them",
             request_id,
@@ -276,25 +274,25 @@ def _parse_tensors(header: dict[str, Any], request_id: RequestId, buffers: list[
     seen: set[str] = set()
     for k, (entry, payload) in enumerate(zip(inputs, buffers[1:], strict=True)):
         if type(entry) is not dict:
-            raise _bad(
+            raise bad_request(
                 f"'inputs'[{k}] must be an object {{'name', 'dtype', 'shape'}}, got {json_type(entry)}", request_id
             )
         name: str = entry.get("name")  # type: ignore[assignment]  # checked on the next line
         problem = check_tensor_name(name)
         if problem is not None:
-            raise _bad(f"'inputs'[{k}]: {problem}", request_id)
+            raise bad_request(f"'inputs'[{k}]: {problem}", request_id)
         if name in seen:
-            raise _bad(f"input {name!r} is listed twice; give each input once", request_id)
+            raise bad_request(f"input {name!r} is listed twice; give each input once", request_id)
         seen.add(name)
         dtype = entry.get("dtype")
         if not _dtype_known(dtype):
-            raise _bad(
+            raise bad_request(
                 f"input {name!r}: unknown 'dtype' {short_repr(dtype)}; expected one of {', '.join(DTYPES)}", request_id
             )
         shape = _parse_shape(entry.get("shape"), request_id, f"input {name!r}: ")
         expected = math.prod(shape) * ITEMSIZE[dtype]
         if len(payload) != expected:
-            raise _bad(
+            raise bad_request(
                 f"input {name!r}: its frame is {len(payload)} bytes; {dtype} of shape {list(shape)} needs {expected}",
                 request_id,
             )
@@ -302,7 +300,7 @@ def _parse_tensors(header: dict[str, Any], request_id: RequestId, buffers: list[
     samples = {tensor.shape[0] for tensor in tensors}
     if len(samples) > 1:
         counts = ", ".join(f"{tensor.name} {tensor.shape[0]}" for tensor in tensors)
-        raise _bad(
+        raise bad_request(
             f"the inputs have different numbers of samples ({counts}); every input's first axis counts the same "
             "samples",
             request_id,
@@ -315,12 +313,12 @@ def _parse_shape(shape: Any, request_id: RequestId, what: str = "") -> tuple[int
     if _plain_shape(shape):
         return tuple(shape)
     if not isinstance(shape, list) or not shape:
-        raise _bad(f"{what}'shape' must be a non-empty array of integers, got {json_type(shape)}", request_id)
+        raise bad_request(f"{what}'shape' must be a non-empty array of integers, got {json_type(shape)}", request_id)
     if len(shape) > MAX_NDIM:
-        raise _bad(f"{what}'shape' has {len(shape)} dimensions; at most {MAX_NDIM} are allowed", request_id)
+        raise bad_request(f"{what}'shape' has {len(shape)} dimensions; at most {MAX_NDIM} are allowed", request_id)
     for axis, size in enumerate(shape):
         if not is_int(size) or size < 1:
-            raise _bad(
+            raise bad_request(
                 f"{what}'shape'[{axis}] is {short_repr(size)}; every dimension must be a positive integer "
                 "(the first one, the number of samples, too)",
                 request_id,
@@ -330,98 +328,12 @@ def _parse_shape(shape: Any, request_id: RequestId, what: str = "") -> tuple[int
 
 def _parse_timeout(timeout_ms: Any, request_id: RequestId) -> float | None:
     if not _timeout_ok(timeout_ms):
-        raise _bad(
+        raise bad_request(
             "'timeout_ms' must be a positive number of milliseconds no larger than "
             f"{MAX_TIMEOUT_MS!r} (or null for none), got {json_type(timeout_ms)}",
             request_id,
         )
     return None if timeout_ms is None else float(timeout_ms)
-
-
-def check_against_model(
-    req: InferRequest,
-    input_dtype: str,
-    sample_shape: tuple[int, ...],
-    max_samples: int,
-    high: int | None = None,
-    what: str = "",
-) -> None:
-    """Raise BAD_REQUEST unless ``req`` fits the model's input (a -1 in ``sample_shape`` matches any size, and an
-    integer input's values lie in [0, ``high``) where the model declares it: token ids), and TOO_LARGE for more
-    samples than ``max_samples``: the same code as a message over the byte limit, so a client gets one answer to
-    "too many samples" whatever the model's sample size."""
-    if req.dtype == input_dtype and req.shape[1:] == sample_shape and req.shape[0] <= max_samples:
-        if high is not None:
-            _check_range(req, high, f"{what[:-2]}'s" if what else "the input's")
-        return  # the common case, checked with three comparisons
-    if req.dtype != input_dtype:
-        raise _bad(f"{what}dtype is {req.dtype}, but the model takes {input_dtype}; cast the input", req.request_id)
-    got = req.shape[1:]
-    if len(got) != len(sample_shape) or any(
-        want != -1 and want != size for want, size in zip(sample_shape, got, strict=True)
-    ):
-        raise _bad(
-            f"{what}each sample has shape {list(got)}, but the model takes {list(sample_shape)} "
-            f"(send shape [samples, {', '.join(map(str, sample_shape))}])",
-            req.request_id,
-        )
-    if req.shape[0] > max_samples:
-        raise ProtocolError(
-            ErrorCode.TOO_LARGE,
-            f"{req.shape[0]} samples in one request; this server takes at most {max_samples}: split the request",
-            req.request_id,
-        )
-
-
-def check_tensors_against_model(
-    req: InferRequest, inputs: Sequence[ModelTensor], max_samples: int
-) -> list[memoryview | bytes]:
-    """The payloads of a request for a model of several named `inputs`, in the model's order; BAD_REQUEST,
-    naming what to fix, for a version-1 request, a name the model does not take, an input missing or one that
-    does not fit, and TOO_LARGE for more samples than ``max_samples``."""
-    names = ", ".join(tensor.name for tensor in inputs)
-    if req.tensors is None:
-        raise _bad(
-            f'the model takes {len(inputs)} inputs ({names}); send a version-2 request ("v": 2) naming each in '
-            "'inputs', one payload frame per input (docs/protocol.md)",
-            req.request_id,
-        )
-    given = {tensor.name: tensor for tensor in req.tensors}
-    unknown = [name for name in given if name not in {tensor.name for tensor in inputs}]
-    if unknown:
-        raise _bad(f"unknown input {short_repr(unknown[0])}; the model takes {names}", req.request_id)
-    missing = [tensor.name for tensor in inputs if tensor.name not in given]
-    if missing:
-        raise _bad(f"input {missing[0]!r} is missing; the model takes {names}, all of them", req.request_id)
-    payloads = []
-    for model_tensor in inputs:
-        tensor = given[model_tensor.name]
-        one = InferRequest(req.request_id, tensor.dtype, tensor.shape, tensor.payload)
-        check_against_model(one, model_tensor.dtype, model_tensor.shape, max_samples, model_tensor.high,
-                            f"input {model_tensor.name!r}: ")  # fmt: skip
-        payloads.append(tensor.payload)
-    return payloads
-
-
-def check_named_input(req: InferRequest, name: str) -> None:
-    """BAD_REQUEST unless a version-2 request to a model of one input names it (a version-1 request names none)."""
-    if req.tensors is None:
-        return
-    if len(req.tensors) != 1 or req.tensors[0].name != name:
-        listed = ", ".join(short_repr(tensor.name) for tensor in req.tensors)
-        raise _bad(f"the model takes one input, {name!r}; got {listed}", req.request_id)
-
-
-def _check_range(req: InferRequest, high: int, what: str = "the input's") -> None:
-    """BAD_REQUEST for a value outside [0, high): a token id past the vocabulary raised IndexError in the model,
-    which failed every other request batched with it (issue 27, 7). One pass over a (small) integer input."""
-    values = np.frombuffer(req.payload, dtype=req.dtype)
-    if values.size and (int(values.min()) < 0 or int(values.max()) >= high):
-        raise _bad(
-            f"{what} values must lie in [0, {high}) (the model's input.high: token ids in its vocabulary); "
-            f"got {int(values.min())} to {int(values.max())}",
-            req.request_id,
-        )
 
 
 def oversized_message(size: int, limit: int, header: Mapping[str, Any] | None, max_samples: int | None) -> str:
@@ -437,96 +349,3 @@ def oversized_message(size: int, limit: int, header: Mapping[str, Any] | None, m
         f"{what} is {size} bytes; this server takes at most {max_samples} samples, at most {limit} bytes in all: "
         "send fewer samples per request"
     )
-
-
-# ------------------------------------------------------------------------------------- replies
-
-
-def encode_result(
-    request_id: RequestId,
-    dtype: str,
-    shape: Sequence[int],
-    payload: Buffer | np.ndarray,
-    timing: Mapping[str, float],
-) -> list[bytes | memoryview | np.ndarray]:
-    """The reply to an infer request: ``[header, payload]``; the payload is passed through uncopied."""
-    header = {
-        "v": PROTOCOL_VERSION,
-        "id": request_id,
-        "ok": True,
-        "dtype": dtype,
-        "shape": list(map(int, shape)),
-        "timing": timing,
-    }
-    return [dump_header(header), payload]
-
-
-def encode_timed_result(
-    request_id: RequestId,
-    dtype: str,
-    shape: Sequence[int],
-    payload: Buffer | np.ndarray,
-    queue_ms: float,
-    compute_ms: float,
-    total_ms: float,
-    instances: int,
-) -> list[bytes | memoryview | np.ndarray]:
-    """:func:`encode_result` with the daemon's own timing fields, formatted in one step (once per reply).
-
-    Milliseconds are written with three decimals; a value that is not a finite number goes through
-    :func:`encode_result`, which refuses it.
-    """
-    if type(request_id) is int and dtype in DTYPES and math.isfinite(queue_ms + compute_ms + total_ms):
-        dims = ",".join(map(str, map(int, shape)))
-        text = _TIMED_RESULT % (request_id, dtype, dims, queue_ms, compute_ms, total_ms, instances)
-        return [text.encode(), payload]
-    timing = {"queue_ms": round(queue_ms, 3), "compute_ms": round(compute_ms, 3), "total_ms": round(total_ms, 3)}
-    return encode_result(request_id, dtype, shape, payload, {**timing, "instances": instances})
-
-
-_TIMED_RESULT = (
-    f'{{"v":{PROTOCOL_VERSION},"id":%d,"ok":true,"dtype":"%s","shape":[%s],'
-    '"timing":{"queue_ms":%.3f,"compute_ms":%.3f,"total_ms":%.3f,"instances":%d}}'
-)
-
-
-def encode_tensors_result(
-    request_id: RequestId,
-    outputs: Sequence[Tensor],
-    queue_ms: float,
-    compute_ms: float,
-    total_ms: float,
-    instances: int,
-) -> list[bytes | memoryview]:
-    """The version-2 reply to an infer request: ``[header, payload, ...]``, one frame per named output, in the
-    order the header's ``outputs`` lists them; the payloads are passed through uncopied."""
-    timing = {"queue_ms": round(queue_ms, 3), "compute_ms": round(compute_ms, 3), "total_ms": round(total_ms, 3)}
-    header = {
-        "v": TENSORS_VERSION,
-        "id": request_id,
-        "ok": True,
-        "outputs": [{"name": out.name, "dtype": out.dtype, "shape": list(map(int, out.shape))} for out in outputs],
-        "timing": {**timing, "instances": instances},
-    }
-    return [dump_header(header), *[out.payload for out in outputs]]
-
-
-def encode_info(request_id: RequestId, info: Mapping[str, Any]) -> list[bytes]:
-    """The reply to an info request; ``info`` holds model, input, max_batch and plan."""
-    header: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": request_id, "ok": True}
-    header["versions"] = list(SUPPORTED_VERSIONS)
-    header.update(info)
-    return [dump_header(header)]
-
-
-def encode_error(request_id: RequestId | None, code: ErrorCode, message: str) -> list[bytes]:
-    """An error reply. UNSUPPORTED_VERSION also lists the versions this server speaks."""
-    header: dict[str, Any] = {
-        "v": PROTOCOL_VERSION,
-        "id": request_id,
-        "ok": False,
-        "error": {"code": str(code), "message": message},
-    }
-    if code == ErrorCode.UNSUPPORTED_VERSION:
-        header["versions"] = list(SUPPORTED_VERSIONS)
-    return [dump_header(header)]

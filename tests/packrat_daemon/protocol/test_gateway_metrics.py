@@ -34,7 +34,8 @@ from packrat_daemon.protocol.gateway_metrics import (
     serve_metrics,
 )
 from packrat_daemon.wire.codec import ErrorCode
-from packrat_daemon.wire.server_side import InfoRequest, encode_error, encode_info, encode_result, parse_request
+from packrat_daemon.wire.server_replies import encode_error, encode_info, encode_result
+from packrat_daemon.wire.server_side import InfoRequest, parse_request
 from tests.helpers.daemons import REPO, daemon_env
 
 pytest.importorskip("tritonclient.grpc", reason="tritonclient is not installed (pip install -e '.[test]')")

@@ -15,7 +15,8 @@ import pytest
 import zmq
 
 from packrat_daemon.protocol.upstream import ThreadUpstreams, UpstreamGone, UpstreamTimeout
-from packrat_daemon.wire.server_side import encode_result, parse_request
+from packrat_daemon.wire.server_replies import encode_result
+from packrat_daemon.wire.server_side import parse_request
 
 
 class StandIn:

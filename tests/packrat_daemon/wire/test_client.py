@@ -20,15 +20,9 @@ from packrat_daemon.wire import errors
 from packrat_daemon.wire.client import AsyncClient, Client
 from packrat_daemon.wire.client_side import decode_reply
 from packrat_daemon.wire.codec import ErrorCode, ProtocolError
-from packrat_daemon.wire.server_side import (
-    InferRequest,
-    InfoRequest,
-    check_against_model,
-    encode_error,
-    encode_info,
-    encode_result,
-    parse_request,
-)
+from packrat_daemon.wire.model_checks import check_against_model
+from packrat_daemon.wire.server_replies import encode_error, encode_info, encode_result
+from packrat_daemon.wire.server_side import InferRequest, InfoRequest, parse_request
 
 TIMING = {"queue_ms": 0.1, "compute_ms": 1.0, "total_ms": 1.1}
 INFO = {"model": "toy", "input": {"dtype": "float32", "shape": [3]}, "max_batch": 4, "plan": {"instances": 1}}

@@ -11,7 +11,8 @@ import pytest
 import zmq
 
 from packrat_daemon.wire.client import AsyncClient, Client
-from packrat_daemon.wire.server_side import InferRequest, InfoRequest, Tensor, encode_tensors_result
+from packrat_daemon.wire.server_replies import encode_tensors_result
+from packrat_daemon.wire.server_side import InferRequest, InfoRequest, Tensor
 from tests.packrat_daemon.wire.test_client import Request, Server
 
 

@@ -12,14 +12,8 @@ import zmq
 
 from packrat_daemon.wire.client_side import decode_reply, dtype_name, encode_infer_request, encode_info_request
 from packrat_daemon.wire.codec import DTYPES, ErrorCode, ProtocolError
-from packrat_daemon.wire.server_side import (
-    InferRequest,
-    InfoRequest,
-    encode_error,
-    encode_info,
-    encode_result,
-    parse_request,
-)
+from packrat_daemon.wire.server_replies import encode_error, encode_info, encode_result
+from packrat_daemon.wire.server_side import InferRequest, InfoRequest, parse_request
 
 LIMIT = 1 << 20
 

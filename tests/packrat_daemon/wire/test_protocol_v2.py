@@ -20,15 +20,9 @@ from packrat_daemon.wire.codec import (
     record_bytes,
     unpack_records,
 )
-from packrat_daemon.wire.server_side import (
-    InferRequest,
-    ModelTensor,
-    Tensor,
-    check_named_input,
-    check_tensors_against_model,
-    encode_tensors_result,
-    parse_request,
-)
+from packrat_daemon.wire.model_checks import check_named_input, check_tensors_against_model
+from packrat_daemon.wire.server_replies import encode_tensors_result
+from packrat_daemon.wire.server_side import InferRequest, ModelTensor, Tensor, parse_request
 
 LIMIT = 1 << 20
 TEXT = [ModelTensor("input_ids", "int64", (4,), 50), ModelTensor("attention_mask", "int64", (4,), 2)]

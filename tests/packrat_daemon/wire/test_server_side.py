@@ -22,16 +22,9 @@ from packrat_daemon.wire.codec import (
     ErrorCode,
     ProtocolError,
 )
-from packrat_daemon.wire.server_side import (
-    InferRequest,
-    InfoRequest,
-    _well_formed_infer,
-    check_against_model,
-    encode_error,
-    encode_info,
-    encode_timed_result,
-    parse_request,
-)
+from packrat_daemon.wire.model_checks import check_against_model
+from packrat_daemon.wire.server_replies import encode_error, encode_info, encode_timed_result
+from packrat_daemon.wire.server_side import InferRequest, InfoRequest, _well_formed_infer, parse_request
 
 LIMIT = 1 << 20
 PAYLOAD = bytes(2 * 3 * 4)
