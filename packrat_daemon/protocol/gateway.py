@@ -15,18 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
 import socket
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import grpc
 import uvicorn
 
 from packrat_daemon.protocol.dataplane import DataPlane
+from packrat_daemon.protocol.limits import GatewayLimits
 from packrat_daemon.protocol.upstream import ThreadUpstreams, Upstream
 from packrat_daemon.wire.curve import ClientKeys, is_loopback_address
 from packrat_daemon.wire.errors import ConfigError
@@ -64,6 +65,7 @@ class GatewayOptions:
     # "aio": grpc.aio on the loop, through the loop's one connection (docs/oip.md measures both).
     grpc_server: str = "threads"
     status_fd: int | None = None  # the daemon's end of a status pipe (launch.GatewayProcess), when it started us
+    limits: GatewayLimits = GatewayLimits()  # REST's (docs/oip.md, "Limits"); `packrat oip --limit NAME=VALUE`
 
     def check(self) -> None:
         """ConfigError saying what to change, before anything is bound."""
@@ -153,18 +155,12 @@ async def serve_gateway(options: GatewayOptions, install_signals: bool, stop: as
             else:
                 rpc.start()
         if options.http_port:
-            config = uvicorn.Config(
-                RestApp(plane),
-                host=options.address,
-                port=options.http_port,
-                lifespan="off",
-                access_log=False,
-                log_level="warning",
-                ssl_certfile=options.tls_cert,
-                ssl_keyfile=options.tls_key,
-                timeout_graceful_shutdown=int(DRAIN_GRACE_S),
-            )
-            rest = _QuietServer(config)
+            from packrat_daemon.protocol.http_server import rest_server
+
+            # What the server refuses before the app sees a request (a head too large, too many connections) is
+            # counted with the app's refusals.
+            refused = functools.partial(plane.metrics.refused, "rest")
+            rest = rest_server(RestApp(plane, options.limits), options, DRAIN_GRACE_S, refused)
             # Bound here, not by uvicorn, whose failure to bind is a sys.exit: a port in use is a ConfigError.
             rest_task = asyncio.create_task(rest.serve(sockets=[_bound(options.address, options.http_port)]))
         log.info(
@@ -251,11 +247,3 @@ def _grpc_credentials(options: GatewayOptions) -> grpc.ServerCredentials:
     assert options.tls_cert is not None and options.tls_key is not None
     with open(options.tls_key, "rb") as key, open(options.tls_cert, "rb") as cert:
         return grpc.ssl_server_credentials([(key.read(), cert.read())])
-
-
-class _QuietServer(uvicorn.Server):
-    """uvicorn's Server without its signal handlers: the gateway owns SIGTERM and SIGINT."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield

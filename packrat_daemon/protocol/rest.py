@@ -3,8 +3,8 @@
 Routes (docs/oip.md): `GET /v2`, `/v2/health/live`, `/v2/health/ready`, `/v2/models/M[/versions/V]`,
 `.../ready`, `.../config` (Triton's model configuration), `.../stats` and `/v2/models/stats` (statistics),
 and `POST .../infer` with JSON tensors or the binary-data extension. Errors are `{"error": "..."}` with the
-HTTP status of their `Status`. A request body is refused (413) from its Content-Length before any of it is
-read, or as soon as a chunked or compressed body grows past the limit.
+HTTP status of their `Status`. A request body is read as its bytes arrive, within its size, time and memory
+limits (`rest_body`); the connection's own limits (head, connections, idle) are the server's (`http_server`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import asyncio
 import json
 import logging
 import time
-import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,6 +23,9 @@ from packrat_daemon.protocol import tensors
 from packrat_daemon.protocol.dataplane import DataPlane, InferInput, InferResult, ModelSpec, check_tensor
 from packrat_daemon.protocol.errors import OipError, Status
 from packrat_daemon.protocol.gateway_metrics import REST, Call, rest_endpoint
+from packrat_daemon.protocol.limits import GatewayLimits
+from packrat_daemon.protocol.rest_body import Bodies, RequestTimeout, read_body
+from packrat_daemon.wire.codec import MAX_TIMEOUT_MS
 
 log = logging.getLogger("packrat.oip")
 
@@ -38,7 +40,8 @@ JSON_EXPANSION = 8
 MIN_BODY_LIMIT = 1 << 20
 # JSON bodies (and JSON results) at least this large are decoded (encoded) in a worker thread.
 OFFLOAD_BYTES = 1 << 20
-_DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+# The longest `timeout` parameter (microseconds): the daemon's longest timeout_ms (codec.MAX_TIMEOUT_MS).
+MAX_TIMEOUT_US = MAX_TIMEOUT_MS * 1000
 _ACTIONS = {"ready", "config", "stats", "infer"}
 
 
@@ -47,10 +50,12 @@ def body_limit(spec: ModelSpec) -> int:
 
 
 class RestApp:
-    """The ASGI application; `app = RestApp(plane)`, then `uvicorn.Server(uvicorn.Config(app, ...))`."""
+    """The ASGI application; `RestApp(plane, limits)`, served by `http_server.rest_server`."""
 
-    def __init__(self, plane: DataPlane) -> None:
+    def __init__(self, plane: DataPlane, limits: GatewayLimits | None = None) -> None:
         self.plane = plane
+        self.limits = limits or GatewayLimits()
+        self.bodies = Bodies(self.limits.bodies_in_flight_mb << 20)  # bodies being received, all connections
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -75,6 +80,10 @@ class RestApp:
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             call.refused(Status.INVALID_ARGUMENT)
             status, headers, body = _error(Status.INVALID_ARGUMENT, f"the request is malformed: {exc}")
+        except RequestTimeout as exc:  # the body stopped coming: no Status of its own, as it is HTTP's alone
+            call.metrics.refused(REST, "body_timeout")
+            status, headers, body = _json({"error": str(exc)}, 408)
+            headers.append((b"connection", b"close"))
         except Exception:
             # The last resort: no request may take the gateway down; it is logged and answered 500.
             log.exception("internal error on %s %s", scope.get("method"), scope.get("path"))
@@ -129,7 +138,7 @@ class RestApp:
     async def _infer(self, scope: Scope, receive: Receive, name: str, version: str | None, started: int):
         spec = await self.plane.model(name, version)  # 404 or 503 before a byte of the body is read
         headers = dict(scope["headers"])
-        body = await read_body(receive, headers, body_limit(spec))
+        body = await read_body(receive, headers, body_limit(spec), self.limits, self.bodies)
         header_length = headers.get(HEADER_LENGTH.encode())
         # A large JSON body takes a while to parse, a large JSON result to write: in a worker thread, so that
         # the loop serves the other requests meanwhile (the GIL is handed over every few milliseconds).
@@ -156,58 +165,6 @@ def _decode(body: bytes | bytearray, header_length: bytes | None, spec: ModelSpe
     if not isinstance(request_id, str):
         raise OipError(Status.INVALID_ARGUMENT, f"'id' must be a string, got {json.dumps(request_id)[:40]}")
     return (request_id, *parse_infer_request(request, binary, spec))
-
-
-async def read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) -> bytes | bytearray:
-    """The request body, refused (TOO_LARGE) as soon as it is known to exceed `limit` bytes (decoded)."""
-    length = headers.get(b"content-length")
-    encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
-    if encoding not in ("identity", *_DECODERS):
-        raise OipError(Status.INVALID_ARGUMENT, f"Content-Encoding {encoding!r} is not supported; use gzip or deflate")
-    if length is not None and int(length) > limit:
-        raise OipError(Status.TOO_LARGE, f"the request body is {int(length)} bytes; this server takes at most {limit}")
-    if encoding == "identity" and length is not None:
-        return await _read_exactly(receive, int(length))
-    decoder = zlib.decompressobj(_DECODERS[encoding]) if encoding in _DECODERS else None
-    body = bytearray()
-    more = True
-    while more:
-        chunk, more = await _chunk(receive)
-        if decoder is not None:
-            chunk = decoder.decompress(chunk, limit + 1 - len(body))
-        body += chunk
-        if len(body) > limit:
-            raise OipError(Status.TOO_LARGE, f"the request body is over {limit} bytes (decoded); send fewer samples")
-    return body
-
-
-async def _read_exactly(receive: Receive, size: int) -> bytes | bytearray:
-    """A body of a known size: one buffer of that size filled in place (a large tensor is copied once, not
-    grown and re-copied), or the one chunk itself when it came whole."""
-    chunk, more = await _chunk(receive)
-    if not more and len(chunk) == size:
-        return chunk
-    body = bytearray(size)
-    view, filled = memoryview(body), 0
-    while True:
-        end = filled + len(chunk)
-        if end > size:
-            raise OipError(Status.INVALID_ARGUMENT, f"the body is longer than its Content-Length ({size})")
-        view[filled:end] = chunk
-        filled = end
-        if not more:
-            break
-        chunk, more = await _chunk(receive)
-    if filled != size:
-        raise OipError(Status.INVALID_ARGUMENT, f"the body is {filled} bytes, but its Content-Length says {size}")
-    return body
-
-
-async def _chunk(receive: Receive) -> tuple[bytes, bool]:
-    message = await receive()
-    if message["type"] == "http.disconnect":
-        raise OipError(Status.INVALID_ARGUMENT, "the client disconnected before sending the whole body")
-    return message.get("body", b""), message.get("more_body", False)
 
 
 def split_body(body: bytes | bytearray, header_length: bytes | None) -> tuple[dict[str, Any], memoryview]:
@@ -242,6 +199,11 @@ def parse_infer_request(
         raise OipError(Status.UNIMPLEMENTED, "the classification extension is not served by Packrat")
     timeout = parameters.get("timeout")
     timeout_s = None if timeout is None else _positive(timeout, "parameter 'timeout' (microseconds)") / 1e6
+    if timeout is not None and timeout > MAX_TIMEOUT_US:  # named here: the daemon would name its own timeout_ms
+        raise OipError(
+            Status.INVALID_ARGUMENT,
+            f"parameter 'timeout' is at most {MAX_TIMEOUT_US} microseconds (about 24.8 days), got {timeout}",
+        )
     raw_inputs = request.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise OipError(Status.INVALID_ARGUMENT, "the request needs 'inputs': a list of tensors")
