@@ -9,14 +9,10 @@ own cost goes (`served`: the batcher's cost model), and the `status` reply.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import math
-import resource
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -33,6 +29,13 @@ from packrat_daemon.ops.logs import log_request
 from packrat_daemon.ops.metrics import Metrics
 from packrat_daemon.requests.batcher import Batcher, Request
 from packrat_daemon.requests.jobs import Completed
+from packrat_daemon.requests.oversized import (
+    TRIM_AFTER_FRAMES,
+    Oversized,
+    give_back_memory,
+    peak_memory,
+    refuse_oversized,
+)
 from packrat_daemon.requests.tensors import ModelTensors
 from packrat_daemon.wire.codec import (
     ITEMSIZE,
@@ -43,13 +46,11 @@ from packrat_daemon.wire.codec import (
     SUPPORTED_VERSIONS,
     ErrorCode,
     ProtocolError,
-    check_request_id,
-    load_header,
 )
 from packrat_daemon.wire.curve import FrontendSecurity
 from packrat_daemon.wire.model_checks import check_against_model
 from packrat_daemon.wire.server_replies import encode_error, encode_info, encode_timed_result
-from packrat_daemon.wire.server_side import InfoRequest, oversized_message, parse_request
+from packrat_daemon.wire.server_side import InfoRequest, parse_request
 from packrat_daemon.wire.zmqio import NOBLOCK, ZERO_COPY_MIN_BYTES, discarder, readable, send_frames
 from workers.messages import numpy_name
 from workers.models.spec import EMULATED
@@ -103,11 +104,6 @@ REFUSE_WAITING_S = 1.0
 # through the client's and the kernel's buffers, is answered too.
 REFUSE_GRACE_S = 0.05
 
-# A message of more frames than this was buffered whole by libzmq (about 64 bytes a frame, empty or not) before the
-# daemon could refuse it; glibc keeps what libzmq freed, so the daemon hands it back (malloc_trim), at most once a
-# TRIM_EVERY_S: one message of 10 million empty frames left the daemon 610 MiB larger for good.
-TRIM_AFTER_FRAMES = 100_000
-TRIM_EVERY_S = 1.0
 
 _recv = _CompiledSocket.recv
 
@@ -159,7 +155,7 @@ class Frontend:
         self.monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._peers: dict[bytes, int] = {}  # a client's identity -> the descriptor its requests came on
         self._connections: dict[int, set[bytes]] = {}  # a descriptor -> the identities seen on it
-        self._oversized: _Oversized | None = None  # a message of too many frames, being discarded
+        self._oversized: Oversized | None = None  # a message of too many frames, being discarded
         self._discard_budget = 0  # the frames this read may still discard
 
     def open(self) -> None:
@@ -228,7 +224,7 @@ class Frontend:
             if not frame.more:
                 return frames, size, count
             # Too many frames: only those that say what to answer are kept while the rest is discarded.
-            oversized = self._oversized = _Oversized(frames[:3], size, count, time.monotonic())
+            oversized = self._oversized = Oversized(frames[:3], size, count, time.monotonic())
             oversized.unbounded_below = peak_memory() + DISCARD_UNBOUNDED_MAX_BYTES
             self.socket.setsockopt(zmq.RCVHWM, DISCARDING_RECEIVE_HWM)  # libzmq applies it to every peer's queue
         taken, size, ended = discarder()(self.socket, self._discard_budget)
@@ -255,7 +251,7 @@ class Frontend:
         identity = frames[0].bytes
         try:
             if count > len(frames) or size > limit:
-                _refuse_oversized(frames[1:], size, count - 1, limit, self.batcher.max_batch)
+                refuse_oversized(frames[1:], size, count - 1, limit, self.batcher.max_batch)
             delimiter, request = parse_request(frames[1:], max_message_bytes=limit)
         except ProtocolError as exc:
             self.metrics.count(exc.code)
@@ -440,70 +436,3 @@ class Frontend:
         self.socket.close(linger=CLOSE_LINGER_MS)
         if self.authenticator is not None:
             self.authenticator.stop()
-
-
-@dataclass(slots=True)
-class _Oversized:
-    """A message of more than MAX_KEPT_FRAMES frames while its rest is discarded: the frames its answer needs (the
-    identity, then the header, after a REQ client's delimiter where it sent one), its size and frames so far."""
-
-    frames: list[zmq.Frame]
-    size: int
-    count: int
-    started: float  # when its first frame was read (time.monotonic)
-    unbounded_below: int | None = None  # the receive queues are unbounded until the peak memory reaches this
-
-
-def peak_memory() -> int:
-    """The most memory this process has held at once, in bytes (Linux counts ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-_trimmed_at = -math.inf
-
-
-def give_back_memory() -> bool:
-    """Return the heap's free memory to the system (glibc's malloc_trim), at most once a TRIM_EVERY_S; True when
-    it ran. Elsewhere than glibc there is nothing to call, and nothing is done."""
-    global _trimmed_at
-    now = time.monotonic()
-    if now - _trimmed_at < TRIM_EVERY_S or _MALLOC_TRIM is None:
-        return False
-    _trimmed_at = now
-    _MALLOC_TRIM(0)
-    return True
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return ctypes.CDLL(None).malloc_trim
-    except (AttributeError, OSError):
-        return None
-
-
-_MALLOC_TRIM = _malloc_trim()
-
-
-def _refuse_oversized(frames: list[zmq.Frame], size: int, count: int, limit: int, max_samples: int) -> None:
-    """Raise the error for a message over the byte limit (in samples, where its header says them) or with dropped
-    frames, with its id when readable."""
-    request_id, loaded = None, None
-    header = frames[1] if frames and len(frames[0]) == 0 and len(frames) > 1 else frames[0] if frames else None
-    if header is not None and len(header) <= MAX_HEADER_BYTES:
-        with contextlib.suppress(ValueError):
-            loaded = load_header(header)
-            request_id = _readable_id(loaded)
-    if size > limit:
-        message = oversized_message(size, limit, loaded, max_samples)
-        error = ProtocolError(ErrorCode.TOO_LARGE, message, request_id)
-    else:
-        delimited = bool(frames) and len(frames[0]) == 0
-        message = f"message has {count - delimited} frames; expected [header] or [header, payload]"
-        error = ProtocolError(ErrorCode.BAD_REQUEST, message, request_id)
-    error.delimiter = b"" if frames and len(frames[0]) == 0 else None
-    raise error
-
-
-def _readable_id(header: dict[str, Any]) -> Any:
-    request_id = header.get("id")
-    return request_id if check_request_id(request_id) is None else None

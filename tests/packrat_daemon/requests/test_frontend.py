@@ -21,6 +21,7 @@ from packrat_daemon.fleet.pool import Pool
 from packrat_daemon.fleet.reconciler import Reconciler
 from packrat_daemon.ops.metrics import Metrics
 from packrat_daemon.requests import frontend as frontend_module
+from packrat_daemon.requests import oversized as oversized_module
 from packrat_daemon.requests.batcher import Batcher
 from packrat_daemon.requests.dispatcher import Dispatcher, Splitter
 from packrat_daemon.requests.frontend import Frontend
@@ -414,7 +415,7 @@ def test_the_memory_a_message_of_very_many_frames_took_is_given_back(
 ) -> None:
     # Issue 27, 11: libzmq buffers a whole message before the daemon sees it, about 64 bytes a frame; glibc kept what
     # it freed, so one message of 10 million empty frames left the daemon 610 MiB larger for good.
-    monkeypatch.setattr(frontend_module, "_trimmed_at", -float("inf"))
+    monkeypatch.setattr(oversized_module, "_trimmed_at", -float("inf"))
     frames = 3 * frontend_module.TRIM_AFTER_FRAMES
     before = _resident_mib()
     for _ in range(frames):
