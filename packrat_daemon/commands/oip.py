@@ -42,6 +42,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="gRPC on grpcio's threaded server, each thread with its own connection to the daemon (the default), "
         "or on grpc.aio in the gateway's event loop (docs/oip.md compares them)",
     )  # fmt: skip
+    parser.add_argument(
+        "--limit", action="append", default=[], metavar="NAME=VALUE",
+        help="change one of REST's limits, e.g. max_connections=2000 or body_timeout_s=300 (repeatable; each "
+        "limit, its default and its worst-case memory: docs/oip.md, Limits)",
+    )  # fmt: skip
     parser.add_argument("--key", help="a daemon serving CURVE: this gateway's .key_secret file (docs/security.md)")
     parser.add_argument("--server-key", help="a daemon serving CURVE: its public .key file")
     # Given by `packrat serve`, which started this gateway (launch.GatewayProcess): not for users.
@@ -54,6 +59,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from packrat_daemon.ops.logs import setup_logging
     from packrat_daemon.protocol.gateway import GatewayOptions, run_gateway
+    from packrat_daemon.protocol.limits import GatewayLimits
 
     setup_logging(args.log_level, args.log_format)
     options = GatewayOptions(
@@ -72,5 +78,6 @@ def run(args: argparse.Namespace) -> int:
         server_key=args.server_key,
         grpc_server=args.grpc_server,
         status_fd=args.status_fd,
+        limits=GatewayLimits().with_settings(args.limit),
     )
     return run_gateway(options)

@@ -360,7 +360,7 @@ def test_a_large_body_in_many_parts_reaches_the_daemon_whole(tmp_path: Path) -> 
 
 
 # -- settings and the parameter's name -------------------------------------------------------------------------
-def test_limits_are_settings_checked_by_name() -> None:
+def test_limits_are_settings_checked_by_name(capsys: pytest.CaptureFixture[str]) -> None:
     limits = GatewayLimits().with_settings(["max_connections=10", "header-timeout-s=2.5"])
     assert limits.max_connections == 10 and limits.header_timeout_s == 2.5
     with pytest.raises(ConfigError, match="NAME one of max_connections"):
@@ -369,6 +369,10 @@ def test_limits_are_settings_checked_by_name() -> None:
         GatewayLimits().with_settings(["max_connections=many"])
     with pytest.raises(ConfigError, match="must be positive"):
         GatewayLimits().with_settings(["body_timeout_s=0"])
+    from packrat_daemon.cli import main  # `packrat oip --limit`: refused before anything is bound, exit 2
+
+    assert main(["oip", "--connect", "ipc:///nowhere", "--http-port", "8000", "--limit", "max_conections=5"]) == 2
+    assert "NAME one of max_connections" in capsys.readouterr().err
 
 
 def test_a_timeout_out_of_range_names_the_clients_parameter() -> None:
