@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -144,9 +145,20 @@ def start_and_serve(folder: Path) -> StateKeeper:
     return keeper
 
 
-@settings(max_examples=150, derandomize=True, database=None, deadline=None)
+@settings(max_examples=100, derandomize=True, database=None, deadline=None)
 @given(CHANGES)
 def test_any_value_in_any_field_is_served_or_set_aside_saying_why(changes: list[tuple[tuple[Any, ...], Any]]) -> None:
+    served_or_set_aside(changes)
+
+
+@pytest.mark.slow
+@settings(max_examples=1000, derandomize=True, database=None, deadline=None)
+@given(CHANGES)
+def test_any_value_in_any_field_over_many_more_files(changes: list[tuple[tuple[Any, ...], Any]]) -> None:
+    served_or_set_aside(changes)
+
+
+def served_or_set_aside(changes: list[tuple[tuple[Any, ...], Any]]) -> None:
     records = Records()
     logger = logging.getLogger("packrat.daemon")
     logger.addHandler(records)
