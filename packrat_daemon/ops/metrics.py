@@ -1,6 +1,6 @@
 """Prometheus metrics. The daemon alone holds the registry; workers only report raw timings.
 
-Served over HTTP on loopback by default (`--metrics-port`), from prometheus_client's own thread. What
+Served over HTTP on loopback by default (`--metrics-port`), by one thread of its own (`metrics_http`). What
 changes per request (outcomes, latency, batch sizes, compute times) is kept in plain tallies that a
 custom collector turns into counters and histograms at scrape time; the rest are prometheus_client's
 own metrics, set a few times a second at most.
@@ -10,20 +10,16 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
 import psutil
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
     Info,
-    generate_latest,
 )
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -33,9 +29,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from packrat_daemon.ops import metrics_http
 from packrat_daemon.ops.tallies import HOP, LOOP_PHASES, LayoutTimes, OwnTimes, Tally, first_of_batch
-from packrat_daemon.wire.curve import is_loopback_address
-from packrat_daemon.wire.errors import ConfigError
 from policies.base import Plan
 
 if TYPE_CHECKING:
@@ -205,7 +200,7 @@ class Metrics:
         self.share_moves = Counter(
             "packrat_share_moves", "Assignments that changed this model's CPU set (`packrat coordinate`)", registry=r
         )
-        self.server: Any = None
+        self.server: metrics_http.MetricsServer | None = None
         # Readiness (/readyz): workers serving now against the workers the plan asks for; plain ints read
         # by the HTTP thread, written by the daemon's loop.
         self.serving_workers = 0
@@ -255,39 +250,13 @@ class Metrics:
         tally.observe(compute_ms / 1000.0)
 
     def serve(self, port: int, address: str = "127.0.0.1") -> None:
-        try:
-            self.server = ThreadingHTTPServer((address, port), _handler(self))
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot serve metrics on {address}:{port}: {exc.strerror}; choose another --metrics-port"
-            ) from None
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, name="metrics-http", daemon=True).start()
-        if not is_loopback_address(address):  # the endpoint has no authentication of its own
-            log.warning(
-                "metrics on %s:%d can be read by anyone who reaches it (the model, the plan, request counts); "
-                "bind 127.0.0.1 and let a local Prometheus or a TLS proxy fetch them (docs/security.md)",
-                address, port,
-            )  # fmt: skip
+        """Serve /metrics, /healthz and /readyz on `address`:`port`; ConfigError naming it if it is taken."""
+        self.server = metrics_http.serve(self, port, address)
 
     def rebind(self, port: int, address: str) -> None:
         """A reload: serve on `address`:`port` from now on (port 0: not at all). ConfigError when that cannot be
         bound; the endpoint from before then serves on."""
-        old = self.server
-        before: tuple[str, int] | None = None if old is None else old.server_address[:2]
-        if old is not None and (not port or old.server_address[1] == port):  # the same port: let go of it first
-            self.close()
-            old = self.server = None
-        try:
-            if port:
-                self.serve(port, address)
-        except ConfigError:
-            self.server = old
-            if old is None and before is not None:  # the port was let go of: take it back where it was
-                self.serve(before[1], before[0])
-            raise
-        if old is not None:  # off the loop: shutdown() waits for serve_forever's next poll, up to half a second
-            threading.Thread(target=_stop, args=(old,), name="metrics-http-stop", daemon=True).start()
+        metrics_http.rebind(self, port, address)
 
     def plan_changed(self, plan: Plan, reason: str, workers: int) -> None:
         """A new plan, served by `workers` processes (the reconciler's count: layouts may share a worker)."""
@@ -333,12 +302,7 @@ class Metrics:
 
     def close(self) -> None:
         if self.server is not None:
-            _stop(self.server)
-
-
-def _stop(server: ThreadingHTTPServer) -> None:
-    server.shutdown()
-    server.server_close()
+            self.server.close()
 
 
 class _ProcessCollector(Collector):
@@ -363,34 +327,3 @@ class _ProcessCollector(Collector):
             cpu.add_metric([name], times.user + times.system)
         yield rss
         yield cpu
-
-
-def _handler(metrics: Metrics) -> type[BaseHTTPRequestHandler]:
-    """/metrics, /healthz (the process answers), /readyz (503 until the workers serve, and while the pool is
-    below its plan, so a load balancer or Kubernetes sends no traffic then); any other path is a 404."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                self._reply(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
-            elif path == "/healthz":
-                self._reply(200, b"ok\n")
-            elif path == "/readyz":
-                ready = metrics.ready()
-                body = f"{metrics.serving_workers} of {metrics.planned_workers} planned workers serving\n"
-                self._reply(200 if ready else 503, body.encode())
-            else:
-                self._reply(404, b"not found: try /metrics, /healthz or /readyz\n")
-
-        def _reply(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # scrapes and probes every few seconds would flood the daemon's log
-
-    return Handler
