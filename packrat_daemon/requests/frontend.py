@@ -50,7 +50,7 @@ from packrat_daemon.wire.codec import (
 from packrat_daemon.wire.curve import FrontendSecurity
 from packrat_daemon.wire.model_checks import check_against_model
 from packrat_daemon.wire.server_replies import encode_error, encode_info, encode_timed_result
-from packrat_daemon.wire.server_side import InfoRequest, parse_request
+from packrat_daemon.wire.server_side import CancelRequest, InfoRequest, parse_request
 from packrat_daemon.wire.zmqio import NOBLOCK, ZERO_COPY_MIN_BYTES, discarder, readable, send_frames
 from workers.messages import numpy_name
 from workers.models.spec import EMULATED
@@ -257,6 +257,11 @@ class Frontend:
             self.metrics.count(exc.code)
             self.send(identity, exc.delimiter, encode_error(exc.request_id, exc.code, exc.message))
             return False
+        if isinstance(request, CancelRequest):  # one reply for that id either way: CANCELLED here, or its own later
+            cancelled = self.batcher.cancel(identity, request.request_id)
+            if cancelled is not None:
+                self.reply_error(cancelled, ErrorCode.CANCELLED, "cancelled by its client before it started")
+            return False
         if isinstance(request, InfoRequest):
             info = self.describe() if self.status is None or request.op != "status" else self._status_now()
             self.send(identity, delimiter, encode_info(request.request_id, info))
@@ -283,7 +288,7 @@ class Frontend:
         queued = Request(
             identity, delimiter, request.request_id, request.dtype, request.shape, request.payload, now, deadline
         )
-        queued.named = named
+        queued.named, queued.client = named, request.client
         if not self.batcher.offer(queued):
             message = f"the queue is full ({self.batcher.queued_inputs} inputs waiting); retry later"
             self.reply_error(queued, ErrorCode.OVERLOADED, message)

@@ -34,6 +34,7 @@ from packrat_daemon.wire.codec import ProtocolError
 from packrat_daemon.wire.curve import KeyPair
 from packrat_daemon.wire.errors import (
     BadRequest,
+    Cancelled,
     ClientClosed,
     ClientTimeout,
     InternalError,
@@ -51,6 +52,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "AsyncClient",
     "BadRequest",
+    "Cancelled",
     "Client",
     "ClientClosed",
     "ClientTimeout",

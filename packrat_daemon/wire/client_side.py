@@ -84,15 +84,18 @@ def encode_infer_request(
     timeout_ms: float | None = None,
     *,
     dtype: str | None = None,
+    client: str | None = None,
 ) -> list[bytes | memoryview]:
     """``[header, payload]`` for an infer request; the payload is a view of the array, not a copy.
 
     The first axis of ``array`` counts the samples. ``dtype`` overrides the wire dtype name; it is only
-    needed for bfloat16, whose raw bits numpy holds as uint16. Raises ValueError for an array the
-    protocol cannot carry (0-d, an empty dimension, an unsupported dtype).
+    needed for bfloat16, whose raw bits numpy holds as uint16. ``client`` names the end client for the
+    server's fairness (a gateway's, docs/protocol.md 2.2). Raises ValueError for an array the protocol cannot
+    carry (0-d, an empty dimension, an unsupported dtype).
     """
     if (
         dtype is None
+        and client is None
         and type(array) is np.ndarray
         and type(request_id) is int
         and array.ndim
@@ -122,8 +125,10 @@ def encode_infer_request(
     }
     if timeout_ms is not None:
         header["timeout_ms"] = timeout_ms
+    if client is not None:
+        header["client"] = client
     encoded = codec.dump_header(header)
-    if type(request_id) is int and wire is array and array.flags.c_contiguous and dtype is None:
+    if type(request_id) is int and wire is array and array.flags.c_contiguous and dtype is None and client is None:
         _remember_template(array, header)
     # A flat uint8 view gives a 1-D byte buffer whatever the dtype (bool, float16) or strides of size-1 axes.
     return [encoded, wire.reshape(-1).view(np.uint8).data]
@@ -150,6 +155,7 @@ def encode_tensors_request(
     timeout_ms: float | None = None,
     *,
     dtypes: Mapping[str, str] | None = None,
+    client: str | None = None,
 ) -> list[bytes | memoryview]:
     """``[header, payload, ...]`` for a version-2 infer request: one frame per named array, each a view of the
     array, not a copy. Every array's first axis counts the same samples. ``dtypes`` names the wire dtype of any
@@ -178,7 +184,17 @@ def encode_tensors_request(
     header: dict[str, Any] = {"v": codec.TENSORS_VERSION, "id": request_id, "op": "infer", "inputs": entries}
     if timeout_ms is not None:
         header["timeout_ms"] = timeout_ms
+    if client is not None:
+        header["client"] = client
     return [codec.dump_header(header), *payloads]
+
+
+def encode_cancel_request(request_id: RequestId) -> list[bytes]:
+    """Cancel the request of this id sent on this connection: if it has not started computing it is answered
+    CANCELLED at once and never computed; otherwise this is ignored and its own reply comes as usual. Either way
+    one reply comes for that id, and none for this message (docs/protocol.md, 4.5)."""
+    _validate_id(request_id)
+    return [codec.dump_header({"v": codec.PROTOCOL_VERSION, "id": request_id, "op": "cancel"})]
 
 
 def encode_info_request(request_id: RequestId, op: str = "info") -> list[bytes]:
@@ -294,6 +310,7 @@ _ERROR_CLASSES: dict[str, type[errors.ServerError]] = {
     ErrorCode.TIMEOUT: errors.ServerTimeout,
     ErrorCode.SHUTTING_DOWN: errors.ShuttingDown,
     ErrorCode.INTERNAL: errors.InternalError,
+    ErrorCode.CANCELLED: errors.Cancelled,
 }
 
 

@@ -22,6 +22,7 @@ class ErrorCode(StrEnum):
     TIMEOUT = "TIMEOUT"
     SHUTTING_DOWN = "SHUTTING_DOWN"
     INTERNAL = "INTERNAL"
+    CANCELLED = "CANCELLED"  # the client cancelled the request (op "cancel") before it started computing
 
 
 class PackratError(Exception):
@@ -114,6 +115,10 @@ class ShuttingDown(ServerError):
 
 class InternalError(ServerError):
     """The server failed while serving the request."""
+
+
+class Cancelled(ServerError):
+    """The request was cancelled by its own client (op "cancel") before it started computing."""
 
 
 class ClientTimeout(PackratError, TimeoutError):

@@ -21,6 +21,7 @@ from packrat_daemon.wire.codec import (
     DTYPES,
     ITEMSIZE,
     MAX_HEADER_BYTES,
+    MAX_ID_CHARS,
     MAX_NDIM,
     MAX_TENSORS,
     MAX_TIMEOUT_MS,
@@ -63,6 +64,7 @@ class InferRequest(NamedTuple):
     payload: memoryview | bytes
     timeout_ms: float | None = None
     tensors: tuple[Tensor, ...] | None = None
+    client: str | None = None  # the end client a gateway names, for the batcher's fairness (docs/protocol.md 2.2)
 
 
 class ModelTensor(NamedTuple):
@@ -72,6 +74,13 @@ class ModelTensor(NamedTuple):
     dtype: str
     shape: tuple[int, ...]  # per sample; -1 matches any size
     high: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequest:
+    """Cancel the request of this id from the same connection, if it has not started (docs/protocol.md, 4.5)."""
+
+    request_id: RequestId
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +116,10 @@ def _plain_shape(shape: Any) -> TypeGuard[list[int]]:
 _NUMBER_TYPES = (int, float)
 
 
+def _client_ok(client: Any) -> bool:
+    return client is None or (type(client) is str and 0 < len(client) <= MAX_ID_CHARS)
+
+
 def _timeout_ok(timeout_ms: Any) -> bool:
     # Compared as numbers, never converted: float() of a 400-digit integer raises OverflowError.
     return timeout_ms is None or (type(timeout_ms) in _NUMBER_TYPES and 0 < timeout_ms <= MAX_TIMEOUT_MS)
@@ -117,7 +130,7 @@ def _timeout_ok(timeout_ms: Any) -> bool:
 
 def parse_request(
     frames: Sequence[Frame], *, max_message_bytes: int
-) -> tuple[bytes | None, InferRequest | InfoRequest]:
+) -> tuple[bytes | None, InferRequest | InfoRequest | CancelRequest]:
     """Validate one client message (the frames after the ROUTER identity) at the protocol level.
 
     Returns ``(delimiter, request)``: ``delimiter`` is ``b""`` when the client sent the empty frame a
@@ -169,16 +182,18 @@ def _well_formed_infer(raw: bytes, payload_frame: Frame, max_message_bytes: int)
         and check_request_id(request_id) is None
         and _plain_shape(shape)
         and _timeout_ok(timeout_ms)
+        and _client_ok(client := header.get("client"))
     ):
         return None
     payload = payload_frame.buffer if type(payload_frame) is zmq.Frame else as_buffer(payload_frame)
     size = len(payload)
     if size != math.prod(shape) * ITEMSIZE[dtype] or size + len(raw) > max_message_bytes:
         return None
-    return InferRequest(request_id, dtype, tuple(shape), payload, None if timeout_ms is None else float(timeout_ms))
+    timeout = None if timeout_ms is None else float(timeout_ms)
+    return InferRequest(request_id, dtype, tuple(shape), payload, timeout, None, client)
 
 
-def _parse_frames(buffers: list[Buffer], max_message_bytes: int) -> InferRequest | InfoRequest:
+def _parse_frames(buffers: list[Buffer], max_message_bytes: int) -> InferRequest | InfoRequest | CancelRequest:
     if not buffers:
         raise bad_request("empty message: expected frames [header] or [header, payload]")
     header_buf = buffers[0]
@@ -212,11 +227,11 @@ def _parse_frames(buffers: list[Buffer], max_message_bytes: int) -> InferRequest
 
     if op == "infer":
         return _parse_infer(header, request_id, buffers)
-    if op == "info" or op == "status":
+    if op in ("info", "status", "cancel"):
         if len(buffers) != 1:
             raise bad_request(f"an {op!r} request is the header frame alone; drop the payload frame", request_id)
-        return InfoRequest(request_id, op)
-    raise bad_request(f"unknown 'op' {short_repr(op)}; expected 'infer', 'info' or 'status'", request_id)
+        return CancelRequest(request_id) if op == "cancel" else InfoRequest(request_id, op)
+    raise bad_request(f"unknown 'op' {short_repr(op)}; expected 'infer', 'info', 'status' or 'cancel'", request_id)
 
 
 def _check_version(header: dict[str, Any], request_id: RequestId) -> None:
@@ -250,7 +265,7 @@ def _parse_infer(header: dict[str, Any], request_id: RequestId, buffers: list[Bu
             f"payload is {len(payload)} bytes, but {dtype} of shape {list(shape)} needs {expected}",
             request_id,
         )
-    return InferRequest(request_id, dtype, shape, payload, timeout_ms)
+    return InferRequest(request_id, dtype, shape, payload, timeout_ms, None, _parse_client(header, request_id))
 
 
 def _parse_tensors(header: dict[str, Any], request_id: RequestId, buffers: list[Buffer]) -> InferRequest:
@@ -306,7 +321,8 @@ def _parse_tensors(header: dict[str, Any], request_id: RequestId, buffers: list[
             request_id,
         )
     first = tensors[0]
-    return InferRequest(request_id, first.dtype, first.shape, first.payload, timeout_ms, tuple(tensors))
+    client = _parse_client(header, request_id)
+    return InferRequest(request_id, first.dtype, first.shape, first.payload, timeout_ms, tuple(tensors), client)
 
 
 def _parse_shape(shape: Any, request_id: RequestId, what: str = "") -> tuple[int, ...]:
@@ -324,6 +340,17 @@ def _parse_shape(shape: Any, request_id: RequestId, what: str = "") -> tuple[int
                 request_id,
             )
     return tuple(shape)
+
+
+def _parse_client(header: dict[str, Any], request_id: RequestId) -> str | None:
+    client = header.get("client")
+    if not _client_ok(client):
+        raise bad_request(
+            f"'client' must be a string of 1 to {MAX_ID_CHARS} characters naming the end client (or absent), "
+            f"got {json_type(client)}",
+            request_id,
+        )
+    return client
 
 
 def _parse_timeout(timeout_ms: Any, request_id: RequestId) -> float | None:

@@ -443,5 +443,5 @@ def test_an_endpoint_typo_is_a_typed_error_naming_the_endpoint(endpoint: str) ->
 def test_the_client_library_exports_every_error_a_call_can_raise() -> None:
     # Users catch them from the library they call (packrat_daemon.client re-exports its __all__).
     raised = {errors.ServerError, *errors.ServerError.__subclasses__(), errors.ClientTimeout, errors.ClientClosed}
-    assert len(raised) == 10 and {cls.__name__ for cls in raised} <= set(client_library.__all__)
+    assert len(raised) == 11 and {cls.__name__ for cls in raised} <= set(client_library.__all__)
     assert all(getattr(client_library, cls.__name__) is cls for cls in raised)

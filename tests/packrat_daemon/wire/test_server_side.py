@@ -432,3 +432,32 @@ def test_info_and_odd_messages_get_a_reply_that_encodes(fields: dict[str, Any], 
         return
     assert delimiter == (b"" if req else None)
     encode_info(request.request_id, {"model": "m"})
+
+
+def test_a_cancel_is_the_header_alone_and_names_the_request_by_its_id() -> None:
+    from packrat_daemon.wire.client_side import encode_cancel_request
+    from packrat_daemon.wire.server_side import CancelRequest
+
+    assert parse_request(encode_cancel_request(42), max_message_bytes=1 << 20) == (None, CancelRequest(42))
+    with pytest.raises(ProtocolError, match="header frame alone"):
+        parse_request([*encode_cancel_request("a"), b"x"], max_message_bytes=1 << 20)
+
+
+def test_the_end_client_a_gateway_names_is_kept_and_checked_on_both_paths() -> None:
+    from packrat_daemon.wire.client_side import encode_infer_request, encode_tensors_request
+
+    array = np.zeros((2, 3), np.float32)
+    for frames in (
+        encode_infer_request(1, array, client="rest:127.0.0.1:5000"),
+        encode_tensors_request(1, {"a": array}, client="rest:127.0.0.1:5000"),
+        [zmq.Frame(bytes(f)) for f in encode_infer_request(1, array, client="rest:127.0.0.1:5000")],  # fast path
+    ):
+        _, request = parse_request(frames, max_message_bytes=1 << 20)
+        assert request.client == "rest:127.0.0.1:5000"  # type: ignore[union-attr]
+    _, request = parse_request(encode_infer_request(1, array), max_message_bytes=1 << 20)
+    assert request.client is None  # type: ignore[union-attr]
+    header = json.loads(bytes(encode_infer_request(1, array)[0]))
+    for bad in ("", "x" * 129, 7, ["a"]):
+        frames = [json.dumps({**header, "client": bad}).encode(), array.tobytes()]
+        with pytest.raises(ProtocolError, match="'client' must be a string"):
+            parse_request(frames, max_message_bytes=1 << 20)
