@@ -19,4 +19,4 @@ def test_the_hand_parser_agrees_with_protobuf_and_refuses_what_it_refuses() -> N
         timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("ok ") == 7, done.stdout
+    assert done.stdout.count("ok ") == 8, done.stdout

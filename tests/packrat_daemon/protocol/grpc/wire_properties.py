@@ -20,7 +20,14 @@ from hypothesis import strategies as st
 
 from packrat_daemon.protocol.errors import OipError, Status
 from packrat_daemon.protocol.grpc import inference_pb2 as pb
-from packrat_daemon.protocol.grpc.wire import MAX_FIELDS, encode_infer_response, split_infer_request
+from packrat_daemon.protocol.grpc.wire import (
+    MAX_FIELDS,
+    MAX_FIELDS_IN_ALL,
+    MAX_PARAMETERS,
+    encode_infer_response,
+    split_infer_request,
+)
+from packrat_daemon.wire.codec import MAX_TENSORS
 
 EXAMPLES = 400
 texts = st.text(max_size=12)
@@ -79,7 +86,7 @@ def outcome(data: bytes) -> tuple[pb.ModelInferRequest | None, pb.ModelInferRequ
     except OipError as exc:
         assert exc.status is Status.INVALID_ARGUMENT, exc.status
         if expected is not None:  # stricter only for a group (proto2's), which no OIP message has, and a bomb
-            assert "wire type 3" in exc.message or "top-level fields" in exc.message, (
+            assert any(words in exc.message for words in ("wire type 3", "top-level fields", "fields in all")), (
                 f"the hand parser refused a message protobuf takes: {exc.message}"
             )
         return expected, None
@@ -161,21 +168,38 @@ def bounds() -> None:
             raise AssertionError(f"{data!r} was taken")
 
 
+def _length_delimited(field: int, payload: bytes) -> bytes:
+    return (
+        pb.ModelInferRequest(raw_input_contents=[payload])
+        .SerializeToString()
+        .replace(b"\x3a", bytes([field << 3 | 2]), 1)
+    )
+
+
 def field_bombs() -> None:
-    """A message of millions of 2-byte fields inside the message limit (unknown ones, or one known field
-    repeated) is refused at its (MAX_FIELDS + 1)th field: no turn, and no object, per field beyond."""
+    """A message of millions of 2-byte fields inside the message limit (unknown ones, one known field repeated,
+    or inside a tensor) is refused at its (MAX_FIELDS + 1)th top-level field or its (MAX_FIELDS_IN_ALL + 1)th
+    field in all: no turn, and no object, per field beyond, and nothing handed to protobuf's parser."""
     named = pb.ModelInferRequest(model_name="m", id="x").SerializeToString()
+    many = 8 << 20  # 16 MiB of 2-byte fields
     bombs = {
-        "unknown": b"\x40\x00" * (8 << 20),  # 16 MiB: field 8, varint 0, 8 Mi times
-        "after a request": named + b"\x40\x00" * (8 << 20),
-        "a known field repeated": b"\x1a\x00" * (8 << 20),  # `id`, empty, 8 Mi times: protobuf keeps the last
+        "unknown": (b"\x40\x00" * many, "top-level fields"),  # field 8, varint 0
+        "after a request": (named + b"\x40\x00" * many, "top-level fields"),
+        "a known field repeated": (b"\x1a\x00" * many, "top-level fields"),  # `id`, empty: protobuf keeps the last
+        # One input tensor of empty parameter entries: upb makes a map entry of each (1.3 GB for 64 MiB).
+        "map entries in a tensor": (_length_delimited(5, b"\x22\x00" * many), "fields in all"),
+        "bytes_contents in a tensor": (_length_delimited(5, _length_delimited(5, b"\x42\x00" * many)), "fields in all"),
+        "unknown fields in a tensor": (_length_delimited(5, b"\x40\x00" * many), "fields in all"),
+        "a shape unpacked": (_length_delimited(5, b"\x18\x01" * many), "fields in all"),
+        "parameter values": (_length_delimited(4, _length_delimited(2, b"\x08\x01" * many)), "fields in all"),
     }
-    for what, data in bombs.items():
+    for what, (data, which) in bombs.items():
         tracemalloc.start()
         try:
             split_infer_request(data)
         except OipError as exc:
-            assert exc.status is Status.INVALID_ARGUMENT and f"more than {MAX_FIELDS} top-level fields" in exc.message
+            bound = MAX_FIELDS if which == "top-level fields" else MAX_FIELDS_IN_ALL
+            assert exc.status is Status.INVALID_ARGUMENT and f"more than {bound} {which}" in exc.message, exc.message
         else:
             raise AssertionError(f"{what}: a message of 8 Mi fields was taken")
         finally:
@@ -192,6 +216,38 @@ def field_bombs() -> None:
         assert "top-level fields" in exc.message
     else:
         raise AssertionError(f"{MAX_FIELDS + 1} fields were taken")
+
+
+def the_largest_real_requests_parse() -> None:
+    """A request at every bound a real one could reach (every parameter, every tensor, each with parameters,
+    its shape sent unpacked, typed contents of every type) is taken, as protobuf takes it."""
+    value = pb.InferParameter(string_param="v")
+    request = pb.ModelInferRequest(model_name="m", model_version="1", id="x")
+    for index in range(MAX_PARAMETERS):
+        request.parameters[f"p{index}"].CopyFrom(value)
+    tensors = []
+    for index in range(MAX_TENSORS):
+        tensor = pb.ModelInferRequest.InferInputTensor(name=f"i{index}", datatype="FP32")
+        for key in range(8):
+            tensor.parameters[f"q{key}"].CopyFrom(value)
+        contents = tensor.contents
+        contents.bool_contents.append(True)
+        contents.int_contents.append(1)
+        contents.int64_contents.append(1)
+        contents.uint_contents.append(1)
+        contents.uint64_contents.append(1)
+        contents.fp32_contents.append(1.0)
+        contents.fp64_contents.append(1.0)
+        # The shape unpacked, each dimension a field of its own, as a proto2-minded writer may send it.
+        unpacked = b"".join(bytes([0x18, dim]) for dim in range(1, 9))
+        tensors.append(_length_delimited(5, unpacked + tensor.SerializeToString()))
+        output = request.outputs.add(name=f"o{index}")
+        for key in range(4):
+            output.parameters[f"r{key}"].CopyFrom(value)
+    data = request.SerializeToString() + b"".join(tensors)
+    agrees(data)
+    parsed, _ = split_infer_request(data)
+    assert len(parsed.inputs) == MAX_TENSORS and list(parsed.inputs[0].shape) == list(range(1, 9))
 
 
 @settings(max_examples=EXAMPLES // 2, deadline=None)
@@ -227,6 +283,7 @@ CHECKS = (
     any_bytes_agree_or_are_refused,
     bounds,
     field_bombs,
+    the_largest_real_requests_parse,
     responses_parse_back,
 )
 
