@@ -21,15 +21,12 @@ import asyncio
 import logging
 import socket
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from packrat_daemon.wire.curve import is_loopback_address
 from packrat_daemon.wire.errors import ConfigError
-
-if TYPE_CHECKING:
-    from packrat_daemon.ops.metrics import Metrics
 
 log = logging.getLogger("packrat.security")
 
@@ -41,6 +38,17 @@ MAX_HEAD_BYTES = 8 << 10  # a request line and a few headers
 WRITE_TIMEOUT_S = 10.0  # a /metrics answer is tens of KiB: a client that does not read it is let go
 _TEXT = "text/plain; charset=utf-8"
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+
+
+class Metrics(Protocol):
+    """What the server reads of `metrics.Metrics` (named here, not imported: that module imports this one)."""
+
+    registry: CollectorRegistry
+    serving_workers: int
+    planned_workers: int
+    server: MetricsServer | None
+
+    def ready(self) -> bool: ...
 
 
 class MetricsServer:

@@ -29,16 +29,13 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import httptools
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from packrat_daemon.protocol.limits import GatewayLimits
-
-if TYPE_CHECKING:
-    from packrat_daemon.protocol.gateway import GatewayOptions
 
 log = logging.getLogger("packrat.oip")
 
@@ -239,6 +236,21 @@ def bounded_protocol(
     return type("BoundedHttpToolsProtocol", (BoundedHttpToolsProtocol,), {"shared": _Shared(limits, refused)})
 
 
+class ServerOptions(Protocol):
+    """What the server takes of `gateway.GatewayOptions` (named here, not imported: the gateway imports this)."""
+
+    @property
+    def address(self) -> str: ...
+    @property
+    def http_port(self) -> int: ...
+    @property
+    def tls_cert(self) -> str | None: ...
+    @property
+    def tls_key(self) -> str | None: ...
+    @property
+    def limits(self) -> GatewayLimits: ...
+
+
 class QuietServer(uvicorn.Server):
     """uvicorn's Server without its signal handlers: the gateway owns SIGTERM and SIGINT."""
 
@@ -248,7 +260,7 @@ class QuietServer(uvicorn.Server):
 
 
 def rest_server(
-    app: Any, options: GatewayOptions, graceful_s: float, refused: Callable[[str], None] | None = None
+    app: Any, options: ServerOptions, graceful_s: float, refused: Callable[[str], None] | None = None
 ) -> QuietServer:
     """The REST server for `app` with `options`' address, TLS and limits; the caller serves it on a socket it
     has bound (`serve(sockets=[...])`). `graceful_s`: how long a stop waits for the requests in flight."""
