@@ -36,14 +36,18 @@ SAMPLE = np.ones((1, 16), np.float32)
 class Gateway(DaemonProcess):
     """A tiny-mlp daemon with its gateway (REST, gRPC) and metrics port; `gateway_pid` is the gateway child."""
 
-    def __init__(self, name: str, folder: Path, extra: list[str] | None = None) -> None:
+    def __init__(
+        self, name: str, folder: Path, extra: list[str] | None = None, model_args: list[str] | None = None
+    ) -> None:
         self.endpoint = f"ipc://{folder}/{name}.ipc"
         self.log_path = folder / f"{name}.log"
         self.http, self.grpc, self.metrics = free_port(), free_port(), free_port()
-        profile = folder / f"{name}-profile.csv"
-        profile.write_text("threads,batch,latency_ms\n1,1,0.2\n1,2,0.3\n1,4,0.4\n")
-        args = ["--model", "builtin:tiny-mlp", "--policy", "fixed", "--plan", "1*1x4", "--max-batch", "4"]
-        args += ["--profile", str(profile), "--http-port", str(self.http), "--grpc-port", str(self.grpc)]
+        args = model_args or ["--model", "builtin:tiny-mlp", "--policy", "fixed", "--plan", "1*1x4", "--max-batch", "4"]
+        if model_args is None:
+            profile = folder / f"{name}-profile.csv"
+            profile.write_text("threads,batch,latency_ms\n1,1,0.2\n1,2,0.3\n1,4,0.4\n")
+            args = [*args, "--profile", str(profile)]
+        args = [*args, "--http-port", str(self.http), "--grpc-port", str(self.grpc)]
         args += ["--metrics-port", str(self.metrics), *PINNED, *(extra or [])]
         command = [sys.executable, "-m", "packrat_daemon", "serve", "--endpoint", self.endpoint]
         with open(self.log_path, "wb") as log:
@@ -55,7 +59,7 @@ class Gateway(DaemonProcess):
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
-        while ready(self.metrics) != 200:
+        while ready(self.metrics) != 200 or ready(self.http, "/v2/health/ready") != 200:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the daemon did not get ready:\n{self.log_tail()}")
             time.sleep(0.1)
@@ -69,10 +73,10 @@ class Gateway(DaemonProcess):
         raise RuntimeError("the daemon has no gateway child")
 
 
-def ready(port: int) -> int | None:
-    """The daemon's /readyz status (None: nothing answers)."""
+def ready(port: int, path: str = "/readyz") -> int | None:
+    """The daemon's /readyz status, or the gateway's at `path` (None: nothing answers)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as reply:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as reply:
             return int(reply.status)
     except urllib.error.HTTPError as exc:
         return exc.code
@@ -215,10 +219,126 @@ def gateway_figures(daemon: Gateway, innocent: Outcomes, predicted_s: float = 0.
     }
 
 
+# -- cancellation ---------------------------------------------------------------------------------------------
+SLOW_ARGS = ["--model", "tests.model_factories:slow_mlp", "--policy", "fixed", "--plan", "1*1x8", "--max-batch", "8",
+             "--max-queue", "1000"]  # fmt: skip
+
+
+def _innocent_grpc_latency(target: str, calls: int = 5) -> float:
+    """The median latency of `calls` sequential gRPC calls, in seconds."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(target)
+    tensor = grpcclient.InferInput("input", [1, 16], "FP32")
+    tensor.set_data_from_numpy(SAMPLE)
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        client.infer("slow_mlp", [tensor], client_timeout=120)
+        times.append(time.perf_counter() - started)
+    client.close()
+    return float(np.median(times))
+
+
+def _cancelled_grpc(target: str, calls: int, after_s: float) -> int:
+    """Send `calls` gRPC inferences at once and cancel each after `after_s`; how many came back cancelled."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(target)
+    tensor = grpcclient.InferInput("input", [1, 16], "FP32")
+    tensor.set_data_from_numpy(SAMPLE)
+    outcomes: list[object] = []
+    contexts = [client.async_infer("slow_mlp", [tensor], lambda result, error: outcomes.append(error))
+                for _ in range(calls)]  # fmt: skip
+    time.sleep(after_s)
+    for context in contexts:
+        context.cancel()
+    deadline = time.monotonic() + 10
+    while len(outcomes) < calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    client.close()
+    return sum(1 for error in outcomes if error is not None and "CANCELLED" in str(error.status()))  # type: ignore[attr-defined]
+
+
+def _closed_rest(port: int, calls: int, after_s: float) -> None:
+    """Open `calls` connections, send an inference on each, close them all after `after_s` without reading."""
+    body = json.dumps({"inputs": [{"name": "input", "shape": [1, 16], "datatype": "FP32",
+                                   "data": [1.0] * 16}]}).encode()  # fmt: skip
+    head = (f"POST /v2/models/slow_mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+    sockets = []
+    for _ in range(calls):
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(head + body)
+        sockets.append(sock)
+    time.sleep(after_s)
+    for sock in sockets:
+        sock.close()
+
+
+def gateway_cancel(folder: Path, calls: int = 300, after_s: float = 0.2) -> dict[str, Any]:
+    """`calls` gRPC calls cancelled by their client after `after_s`, then `calls` REST connections closed after
+    `after_s`: the next innocent call's latency against its latency before (slow_mlp: 0.3 s a batch of up to 8)."""
+    daemon = _slow_gateway(folder)
+    target = f"127.0.0.1:{daemon.grpc}"
+    before = _innocent_grpc_latency(target)
+    cancelled = _cancelled_grpc(target, calls, after_s)
+    after_grpc = _innocent_grpc_latency(target, calls=1)
+    _closed_rest(daemon.http, calls, after_s)
+    after_rest = _innocent_grpc_latency(target, calls=1)
+    with urllib.request.urlopen(f"http://127.0.0.1:{daemon.http}/metrics", timeout=10) as reply:
+        exposition = reply.read().decode()
+    daemon.close()
+    counted = {line.split("}")[0] + "}": float(line.split()[-1]) for line in exposition.splitlines()
+               if line.startswith("packrat_gateway_refusals_total") and 'reason="cancelled"' in line}  # fmt: skip
+    return {
+        "innocent_before_s": round(before, 3),
+        "after_300_grpc_cancelled_s": round(after_grpc, 3),
+        "after_300_rest_closed_s": round(after_rest, 3),
+        "grpc_calls_cancelled": cancelled,
+        "gateway_refusals_cancelled": counted,
+        "checks": {"grpc_within_2x": after_grpc <= 2 * before, "rest_within_2x": after_rest <= 2 * before},
+    }
+
+
+def _slow_gateway(folder: Path) -> Gateway:
+    profile = folder / "slow-profile.csv"
+    profile.write_text("threads,batch,latency_ms\n1,1,300\n1,2,300\n1,4,300\n1,8,300\n")
+    daemon = Gateway("slow", folder, ["--profile", str(profile)], model_args=SLOW_ARGS)
+    daemon.wait_ready()
+    return daemon
+
+
+def gateway_fairness(folder: Path, seconds: float = 12.0) -> dict[str, Any]:
+    """6 REST and 6 gRPC closed-loop clients together on slow_mlp (0.3 s a batch of up to 4): their medians."""
+    profile = folder / "fair-profile.csv"
+    profile.write_text("threads,batch,latency_ms\n1,1,300\n1,2,300\n1,4,300\n")
+    args = ["--model", "tests.model_factories:slow_mlp", "--policy", "fixed", "--plan", "1*1x4", "--max-batch", "4"]
+    daemon = Gateway("fair", folder, ["--profile", str(profile)], model_args=args)
+    daemon.wait_ready()
+    rest, rpc, stop, threads = closed_loops("127.0.0.1", daemon.http, daemon.grpc, "slow_mlp", SAMPLE, 6, 6)
+    time.sleep(seconds)
+    stop.set()
+    for thread in threads:
+        thread.join(30)
+    daemon.close()
+    medians = {"rest": rest.to_json()["median_s"], "grpc": rpc.to_json()["median_s"]}
+    ratio = max(medians.values()) / min(medians.values())  # type: ignore[type-var, operator]
+    return {
+        "answered": {"rest": rest.counts[OK], "grpc": rpc.counts[OK]},
+        "lost": rest.counts[LOST] + rpc.counts[LOST],
+        "median_s": medians,
+        "slower_over_faster": round(ratio, 3),
+        "checks": {"medians_within_1.5x": ratio <= 1.5},
+    }
+
+
 SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "gateway_sigterm": gateway_sigterm,
     "gateway_kill": gateway_kill,
     "gateway_ports_taken": gateway_ports_taken,
+    "gateway_cancel": gateway_cancel,
+    "gateway_fairness": gateway_fairness,
 }
 
 if __name__ == "__main__":  # one scenario alone: python bench/attacks_gateway.py NAME FOLDER

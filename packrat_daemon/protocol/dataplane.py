@@ -19,7 +19,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,13 @@ from packrat_daemon.protocol.errors import OipError, Status
 from packrat_daemon.protocol.gateway_metrics import GatewayMetrics
 from packrat_daemon.protocol.stats import Statistics
 from packrat_daemon.protocol.tensors import OIP_DATATYPE, PACKRAT_DTYPE
-from packrat_daemon.protocol.upstream import BlockingUpstream, Upstream, UpstreamGone, UpstreamTimeout
+from packrat_daemon.protocol.upstream import (
+    BlockingUpstream,
+    Upstream,
+    UpstreamCancelled,
+    UpstreamGone,
+    UpstreamTimeout,
+)
 from packrat_daemon.wire.codec import ErrorCode
 
 log = logging.getLogger("packrat.oip")
@@ -301,15 +307,18 @@ class DataPlane:
         request_id: str = "",
         timeout_s: float | None = None,
         started_ns: int | None = None,
+        client: str | None = None,
     ) -> InferResult:
-        """Run the model on its inputs; `outputs` names the outputs asked for (None: all of them)."""
+        """Run the model on its inputs; `outputs` names the outputs asked for (None: all of them). `client` names
+        the end client (its connection) for the daemon's fairness; cancelling this coroutine cancels the request
+        in the daemon's queue."""
         started_ns = time.perf_counter_ns() if started_ns is None else started_ns
         spec = await self.model(name, version)
         with self._counted(started_ns):
             array, dtype = self._sendable(spec, inputs, outputs)
             sent_ns, wait = time.perf_counter_ns(), self._wait(timeout_s)
             with self._upstream_errors(wait, timeout_s):
-                header, output = await self.upstream.infer(array, wait, dtype=dtype)
+                header, output = await self.upstream.infer(array, wait, dtype=dtype, client=client)
             return self._result(spec, header, output, outputs, request_id, started_ns, sent_ns)
 
     def known_model(self, name: str, version: str | None = None) -> ModelSpec | None:
@@ -325,6 +334,8 @@ class DataPlane:
         request_id: str,
         timeout_s: float | None,
         started_ns: int,
+        client: str | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> InferResult:
         """`infer` for a thread of its own with a connection of its own (the threaded gRPC server's handlers), for
         the model `known_model` gave; it blocks that thread, never the loop. Statistics are shared with `infer`."""
@@ -332,7 +343,7 @@ class DataPlane:
             array, dtype = self._sendable(spec, inputs, outputs)
             sent_ns, wait = time.perf_counter_ns(), self._wait(timeout_s)
             with self._upstream_errors(wait, timeout_s):
-                header, output = upstream.infer(array, wait, dtype=dtype)
+                header, output = upstream.infer(array, wait, dtype=dtype, client=client, cancelled=cancelled)
             return self._result(spec, header, output, outputs, request_id, started_ns, sent_ns)
 
     # The steps `infer` and `infer_blocking` share: they differ only in awaiting the upstream or blocking on it.
@@ -359,6 +370,8 @@ class DataPlane:
         """The daemon gone or silent, as the OipError a client is given."""
         try:
             yield
+        except UpstreamCancelled as exc:
+            raise OipError(Status.CANCELLED, f"{exc}; it was taken off the daemon's queue") from None
         except UpstreamGone as exc:
             self._ready, self._checked = False, time.monotonic()
             raise OipError(Status.UNAVAILABLE, f"{exc}; retry later") from None

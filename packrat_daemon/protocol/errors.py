@@ -27,6 +27,9 @@ class Status(Enum):
     BAD_GATEWAY = (502, "INTERNAL")
     UNIMPLEMENTED = (501, "UNIMPLEMENTED")  # a part of the protocol Packrat does not serve (docs/oip.md)
     METHOD_NOT_ALLOWED = (405, "UNIMPLEMENTED")  # REST only: a route asked with the wrong HTTP method
+    # The client went away (a gRPC call cancelled, an HTTP connection closed) while its request waited: nobody reads
+    # the answer. 499 is nginx's "client closed request".
+    CANCELLED = (499, "CANCELLED")
 
     @property
     def http(self) -> int:
@@ -46,6 +49,7 @@ FROM_PACKRAT: dict[ErrorCode, Status] = {
     ErrorCode.TIMEOUT: Status.DEADLINE_EXCEEDED,
     ErrorCode.SHUTTING_DOWN: Status.UNAVAILABLE,
     ErrorCode.INTERNAL: Status.INTERNAL,
+    ErrorCode.CANCELLED: Status.CANCELLED,
 }
 
 

@@ -61,6 +61,7 @@ REASONS: dict[Status, str] = {
     Status.BAD_GATEWAY: "bad_gateway",
     Status.UNIMPLEMENTED: "unimplemented",
     Status.METHOD_NOT_ALLOWED: "method_not_allowed",
+    Status.CANCELLED: "cancelled",
 }
 DRAINING = "draining"
 

@@ -10,10 +10,11 @@ limits (`rest_body`); the connection's own limits (head, connections, idle) are 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,10 @@ MAX_TIMEOUT_US = MAX_TIMEOUT_MS * 1000
 _ACTIONS = {"ready", "config", "stats", "infer"}
 
 
+class ClientLeft(Exception):
+    """The client closed its connection while its request waited for the daemon."""
+
+
 def body_limit(spec: ModelSpec) -> int:
     return max(JSON_EXPANSION * spec.max_message_bytes, MIN_BODY_LIMIT)
 
@@ -71,6 +76,9 @@ class RestApp:
         started = time.perf_counter_ns()
         try:
             status, headers, body = await self._route(scope, receive, started)
+        except ClientLeft:
+            call.refused(Status.CANCELLED)
+            return  # nobody to answer
         except OipError as exc:
             call.refused(exc.status, exc.packrat_code)
             status, headers, body = _error(exc.status, exc.message)
@@ -147,7 +155,11 @@ class RestApp:
         else:
             decoded = _decode(body, header_length, spec)
         request_id, inputs, outputs, binary_outputs, timeout_s = decoded
-        result = await self.plane.infer(name, version, inputs, outputs, str(request_id), timeout_s, started)
+        peer = scope.get("client")
+        client = None if not peer else f"rest:{peer[0]}:{peer[1]}"  # each connection is an end client (fairness)
+        result = await _unless_disconnected(
+            self.plane.infer(name, version, inputs, outputs, str(request_id), timeout_s, started, client), receive
+        )
         encoding = time.perf_counter_ns()
         as_json = binary_outputs is not True and any(t.name not in (binary_outputs or ()) for t, _ in result.answered())
         if as_json and sum(array.size for _, array in result.answered()) * 8 >= OFFLOAD_BYTES:
@@ -156,6 +168,25 @@ class RestApp:
             response = encode_infer_response(result, request_id, binary_outputs)
         self.plane.answered(result, encoding)
         return response
+
+
+async def _unless_disconnected(inference: Coroutine[Any, Any, InferResult], receive: Receive) -> InferResult:
+    """The inference's result; if the client closes its connection first, the inference is cancelled (and with it
+    the request in the daemon's queue, if it has not started) and ClientLeft raised: no one reads an answer."""
+    task = asyncio.ensure_future(inference)
+    watch = asyncio.ensure_future(receive())  # the body is read: what comes now is the client's disconnect
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+        if not task.done() and watch.result()["type"] == "http.disconnect":
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise ClientLeft
+        return await task
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
 
 
 def _decode(body: bytes | bytearray, header_length: bytes | None, spec: ModelSpec) -> tuple:

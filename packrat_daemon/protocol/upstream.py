@@ -13,6 +13,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from zmq.utils.monitor import recv_monitor_message
 from packrat_daemon.wire.client_side import (
     Result,
     decode_reply,
+    encode_cancel_request,
     encode_infer_request,
     encode_info_request,
     encode_tensors_request,
@@ -34,10 +36,25 @@ from packrat_daemon.wire.zmqio import ZERO_COPY_MIN_BYTES
 log = logging.getLogger("packrat.oip")
 
 Reply = tuple[dict[str, Any], Result | None]
+# How often a blocked handler thread asks whether its gRPC call was cancelled (grpcio tells a thread-pool handler
+# only through `is_active()`): a cancelled request leaves the daemon's queue within this.
+CANCEL_POLL_S = 0.02
+
+
+def _infer_frames(
+    request_id: int, array: np.ndarray | dict[str, np.ndarray], timeout_s: float, dtype: str | None, client: str | None
+) -> list[Any]:
+    if isinstance(array, dict):
+        return encode_tensors_request(request_id, array, timeout_ms=timeout_s * 1000.0, client=client)
+    return encode_infer_request(request_id, array, timeout_ms=timeout_s * 1000.0, dtype=dtype, client=client)
 
 
 class UpstreamTimeout(Exception):
     """No reply from the daemon in time: it is not running, still starting, or the reply was lost."""
+
+
+class UpstreamCancelled(Exception):
+    """The call's client went away while its request waited: the request was cancelled in the daemon's queue."""
 
 
 class UpstreamGone(UpstreamTimeout):
@@ -76,16 +93,23 @@ class Upstream:
         self._closed = False
 
     async def infer(
-        self, array: np.ndarray | dict[str, np.ndarray], timeout_s: float, dtype: str | None = None
+        self,
+        array: np.ndarray | dict[str, np.ndarray],
+        timeout_s: float,
+        dtype: str | None = None,
+        client: str | None = None,
     ) -> Reply:
         """The daemon's reply to an infer request of `array`, or of named arrays (protocol version 2; the reply's
-        outputs are then named too); the header says ok or the error."""
+        outputs are then named too); the header says ok or the error. Cancelled while it waits (its client left),
+        it cancels the request in the daemon's queue (op "cancel"): a request not started is never computed."""
         request_id = next(self._ids)
-        if isinstance(array, dict):
-            frames = encode_tensors_request(request_id, array, timeout_ms=timeout_s * 1000.0)
-        else:
-            frames = encode_infer_request(request_id, array, timeout_ms=timeout_s * 1000.0, dtype=dtype)
-        return await self._request(request_id, frames, timeout_s)
+        frames = _infer_frames(request_id, array, timeout_s, dtype, client)
+        try:
+            return await self._request(request_id, frames, timeout_s)
+        except asyncio.CancelledError:
+            if not self._closed:
+                self._send(encode_cancel_request(request_id))  # its reply, CANCELLED or the result, finds no waiter
+            raise
 
     async def describe(self, op: str, timeout_s: float) -> dict[str, Any]:
         """The daemon's `info` or `status` reply header."""
@@ -242,21 +266,36 @@ class BlockingUpstream:
         self.busy = False  # a request of its thread is in flight
         self._ids = itertools.count(1)
 
-    def infer(self, array: np.ndarray | dict[str, np.ndarray], timeout_s: float, dtype: str | None = None) -> Reply:
-        """As `Upstream.infer`, blocking the calling thread."""
+    def infer(
+        self,
+        array: np.ndarray | dict[str, np.ndarray],
+        timeout_s: float,
+        dtype: str | None = None,
+        client: str | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> Reply:
+        """As `Upstream.infer`, blocking the calling thread; `cancelled()` (the gRPC call's client gone) is asked
+        every CANCEL_POLL_S while it waits: once true, the request is cancelled in the daemon's queue and
+        `UpstreamCancelled` raised."""
         self.busy = True
         try:
-            return self._infer(array, timeout_s, dtype)
+            return self._infer(array, timeout_s, dtype, client, cancelled)
         finally:
             self.busy = False
 
-    def _infer(self, array: np.ndarray | dict[str, np.ndarray], timeout_s: float, dtype: str | None) -> Reply:
+    def _infer(
+        self,
+        array: np.ndarray | dict[str, np.ndarray],
+        timeout_s: float,
+        dtype: str | None,
+        client: str | None,
+        cancelled: Callable[[], bool] | None,
+    ) -> Reply:
         deadline = time.monotonic() + timeout_s
         request_id = next(self._ids)
-        if isinstance(array, dict):
-            frames = encode_tensors_request(request_id, array, timeout_ms=timeout_s * 1000.0)
-        else:
-            frames = encode_infer_request(request_id, array, timeout_ms=timeout_s * 1000.0, dtype=dtype)
+        if cancelled is not None and cancelled():  # cancelled while it waited for a handler thread: never sent
+            raise UpstreamCancelled("the client cancelled the call")
+        frames = _infer_frames(request_id, array, timeout_s, dtype, client)
         self._watch()
         if not self.connected:
             self._first_handshake(min(deadline, time.monotonic() + self.FIRST_HANDSHAKE_S))
@@ -279,7 +318,12 @@ class BlockingUpstream:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise self._timeout(timeout_s)
-            ready = dict(self._poller.poll(max(1, math.ceil(left * 1000.0))))
+            if cancelled is not None and cancelled():
+                # Its reply (CANCELLED, or the result if it had started) is skipped by the next request's wait.
+                self._socket.send_multipart(encode_cancel_request(request_id), zmq.NOBLOCK)
+                raise UpstreamCancelled("the client cancelled the call")
+            wait_s = left if cancelled is None else min(left, CANCEL_POLL_S)
+            ready = dict(self._poller.poll(max(1, math.ceil(wait_s * 1000.0))))
             if self._monitor in ready:
                 self._watch()
                 if not self.connected:

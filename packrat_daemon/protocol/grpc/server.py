@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import heapq
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import grpc
@@ -165,12 +167,34 @@ def _encoded(plane: DataPlane, spec: ModelSpec, result: InferResult) -> bytes:
     return response
 
 
+class CallSlots:
+    """Numbers for the calls in flight, the lowest free one first: the end client the daemon's batcher goes round
+    for a call (docs/protocol.md 2.2). gRPC carries many clients' calls on one connection (grpcio even shares one
+    connection between a process's channels to the same server), so neither the connection nor the peer tells the
+    clients apart; a number per call in flight, reused, recurs as a closed-loop client does, and takes its turn as
+    a REST connection or a threaded handler's connection does."""
+
+    def __init__(self) -> None:
+        self._free: list[int] = []
+        self._next = 0
+
+    @contextlib.contextmanager
+    def taken(self) -> Iterator[int]:
+        slot = heapq.heappop(self._free) if self._free else self._next
+        self._next = max(self._next, slot + 1)
+        try:
+            yield slot
+        finally:
+            heapq.heappush(self._free, slot)
+
+
 class InferenceServicer:
     """The service on grpc.aio, on the gateway's loop."""
 
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
         self.calls = Calls(plane)
+        self.slots = CallSlots()
 
     def handler(self, name: str) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
         call = getattr(self.calls, name)
@@ -190,9 +214,12 @@ class InferenceServicer:
             request, raw = split_infer_request(data)
             spec = await self.plane.model(request.model_name, request.model_version)
             inputs, outputs, timeout_s = _infer_call(request, raw, spec, context.time_remaining())
-            result = await self.plane.infer(
-                request.model_name, request.model_version, inputs, outputs, request.id, timeout_s, started
-            )
+            # grpc.aio cancels this coroutine when its client cancels the call: the upstream then cancels the request.
+            with self.slots.taken() as slot:
+                result = await self.plane.infer(
+                    request.model_name, request.model_version, inputs, outputs, request.id, timeout_s, started,
+                    client=f"grpc-call:{slot}",
+                )  # fmt: skip
             return _encoded(self.plane, spec, result)
 
         return await _answer(context, call, self.plane.metrics.call(GRPC, "infer"))
@@ -243,7 +270,11 @@ class ThreadedServicer:
                 spec = self._on_loop(plane.model(request.model_name, request.model_version))
             inputs, outputs, timeout_s = _infer_call(request, raw, spec, context.time_remaining())
             upstream = self.upstreams.mine()
-            result = plane.infer_blocking(upstream, spec, inputs, outputs, request.id, timeout_s, started)
+            # No `client`: the daemon goes round this thread's own connection, a turn per call in flight.
+            result = plane.infer_blocking(
+                upstream, spec, inputs, outputs, request.id, timeout_s, started,
+                cancelled=lambda: not context.is_active(),
+            )  # fmt: skip
             return _encoded(plane, spec, result)
 
         return _answer_blocking(context, call, self.plane.metrics.call(GRPC, "infer"))

@@ -40,10 +40,10 @@ def _serve_command(tmp: Path, *extra: str, model: str = "builtin:tiny-mlp") -> l
     return [sys.executable, "-m", "packrat_daemon", "serve", *args]
 
 
-def _ready(port: int) -> int | None:
-    """The daemon's /readyz status (None: nothing answers)."""
+def _ready(port: int, path: str = "/readyz") -> int | None:
+    """The daemon's /readyz status, or the gateway's at `path` (None: nothing answers)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as reply:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as reply:
             return int(reply.status)
     except urllib.error.HTTPError as exc:
         return exc.code
@@ -51,9 +51,10 @@ def _ready(port: int) -> int | None:
         return None
 
 
-def _wait_ready(process: subprocess.Popen[bytes], metrics_port: int, log: Path, timeout_s: float = 120) -> None:
+def _wait_ready(process: subprocess.Popen[bytes], ports: dict[str, int], log: Path, timeout_s: float = 120) -> None:
+    """Until the daemon and the gateway are ready (the gateway learns the model's description just after)."""
     deadline = time.monotonic() + timeout_s
-    while _ready(metrics_port) != 200:
+    while _ready(ports["metrics"]) != 200 or _ready(ports["http"], "/v2/health/ready") != 200:
         assert process.poll() is None, f"the daemon exited:\n{log.read_text()}"
         assert time.monotonic() < deadline, f"not ready in time:\n{log.read_text()}"
         time.sleep(0.1)
@@ -68,7 +69,7 @@ def _daemon(tmp: Path) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, int]
     with open(log, "wb") as out:
         process = subprocess.Popen(_serve_command(tmp, *extra), env=daemon_env(), stdout=out, stderr=out)
     try:
-        _wait_ready(process, ports["metrics"], log)
+        _wait_ready(process, ports, log)
         yield process, ports, log
     finally:
         stop_process(process, 30)
