@@ -1,8 +1,8 @@
 """A REST request's body, read as its bytes arrive: bounded in size, in time and in the memory all bodies take.
 
-- No allocation before the bytes: a buffer grows with what has come (doubling, never past the Content-Length),
-  so a client that announces megabytes and sends ten bytes holds ten bytes; a large body is copied about once
-  in all by the doubling and ends in a buffer of its exact size (or is the one chunk it came in).
+- No allocation before the bytes: a body is kept as the parts it came in (small ones gathered into parts of
+  `PART_BYTES`) and joined once at its end, so a client that announces megabytes and sends ten bytes holds ten
+  bytes, and a large body is copied once (twice the parts that came small), or not at all when it came whole.
 - Size: refused (TOO_LARGE) from its Content-Length before any of it is read, or as soon as a chunked or
   compressed body grows past the limit (decoded).
 - Time: each part must come within `body_idle_timeout_s` of the one before, and the whole body within
@@ -25,6 +25,9 @@ from packrat_daemon.protocol.limits import GatewayLimits
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+# Parts smaller than this are gathered into one of this size: a body sent a byte at a time is not kept as
+# millions of objects of 33 bytes each.
+PART_BYTES = 64 << 10
 _DEFAULT_LIMITS = GatewayLimits()
 
 
@@ -52,7 +55,7 @@ class Bodies:
 
 
 class _Reader:
-    """One body's parts, each within its deadline, its buffer's growth held in `bodies`."""
+    """One body's parts, each within its deadline, and held in `bodies` as they come."""
 
     def __init__(self, receive: Receive, limits: GatewayLimits, bodies: Bodies) -> None:
         self.receive = receive
@@ -60,7 +63,8 @@ class _Reader:
         self.bodies = bodies
         self.taken = 0
         self.end = asyncio.get_running_loop().time() + limits.body_timeout_s
-        self.buffer = bytearray()
+        self.parts: list[bytes | bytearray] = []
+        self.small = bytearray()  # small parts gathered, until PART_BYTES
         self.filled = 0
 
     async def chunk(self) -> tuple[bytes, bool]:
@@ -81,22 +85,26 @@ class _Reader:
             raise OipError(Status.INVALID_ARGUMENT, "the client disconnected before sending the whole body")
         return message.get("body", b""), message.get("more_body", False)
 
-    def add(self, data: bytes, cap: int) -> None:
-        """Append `data`, the buffer doubled as needed but never past `cap` bytes (the caller checked the size)."""
-        end = self.filled + len(data)
-        if end > len(self.buffer):
-            size = min(max(end, 2 * len(self.buffer)), cap)
-            self.bodies.take(size - len(self.buffer))
-            self.taken += size - len(self.buffer)
-            grown = bytearray(size)  # zeroed pages the kernel maps only as they are written
-            grown[: self.filled] = memoryview(self.buffer)[: self.filled]
-            self.buffer = grown
-        self.buffer[self.filled : end] = data
-        self.filled = end
+    def add(self, data: bytes) -> None:
+        """Keep `data` (the caller checked the size), counted in `bodies`."""
+        self.bodies.take(len(data))
+        self.taken += len(data)
+        self.filled += len(data)
+        if len(data) >= PART_BYTES and not self.small:
+            self.parts.append(data)  # kept as it came: no copy
+            return
+        self.small += data
+        if len(self.small) >= PART_BYTES:
+            self.parts.append(self.small)
+            self.small = bytearray()
 
-    def body(self) -> bytearray:
-        del self.buffer[self.filled :]  # a shrink in place, not a copy
-        return self.buffer
+    def body(self) -> bytes | bytearray:
+        parts = [*self.parts, self.small] if self.small else self.parts
+        if len(parts) == 1:
+            return parts[0]
+        body = b"".join(parts)  # the one copy; the parts are let go as this returns
+        self.parts, self.small = [], bytearray()
+        return body
 
 
 async def read_body(
@@ -134,7 +142,7 @@ async def _read_exactly(reader: _Reader, size: int) -> bytes | bytearray:
     while True:
         if reader.filled + len(chunk) > size:
             raise OipError(Status.INVALID_ARGUMENT, f"the body is longer than its Content-Length ({size})")
-        reader.add(chunk, size)
+        reader.add(chunk)
         if not more:
             break
         chunk, more = await reader.chunk()
@@ -145,7 +153,7 @@ async def _read_exactly(reader: _Reader, size: int) -> bytes | bytearray:
     return reader.body()
 
 
-async def _read_decoded(reader: _Reader, encoding: str, limit: int) -> bytearray:
+async def _read_decoded(reader: _Reader, encoding: str, limit: int) -> bytes | bytearray:
     """A chunked or compressed body, decoded as it comes, refused as soon as it grows past `limit`."""
     decoder = zlib.decompressobj(DECODERS[encoding]) if encoding in DECODERS else None
     more = True
@@ -158,7 +166,7 @@ async def _read_decoded(reader: _Reader, encoding: str, limit: int) -> bytearray
                 raise OipError(Status.INVALID_ARGUMENT, f"the request body is not valid {encoding}: {exc}") from None
         if reader.filled + len(chunk) > limit:
             raise OipError(Status.TOO_LARGE, f"the request body is over {limit} bytes (decoded); send fewer samples")
-        reader.add(chunk, limit)
+        reader.add(chunk)
     if decoder is not None and not decoder.eof:
         raise OipError(Status.INVALID_ARGUMENT, f"the request body is not valid {encoding}: it ends before its end")
     return reader.body()

@@ -359,6 +359,28 @@ def test_a_large_body_in_many_parts_reaches_the_daemon_whole(tmp_path: Path) -> 
         daemon.stop()
 
 
+def test_a_body_is_kept_as_it_came_and_joined_once() -> None:
+    from packrat_daemon.protocol.rest_body import PART_BYTES, Bodies, read_body
+
+    def receive(parts: list[bytes]):  # type: ignore[no-untyped-def]
+        messages = [{"type": "http.request", "body": p, "more_body": i < len(parts) - 1} for i, p in enumerate(parts)]
+
+        async def next_message() -> dict:
+            return messages.pop(0)
+
+        return next_message
+
+    bodies = Bodies(1 << 30)
+    data = bytes(range(256)) * 80  # 20 KiB, a byte at a time: gathered, not kept as 20 480 objects
+    body = asyncio.run(read_body(receive([data[i : i + 1] for i in range(len(data))]), {}, 1 << 20, bodies=bodies))
+    assert body == data and bodies.held == 0 and bodies.reading == 0
+    whole = b"x" * (2 * PART_BYTES)  # one part: handed on as it came, not copied
+    headers = {b"content-length": str(len(whole)).encode()}
+    assert asyncio.run(read_body(receive([whole]), headers, 1 << 20, bodies=bodies)) is whole
+    parts = [b"a" * PART_BYTES, b"b" * 10, b"c" * PART_BYTES]
+    assert asyncio.run(read_body(receive(parts), {}, 1 << 20, bodies=bodies)) == b"".join(parts)
+
+
 # -- settings and the parameter's name -------------------------------------------------------------------------
 def test_limits_are_settings_checked_by_name(capsys: pytest.CaptureFixture[str]) -> None:
     limits = GatewayLimits().with_settings(["max_connections=10", "header-timeout-s=2.5"])
