@@ -48,6 +48,9 @@ def serve(config: ServeConfig, reload_config: Callable[[], ServeConfig] | None =
                     started.measuring.close()
             if gateway is not None:
                 gateway.close()
-            context.term()
+            if daemon is None:  # a failed start may leave sockets open, on which term() would wait for ever
+                context.destroy(linger=0)
+            else:
+                context.term()
             log.info("stopped")
     return 0

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -448,3 +449,25 @@ def test_serve_returns_after_sigterm_with_the_signal_handlers_restored(tmp_path:
         assert {signum: signal.getsignal(signum) for signum in HANDLED} == ours
     assert len(answered) == 1
     np.testing.assert_allclose(answered[0], direct("builtin:tiny-mlp", np.ones((2, 16), np.float32)), rtol=1e-5)
+
+
+def test_a_start_that_fails_unexpectedly_never_hangs_on_the_sockets_it_left(tmp_path: Path) -> None:
+    # Issue 38: an OverflowError in start-up left the daemon alive, not serving, in its teardown, until a signal came
+    # (zmq's term() waits for every socket of its context to close). In a process of its own: serve installs signals.
+    script = f"""
+import zmq
+from packrat_daemon import service
+from packrat_daemon.config import ServeConfig
+
+def failing_start_up(config, context, *args):
+    left = context.socket(zmq.DEALER)  # left open with a message queued, as a half-built part may leave one
+    left.connect("ipc://{tmp_path}/nowhere.ipc")
+    left.send(b"never delivered")
+    raise OverflowError("math range error")
+
+service.start_up = failing_start_up
+service.serve(ServeConfig(model="builtin:tiny-mlp", run_dir="{tmp_path}"))
+"""
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=repo)
+    assert done.returncode == 1 and "OverflowError: math range error" in done.stderr
