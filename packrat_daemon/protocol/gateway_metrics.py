@@ -64,6 +64,9 @@ REASONS: dict[Status, str] = {
     Status.CANCELLED: "cancelled",
 }
 DRAINING = "draining"
+# What a transport refuses before any handler runs (http_server's limits, rest_body's body timeout): counted by
+# reason alone (`GatewayMetrics.refused`), each series there from the start.
+TRANSPORT_REASONS = ("connections", "header_bytes", "header_fields", "header_timeout", "body_timeout")
 
 # From a health answer (about 0.1 ms) to a large batch on a slow model; 60 s is the gateway's default timeout.
 LATENCY_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -123,7 +126,7 @@ class GatewayMetrics:
         ProcessCollector(namespace="packrat_gateway", registry=self.registry)
         for protocol in PROTOCOLS:  # every series a rate() or an alert reads exists from the start, at 0
             self.in_flight.labels(protocol)
-            for reason in {*REASONS.values(), DRAINING}:
+            for reason in {*REASONS.values(), DRAINING, *TRANSPORT_REASONS}:
                 self.refusals.labels(protocol, reason)
         self._latency: dict[tuple[str, str], Any] = {}
         self._requests: dict[tuple[str, str, str], Any] = {}

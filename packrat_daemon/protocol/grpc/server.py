@@ -29,6 +29,7 @@ from packrat_daemon.protocol.gateway_metrics import GRPC, GRPC_ENDPOINTS, UNKNOW
 from packrat_daemon.protocol.grpc import inference_pb2 as pb
 from packrat_daemon.protocol.grpc.wire import encode_infer_response, split_infer_request
 from packrat_daemon.protocol.upstream import ThreadUpstreams
+from packrat_daemon.wire.codec import MAX_TIMEOUT_MS
 
 log = logging.getLogger("packrat.oip")
 
@@ -38,6 +39,9 @@ T = TypeVar("T")
 # daemon (made when a thread first serves one); more wait for a free thread. grpcio starts threads as calls need
 # them, so one client sending one request at a time uses one.
 HANDLER_THREADS = 32
+# Calls at once, running or waiting for a handler; more are refused RESOURCE_EXHAUSTED at once. Each may hold a
+# message of up to --max-request-mb while it waits, so this bounds what gRPC holds (docs/oip.md, "Limits").
+MAX_CONCURRENT_CALLS = 2 * HANDLER_THREADS
 # A call's time remaining past this is no deadline at all: the daemon's `timeout_ms` is at most 2**31 - 1 ms.
 _NO_DEADLINE_S = (2**31 - 1) / 1000.0
 
@@ -321,15 +325,18 @@ def _timeout(request: pb.ModelInferRequest, remaining: float | None) -> float | 
     choices = [] if remaining is None or remaining > _NO_DEADLINE_S else [remaining]
     if "timeout" in request.parameters:
         microseconds = request.parameters["timeout"].int64_param
-        if microseconds < 1:
-            raise OipError(Status.INVALID_ARGUMENT, "parameter 'timeout' must be a positive number of microseconds")
+        if not 1 <= microseconds <= MAX_TIMEOUT_MS * 1000:
+            raise OipError(
+                Status.INVALID_ARGUMENT,
+                f"parameter 'timeout' must be a positive number of microseconds, at most {MAX_TIMEOUT_MS * 1000}",
+            )
         choices.append(microseconds / 1e6)
     return min(choices) if choices else None
 
 
 def grpc_server(plane: DataPlane, max_message_bytes: int) -> grpc.aio.Server:
     """The gRPC server on grpc.aio with the service added; the caller adds its port (plain or TLS) and starts it."""
-    server = grpc.aio.server(options=_options(max_message_bytes))
+    server = grpc.aio.server(options=_options(max_message_bytes), maximum_concurrent_rpcs=MAX_CONCURRENT_CALLS)
     add_service(InferenceServicer(plane), server)
     return server
 
@@ -339,7 +346,7 @@ def threaded_grpc_server(
 ) -> grpc.Server:
     """The gRPC server on grpcio's thread pool with the service added; the caller adds its port and starts it."""
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=HANDLER_THREADS, thread_name_prefix="oip-grpc")
-    server = grpc.server(pool, options=_options(max_message_bytes))
+    server = grpc.server(pool, options=_options(max_message_bytes), maximum_concurrent_rpcs=MAX_CONCURRENT_CALLS)
     add_service(ThreadedServicer(plane, upstreams, loop), server)
     return server
 
