@@ -19,6 +19,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -333,12 +334,266 @@ def gateway_fairness(folder: Path, seconds: float = 12.0) -> dict[str, Any]:
     }
 
 
+# -- cost per byte and per connection ------------------------------------------------------------------------
+# The issue's bound on what each of the three memory attacks may grow a process by, and the metrics port's own
+# (docs/oip.md, "Limits": at most 64 connections, each a head of 8 KiB and an answer of tens of KiB).
+MEMORY_ATTACK_BOUND_MIB = 256.0
+METRICS_BOUND_MIB = 64 * (8 + 64) / 1024
+
+
+def _under_attack(daemon: Gateway, attack: Callable[[], dict[str, Any]], bound_mib: float,
+                  daemon_bound_mib: float = MEMORY_ATTACK_BOUND_MIB) -> dict[str, Any]:  # fmt: skip
+    """Run `attack` while an innocent REST client runs a closed loop and both processes' RSS is sampled: the
+    innocent's figures, the gateway's and the daemon's peak growth, and what the attack returned."""
+    innocent, stop = Outcomes(), threading.Event()
+    loop = threading.Thread(target=rest_loop, args=("127.0.0.1", daemon.http, MODEL, SAMPLE, innocent, stop))
+    loop.start()
+    time.sleep(1.0)  # its connection made and its first requests answered before the attack
+    gateway_rss, daemon_rss = Rss(daemon.gateway_pid), Rss(daemon.process.pid)
+    gateway_before, daemon_before = gateway_rss.peak, daemon_rss.peak
+    result = attack()
+    time.sleep(0.5)
+    gateway_growth = round((gateway_rss.stop() - gateway_before) / MIB, 1)
+    daemon_growth = round((daemon_rss.stop() - daemon_before) / MIB, 1)
+    stop.set()
+    loop.join(60)
+    figures = gateway_figures(daemon, innocent)
+    figures["lost_detail"] = innocent.lost[:3]
+    figures |= {"gateway_rss_growth_mib": gateway_growth, "gateway_rss_bound_mib": round(bound_mib, 1),
+                "daemon_rss_growth_mib": daemon_growth, "daemon_rss_bound_mib": round(daemon_bound_mib, 1)}  # fmt: skip
+    checks = {
+        "nothing_lost": figures["lost"] == 0,
+        "innocent_served_throughout": not stop_early(innocent, figures),
+        "stall_within_target": figures.pop("stall_within_target"),
+        "gateway_rss_within_bound": gateway_growth <= bound_mib,
+        "daemon_rss_within_bound": daemon_growth <= daemon_bound_mib,
+        **result.pop("checks"),
+    }
+    return figures | result | {"checks": checks}
+
+
+def stop_early(innocent: Outcomes, figures: dict[str, Any]) -> bool:
+    """Whether the innocent client stopped before the attack ended: a refusal or a loss ends its loop."""
+    return figures["requests_sent"] == 0 or innocent.counts[REFUSED] > 0 or innocent.counts[LOST] > 0
+
+
+FIELD_BOMB_MIB = 16
+
+
+def gateway_grpc_field_bomb(folder: Path, messages: int = 5) -> dict[str, Any]:
+    """gRPC ModelInfer of a 16 MiB message made of 2-byte unknown fields (field 15, varint 0), `messages` times,
+    as raw bytes: each must be refused INVALID_ARGUMENT at once (85 s of gateway CPU and 2.4 GB before)."""
+    import grpc
+
+    bomb = b"\x78\x00" * (FIELD_BOMB_MIB * MIB // 2)
+    daemon = Gateway("field-bomb", folder)
+    daemon.wait_ready()
+
+    def attack() -> dict[str, Any]:
+        channel = grpc.insecure_channel(f"127.0.0.1:{daemon.grpc}", options=[("grpc.max_send_message_length", -1)])
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                    request_serializer=None, response_deserializer=None)  # fmt: skip
+        answers = []
+        for _ in range(messages):
+            started = time.perf_counter()
+            try:
+                infer(bomb, timeout=120)
+                code, detail = "OK", ""
+            except grpc.RpcError as exc:
+                code, detail = exc.code().name, exc.details() or ""  # type: ignore[attr-defined]
+            answers.append({"code": code, "seconds": round(time.perf_counter() - started, 3), "detail": detail[:120]})
+        channel.close()
+        slowest = max(answer["seconds"] for answer in answers)
+        return {
+            "message_mib": FIELD_BOMB_MIB,
+            "messages": messages,
+            "codes": sorted({answer["code"] for answer in answers}),
+            "answer_s": [answer["seconds"] for answer in answers],
+            "detail": answers[0]["detail"],
+            "checks": {"invalid_argument": all(a["code"] == "INVALID_ARGUMENT" for a in answers),
+                       "answered_within_1s": slowest <= 1.0},  # fmt: skip
+        }
+
+    try:
+        return _under_attack(daemon, attack, MEMORY_ATTACK_BOUND_MIB)
+    finally:
+        daemon.close()
+
+
+def _status(sock: socket.socket) -> tuple[int | None, bool]:
+    """The status of the answer waiting on `sock` (None: none yet) and whether the server closed it."""
+    try:
+        data = sock.recv(65536, socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return None, False
+    except OSError:
+        return None, True
+    if not data:
+        return None, True
+    line = data.split(b"\r\n", 1)[0].split()
+    return (int(line[1]) if len(line) > 1 and line[1].isdigit() else -1), False
+
+
+def gateway_rest_content_length_flood(folder: Path, connections: int = 3000, hold_s: float = 13.0) -> dict[str, Any]:
+    """`connections` connections each sending a head with `Content-Length: 1000000` and 10 bytes of its body,
+    held for `hold_s` (3.0 GB of the gateway before): the connection limit answers the excess 503 at once, the
+    body's idle timeout (10 s) answers the rest 408, and what they hold is what came."""
+    head = (f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Content-Length: 1000000\r\n\r\n").encode() + b'{"inputs":'  # fmt: skip
+    daemon = Gateway("content-length", folder)
+    daemon.wait_ready()
+    limit = 1000  # GatewayLimits.max_connections, the default the harness runs with
+
+    def attack() -> dict[str, Any]:
+        sockets, failed = [], 0
+        started = time.monotonic()
+        for _ in range(connections):
+            try:
+                sock = socket.create_connection(("127.0.0.1", daemon.http), timeout=10)
+                sock.sendall(head)
+                sockets.append(sock)
+            except OSError:
+                failed += 1
+        opened_s = time.monotonic() - started
+        statuses: dict[int, Counter[str]] = {}  # each connection's answer, seen when the server sent it
+        seen_at: dict[str, Counter[str]] = {}
+        for check_at in (min(3.0, hold_s), hold_s):
+            time.sleep(max(0.0, check_at - (time.monotonic() - started)))
+            for index, sock in enumerate(sockets):
+                if index in statuses:
+                    continue
+                status, closed = _status(sock)
+                if status is not None or closed:
+                    statuses[index] = Counter()
+                    seen_at.setdefault(f"by_{check_at:g}s", Counter())[str(status or "closed_without_answer")] += 1
+        held = len(sockets) - len(statuses)
+        for sock in sockets:
+            sock.close()
+        early = seen_at.get(f"by_{min(3.0, hold_s):g}s", Counter())
+        return {
+            "connections": connections,
+            "opened_in_s": round(opened_s, 2),
+            "connect_failed": failed,
+            "max_connections": limit,
+            "answers": {when: dict(counts) for when, counts in seen_at.items()},
+            "held_without_answer_at_end": held,
+            "checks": {"excess_refused_503": early.get("503", 0) >= connections - limit,
+                       "accepted_at_most_the_limit": connections - early.get("503", 0) - failed <= limit},  # fmt: skip
+        }
+
+    try:
+        return _under_attack(daemon, attack, MEMORY_ATTACK_BOUND_MIB)
+    finally:
+        daemon.close()
+
+
+def gateway_rest_head_stream(folder: Path, seconds: float = 40.0, chunk_mib: int = 1) -> dict[str, Any]:
+    """One connection streaming one header without end, `chunk_mib` MiB at a time for up to `seconds` or until
+    the server answers or closes (101 MiB accepted before, no answer): 431 at `header_bytes` (64 KiB)."""
+    import select
+
+    chunk = b"a" * (chunk_mib * MIB)
+    daemon = Gateway("head-stream", folder)
+    daemon.wait_ready()
+
+    def attack() -> dict[str, Any]:
+        sock = socket.create_connection(("127.0.0.1", daemon.http), timeout=10)
+        sock.setblocking(False)
+        pending = memoryview(f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: x\r\nX-Long: ".encode())
+        sent, status, closed, answer = 0, None, False, b""
+        started = time.monotonic()
+        while time.monotonic() - started < seconds:
+            readable, writable, _ = select.select([sock], [sock], [], 0.5)
+            if readable:
+                try:
+                    answer = sock.recv(65536)
+                except OSError:
+                    answer = b""
+                if answer:
+                    line = answer.split(b"\r\n", 1)[0].split()
+                    status = int(line[1]) if len(line) > 1 and line[1].isdigit() else -1
+                closed = not answer
+                break
+            if writable:
+                try:
+                    count = sock.send(pending)
+                except OSError:
+                    closed = True
+                    break
+                sent += count
+                pending = pending[count:] if count < len(pending) else memoryview(chunk)
+        answered_s = time.monotonic() - started
+        sock.close()
+        return {
+            "status": status,
+            "closed_without_answer": closed and status is None,
+            "answered_after_s": round(answered_s, 3),
+            "bytes_sent_before_answer": sent,  # what the kernel took: the server read at most `header_bytes` more
+            "answer": answer.split(b"\r\n\r\n", 1)[-1][:120].decode(errors="replace"),
+            "checks": {"answered_431": status == 431, "answered_within_1s": answered_s <= 1.0},
+        }
+
+    try:
+        return _under_attack(daemon, attack, MEMORY_ATTACK_BOUND_MIB)
+    finally:
+        daemon.close()
+
+
+def _threads(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no Threads for pid {pid}")
+
+
+def gateway_metrics_idle(folder: Path, connections: int = 500, hold_s: float = 3.0) -> dict[str, Any]:
+    """`connections` idle connections to the daemon's metrics port (505 threads in the serving process before):
+    its thread count before, while they are open and after, and a scrape while they are open."""
+    daemon = Gateway("metrics-idle", folder)
+    daemon.wait_ready()
+
+    def attack() -> dict[str, Any]:
+        pid = daemon.process.pid
+        before = _threads(pid)
+        sockets = [socket.create_connection(("127.0.0.1", daemon.metrics), timeout=10) for _ in range(connections)]
+        time.sleep(hold_s)
+        during = _threads(pid)
+        started = time.perf_counter()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{daemon.metrics}/metrics", timeout=10) as reply:
+                scrape_status, scrape_bytes = int(reply.status), len(reply.read())
+        except OSError as exc:
+            scrape_status, scrape_bytes = None, f"{type(exc).__name__}: {exc}"
+        scrape_s = time.perf_counter() - started
+        still_open = sum(1 for sock in sockets if not _status(sock)[1])
+        for sock in sockets:
+            sock.close()
+        time.sleep(0.5)
+        after = _threads(pid)
+        return {
+            "connections": connections,
+            "threads": {"before": before, "with_idle_open": during, "after": after},
+            "idle_still_open_after_hold": still_open,
+            "scrape": {"status": scrape_status, "bytes": scrape_bytes, "seconds": round(scrape_s, 3)},
+            "checks": {"no_thread_per_connection": during <= before + 2, "scrape_answers": scrape_status == 200},
+        }
+
+    try:
+        return _under_attack(daemon, attack, MEMORY_ATTACK_BOUND_MIB, daemon_bound_mib=METRICS_BOUND_MIB)
+    finally:
+        daemon.close()
+
+
 SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "gateway_sigterm": gateway_sigterm,
     "gateway_kill": gateway_kill,
     "gateway_ports_taken": gateway_ports_taken,
     "gateway_cancel": gateway_cancel,
     "gateway_fairness": gateway_fairness,
+    "gateway_grpc_field_bomb": gateway_grpc_field_bomb,
+    "gateway_rest_content_length_flood": gateway_rest_content_length_flood,
+    "gateway_rest_head_stream": gateway_rest_head_stream,
+    "gateway_metrics_idle": gateway_metrics_idle,
 }
 
 if __name__ == "__main__":  # one scenario alone: python bench/attacks_gateway.py NAME FOLDER

@@ -409,6 +409,21 @@ SETTINGS: tuple[Setting, ...] = sectioned(
     ),
     Setting("oip_tls_cert", OPTIONAL_TEXT, None, "PEM certificate: TLS for REST, gRPC", unset="none", reload="restart"),
     Setting("oip_tls_key", OPTIONAL_TEXT, None, "PEM private key of oip_tls_cert", unset="none", reload="restart"),
+    Setting(
+        "oip_limits",
+        OPTIONAL_TEXT,
+        None,
+        "REST's limits changed from their defaults, NAME=VALUE,... (e.g. max_connections=2000; docs/oip.md, Limits)",
+        unset="the defaults",
+        reload="restart",
+    ),  # fmt: skip
+    Setting(
+        "oip_metrics_port",
+        PORT,
+        0,
+        "the gateway's own metrics on this port too (they are at /metrics on http_port; for a gRPC-only gateway)",
+        reload="restart",
+    ),  # fmt: skip
 )
 BY_NAME: dict[str, Setting] = {setting.name: setting for setting in SETTINGS}
 

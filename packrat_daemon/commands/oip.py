@@ -47,6 +47,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="change one of REST's limits, e.g. max_connections=2000 or body_timeout_s=300 (repeatable; each "
         "limit, its default and its worst-case memory: docs/oip.md, Limits)",
     )  # fmt: skip
+    parser.add_argument(
+        "--metrics-port", type=int, default=0,
+        help="serve the gateway's metrics at /metrics on this port too (0: off; with --http-port they are at its "
+        "/metrics): for a gRPC-only gateway",
+    )  # fmt: skip
     parser.add_argument("--key", help="a daemon serving CURVE: this gateway's .key_secret file (docs/security.md)")
     parser.add_argument("--server-key", help="a daemon serving CURVE: its public .key file")
     # Given by `packrat serve`, which started this gateway (launch.GatewayProcess): not for users.
@@ -78,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         server_key=args.server_key,
         grpc_server=args.grpc_server,
         status_fd=args.status_fd,
+        metrics_port=args.metrics_port,
         limits=GatewayLimits().with_settings(args.limit),
     )
     return run_gateway(options)

@@ -65,6 +65,7 @@ class GatewayOptions:
     # "aio": grpc.aio on the loop, through the loop's one connection (docs/oip.md measures both).
     grpc_server: str = "threads"
     status_fd: int | None = None  # the daemon's end of a status pipe (launch.GatewayProcess), when it started us
+    metrics_port: int = 0  # the gateway's metrics on a port of their own (they are at /metrics on http_port too)
     limits: GatewayLimits = GatewayLimits()  # REST's (docs/oip.md, "Limits"); `packrat oip --limit NAME=VALUE`
 
     def check(self) -> None:
@@ -114,6 +115,7 @@ def _say(status_fd: int | None, line: str) -> None:
 
 async def serve_gateway(options: GatewayOptions, install_signals: bool, stop: asyncio.Event | None = None) -> None:
     """Serve until `stop` is set (or, with `install_signals`, a stop signal comes), then drain and return."""
+    from packrat_daemon.protocol.gateway_metrics import serve_metrics
     from packrat_daemon.protocol.grpc.server import grpc_server, threaded_grpc_server
     from packrat_daemon.protocol.rest import RestApp
 
@@ -135,6 +137,8 @@ async def serve_gateway(options: GatewayOptions, install_signals: bool, stop: as
     target = host_port(options.address, options.grpc_port)
     served = False
     try:
+        # First: a taken metrics port fails before anything else binds. It stops by itself once `stop` is set.
+        serve_metrics(plane.metrics, options.address, options.metrics_port, stop)
         if options.grpc_port and options.grpc_server == "threads":
             threads = ThreadUpstreams(options.connect, keys, upstream)
             rpc = threaded_grpc_server(plane, threads, asyncio.get_running_loop(), options.max_request_mb << 20)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import os
 import select
@@ -60,6 +61,7 @@ def gateway_options(config: Any) -> GatewayOptions | None:
     if not config.http_port and not config.grpc_port:
         return None
     from packrat_daemon.protocol.gateway import GatewayOptions
+    from packrat_daemon.protocol.limits import GatewayLimits
 
     if config.server_key is not None:
         raise ConfigError(
@@ -77,6 +79,8 @@ def gateway_options(config: Any) -> GatewayOptions | None:
         tls_key=config.oip_tls_key,
         insecure_public=config.insecure_public,
         max_delay_ms=config.max_delay_ms,
+        limits=GatewayLimits().with_settings([p for p in (config.oip_limits or "").split(",") if p.strip()]),
+        metrics_port=config.oip_metrics_port,
     )
     options.check()
     return options
@@ -95,6 +99,12 @@ def command(options: GatewayOptions, log_level: str, log_format: str, status_fd:
         argv += ["--max-delay-ms", repr(options.max_delay_ms)]
     if options.insecure_public:
         argv.append("--insecure-public")
+    defaults = type(options.limits)()
+    for field in dataclasses.fields(options.limits):
+        if getattr(options.limits, field.name) != getattr(defaults, field.name):
+            argv += ["--limit", f"{field.name}={getattr(options.limits, field.name)}"]
+    if options.metrics_port:
+        argv += ["--metrics-port", str(options.metrics_port)]
     if status_fd is not None:
         argv += ["--status-fd", str(status_fd)]
     return argv

@@ -74,6 +74,8 @@ SAMPLE: dict[str, Any] = {
     "oip_model_name": "classifier",
     "oip_tls_cert": "/etc/packrat/tls.crt",
     "oip_tls_key": "/etc/packrat/tls.key",
+    "oip_limits": "max_connections=2000,body_timeout_s=300",
+    "oip_metrics_port": 9102,
 }
 
 
