@@ -5,10 +5,10 @@ A client message is ``[header, payload]`` (infer, version 1: one unnamed tensor)
 (infer, version 2: one frame per named tensor the header lists) or ``[header]`` (info); a reply is
 ``[header]``, ``[header, payload]`` (version 1) or ``[header, payload, ...]`` (version 2). The header is a
 UTF-8 JSON object, each payload raw little-endian C-order tensor bytes. docs/protocol.md is the normative
-description; this module, :mod:`~packrat_daemon.wire.server_side`
-(parse requests, encode replies) and :mod:`~packrat_daemon.wire.client_side` (encode requests, decode
-replies) are its reference implementation. None of them may import torch: the client imports them and
-has to start fast.
+description; this module, the server's side (:mod:`~packrat_daemon.wire.server_side` parses requests,
+:mod:`~packrat_daemon.wire.model_checks` checks them, :mod:`~packrat_daemon.wire.server_replies` encodes replies)
+and :mod:`~packrat_daemon.wire.client_side` (encode requests, decode replies) are its reference implementation.
+None of them may import torch: the client imports them and has to start fast.
 """
 
 from __future__ import annotations
