@@ -81,6 +81,12 @@ def render(status: dict[str, Any]) -> str:
         f"queue: {queue['requests']} request(s), {queue['inputs']}/{queue['max_inputs']} inputs, batch in flight: "
         f"{'yes' if queue['batch_in_flight'] else 'no'}{'' if queue['accepting'] else ', not accepting (draining)'}",
     ]
+    gateway = status.get("gateway")
+    if gateway:  # the Open Inference Protocol gateway beside the daemon: down means the daemon is not ready
+        restarts = (
+            f", {gateway['restarts']} restart(s), last exit {gateway['last_exit']}" if gateway["restarts"] else ""
+        )
+        lines.append(f"gateway: {gateway['describe']}{restarts}")
     lines += ["", *_provenance(status["profile"]), *_choice(status.get("runtime_choice")), "", "plan history:"]
     rows = [["time (UTC)", "reason", "from", "to", "gain", "first", "serving", "retired"]]
     for change in status["history"]:

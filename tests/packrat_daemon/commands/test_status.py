@@ -224,3 +224,14 @@ def test_the_runtime_choice_lists_each_candidate_with_its_verdict_and_why() -> N
         "  torch/bf16: refused: accuracy guard: failed",
     ]
     assert "runtime choice" not in render(STATUS)  # one candidate (or an older daemon): nothing to choose between
+
+
+def test_the_gateway_beside_the_daemon_says_whether_it_serves_and_why_not() -> None:
+    assert "gateway" not in render(STATUS)  # none runs
+    serving = {"serving": True, "restarts": 0, "last_exit": None, "describe": "REST :8000 and gRPC :8001: serving"}
+    assert "\ngateway: REST :8000 and gRPC :8001: serving\n" in render(status(gateway=serving))
+    down = {"serving": False, "restarts": 2, "last_exit": -9,
+            "describe": "REST :8000: down (exit -9), restart 2 in 0.4 s"}  # fmt: skip
+    assert "gateway: REST :8000: down (exit -9), restart 2 in 0.4 s, 2 restart(s), last exit -9" in render(
+        status(gateway=down)
+    )
