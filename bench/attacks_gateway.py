@@ -27,6 +27,7 @@ import numpy as np
 from attacks import MIB, PINNED, STALL_FLOOR_S, Innocent, Rss
 from harness import REPO, DaemonProcess, free_port, private_state
 
+from tests.helpers.fuzz_frontend import rss_bytes
 from tests.helpers.oip_clients import LOST, NOT_CONNECTED, OK, REFUSED, Outcomes, closed_loops, rest_loop
 
 MODEL = "tiny-mlp"
@@ -352,6 +353,7 @@ def _under_attack(daemon: Gateway, attack: Callable[[], dict[str, Any]], bound_m
     gateway_before, daemon_before = gateway_rss.peak, daemon_rss.peak
     result = attack()
     time.sleep(0.5)
+    gateway_held = round((rss_bytes(daemon.gateway_pid) - gateway_before) / MIB, 1)  # what it kept after
     gateway_growth = round((gateway_rss.stop() - gateway_before) / MIB, 1)
     daemon_growth = round((daemon_rss.stop() - daemon_before) / MIB, 1)
     stop.set()
@@ -359,10 +361,11 @@ def _under_attack(daemon: Gateway, attack: Callable[[], dict[str, Any]], bound_m
     figures = gateway_figures(daemon, innocent)
     figures["lost_detail"] = innocent.lost[:3]
     figures |= {"gateway_rss_growth_mib": gateway_growth, "gateway_rss_bound_mib": round(bound_mib, 1),
+                "gateway_rss_held_after_mib": gateway_held,
                 "daemon_rss_growth_mib": daemon_growth, "daemon_rss_bound_mib": round(daemon_bound_mib, 1)}  # fmt: skip
     checks = {
         "nothing_lost": figures["lost"] == 0,
-        "innocent_served_throughout": not stop_early(innocent, figures),
+        "innocent_served_throughout": not _stopped_early(innocent, figures),
         "stall_within_target": figures.pop("stall_within_target"),
         "gateway_rss_within_bound": gateway_growth <= bound_mib,
         "daemon_rss_within_bound": daemon_growth <= daemon_bound_mib,
@@ -371,7 +374,7 @@ def _under_attack(daemon: Gateway, attack: Callable[[], dict[str, Any]], bound_m
     return figures | result | {"checks": checks}
 
 
-def stop_early(innocent: Outcomes, figures: dict[str, Any]) -> bool:
+def _stopped_early(innocent: Outcomes, figures: dict[str, Any]) -> bool:
     """Whether the innocent client stopped before the attack ended: a refusal or a loss ends its loop."""
     return figures["requests_sent"] == 0 or innocent.counts[REFUSED] > 0 or innocent.counts[LOST] > 0
 
