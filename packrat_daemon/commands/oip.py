@@ -36,7 +36,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--timeout", type=float, default=60.0, help="seconds a request without a deadline may take (default 60)"
     )
-    parser.add_argument("--max-delay-ms", type=float, help="the daemon's max_delay_ms, for the model configuration")
     parser.add_argument(
         "--grpc-server", choices=("threads", "aio"), default="threads",
         help="gRPC on grpcio's threaded server, each thread with its own connection to the daemon (the default), "
@@ -78,7 +77,6 @@ def run(args: argparse.Namespace) -> int:
         insecure_public=args.insecure_public,
         max_request_mb=args.max_request_mb,
         timeout_s=args.timeout,
-        max_delay_ms=args.max_delay_ms,
         key=args.key,
         server_key=args.server_key,
         grpc_server=args.grpc_server,

@@ -72,6 +72,7 @@ class ModelSpec:
     max_message_bytes: int  # the daemon's limit on one request (info.limits)
     instances: int
     named: bool = False  # several inputs or outputs: sent to the daemon by name (its protocol version 2)
+    max_delay_ms: float | None = None  # the daemon's batching delay (info.max_delay_ms, live): the config says it
 
     @property
     def input(self) -> TensorSpec:
@@ -122,12 +123,10 @@ class DataPlane:
         upstream: Upstream,
         model_name: str | None = None,
         timeout_s: float = 60.0,
-        max_delay_ms: float | None = None,
     ) -> None:
         self.upstream = upstream
         self.model_name = model_name  # None: named after the daemon's model spec (default_model_name)
         self.timeout_s = timeout_s  # for requests that bring no deadline of their own
-        self.max_delay_ms = max_delay_ms  # the daemon's batching delay, when known: the config extension says it
         self.draining = False  # set on the gateway's own stop signal: refuse new work, finish what is in flight
         self.in_flight = 0  # inferences between their checks and their answers: the drain waits for none
         self._in_flight_lock = threading.Lock()  # the threaded gRPC server's handlers count from their threads
@@ -175,15 +174,16 @@ class DataPlane:
 
     @staticmethod
     def _followed(spec: ModelSpec, status: dict[str, Any]) -> ModelSpec:
-        """`spec` with what the daemon changes while it serves the same tensors: its runtime (a switch to OpenVINO
-        or ONNX Runtime measured faster) and its plan's instances. No new probe: neither changes an output."""
+        """`spec` with what the daemon changes while it serves the same tensors: its runtime (a switch to OpenVINO or
+        ONNX Runtime measured faster), its plan's instances, its batching delay (a reload). None changes an output."""
         runtime = status.get("runtime", spec.runtime)
         instances = len(status.get("plan", {}).get("instances", [])) or spec.instances
-        if (runtime, instances) == (spec.runtime, spec.instances):
+        delay = status.get("max_delay_ms", spec.max_delay_ms)
+        if (runtime, instances, delay) == (spec.runtime, spec.instances, spec.max_delay_ms):
             return spec
         if runtime != spec.runtime:
             log.info("model %r is now served by %s (was %s)", spec.name, runtime, spec.runtime)
-        return dataclasses.replace(spec, runtime=runtime, instances=instances)
+        return dataclasses.replace(spec, runtime=runtime, instances=instances, max_delay_ms=delay)
 
     async def _discover(self, info: dict[str, Any]) -> ModelSpec | None:
         """The model's description: `info`, and the outputs from a single-sample inference of zeros."""
@@ -223,6 +223,7 @@ class DataPlane:
             max_message_bytes=int(info["limits"]["max_message_bytes"]),
             instances=len(info.get("plan", {}).get("instances", [])) or 1,
             named=named,
+            max_delay_ms=info.get("max_delay_ms"),
         )
         log.info("serving model %r (%s) over the Open Inference Protocol", name, spec.model)
         return spec
@@ -277,8 +278,8 @@ class DataPlane:
         """Triton's model configuration (its JSON form): what `perf_analyzer` reads before it starts."""
         spec = await self._current(name, version)
         batching: dict[str, Any] = {}
-        if self.max_delay_ms is not None:
-            batching["max_queue_delay_microseconds"] = round(self.max_delay_ms * 1000)
+        if spec.max_delay_ms is not None:
+            batching["max_queue_delay_microseconds"] = round(spec.max_delay_ms * 1000)
         return {
             "name": spec.name,
             "platform": f"packrat_{spec.runtime}",

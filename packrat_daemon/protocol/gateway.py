@@ -58,7 +58,6 @@ class GatewayOptions:
     insecure_public: bool = False
     max_request_mb: int = DEFAULT_MAX_REQUEST_MB  # gRPC's message limit, checked before a message is read
     timeout_s: float = 60.0
-    max_delay_ms: float | None = None
     key: str | None = None  # CURVE towards the daemon: this gateway's .key_secret and the daemon's .key
     server_key: str | None = None
     # "threads": grpcio's threaded server, each handler thread with a connection of its own to the daemon;
@@ -129,7 +128,7 @@ async def serve_gateway(options: GatewayOptions, install_signals: bool, stop: as
         None if options.key is None or options.server_key is None else ClientKeys.load(options.key, options.server_key)
     )
     upstream = Upstream(options.connect, keys)
-    plane = DataPlane(upstream, options.model_name, options.timeout_s, options.max_delay_ms)
+    plane = DataPlane(upstream, options.model_name, options.timeout_s)
     rest: uvicorn.Server | None = None
     rest_task: asyncio.Task[None] | None = None
     rpc: grpc.aio.Server | grpc.Server | None = None

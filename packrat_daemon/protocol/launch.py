@@ -78,7 +78,6 @@ def gateway_options(config: Any) -> GatewayOptions | None:
         tls_cert=config.oip_tls_cert,
         tls_key=config.oip_tls_key,
         insecure_public=config.insecure_public,
-        max_delay_ms=config.max_delay_ms,
         limits=GatewayLimits().with_settings([p for p in (config.oip_limits or "").split(",") if p.strip()]),
         metrics_port=config.oip_metrics_port,
     )
@@ -95,8 +94,6 @@ def command(options: GatewayOptions, log_level: str, log_format: str, status_fd:
             argv += [flag, value]
     if options.tls_key is not None:
         argv += ["--tls-key", options.tls_key]
-    if options.max_delay_ms is not None:
-        argv += ["--max-delay-ms", repr(options.max_delay_ms)]
     if options.insecure_public:
         argv.append("--insecure-public")
     defaults = type(options.limits)()

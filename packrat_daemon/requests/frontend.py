@@ -379,6 +379,7 @@ class Frontend:
             "accuracy_guard": self.info.guard,
             "emulation": self.emulation,
             "max_batch": self.batcher.max_batch,
+            "max_delay_ms": round(self.batcher.max_delay_s * 1000.0, 6),  # live: the gateway's model config says it
             "limits": self.limits(),
             "plan": plan.to_json(),
             "template_pid": self.info.template_pid,

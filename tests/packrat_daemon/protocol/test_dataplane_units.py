@@ -204,3 +204,34 @@ def test_a_request_id_must_be_a_string() -> None:
     with pytest.raises(OipError, match="has 5 samples") as caught:  # checked against the model before decoding
         _decode(json.dumps({"inputs": [{**tensor, "shape": [5, 2], "data": "never read"}]}).encode(), None, spec)
     assert caught.value.status is Status.TOO_LARGE
+
+
+def test_the_model_configuration_says_the_batching_delay_the_daemon_says_now() -> None:
+    """`max_delay_ms` is live: the gateway follows the daemon's `status` for it, never a value from its launch."""
+    import asyncio
+
+    from packrat_daemon.protocol.dataplane import DataPlane, ModelSpec, TensorSpec
+
+    status = {"ok": True, "queue": {"accepting": True}, "model": "builtin:m", "runtime": "torch", "max_batch": 4,
+              "input": {"dtype": "float32", "shape": [2]}, "plan": {"instances": [{}]},
+              "max_delay_ms": 1.0}  # fmt: skip
+
+    class Daemon:
+        async def describe(self, kind: str, timeout_s: float) -> dict:
+            assert kind == "status"
+            return dict(status)
+
+    plane = DataPlane(Daemon())  # type: ignore[arg-type]
+    plane.spec = ModelSpec("m", "builtin:m", "torch", (TensorSpec("input", "FP32", (2,)),),
+                           (TensorSpec("output", "FP32", (1,)),), max_batch=4, max_message_bytes=1 << 16,
+                           instances=1)  # fmt: skip
+
+    def delay_us() -> object:
+        plane._checked = -math.inf  # the readiness answer's window has passed
+        return asyncio.run(plane.model_config("m"))["dynamic_batching"].get("max_queue_delay_microseconds")
+
+    assert delay_us() == 1000
+    status["max_delay_ms"] = 7.25  # a reload
+    assert delay_us() == 7250
+    del status["max_delay_ms"]  # an older daemon that does not say it: the last value stays
+    assert delay_us() == 7250
