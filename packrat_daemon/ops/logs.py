@@ -17,7 +17,7 @@ from packrat_daemon.ops.tallies import batch_predicted_ms
 from packrat_daemon.wire.errors import ConfigError
 
 if TYPE_CHECKING:
-    from packrat_daemon.requests.jobs import Completed
+    from packrat_daemon.ops.records import Answer
 
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s packrat[%(process)d] %(levelname)s %(name)s: %(message)s"
@@ -59,7 +59,7 @@ def setup_logging(level: str, log_format: str = "text") -> None:
     root.setLevel(getattr(logging, level.upper()))
 
 
-def log_request(done: Completed, total_ms: float) -> None:
+def log_request(done: Answer, total_ms: float) -> None:
     """One answered request at debug level: id, samples, queue wait, compute (and the profile's
     prediction), total, and the workers that ran its batch with their threads and rows."""
     if not requests_log.isEnabledFor(logging.DEBUG):  # the request path pays one check when it is off

@@ -34,8 +34,7 @@ from packrat_daemon.ops.tallies import HOP, LOOP_PHASES, LayoutTimes, OwnTimes, 
 from policies.base import Plan
 
 if TYPE_CHECKING:
-    from packrat_daemon.fleet.reconciler import Reconfiguration
-    from packrat_daemon.requests.jobs import Completed
+    from packrat_daemon.ops.records import Answer, Reconfigured
 
 log = logging.getLogger("packrat.security")
 debug = logging.getLogger("packrat.metrics")
@@ -232,7 +231,7 @@ class Metrics:
         self.latency.observe(total_ms / 1000.0)
         self.queue_wait.observe(queue_ms / 1000.0)
 
-    def answered(self, done: Completed, total_ms: float) -> None:
+    def answered(self, done: Answer, total_ms: float) -> None:
         """A request answered with its result; once per batch, the batch's layout and times as well."""
         self.answered_ok(total_ms, done.queue_ms)
         if first_of_batch(done):
@@ -282,7 +281,7 @@ class Metrics:
         if moved:
             self.share_moves.inc()
 
-    def reconfigured(self, record: Reconfiguration) -> None:
+    def reconfigured(self, record: Reconfigured) -> None:
         """A plan change has finished: how long each stage took after the decision."""
         stages = (("first_worker", record.first_serving), ("new_pool", record.serving), ("old_retired", record.retired))
         for stage, stamp in stages:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.utils import floatToGoString
 
 if TYPE_CHECKING:
-    from packrat_daemon.requests.jobs import Completed
+    from packrat_daemon.ops.records import Answer
 
 debug = logging.getLogger("packrat.metrics")
 
@@ -77,7 +77,7 @@ class LayoutTimes:
         # daemon's loop once per batch, and building the label each time cost more than the rest together.
         self._labels: dict[Any, str] = {}
 
-    def observe(self, done: Completed) -> None:
+    def observe(self, done: Answer) -> None:
         jobs = done.jobs
         if len(jobs) == 1:
             key: Any = jobs[0].worker.threads
@@ -129,7 +129,7 @@ class OwnTimes:
         self.events[part] += events
 
 
-def batch_predicted_ms(done: Completed) -> float | None:
+def batch_predicted_ms(done: Answer) -> float | None:
     """The profile's prediction for the batch `done` was part of: its slowest slice's; None when a slice
     had no prediction (no profile, or no row for its threads)."""
     slowest = None
@@ -142,7 +142,7 @@ def batch_predicted_ms(done: Completed) -> float | None:
     return slowest
 
 
-def first_of_batch(done: Completed) -> bool:
+def first_of_batch(done: Answer) -> bool:
     """True for one answered request per batch: its first request not marked answered (a request is marked when
     TIMEOUT ends it in flight, or when its batch moved aside with its rows in, before its reply is counted), so
     every reply of the batch agrees on which."""
