@@ -1,5 +1,6 @@
 """The machinery of the settings table (`packrat_daemon.config.SETTINGS`): what a setting accepts (`Kind`), the
-`Setting` itself, reading a TOML file against the table, and the docs made from it.
+`Setting` itself, reading a TOML file against the table, and what is generated from it: the docs and the typed
+`ServeConfig` (`packrat_daemon/serve_config.py`).
 
 A setting declares how a running daemon takes a new value: `reload="live"` (a reload, SIGHUP, applies it;
 `packrat_daemon.reload`) or `reload="restart"` (a reload keeps the running value and logs that it waits for a
@@ -257,4 +258,49 @@ def markdown(settings: Sequence[Setting]) -> str:
         for s in (s for s in settings if s.section == section):
             cells = (f"`{s.name}`", f"`{s.flag}`", s.kind.words, s.default_text(), s.reload, s.help)
             lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _annotation(kind_type: Any) -> str:
+    """A `Kind.type` as it is written in Python: `int`, `str | None`, `list[int]`."""
+    return kind_type.__name__ if type(kind_type) is type else str(kind_type)  # list[int] is no `type`
+
+
+def _python(value: object) -> str:
+    """A default as Python source, as ruff formats it (strings in double quotes)."""
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, str) else repr(value)
+
+
+def typed_module(settings: Sequence[Setting]) -> str:
+    """packrat_daemon/serve_config.py, from the table: `ServeConfig` as a plain dataclass, one typed attribute per
+    setting with its default, so that the type checker sees each setting (a misspelt one fails the check)."""
+    lines = [
+        '"""The daemon\'s configuration: one typed attribute per `serve` setting, with the settings table\'s default.',
+        "",
+        "Generated from the table (packrat_daemon/config.py): `python -m packrat_daemon.config --typed >",
+        "packrat_daemon/serve_config.py`. Do not edit; a test checks that it matches. What each setting means, its",
+        "flag and what a reload does with it: docs/configuration.md.",
+        '"""',
+        "",
+        "from __future__ import annotations",
+        "",
+        "from dataclasses import dataclass" + (", field" if any(isinstance(s.default, list) for s in settings) else ""),
+        "",
+        "",
+        "@dataclass",
+        "class ServeConfig:",
+        '    """Built by `load_config` (the defaults, then the TOML file, then the flags) at start and on each reload;',
+        '    tests build it directly, e.g. ServeConfig(model="builtin:tiny-mlp", max_batch=4)."""',
+    ]
+    section = None
+    for setting in settings:
+        if setting.section != section:
+            section = setting.section
+            lines += ["", f"    # {section}"]
+        default = setting.default
+        if isinstance(default, list):
+            made = "field(default_factory=list)" if not default else f"field(default_factory=lambda: {default!r})"
+        else:
+            made = _python(default)
+        lines.append(f"    {setting.name}: {_annotation(setting.kind.type)} = {made}")
     return "\n".join(lines) + "\n"

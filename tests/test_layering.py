@@ -81,10 +81,6 @@ SUPERVISOR = (
     "requests/ or adapt/ (it pumps events: what reads the slices' state or feeds production lies above the fleet)"
 )
 UPWARD_FOR_NOW: dict[tuple[str, str], str] = {
-    ("packrat_daemon.config", "packrat_daemon.measure.accuracy"): (
-        "issue 39 item 5 (config.py): the accuracy guard's default and choices (DEFAULT_MAX_REL_ERROR, "
-        "TOP1_CHOICES) belong to the settings; measure.accuracy then takes them from config"
-    ),
     ("packrat_daemon.fleet.supervisor", "packrat_daemon.adapt.production"): SUPERVISOR,
     ("packrat_daemon.fleet.supervisor", "packrat_daemon.requests.batcher"): SUPERVISOR,
     ("packrat_daemon.fleet.supervisor", "packrat_daemon.requests.dispatcher"): SUPERVISOR,

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from packrat_daemon.settings_served import DEFAULT_MAX_REL_ERROR, TOP1_CHOICES
 from packrat_daemon.wire.codec import unpack_records
 from packrat_daemon.wire.errors import ConfigError, PackratError
 from workers.models.calibration import read_calibration
@@ -38,9 +39,7 @@ from workers.models.subprocesses import run_module
 
 log = logging.getLogger("packrat.daemon")
 
-DEFAULT_MAX_REL_ERROR = 0.05
 MIN_TOP1_AGREEMENT = 1.0  # every input's top-1 class must survive the reduced precision
-TOP1_CHOICES = ("auto", "on", "off")  # --accuracy-top1: is the output class scores whose top-1 must be kept?
 SAMPLE_INPUTS = 8
 GUARD_TIMEOUT_S = 900.0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from packrat_daemon.cli import build_parser
 from packrat_daemon.commands.serve import config_loader
 from packrat_daemon.config import MIN_ADAPT_GAIN, RESTART_ONLY, SETTINGS, ServeConfig
-from packrat_daemon.settings import SWITCH, TEXT, Setting, markdown, restart_sentence
+from packrat_daemon.settings import SWITCH, TEXT, Setting, markdown, restart_sentence, typed_module
 from packrat_daemon.wire.errors import ConfigError
 from policies.packrat import MIN_SPLIT_GAIN
 
@@ -219,6 +220,35 @@ def test_docs_match_the_table() -> None:
     written = (REPO / "docs" / "configuration.md").read_text()
     assert written == markdown(SETTINGS), "regenerate: python -m packrat_daemon.config > docs/configuration.md"
     assert all(f"`{setting.name}`" in written for setting in SETTINGS)
+
+
+def test_the_typed_config_matches_the_table() -> None:
+    """ServeConfig is generated from the table as a plain dataclass: the type checker sees each setting and its type."""
+    written = (REPO / "packrat_daemon" / "serve_config.py").read_text()
+    regenerate = "regenerate: python -m packrat_daemon.config --typed > packrat_daemon/serve_config.py"
+    assert written == typed_module(SETTINGS), regenerate
+    fields = {field.name: field for field in dataclasses.fields(ServeConfig)}
+    assert list(fields) == [setting.name for setting in SETTINGS]
+    assert all(ServeConfig().__dict__[s.name] == s.default for s in SETTINGS)
+    assert ServeConfig().batches is not ServeConfig().batches  # a list default is each config's own
+
+
+@pytest.mark.slow  # a mypy run: about 2 s
+def test_the_type_checker_refuses_a_misspelt_setting(tmp_path: Path) -> None:
+    from packrat_daemon import serve_config
+
+    assert ServeConfig is serve_config.ServeConfig  # what every module imports from packrat_daemon.config
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from packrat_daemon.serve_config import ServeConfig\n\n\n"
+        "def delay(config: ServeConfig) -> float:\n    return config.max_delay_ms + config.max_dealy_ms\n"
+    )
+    checked = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-incremental", "--follow-imports=silent", str(probe)],
+        capture_output=True, text=True, cwd=REPO,
+    )  # fmt: skip
+    assert checked.returncode == 1 and 'has no attribute "max_dealy_ms"' in checked.stdout, checked.stdout
+    assert "Found 1 error" in checked.stdout, "the right spelling is typed, as a float"
 
 
 def test_one_declaration_gives_the_restart_list_the_docs_and_the_readme() -> None:
