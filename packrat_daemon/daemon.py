@@ -26,11 +26,11 @@ from packrat_daemon.fleet.pool import WorkerState
 from packrat_daemon.loop import LoopCore
 from packrat_daemon.measure import emulation
 from packrat_daemon.ops.metrics import Metrics
-from packrat_daemon.ops.notify import READY, STOPPING, Watchdog, reloading, sd_notify
+from packrat_daemon.ops.notify import READY, STOPPING, Watchdog, sd_notify
 from packrat_daemon.protocol.launch import GatewayProcess
 from packrat_daemon.signals import SignalQueue
-from packrat_daemon.startup import Started, distribution_for, replan
-from packrat_daemon.wire.errors import PackratError, PolicyError
+from packrat_daemon.startup import Started, distribution_for
+from packrat_daemon.wire.errors import PolicyError
 from packrat_daemon.wiring import assemble, splitter_for
 from policies.base import Plan, Policy
 from policies.planning.cores import CoreAllocator
@@ -335,23 +335,17 @@ class Daemon:
         return choice
 
     def _reload(self) -> None:
-        """SIGHUP: re-read the configuration and profile, re-plan, apply the live settings (packrat_daemon.reload);
-        if the new configuration cannot be planned, keep serving as before."""
-        sd_notify(reloading())
-        try:
-            fresh = self.reload_config() if self.reload_config else self.config
-            new = replan(self.config, fresh, self.info.runtime, self.profile, self.topology)
-        except PackratError as exc:
-            log.error("reload failed, still serving the current plan: %s", exc)
-            sd_notify(READY)
-            return
-        old, self.config, self.policy, self.profile = self.config, new.config, new.policy, new.profile
-        owners = reload.Owners(self.batcher, self.dispatcher, self.watchdog, self.metrics, self.profiles)
-        reload.apply(old, new.config, owners)  # each changed live setting to the object that uses it, logged
-        log.info("reload: plan %s — %s", new.plan.describe(), new.plan.reason)
-        self.switch(new.plan, "reload")
-        self.adaptation.retune(new.config, new.policy, new.profile)
-        sd_notify(READY)
+        """SIGHUP: re-read, re-check, re-plan and apply the live settings (packrat_daemon.reload); the outcome is
+        handed back here. A configuration that cannot be planned changes nothing: the daemon serves on as before."""
+
+        def hand_over(new: reload.Replanned) -> None:
+            self.config, self.policy, self.profile = new.config, new.policy, new.profile
+            self.switch(new.plan, "reload")
+            self.adaptation.retune(new.config, new.policy, new.profile)
+
+        read = self.reload_config or (lambda: self.config)
+        serving = reload.Serving(self.config, self.info.runtime, self.profile, self.topology, read, hand_over)
+        reload.reload(serving, reload.Owners(self.batcher, self.dispatcher, self.watchdog, self.metrics, self.profiles))
 
     # -- shutdown ----------------------------------------------------------------------------
     def close(self) -> None:

@@ -1,9 +1,11 @@
-"""A reload's settings (SIGHUP): the running configuration against the one just read, setting by setting.
+"""A reload (SIGHUP), in one place and in order: `reload` re-reads the configuration, re-checks it against the
+running one (`accept`), re-plans (`replan`), hands each changed live setting to the object that uses it
+(`apply`), and hands the new configuration and plan over to the daemon, which switches to the plan.
 
 Each setting declares in the table (`packrat_daemon.config`) whether a reload may change it. `accept` puts
 back the running value of each restart-only setting that changed and logs that it waits for a restart;
-`apply` hands each changed live setting to the object that uses it and logs it. The daemon calls the two
-around its re-planning (`startup.replan`), which is where the planning and adaptation settings take effect.
+`apply` hands each changed live setting to its owner (`OWNERS`) and logs it. The planning and adaptation
+settings take effect through the new plan and the tuner rebuilt from the new configuration.
 """
 
 from __future__ import annotations
@@ -15,8 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from packrat_daemon.config import RESTART_ONLY, SETTINGS, ServeConfig
 from packrat_daemon.ops.logs import setup_logging
+from packrat_daemon.ops.notify import READY, reloading, sd_notify
 from packrat_daemon.settings import toml_text
+from packrat_daemon.startup.context import distribution_for, policy_for, read_profile
 from packrat_daemon.wire.errors import PackratError
+from policies.base import Plan, Policy
+from policies.planning.profile import Profile
+from policies.planning.topology import Topology
 from workers.models.spec import EMULATED
 
 if TYPE_CHECKING:
@@ -27,6 +34,64 @@ if TYPE_CHECKING:
     from packrat_daemon.requests.dispatcher import Dispatcher
 
 log = logging.getLogger("packrat.daemon")
+
+
+@dataclass(frozen=True)
+class Replanned:
+    """A reload's outcome: the configuration in force from now on and the plan for it."""
+
+    config: ServeConfig
+    policy: Policy
+    profile: Profile | None
+    plan: Plan
+
+
+@dataclass(frozen=True)
+class Serving:
+    """The daemon's side of a reload: what it serves now, where its configuration is read from, and what takes
+    the outcome (the daemon keeps the new configuration, policy and profile, switches to the plan, rebuilds its
+    tuner)."""
+
+    config: ServeConfig
+    runtime: str
+    profile: Profile | None
+    topology: Topology
+    read_config: Callable[[], ServeConfig]
+    hand_over: Callable[[Replanned], None]
+
+
+def reload(serving: Serving, owners: Owners) -> Replanned | None:
+    """SIGHUP: re-read, re-check, re-plan, apply the live settings, hand the plan over. A configuration that
+    cannot be read or planned (PackratError) changes nothing: logged, and the daemon serves on. Returns the
+    outcome handed over, or None."""
+    sd_notify(reloading())
+    running = serving.config
+    try:
+        fresh = serving.read_config()
+        new = replan(running, fresh, serving.runtime, serving.profile, serving.topology)  # accept(), then plan
+    except PackratError as exc:
+        log.error("reload failed, still serving the current plan: %s", exc)
+        sd_notify(READY)
+        return None
+    apply(running, new.config, owners)  # each changed live setting to the object that uses it, logged
+    log.info("reload: plan %s — %s", new.plan.describe(), new.plan.reason)
+    serving.hand_over(new)
+    sd_notify(READY)
+    return new
+
+
+def replan(
+    running: ServeConfig, fresh: ServeConfig, runtime: str, profile: Profile | None, topology: Topology
+) -> Replanned:
+    """`fresh`, less what takes a restart (`accept`, logged), with the profile re-read and a new plan.
+
+    Raises PackratError when the new configuration cannot be planned; the caller keeps serving.
+    """
+    accept(running, fresh, runtime)
+    policy = policy_for(fresh)
+    if fresh.profile:
+        profile = read_profile(fresh.profile, runtime, profile.precision if profile is not None else "fp32")
+    return Replanned(fresh, policy, profile, policy.plan(profile, topology, distribution_for(fresh)))
 
 
 @dataclass(frozen=True)

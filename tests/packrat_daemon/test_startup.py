@@ -16,7 +16,8 @@ import pytest
 import zmq
 
 from packrat_daemon.config import ServeConfig
-from packrat_daemon.startup import read_profile, replan
+from packrat_daemon.reload import replan
+from packrat_daemon.startup import read_profile
 from packrat_daemon.wire.errors import PackratError
 from policies.planning.profile import Profile
 from policies.planning.topology import Topology
@@ -80,20 +81,20 @@ def test_auto_precision_adds_bf16_only_where_the_cpu_and_the_runtime_have_it() -
 
 
 def test_auto_on_an_onnx_file_measures_only_the_runtimes_that_load_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from packrat_daemon import startup
+    from packrat_daemon.startup import checks
 
-    monkeypatch.setattr(startup, "available_runtimes", lambda: ["torch", "onnxruntime", "openvino"])
+    monkeypatch.setattr(checks, "available_runtimes", lambda: ["torch", "onnxruntime", "openvino"])
     monkeypatch.setattr("workers.models.spec.available_runtimes", lambda: ["torch", "onnxruntime", "openvino"])
     with_units = frozenset({"amx_bf16"})
-    assert startup.candidate_pairs("auto", "fp32", with_units, model="m.onnx") == [
+    assert checks.candidate_pairs("auto", "fp32", with_units, model="m.onnx") == [
         ("onnxruntime", "fp32"), ("openvino", "fp32")
     ]  # fmt: skip
-    assert startup.candidate_pairs("auto", "auto", with_units, model="m.onnx") == [
+    assert checks.candidate_pairs("auto", "auto", with_units, model="m.onnx") == [
         ("onnxruntime", "fp32"), ("openvino", "fp32"), ("openvino", "bf16")
     ]  # fmt: skip
-    assert startup.candidate_pairs("auto", "fp32", with_units, model="builtin:tiny-mlp")[0] == ("torch", "fp32")
+    assert checks.candidate_pairs("auto", "fp32", with_units, model="builtin:tiny-mlp")[0] == ("torch", "fp32")
     with pytest.raises(PackratError, match="runtime torch cannot load m.onnx"):
-        startup.candidate_pairs("torch", "fp32", with_units, model="m.onnx")
+        checks.candidate_pairs("torch", "fp32", with_units, model="m.onnx")
 
 
 @pytest.mark.parametrize("max_rel_error", [0.001, 0.5])
@@ -347,7 +348,7 @@ def test_several_candidates_are_screened_at_one_cell_and_one_far_behind_is_never
     from packrat_daemon.measure import emulation
     from packrat_daemon.measure.profiling import ProfileFile
     from packrat_daemon.ops.state import StateKeeper
-    from packrat_daemon.startup import policy_for, prepare_candidates
+    from packrat_daemon.startup import StartContext, policy_for, prepare_candidates
 
     config = ServeConfig(model="builtin:tiny-mlp", max_batch=4, batches=[1, 4], split_check_rounds=0)
     topology = emulation.topology(config)
@@ -357,11 +358,17 @@ def test_several_candidates_are_screened_at_one_cell_and_one_far_behind_is_never
     context = zmq.Context()
     try:
         with caplog.at_level(logging.INFO, logger="packrat.daemon"):
+            ctx = StartContext(config, context, topology, policy_for(config), ProfileFile(None), StateKeeper(None),
+                               lambda: False)  # fmt: skip
             candidates = prepare_candidates(
-                [("torch", "fp32"), ("onnxruntime", "fp32")], config, topology, context, policy_for(config),
-                ProfileFile(None), True, lambda: False, None, StateKeeper(None), refused, screened,
-                decided=decided.append, margin=0.5,
-            )  # fmt: skip
+                ctx,
+                [("torch", "fp32"), ("onnxruntime", "fp32")],
+                True,
+                refused,
+                screened,
+                decided=decided.append,
+                margin=0.5,
+            )
         try:
             (profiled,) = candidates
             (left,) = screened
