@@ -1,15 +1,15 @@
 """The coordinator's loop: look at every daemon, give back the share of one that returned, plan the models
 jointly, and move cores when the move pays (hysteresis), shrinking before growing.
 
-Each look asks every daemon for its demand (`{"op": "demand"}` on its control socket: profile, live batch
-sizes, the inputs queued since start and the queue now, the CPUs it holds); the rate each model is planned
-for and the rule that moves cores are `packrat_daemon.coordinate.watch`'s, the simulation's own. A daemon
-that does not answer is down: it is skipped, its share stays reserved for it, and no core moves while it is
-away (its cores are neither planned for nor given away). When it answers again it is told its share at
-once. Cores move only when every daemon is up with a profile and the watch says so (a model's queue
-backlogged on its share, or a predicted gain worth a move); each daemon is then told its new CPUs and plan
-(`{"op": "assign"}`) in `shares.move_order`: one that loses cores finishes its switch (its reply comes once
-no worker of it is left on a CPU it gave away) before one that gains them is told.
+What one look does is the co-location loop's core (packrat_daemon.coordinate.core.LookCore, which its
+simulation ticks too); this module drives it every interval on the monotonic clock, with the daemons over
+their control sockets (packrat_daemon.coordinate.links.ControlDaemons), and writes the status file after each
+look. The rate each model is planned for and the rule that moves cores are `packrat_daemon.coordinate.watch`'s,
+the simulation's own. A daemon that does not answer is down: it is skipped, its share stays reserved for it,
+and no core moves while it is away. When it answers again it is told its share at once. Cores move only when
+every daemon is up with a profile and the watch says so (a model's queue backlogged on its share, or a
+predicted gain worth a move); each daemon is then told its new CPUs and plan (`{"op": "assign"}`) in
+`shares.move_order`: one that loses cores finishes its switch before one that gains them is told.
 The coordinator never stops because a daemon is gone: every control error is logged and the next look retries.
 """
 
@@ -17,95 +17,25 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from packrat_daemon.control.server import request as control_request
-from packrat_daemon.coordinate.shares import CoordinateError, cores_of, divide, even_split, move_order
-from packrat_daemon.coordinate.watch import Decision, Reading, Watch, WatchSettings
-from packrat_daemon.wire.errors import ConfigError, PackratError, PolicyError, TopologyError
-from policies.base import Plan
-from policies.colocation import JointPlan, ModelDemand, evaluate, plan_jointly
-from policies.planning.distribution import BatchDistribution
-from policies.planning.profile import Profile
+from packrat_daemon.coordinate.core import LookCore
+from packrat_daemon.coordinate.links import ControlDaemons, Link, Move, Request, describe
+from packrat_daemon.coordinate.shares import cores_of
+from packrat_daemon.coordinate.strategies import Strategy
+from packrat_daemon.coordinate.watch import Watch, WatchSettings
+from policies.colocation import JointPlan
 from policies.planning.topology import Topology, format_cpulist
 
 log = logging.getLogger("packrat.coordinate")
 
-MOVES_KEPT = 50  # moves listed in the status file
-LOOK_TIMEOUT_S = 2.0  # the least a look waits for a daemon's demand before it counts as down
-Request = Callable[[str, dict[str, Any], float], dict[str, Any]]
-# What a daemon answers when it refuses an assign; any other error (silence above all) means it is down.
-_REFUSALS = (PolicyError, TopologyError, ConfigError)
-
-
-@dataclass
-class Link:
-    """One daemon as the coordinator sees it."""
-
-    name: str
-    endpoint: str  # its control socket
-    target_ms: float | None = None
-    up: bool = False
-    answered: bool = False  # it has answered at least once
-    holds: frozenset[int] = frozenset()  # the CPUs it may still have workers on (its share, plus any left)
-    demand: dict[str, Any] | None = None  # its last demand reply
-    error: str | None = None  # why the last request failed
-    returned: bool = False  # it answered after being down (or for the first time): tell it its share
-
-    def to_json(self, share: frozenset[int], offered: float | None = None) -> dict[str, Any]:
-        demand = self.demand or {}
-        return {
-            "name": self.name,
-            "control": self.endpoint,
-            "up": self.up,
-            "cpus": format_cpulist(share),
-            "cores_assigned": None if not demand else (demand.get("share") or {}).get("cores"),
-            "holds": format_cpulist(self.holds) if self.holds else None,
-            "model": demand.get("model"),
-            "batches_per_s": demand.get("batches_per_s"),
-            "inputs_per_s": demand.get("inputs_per_s"),
-            "offered_inputs_per_s": offered,  # the watch's rate of arrivals (what the joint plan is planned for)
-            "queued_inputs": demand.get("queued_inputs"),
-            "has_profile": demand.get("profile") is not None if demand else None,
-            "error": self.error,
-        }
-
-
-@dataclass
-class Move:
-    """One move of cores: the split before and after, the joint plan's prediction, and each daemon's switch."""
-
-    wall: float
-    reason: str
-    before: dict[str, str]  # model -> cpulist
-    after: dict[str, str]
-    predicted_ms: tuple[float | None, float | None]  # the joint plan's mean sojourn before and after
-    steps: list[dict[str, Any]] = field(default_factory=list)  # each assign in order: model, seconds, ok, error
-
-    @property
-    def gain(self) -> float | None:
-        before, after = self.predicted_ms
-        if before is None or after is None or before <= 0:
-            return None
-        return 1.0 - after / before
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "time": self.wall,
-            "reason": self.reason,
-            "from": self.before,
-            "to": self.after,
-            "predicted_ms": list(self.predicted_ms),
-            "predicted_gain": self.gain,
-            "steps": self.steps,
-        }
+__all__ = ["Coordinator", "Link", "Move"]
 
 
 class Coordinator:
@@ -121,28 +51,47 @@ class Coordinator:
         watch: WatchSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.links = list(links)
-        self.by_name = {link.name: link for link in self.links}
         self.topology = topology
         self.cores = cores_of(topology)
         self.interval_s, self.min_gain, self.timeout_s = interval_s, min_gain, timeout_s
         self.status_path = status_path
-        self.request = request
         self.clock = clock
-        self.watch = Watch([link.name for link in self.links], watch or WatchSettings(min_gain=min_gain))
-        self.split = even_split(len(self.cores), len(self.links))
-        self.shares = self._shares(self.split)
-        self.first = dict(self.shares)  # the even division: what each daemon's own --cpus should say
-        self.plans: dict[str, Plan | None] = {link.name: None for link in self.links}
-        self.joint: JointPlan | None = None
-        self.declined = ""  # why the last look did not move cores
-        self.moves: deque[Move] = deque(maxlen=MOVES_KEPT)
-        self.looks = 0
-        self._profiles: dict[str, tuple[str, Profile]] = {}
+        self.daemons = ControlDaemons(links, self.cores, interval_s, timeout_s, request, clock)
+        settings = watch or WatchSettings(min_gain=min_gain)
+        self.core = LookCore(self.daemons, Strategy("joint", len(self.cores)), settings, clock)
         log.info(
             "coordinating %d models on %d cores (%s): %s",
-            len(self.links), len(self.cores), topology.describe(), self._describe(self.shares),
+            len(self.links), len(self.cores), topology.describe(), describe(self.daemons.shares),
         )  # fmt: skip
+
+    # What the status file shows, and the tests read: the daemons' books and the core's.
+    @property
+    def links(self) -> list[Link]:
+        return self.daemons.links
+
+    @property
+    def split(self) -> tuple[int, ...]:
+        return tuple(self.daemons.split)
+
+    @property
+    def moves(self) -> deque[Move]:
+        return self.daemons.moves
+
+    @property
+    def declined(self) -> str:
+        return self.daemons.declined
+
+    @property
+    def watch(self) -> Watch:
+        return self.core.watch
+
+    @property
+    def joint(self) -> JointPlan | None:
+        return self.core.joint
+
+    @property
+    def looks(self) -> int:
+        return self.core.looks
 
     # -- the loop -------------------------------------------------------------------------------
     def run(self, stopping: Callable[[], bool]) -> None:
@@ -154,200 +103,14 @@ class Coordinator:
                 time.sleep(min(0.1, self.interval_s))
 
     def tick(self) -> None:
-        """One look: every daemon's demand, shares given back, the joint plan, a move if it pays."""
-        self.looks += 1
-        for link in self.links:
-            self._look(link)
-        returned = [link.name for link in self.links if link.up and link.returned]
-        if returned:
-            self._assign(returned, {name: self.shares[name] for name in returned}, "its share", None)
-        self._plan()
+        """One look (coordinate.core's phases: every daemon's demand, shares given back, the joint plan, a move
+        if it pays), then the status file."""
+        self.core.tick()
         self.write_status()
-
-    def _look(self, link: Link) -> None:
-        try:
-            # A loaded machine may keep a live daemon's loop from answering for a second; two is not yet a flap.
-            reply = self.request(
-                link.endpoint, {"op": "demand"}, min(self.timeout_s, max(LOOK_TIMEOUT_S, self.interval_s))
-            )
-        except PackratError as exc:
-            if link.up or (not link.answered and link.error is None):  # once, when it goes (or is never) up
-                log.warning("%s is down (%s); its share %s stays reserved for it", link.name, exc,
-                            format_cpulist(self.shares[link.name]))  # fmt: skip
-            link.up, link.error = False, str(exc)
-            link.holds = link.holds or self.shares[link.name]
-            self.watch.forget(link.name)
-            return
-        demand = reply["demand"]
-        share = frozenset(int(cpu) for cpu in demand["share"]["cpu_ids"])
-        if not link.up:
-            link.returned = True  # back (or here for the first time): it starts on its --cpus, not its share
-            log.info("%s is up on CPUs %s", link.name, format_cpulist(share))
-        elif share != self.shares[link.name]:
-            # Up at every look, yet not on its share: it restarted between two looks, on its --cpus.
-            link.returned = True
-            log.warning("%s serves on CPUs %s, not its share %s (restarted?); telling it its share", link.name,
-                        format_cpulist(share), format_cpulist(self.shares[link.name]))  # fmt: skip
-        # Its share is what it holds once its last switch has left every other CPU; until then, both.
-        link.holds = share if demand.get("vacated", True) else share | link.holds
-        link.up, link.answered, link.demand, link.error = True, True, demand, None
-        if "arrived_inputs" in demand:
-            requests = demand.get("arrived_requests")
-            reading = Reading(
-                self.clock(),
-                int(demand["arrived_inputs"]),
-                int(demand.get("queued_inputs") or 0),
-                None if requests is None else int(requests),
-            )
-            self.watch.read(link.name, reading)
-
-    # -- planning -------------------------------------------------------------------------------
-    def _plan(self) -> None:
-        down = [link.name for link in self.links if not link.up]
-        if down:
-            self._keep_free(down)
-            self.declined = f"{', '.join(down)} down: no core moves until every model is up"
-            return
-        try:
-            demands = [self._demand(link) for link in self.links]
-        except PackratError as exc:
-            self.declined = f"no joint plan: {exc}"
-            return
-        if any(demand is None for demand in demands):
-            missing = [link.name for link, demand in zip(self.links, demands, strict=True) if demand is None]
-            self.declined = f"{', '.join(missing)} serve(s) without a profile: the split stays as it is"
-            return
-        bases = [demand for demand in demands if demand is not None]
-        cores, split, now = len(self.cores), self.split, self.clock()
-        try:
-            # The simulation's estimate and rule (packrat_daemon.coordinate.watch): a backlog moves at once,
-            # else a predicted gain of min_gain, at most once per cool-down.
-            decision = self.watch.decide(
-                now,
-                bases,
-                lambda demands: plan_jointly(demands, cores),
-                lambda demands: evaluate(demands, split, total_cores=cores),
-            )
-        except PackratError as exc:
-            self.declined = f"no joint plan: {exc}"
-            log.warning("coordinator: %s", self.declined)
-            return
-        self.joint = decision.current
-        if not decision.move or decision.proposed is None or decision.current is None:
-            self.declined = _declined(decision, self.watch.settings)
-            return
-        current, proposed = decision.current, decision.proposed
-        target = self._shares(proposed.split)
-        plans = {share.name: share.plan for share in proposed.shares}
-        names = [link.name for link in self.links if target[link.name] != self.shares[link.name]]
-        predicted = (_finite(current.predicted_ms), _finite(proposed.predicted_ms))
-        reason = "joint plan" if decision.rule == "gain" else f"joint plan, {', '.join(decision.backlogged)} backlogged"
-        move = self._assign(names, {name: target[name] for name in names}, reason, predicted, plans)
-        if move is not None and all(step["ok"] for step in move.steps):
-            self.split, self.joint = proposed.split, proposed
-            self.plans.update(plans)
-            self.declined = ""
-            self.watch.moved(now, decision)
-
-    def _keep_free(self, down: Sequence[str]) -> None:
-        """A daemon that is down comes back on its own --cpus, its first share: every model up that was moved
-        onto some of those CPUs gives them up now, so that the restarted one finds them free; the down one's
-        share is its first one again, and the joint plan may move cores once it is back."""
-        taken = frozenset().union(*(self.first[name] for name in down))
-        target = {}
-        for link in self.links:
-            keep = self.shares[link.name] - taken
-            if link.up and keep != self.shares[link.name] and keep:
-                target[link.name] = keep
-        if target:
-            self._assign(list(target), target, f"{', '.join(down)} down: its first share kept free", (None, None))
-        for name in down:
-            self.shares[name] = self.first[name]
-        self.split = tuple(sum(1 for core in self.cores if set(core) & self.shares[link.name]) for link in self.links)
-
-    def _demand(self, link: Link) -> ModelDemand | None:
-        """The model's demand but its rate (the watch's, from its arrivals): profile, batch sizes, target."""
-        demand = link.demand or {}
-        if demand.get("profile") is None:
-            return None
-        text = demand["profile"]
-        if self._profiles.get(link.name, (None,))[0] != text:  # parsed once per profile, not at every look
-            self._profiles[link.name] = (text, Profile.parse_csv(text, source=f"{link.name}'s profile"))
-        profile = self._profiles[link.name][1]
-        sizes = {int(b): float(w) for b, w in demand.get("batch_sizes") or []}
-        # A model without traffic yet: its plan for one input (no arrivals: no rate, it keeps the fewest cores).
-        distribution = BatchDistribution.from_counts(sizes) if sizes else BatchDistribution.single(1)
-        return ModelDemand(link.name, profile, distribution, 0.0, link.target_ms)
-
-    # -- moving ---------------------------------------------------------------------------------
-    def _assign(
-        self,
-        names: Sequence[str],
-        target: Mapping[str, frozenset[int]],
-        reason: str,
-        predicted: tuple[float | None, float | None] | None,
-        plans: Mapping[str, Plan] | None = None,
-    ) -> Move | None:
-        """Tell `names` their `target` CPUs (and plans), shrinks first; a failure ends the move there."""
-        held = {link.name: link.holds for link in self.links}
-        try:
-            # One that already holds its target is told too (a daemon back on its --cpus: the share is now ours).
-            order = [name for name in names if held.get(name) == target[name]] + move_order(held, target)
-        except CoordinateError as exc:
-            log.error("coordinator: %s", exc)
-            self.declined = str(exc)
-            return None
-        move = None
-        if predicted is not None:
-            before = {name: format_cpulist(self.shares[name]) for name in names}
-            move = Move(time.time(), reason, before, {name: format_cpulist(target[name]) for name in names}, predicted)
-            said = (
-                ""
-                if predicted == (None, None)
-                else f"; the joint plan's mean sojourn {_ms(predicted[0])} → {_ms(predicted[1])}"
-            )
-            gain = "" if move.gain is None else f", predicted gain {move.gain:.1%}"
-            log.info(
-                "moving cores (%s): %s → %s%s%s",
-                reason, self._describe({n: self.shares[n] for n in names}), self._describe(target), said, gain,
-            )  # fmt: skip
-            self.moves.append(move)
-        for name in order:
-            link = self.by_name[name]
-            plan = None if plans is None else plans.get(name)
-            body: dict[str, Any] = {"op": "assign", "cpus": sorted(target[name]), "reason": f"coordinator: {reason}"}
-            if plan is not None:
-                body["plan"] = _compact(plan)
-            if move is not None and move.gain is not None:
-                body["gain"] = move.gain
-            started = time.monotonic()
-            try:
-                reply = self.request(link.endpoint, body, self.timeout_s)
-            except PackratError as exc:
-                # Down mid-move, or it refused: the models after it wait for the next look (what it holds is
-                # then read again), so none grows onto CPUs it may still use.
-                log.warning("coordinator: %s refused or did not answer its share %s: %s", name,
-                            format_cpulist(target[name]), exc)  # fmt: skip
-                link.error = str(exc)
-                if not isinstance(exc, _REFUSALS):
-                    link.up = False
-                if move is not None:
-                    move.steps.append({"model": name, "ok": False, "seconds": time.monotonic() - started,
-                                       "error": str(exc)})  # fmt: skip
-                return move
-            seconds = time.monotonic() - started
-            link.holds, link.returned = target[name], False
-            self.shares[name] = target[name]
-            if plan is not None:
-                self.plans[name] = plan
-            log.info("%s serves on CPUs %s (%.0f ms): %s", name, format_cpulist(target[name]), seconds * 1000,
-                     reply.get("done", ""))  # fmt: skip
-            if move is not None:
-                move.steps.append({"model": name, "ok": True, "seconds": seconds})
-        return move
 
     # -- status ---------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
+        daemons = self.daemons
         return {
             "time": time.time(),
             "pid": os.getpid(),
@@ -356,8 +119,8 @@ class Coordinator:
             "min_gain": self.min_gain,
             "watch": self.watch.settings.to_json(),
             "machine": {"cpus": format_cpulist(self.topology.cpu_ids), "cores": len(self.cores)},
-            "split": dict(zip([link.name for link in self.links], self.split, strict=True)),
-            "models": [link.to_json(self.shares[link.name], self._offered(link.name)) for link in self.links],
+            "split": dict(zip(daemons.names, self.split, strict=True)),
+            "models": [link.to_json(daemons.shares[link.name], self._offered(link)) for link in self.links],
             "joint_plan": None if self.joint is None else self.joint.to_json(),
             "declined": self.declined,
             "moves": [move.to_json() for move in self.moves],
@@ -374,51 +137,7 @@ class Coordinator:
         except OSError as exc:
             log.warning("coordinator: could not write %s: %s", self.status_path, exc)
 
-    # -- helpers --------------------------------------------------------------------------------
-    def _offered(self, name: str) -> float | None:
-        if not self.by_name[name].up:
+    def _offered(self, link: Link) -> float | None:
+        if not link.up:
             return None
-        return round(self.watch.inputs_per_s(name, self.clock(), self.watch.settings.arrivals_s), 3)
-
-    def _shares(self, split: Sequence[int]) -> dict[str, frozenset[int]]:
-        cpus = divide(self.cores, split)
-        return {link.name: frozenset(share) for link, share in zip(self.links, cpus, strict=True)}
-
-    @staticmethod
-    def _describe(shares: Mapping[str, frozenset[int]]) -> str:
-        return ", ".join(f"{name} on CPUs {format_cpulist(cpus)}" for name, cpus in shares.items())
-
-
-def _declined(decision: Decision, settings: WatchSettings) -> str:
-    """Why a look did not move cores, for the status file."""
-    current, proposed = decision.current, decision.proposed
-    if decision.backlogged:
-        waiting = ", ".join(decision.backlogged)
-        return (
-            f"{waiting} backlogged, not moved yet: a rise the other models' traffic does not mirror by a fall of "
-            f"{settings.fall_z:g}σ waits for the backlog to hold one look more (or the move gains too little)"
-        )
-    if decision.rule == "gathering":
-        return f"waiting for {settings.fast_s:g} s of every model's arrivals before planning on them"
-    if current is None or proposed is None:
-        return "the traffic has not changed enough since the last plan to plan again"
-    return (
-        f"the split {list(current.split)} is predicted at {_ms(current.predicted_ms)}, the best "
-        f"{list(proposed.split)} at {_ms(proposed.predicted_ms)}: not worth a move (min gain "
-        f"{settings.min_gain:.0%}, at most once per {settings.cooldown_s:g} s)"
-    )
-
-
-def _compact(plan: Plan) -> dict[str, Any]:
-    """The plan for an assign request: Plan.to_json without its reason's prose (the request is bounded)."""
-    body = plan.to_json()
-    body["reason"] = "the coordinator's joint plan"
-    return body
-
-
-def _finite(value: float) -> float | None:
-    return None if math.isinf(value) or math.isnan(value) else value
-
-
-def _ms(value: float | None) -> str:
-    return "saturated" if value is None or math.isinf(value) else f"{value:.3g} ms"
+        return round(self.watch.inputs_per_s(link.name, self.clock(), self.watch.settings.arrivals_s), 3)

@@ -11,19 +11,12 @@ from types import ModuleType
 import pytest
 
 from packrat_daemon.config import ServeConfig
+from packrat_daemon.coordinate.strategies import even_counts, proportional_split
 from packrat_daemon.load.arrivals import BatchMix
 from packrat_daemon.measure.emulation import Interference
 from packrat_daemon.simulate.clock import EventLoop, VirtualClock
-from packrat_daemon.simulate.colocated import (
-    CoordinatorSettings,
-    Model,
-    Phase,
-    SharedMachine,
-    even_split,
-    phased,
-    proportional_split,
-    simulate_colocated,
-)
+from packrat_daemon.simulate.colocated import CoordinatorSettings, Model, Phase, phased, simulate_colocated
+from packrat_daemon.simulate.machine import SharedMachine
 from packrat_daemon.simulate.run import Simulation, Traffic
 from packrat_daemon.simulate.service import ServiceModel
 from packrat_daemon.wire.errors import ConfigError
@@ -80,7 +73,7 @@ def test_a_batch_started_later_slows_the_first_only_while_both_run() -> None:
 
 
 def test_the_splits_of_the_baselines() -> None:
-    assert even_split(3, 16) == [6, 5, 5]
+    assert even_counts(3, 16) == [6, 5, 5]
     assert proportional_split([3.0, 1.0], 16) == [12, 4]
     assert proportional_split([1.0, 0.0, 0.0], 8, min_cores=2) == [4, 2, 2]
     assert proportional_split([0.0, 0.0], 7) == [4, 3]
