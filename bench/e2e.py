@@ -28,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -97,10 +98,11 @@ def pss(pids: list[int]) -> int:
 
 
 # -- the ResNet-50 comparison ---------------------------------------------------------------------
-def resnet(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
-    cores = sorted(os.sched_getaffinity(0))
+def _start_daemons(
+    args: argparse.Namespace, folder: Path, common: list[str]
+) -> tuple[dict[str, Daemon], dict[int, Daemon]]:
+    """The daemons compared, by name, and the `packrat` daemon planned for each batch size; all serving."""
     profile = folder / "resnet50.csv"
-    common = ["--model", MODEL, "--max-batch", str(max(args.batches)), "--max-delay-ms", "0"]
     plan_for = ["--batches", ",".join(map(str, args.batches))]
     print("starting the packrat daemon (it profiles what it needs first) ...", file=sys.stderr)
     # "packrat_mixed" plans one pool for the whole set of batch sizes (each batch split exactly on it);
@@ -127,13 +129,87 @@ def resnet(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
                                               "--allocator", allocator])  # fmt: skip
     for daemon in [*daemons.values(), *per_batch.values()]:
         daemon.wait()
+    return daemons, per_batch
+
+
+def _interleaved(
+    args: argparse.Namespace, names: list[str], measure: Callable[[str, int], float]
+) -> dict[str, dict[int, list[float]]]:
+    """Each configuration's latencies (ms) per batch size: warm-up rounds, then rounds in a shuffled order."""
+    samples: dict[str, dict[int, list[float]]] = {name: {b: [] for b in args.batches} for name in names}
+    names = list(names)
+    for _ in range(args.warmup):
+        for batch in args.batches:
+            for name in names:
+                measure(name, batch)
+    rng = random.Random(0)
+    for round_index in range(args.rounds):
+        for batch in args.batches:
+            rng.shuffle(names)
+            for name in names:
+                time.sleep(SETTLE_S)  # the previous configuration's spinning pool threads park first
+                samples[name][batch].append(measure(name, batch) * 1000.0)
+        print(f"round {round_index + 1}/{args.rounds} done", file=sys.stderr)
+    return samples
+
+
+def _ratios(args: argparse.Namespace, medians: dict[str, dict[int, float]]) -> dict[int, dict[str, float]]:
+    """Per batch size, the ratios the targets are stated in."""
+    ratios = {}
+    for b in args.batches:
+        ceiling_speedup = medians["direct"][b] / medians["ceiling"][b]
+        packrat_speedup = medians["single"][b] / medians["packrat"][b]
+        ratios[b] = {
+            "ceiling_speedup_over_direct": ceiling_speedup,
+            "packrat_speedup_over_single": packrat_speedup,
+            "packrat_speedup_vs_ceiling_speedup": packrat_speedup / ceiling_speedup,
+            "single_daemon_overhead_over_direct": medians["single"][b] / medians["direct"][b] - 1.0,
+            "torchserve_over_single": medians["torchserve"][b] / medians["single"][b],
+            "packrat_mixed_speedup_over_single": medians["single"][b] / medians["packrat_mixed"][b],
+            "noise_single_again_over_single": medians["single_again"][b] / medians["single"][b],
+        }
+        for allocator in args.allocators:
+            ratios[b][f"packrat_{allocator}_over_packrat_system"] = (
+                medians[f"packrat+{allocator}"][b] / medians["packrat_mixed"][b]
+            )
+    return ratios
+
+
+def _memory(folder: Path, common: list[str], batch: Any, ceiling: list[Runner]) -> dict[str, Any]:
+    """PSS of two forked workers (with their template) against the two independently loaded ceiling runners."""
+    # Two forked workers whatever the plans above chose: a fixed 2×1 pool, measured after the runs
+    # (each worker has run the model, so its activations and allocator state are in the numbers).
+    pair = Daemon("memory", folder, [*common, "--policy", "fixed", "--plan", "2*1x8"])
+    pair_info = pair.wait()
+    pair.client.infer(batch)
+    forked = [w["pid"] for w in pair_info["workers"]]
+    template = pair_info.get("template_pid")
+    independent = [runner.pid for runner in ceiling]
+    parameter_bytes = 25_557_032 * 4
+    forked_total = pss(forked + ([template] if template else []))
+    independent_total = pss(independent)
+    memory = {
+        "forked_workers": len(forked),
+        "pss_forked_workers_mb": pss(forked) / 2**20,
+        "pss_forked_workers_plus_template_mb": forked_total / 2**20,
+        "pss_independent_mb": independent_total / 2**20,
+        "parameter_mb_per_copy": parameter_bytes / 2**20,
+        "saved_fraction_of_duplicate_parameters": (independent_total - forked_total)
+        / ((len(forked) - 1) * parameter_bytes)
+        if len(forked) > 1
+        else None,
+    }
+    pair.close()
+    return memory
+
+
+def resnet(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    cores = sorted(os.sched_getaffinity(0))
+    common = ["--model", MODEL, "--max-batch", str(max(args.batches)), "--max-delay-ms", "0"]
+    daemons, per_batch = _start_daemons(args, folder, common)
     print("starting direct and ceiling runners ...", file=sys.stderr)
     direct = Runner(MODEL, len(cores), None)
     ceiling = [Runner(MODEL, 1, [core]) for core in cores[:2]]
-
-    samples: dict[str, dict[int, list[float]]] = {
-        name: {b: [] for b in args.batches} for name in ["direct", "ceiling", "packrat", *daemons]
-    }
     inputs = {b: np.random.default_rng(b).standard_normal((b, 3, 224, 224), dtype=np.float32) for b in args.batches}
 
     def measure(name: str, batch: int) -> float:
@@ -152,63 +228,10 @@ def resnet(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         client.infer(inputs[batch])
         return time.perf_counter() - start
 
-    names = list(samples)
-    for _ in range(args.warmup):
-        for batch in args.batches:
-            for name in names:
-                measure(name, batch)
-    rng = random.Random(0)
-    for round_index in range(args.rounds):
-        for batch in args.batches:
-            rng.shuffle(names)
-            for name in names:
-                time.sleep(SETTLE_S)  # the previous configuration's spinning pool threads park first
-                samples[name][batch].append(measure(name, batch) * 1000.0)
-        print(f"round {round_index + 1}/{args.rounds} done", file=sys.stderr)
-
+    samples = _interleaved(args, ["direct", "ceiling", "packrat", *daemons], measure)
     medians = {name: {b: statistics.median(v) for b, v in per.items()} for name, per in samples.items()}
-    ratios = {}
-    for b in args.batches:
-        ceiling_speedup = medians["direct"][b] / medians["ceiling"][b]
-        packrat_speedup = medians["single"][b] / medians["packrat"][b]
-        ratios[b] = {
-            "ceiling_speedup_over_direct": ceiling_speedup,
-            "packrat_speedup_over_single": packrat_speedup,
-            "packrat_speedup_vs_ceiling_speedup": packrat_speedup / ceiling_speedup,
-            "single_daemon_overhead_over_direct": medians["single"][b] / medians["direct"][b] - 1.0,
-            "torchserve_over_single": medians["torchserve"][b] / medians["single"][b],
-            "packrat_mixed_speedup_over_single": medians["single"][b] / medians["packrat_mixed"][b],
-            "noise_single_again_over_single": medians["single_again"][b] / medians["single"][b],
-        }
-        for allocator in args.allocators:
-            ratios[b][f"packrat_{allocator}_over_packrat_system"] = (
-                medians[f"packrat+{allocator}"][b] / medians["packrat_mixed"][b]
-            )
-    memory: dict[str, Any] = {}
-    if not args.skip_memory:
-        # Two forked workers whatever the plans above chose: a fixed 2×1 pool, measured after the runs
-        # (each worker has run the model, so its activations and allocator state are in the numbers).
-        pair = Daemon("memory", folder, [*common, "--policy", "fixed", "--plan", "2*1x8"])
-        pair_info = pair.wait()
-        pair.client.infer(inputs[max(args.batches)])
-        forked = [w["pid"] for w in pair_info["workers"]]
-        template = pair_info.get("template_pid")
-        independent = [runner.pid for runner in ceiling]
-        parameter_bytes = 25_557_032 * 4
-        forked_total = pss(forked + ([template] if template else []))
-        independent_total = pss(independent)
-        memory = {
-            "forked_workers": len(forked),
-            "pss_forked_workers_mb": pss(forked) / 2**20,
-            "pss_forked_workers_plus_template_mb": forked_total / 2**20,
-            "pss_independent_mb": independent_total / 2**20,
-            "parameter_mb_per_copy": parameter_bytes / 2**20,
-            "saved_fraction_of_duplicate_parameters": (independent_total - forked_total)
-            / ((len(forked) - 1) * parameter_bytes)
-            if len(forked) > 1
-            else None,
-        }
-        pair.close()
+    ratios = _ratios(args, medians)
+    memory = {} if args.skip_memory else _memory(folder, common, inputs[max(args.batches)], ceiling)
     direct.close()
     for runner in ceiling:
         runner.close()

@@ -119,7 +119,8 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
+    """The command line; SETTINGS cut down to the settings chosen."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", default="4,16")
     for flag, kind, default in (("--rounds", int, 10), ("--idle", float, 0.5), ("--copies", int, 2)):
@@ -134,11 +135,13 @@ def main() -> None:
     for name in list(SETTINGS):
         if name not in chosen:
             del SETTINGS[name]
-    batches = [int(b) for b in args.batches.split(",")]
-    copies = range(args.copies)
-    runners = {f"{name}#{copy}": start(batches, setting) for name, setting in SETTINGS.items() for copy in copies}
-    for conn, _ in runners.values():
-        conn.recv()
+    return args
+
+
+def _rounds(
+    args: argparse.Namespace, batches: list[int], runners: dict[str, Any]
+) -> tuple[dict[str, dict[int, list[float]]], dict[str, dict[int, int]]]:
+    """Each runner's call times (ms) per batch size, and its page faults in the last call, over the rounds."""
     times: dict[str, dict[int, list[float]]] = {name: {b: [] for b in batches} for name in runners}
     faults: dict[str, dict[int, int]] = {name: {} for name in runners}
     for round_number in range(args.rounds):
@@ -150,24 +153,42 @@ def main() -> None:
                 elapsed, faulted = conn.recv()
                 times[name][batch].append(elapsed * 1000.0)
                 faults[name][batch] = faulted
+    return times, faults
+
+
+def _medians(report: dict[str, Any], times: dict[str, dict[int, list[float]]], batches: list[int]) -> None:
+    """The report's medians: each process's, each setting's (the median of its copies'), and over glibc's default."""
+    processes = report["processes"]
+    for name in times:
+        processes[name]["median_ms"] = {b: statistics.median(times[name][b]) for b in batches}
+    settings = {
+        setting: {b: statistics.median(p["median_ms"][b] for n, p in processes.items()
+                                       if n.split("#")[0] == setting) for b in batches}
+        for setting in SETTINGS
+    }  # fmt: skip
+    report["median_ms"] = settings
+    if "glibc_default" in settings:
+        default = settings["glibc_default"]
+        report["over_glibc_default"] = {s: {b: settings[s][b] / default[b] for b in batches} for s in SETTINGS}
+
+
+def main() -> None:
+    args = _arguments()
+    batches = [int(b) for b in args.batches.split(",")]
+    copies = range(args.copies)
+    runners = {f"{name}#{copy}": start(batches, setting) for name, setting in SETTINGS.items() for copy in copies}
+    for conn, _ in runners.values():
+        conn.recv()
+    times, faults = _rounds(args, batches, runners)
     processes: dict[str, dict[str, Any]] = {}
     for name, (_, pid) in runners.items():
         processes[name] = {"peak_rss_mb": peak_rss_mb(pid)}
     report: dict[str, Any] = {"model": "builtin:resnet50", "threads": 2, "idle_s": args.idle, "rounds": args.rounds,
                               "settings": SETTINGS, "processes": processes}  # fmt: skip
     if args.rounds:
+        _medians(report, times, batches)
         for name in runners:
-            processes[name]["median_ms"] = {b: statistics.median(times[name][b]) for b in batches}
             processes[name]["faults_last_call"] = faults[name]
-        settings = {
-            setting: {b: statistics.median(p["median_ms"][b] for n, p in processes.items()
-                                           if n.split("#")[0] == setting) for b in batches}
-            for setting in SETTINGS
-        }  # fmt: skip
-        report["median_ms"] = settings
-        if "glibc_default" in settings:
-            default = settings["glibc_default"]
-            report["over_glibc_default"] = {s: {b: settings[s][b] / default[b] for b in batches} for s in SETTINGS}
     if args.creep:
         print(f"creep: {args.creep} calls at random batch sizes in each process ...", file=sys.stderr, flush=True)
         report["creep_calls"] = args.creep

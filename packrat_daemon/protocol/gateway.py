@@ -115,8 +115,6 @@ def _say(status_fd: int | None, line: str) -> None:
 async def serve_gateway(options: GatewayOptions, install_signals: bool, stop: asyncio.Event | None = None) -> None:
     """Serve until `stop` is set (or, with `install_signals`, a stop signal comes), then drain and return."""
     from packrat_daemon.protocol.gateway_metrics import serve_metrics
-    from packrat_daemon.protocol.grpc.server import grpc_server, threaded_grpc_server
-    from packrat_daemon.protocol.rest import RestApp
 
     options.check()
     stop = stop or asyncio.Event()
@@ -129,43 +127,15 @@ async def serve_gateway(options: GatewayOptions, install_signals: bool, stop: as
     )
     upstream = Upstream(options.connect, keys)
     plane = DataPlane(upstream, options.model_name, options.timeout_s)
-    rest: uvicorn.Server | None = None
-    rest_task: asyncio.Task[None] | None = None
-    rpc: grpc.aio.Server | grpc.Server | None = None
-    threads: ThreadUpstreams | None = None
+    servers = _Servers()
     target = host_port(options.address, options.grpc_port)
     served = False
     try:
         # First: a taken metrics port fails before anything else binds. It stops by itself once `stop` is set.
         serve_metrics(plane.metrics, options.address, options.metrics_port, stop)
-        if options.grpc_port and options.grpc_server == "threads":
-            threads = ThreadUpstreams(options.connect, keys, upstream)
-            rpc = threaded_grpc_server(plane, threads, asyncio.get_running_loop(), options.max_request_mb << 20)
-        elif options.grpc_port:
-            rpc = grpc_server(plane, options.max_request_mb << 20)
-        if rpc is not None:
-            try:
-                if options.tls_cert:
-                    bound = rpc.add_secure_port(target, _grpc_credentials(options))
-                else:
-                    bound = rpc.add_insecure_port(target)
-            except RuntimeError:  # what grpcio raises for a port it cannot bind
-                bound = 0
-            if not bound:
-                raise ConfigError(f"cannot bind gRPC to {target}; is the port in use?")
-            if isinstance(rpc, grpc.aio.Server):
-                await rpc.start()
-            else:
-                rpc.start()
+        await servers.start_grpc(options, plane, upstream, keys, target)
         if options.http_port:
-            from packrat_daemon.protocol.http_server import rest_server
-
-            # What the server refuses before the app sees a request (a head too large, too many connections) is
-            # counted with the app's refusals.
-            refused = functools.partial(plane.metrics.refused, "rest")
-            rest = rest_server(RestApp(plane, options.limits), options, DRAIN_GRACE_S, refused)
-            # Bound here, not by uvicorn, whose failure to bind is a sys.exit: a port in use is a ConfigError.
-            rest_task = asyncio.create_task(rest.serve(sockets=[_bound(options.address, options.http_port)]))
+            servers.start_rest(options, plane)
         log.info(
             "Open Inference Protocol for %s: %s%s (%s)",
             options.connect,
@@ -173,37 +143,98 @@ async def serve_gateway(options: GatewayOptions, install_signals: bool, stop: as
             f"{' and ' if options.http_port else ''}gRPC on {target}" if options.grpc_port else "",
             options.describe(),
         )
-        if rest is not None and rest_task is not None:
-            await _rest_started(rest, rest_task)
+        if servers.rest is not None and servers.rest_task is not None:
+            await _rest_started(servers.rest, servers.rest_task)
         _say(options.status_fd, "serving")
         served = True
-        warm_up = asyncio.create_task(_warm_up(plane, stop))
-        stopped = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait([stopped, *filter(None, [rest_task])], return_when=asyncio.FIRST_COMPLETED)
-        warm_up.cancel()
-        stopped.cancel()
-        if rest_task in done:
-            rest_task.result()  # uvicorn ended by itself: it could not bind (it says why), and this raises
-            raise RuntimeError("the REST server stopped by itself")  # the daemon starts the gateway again
+        await _serve_until(plane, stop, servers.rest_task)
     finally:
         plane.draining = True  # not ready from now on; new inferences are refused, those in flight go on
         if served:
             _say(options.status_fd, "draining")
             await _drain(plane)
-        if rest is not None:
-            rest.should_exit = True
-        if isinstance(rpc, grpc.aio.Server):
-            await rpc.stop(DRAIN_GRACE_S)
-        elif rpc is not None:  # its handlers block their threads, not the loop, which answers their other calls
-            stopped_event = rpc.stop(DRAIN_GRACE_S)
-            await asyncio.get_running_loop().run_in_executor(None, stopped_event.wait)
-        if threads is not None:
-            threads.close()
-        if rest_task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await rest_task
+        await servers.stop()
         upstream.close()
         log.info("Open Inference Protocol gateway stopped")
+
+
+@dataclass
+class _Servers:
+    """The gateway's REST and gRPC servers, each once it is made, so that whatever was made is stopped."""
+
+    rest: uvicorn.Server | None = None
+    rest_task: asyncio.Task[None] | None = None
+    rpc: grpc.aio.Server | grpc.Server | None = None
+    threads: ThreadUpstreams | None = None
+
+    async def start_grpc(
+        self, options: GatewayOptions, plane: DataPlane, upstream: Upstream, keys: ClientKeys | None, target: str
+    ) -> None:
+        """The gRPC server of `options.grpc_server`'s kind bound to `target` and started; none without a gRPC port."""
+        from packrat_daemon.protocol.grpc.server import grpc_server, threaded_grpc_server
+
+        if options.grpc_port and options.grpc_server == "threads":
+            self.threads = ThreadUpstreams(options.connect, keys, upstream)
+            self.rpc = threaded_grpc_server(
+                plane, self.threads, asyncio.get_running_loop(), options.max_request_mb << 20
+            )
+        elif options.grpc_port:
+            self.rpc = grpc_server(plane, options.max_request_mb << 20)
+        rpc = self.rpc
+        if rpc is None:
+            return
+        try:
+            if options.tls_cert:
+                bound = rpc.add_secure_port(target, _grpc_credentials(options))
+            else:
+                bound = rpc.add_insecure_port(target)
+        except RuntimeError:  # what grpcio raises for a port it cannot bind
+            bound = 0
+        if not bound:
+            raise ConfigError(f"cannot bind gRPC to {target}; is the port in use?")
+        if isinstance(rpc, grpc.aio.Server):
+            await rpc.start()
+        else:
+            rpc.start()
+
+    def start_rest(self, options: GatewayOptions, plane: DataPlane) -> None:
+        """The REST server bound to its port, its serving started as a task."""
+        from packrat_daemon.protocol.http_server import rest_server
+        from packrat_daemon.protocol.rest import RestApp
+
+        # What the server refuses before the app sees a request (a head too large, too many connections) is
+        # counted with the app's refusals.
+        refused = functools.partial(plane.metrics.refused, "rest")
+        self.rest = rest_server(RestApp(plane, options.limits), options, DRAIN_GRACE_S, refused)
+        # Bound here, not by uvicorn, whose failure to bind is a sys.exit: a port in use is a ConfigError.
+        self.rest_task = asyncio.create_task(self.rest.serve(sockets=[_bound(options.address, options.http_port)]))
+
+    async def stop(self) -> None:
+        """Each server stopped, those in flight given DRAIN_GRACE_S."""
+        if self.rest is not None:
+            self.rest.should_exit = True
+        if isinstance(self.rpc, grpc.aio.Server):
+            await self.rpc.stop(DRAIN_GRACE_S)
+        elif self.rpc is not None:  # its handlers block their threads, not the loop, which answers their other calls
+            stopped_event = self.rpc.stop(DRAIN_GRACE_S)
+            await asyncio.get_running_loop().run_in_executor(None, stopped_event.wait)
+        if self.threads is not None:
+            self.threads.close()
+        if self.rest_task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.rest_task
+
+
+async def _serve_until(plane: DataPlane, stop: asyncio.Event, rest_task: asyncio.Task[None] | None) -> None:
+    """Serve until `stop` is set, warming up meanwhile; RuntimeError if the REST server ends by itself first."""
+    warm_up = asyncio.create_task(_warm_up(plane, stop))
+    stopped = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait([stopped, *filter(None, [rest_task])], return_when=asyncio.FIRST_COMPLETED)
+    warm_up.cancel()
+    stopped.cancel()
+    if rest_task is not None and rest_task in done:
+        rest_task.result()  # uvicorn ended by itself: it could not bind (it says why), and this raises
+        raise RuntimeError("the REST server stopped by itself")  # the daemon starts the gateway again
 
 
 async def _rest_started(rest: uvicorn.Server, task: asyncio.Task[None]) -> None:

@@ -228,16 +228,34 @@ def parse_infer_request(
     parameters = _parameters(request, "the request")
     if "classification" in parameters:
         raise OipError(Status.UNIMPLEMENTED, "the classification extension is not served by Packrat")
-    timeout = parameters.get("timeout")
-    timeout_s = None if timeout is None else _positive(timeout, "parameter 'timeout' (microseconds)") / 1e6
-    if timeout is not None and timeout > MAX_TIMEOUT_US:  # named here: the daemon would name its own timeout_ms
+    timeout_s = _timeout_s(parameters.get("timeout"))
+    raw_inputs = request.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise OipError(Status.INVALID_ARGUMENT, "the request needs 'inputs': a list of tensors")
+    inputs = _inputs(raw_inputs, binary, spec)
+    binary_outputs = parameters.get("binary_data_output") is True
+    if request.get("outputs") is None:
+        return inputs, None, binary_outputs, timeout_s
+    outputs, chosen = _outputs(request["outputs"], binary_outputs)
+    return inputs, outputs, chosen, timeout_s
+
+
+def _timeout_s(timeout: Any) -> float | None:
+    """The request's 'timeout' parameter (microseconds) in seconds; None without one."""
+    if timeout is None:
+        return None
+    timeout_s = _positive(timeout, "parameter 'timeout' (microseconds)") / 1e6
+    if timeout > MAX_TIMEOUT_US:  # named here: the daemon would name its own timeout_ms
         raise OipError(
             Status.INVALID_ARGUMENT,
             f"parameter 'timeout' is at most {MAX_TIMEOUT_US} microseconds (about 24.8 days), got {timeout}",
         )
-    raw_inputs = request.get("inputs")
-    if not isinstance(raw_inputs, list) or not raw_inputs:
-        raise OipError(Status.INVALID_ARGUMENT, "the request needs 'inputs': a list of tensors")
+    return timeout_s
+
+
+def _inputs(raw_inputs: list[Any], binary: memoryview, spec: ModelSpec | None) -> list[InferInput]:
+    """The request's input tensors, each decoded from its JSON 'data' or its part of the binary data, which they must
+    claim to its last byte."""
     inputs, offset = [], 0
     for tensor in raw_inputs:
         if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):
@@ -269,23 +287,25 @@ def parse_infer_request(
         raise OipError(
             Status.INVALID_ARGUMENT, f"{len(binary) - offset} bytes of binary data are not claimed by any input"
         )
-    binary_outputs: set[str] | bool = parameters.get("binary_data_output") is True
-    outputs = None
-    if request.get("outputs") is not None:
-        if not isinstance(request["outputs"], list):
-            raise OipError(Status.INVALID_ARGUMENT, "'outputs' must be a list of {'name': ...} objects")
-        outputs, chosen = [], set()
-        for output in request["outputs"]:
-            if not isinstance(output, dict) or not isinstance(output.get("name"), str):
-                raise OipError(Status.INVALID_ARGUMENT, "each requested output must be an object with a 'name'")
-            output_parameters = _parameters(output, f"output '{output['name']}'")
-            if "classification" in output_parameters:
-                raise OipError(Status.UNIMPLEMENTED, "the classification extension is not served by Packrat")
-            if output_parameters.get("binary_data", binary_outputs is True) is True:
-                chosen.add(output["name"])
-            outputs.append(output["name"])
-        binary_outputs = chosen
-    return inputs, outputs, binary_outputs, timeout_s
+    return inputs
+
+
+def _outputs(raw_outputs: Any, binary_outputs: bool) -> tuple[list[str], set[str]]:
+    """(the outputs asked for by name, those of them that go binary: each output's binary_data, else the request's
+    binary_data_output)."""
+    if not isinstance(raw_outputs, list):
+        raise OipError(Status.INVALID_ARGUMENT, "'outputs' must be a list of {'name': ...} objects")
+    outputs, chosen = [], set()
+    for output in raw_outputs:
+        if not isinstance(output, dict) or not isinstance(output.get("name"), str):
+            raise OipError(Status.INVALID_ARGUMENT, "each requested output must be an object with a 'name'")
+        output_parameters = _parameters(output, f"output '{output['name']}'")
+        if "classification" in output_parameters:
+            raise OipError(Status.UNIMPLEMENTED, "the classification extension is not served by Packrat")
+        if output_parameters.get("binary_data", binary_outputs) is True:
+            chosen.add(output["name"])
+        outputs.append(output["name"])
+    return outputs, chosen
 
 
 def encode_infer_response(

@@ -165,39 +165,10 @@ def load_model(spec: str, input_override: str | None = None) -> LoadedModel:
     """
     torch.manual_seed(SEED)
     override = InputSpec.parse(input_override) if input_override else None
-    channels_last = False
     notes: list[str | None] = []
     kind = model_kind(spec)  # ModelSpecError, listing the kinds, for none of them
-    input_spec: InputSpec | None
-    if kind == BUILTIN:
-        name = spec.removeprefix("builtin:")
-        if name not in BUILTINS:
-            raise ModelSpecError(f"unknown built-in model {name!r}; choose one of: {', '.join(BUILTINS)}")
-        module, input_spec, channels_last = BUILTINS[name]()
-    elif kind == ONNX_FILE:
-        raise ModelSpecError(
-            f"PyTorch cannot run the ONNX file {spec}: serve it with --runtime onnxruntime, openvino or auto"
-        )
-    elif kind == EXPORTED:
-        module, input_spec = _load_exported(spec)
-    elif kind == TORCHSCRIPT:
-        module, input_spec = _load_torchscript(spec)
-    elif kind == HUGGING_FACE:
-        from workers.models.huggingface import load_folder
-
-        module, input_spec = load_folder(spec)
-    else:
-        module, input_spec = _load_function(spec)
-    if override is not None and input_spec is not None and input_spec.records:
-        input_spec = _override_all(spec, input_spec, override)
-    else:
-        same_ids = override is not None and input_spec is not None and override.dtype == input_spec.dtype
-        if override is not None and input_spec is not None and override.high is None and same_ids:
-            override = dataclasses.replace(override, high=input_spec.high)  # a longer sequence of the same ids
-        if override is not None and input_spec is not None and input_spec.inputs:  # keep the input's name
-            named = TensorSpec(input_spec.inputs[0].name, override.dtype, override.shape, override.high)
-            override = InputSpec.of([named])
-        input_spec = override or input_spec
+    module, input_spec, channels_last = _build(spec, kind)
+    input_spec = _with_override(spec, input_spec, override)
     if input_spec is None:
         raise ModelSpecError(f"model {spec!r} does not declare its input; pass --input DTYPE:D1xD2..., e.g. float32:16")
     if isinstance(module, nn.Module):
@@ -216,6 +187,42 @@ def load_model(spec: str, input_override: str | None = None) -> LoadedModel:
     elif input_spec.records:
         module = Served(module, input_spec, True, None)
     return LoadedModel(spec, module, input_spec, channels_last, tuple(note for note in notes if note))
+
+
+def _build(spec: str, kind: str) -> tuple[nn.Module, InputSpec | None, bool]:
+    """The model of `kind` built or loaded, as it is: (module, the input it declares, whether channels_last helps)."""
+    if kind == BUILTIN:
+        name = spec.removeprefix("builtin:")
+        if name not in BUILTINS:
+            raise ModelSpecError(f"unknown built-in model {name!r}; choose one of: {', '.join(BUILTINS)}")
+        return BUILTINS[name]()
+    if kind == ONNX_FILE:
+        raise ModelSpecError(
+            f"PyTorch cannot run the ONNX file {spec}: serve it with --runtime onnxruntime, openvino or auto"
+        )
+    if kind == EXPORTED:
+        return (*_load_exported(spec), False)
+    if kind == TORCHSCRIPT:
+        return (*_load_torchscript(spec), False)
+    if kind == HUGGING_FACE:
+        from workers.models.huggingface import load_folder
+
+        return (*load_folder(spec), False)
+    return (*_load_function(spec), False)
+
+
+def _with_override(spec: str, input_spec: InputSpec | None, override: InputSpec | None) -> InputSpec | None:
+    """The input served: the model's own, or --input's in its place (keeping the model's input name, and its ids'
+    range for a longer sequence of the same ids)."""
+    if override is not None and input_spec is not None and input_spec.records:
+        return _override_all(spec, input_spec, override)
+    same_ids = override is not None and input_spec is not None and override.dtype == input_spec.dtype
+    if override is not None and input_spec is not None and override.high is None and same_ids:
+        override = dataclasses.replace(override, high=input_spec.high)  # a longer sequence of the same ids
+    if override is not None and input_spec is not None and input_spec.inputs:  # keep the input's name
+        named = TensorSpec(input_spec.inputs[0].name, override.dtype, override.shape, override.high)
+        override = InputSpec.of([named])
+    return override or input_spec
 
 
 def _override_all(spec: str, input_spec: InputSpec, override: InputSpec) -> InputSpec:

@@ -36,6 +36,44 @@ from packrat_daemon.wire.errors import ConfigError
 MODEL = "tiny"
 
 
+async def _serve_rest(plane: DataPlane) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
+    """A RestApp under uvicorn on a port of its own, started: the server, its task and the port."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(RestApp(plane), lifespan="off", access_log=False, log_level="warning"))
+    rest_task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        await asyncio.sleep(0.005)
+    return server, rest_task, sock.getsockname()[1]
+
+
+async def _answer(plane: DataPlane, stopping: asyncio.Event) -> None:
+    """The test's lines on standard input, until "stop" or its end."""
+    loop = asyncio.get_running_loop()
+    while True:
+        line = (await loop.run_in_executor(None, sys.stdin.readline)).split()
+        if not line or line[0] == "stop":
+            break
+        if line[0] == "draining":
+            plane.draining = line[1] == "1"
+            print("ok", flush=True)
+        elif line[0] == "serve-metrics":
+            try:
+                serve_metrics(plane.metrics, "127.0.0.1", int(line[1]), stopping)
+                print("ok", flush=True)
+            except ConfigError as exc:
+                print(f"error {exc}", flush=True)
+
+
+async def _stop_rpc(rpc: Any, threads: ThreadUpstreams | None) -> None:
+    if isinstance(rpc, grpc.aio.Server):
+        await rpc.stop(0)
+    elif rpc is not None:
+        rpc.stop(0).wait()
+    if threads is not None:
+        threads.close()
+
+
 async def main(endpoint: str, rest: bool, rpc_kind: str, metrics_port: int) -> None:
     dataplane.READY_TTL_S = 0.0
     loop = asyncio.get_running_loop()
@@ -47,13 +85,7 @@ async def main(endpoint: str, rest: bool, rpc_kind: str, metrics_port: int) -> N
     threads: ThreadUpstreams | None = None
     ports = {"http": 0, "grpc": 0}
     if rest:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.bind(("127.0.0.1", 0))
-        ports["http"] = sock.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(RestApp(plane), lifespan="off", access_log=False, log_level="warning"))
-        rest_task = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started:
-            await asyncio.sleep(0.005)
+        server, rest_task, ports["http"] = await _serve_rest(plane)
     if rpc_kind == "threads":
         threads = ThreadUpstreams(endpoint, None, upstream)
         rpc = threaded_grpc_server(plane, threads, loop, 1 << 20)
@@ -68,29 +100,12 @@ async def main(endpoint: str, rest: bool, rpc_kind: str, metrics_port: int) -> N
     while not await plane.ready():  # the model described before the first client asks, as gateway._warm_up does
         await asyncio.sleep(0.01)
     print(json.dumps(ports), flush=True)
-    while True:
-        line = (await loop.run_in_executor(None, sys.stdin.readline)).split()
-        if not line or line[0] == "stop":
-            break
-        if line[0] == "draining":
-            plane.draining = line[1] == "1"
-            print("ok", flush=True)
-        elif line[0] == "serve-metrics":
-            try:
-                serve_metrics(plane.metrics, "127.0.0.1", int(line[1]), stopping)
-                print("ok", flush=True)
-            except ConfigError as exc:
-                print(f"error {exc}", flush=True)
+    await _answer(plane, stopping)
     stopping.set()
     if server is not None:
         server.should_exit = True
         await rest_task
-    if isinstance(rpc, grpc.aio.Server):
-        await rpc.stop(0)
-    elif rpc is not None:
-        rpc.stop(0).wait()
-    if threads is not None:
-        threads.close()
+    await _stop_rpc(rpc, threads)
     if metrics_task is not None:
         await metrics_task
     upstream.close()
