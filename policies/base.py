@@ -8,8 +8,9 @@ turns a Plan into a live pool.
 from __future__ import annotations
 
 import abc
+import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Protocol, Self
 
 from policies.planning.distribution import BatchDistribution
 from policies.planning.profile import Profile
@@ -18,6 +19,8 @@ from policies.planning.topology import Topology
 # The main layout and up to two spares: each spare is another set of forked workers, so a plan from
 # outside a policy (a state file) with more is refused rather than forking them.
 MAX_LAYOUTS = 3
+MAX_INSTANCE_COUNT = 1 << 20  # threads or inputs of one instance in a plan read back: far past any machine
+SPLITS = ("exact", "even")
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,67 @@ class Plan:
             "reason": self.reason,
         }
 
+    @classmethod
+    def from_json(cls, data: Any, policy: str | None = None, reason: str = "") -> Plan:
+        """The inverse of `to_json`, every field checked: ValueError naming what is wrong (a plan read back from a
+        state file or a coordinator's assign). `policy` and `reason` stand for those keys where they are absent
+        (without `policy` the key must be there). Whether the plan fits a machine is `misfit`'s to say."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a plan is {_short(data)}, not an object")
+        predicted = data.get("predicted_latency_ms")
+        if predicted is not None and (not _is_number(predicted) or not 0 <= predicted < math.inf):
+            raise ValueError(f"its predicted_latency_ms is {_short(predicted)}, not a number of milliseconds or null")
+        oversubscribed, split = data.get("oversubscribed", False), data.get("split", "exact")
+        if not isinstance(oversubscribed, bool):
+            raise ValueError(f"its oversubscribed is {_short(oversubscribed)}, not true or false")
+        if split not in SPLITS:
+            raise ValueError(f"its split is {_short(split)}, neither 'exact' nor 'even'")
+        alternatives = data.get("alternatives", [])
+        if not isinstance(alternatives, list):
+            raise ValueError(f"its spare layouts are {_short(alternatives)}, not a list")
+        return cls(
+            instances=_layout(data.get("instances")),
+            policy=_text(data.get("policy", policy), "policy"),
+            reason=_text(data.get("reason", reason), "reason"),
+            predicted_latency_ms=None if predicted is None else float(predicted),
+            oversubscribed=oversubscribed,
+            split=split,
+            alternatives=tuple(_layout(layout) for layout in alternatives),
+        )
+
+
+def _short(value: Any) -> str:
+    """`value` for a message: a crafted plan's field may be megabytes."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"its {what} is {_short(value)}, not text")
+    return value
+
+
+def _count(item: dict[str, Any], key: str, low: int) -> int:
+    value = item.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_INSTANCE_COUNT:
+        raise ValueError(f"an instance's {key} is {_short(value)}, not an integer from {low} to {MAX_INSTANCE_COUNT}")
+    return value
+
+
+def _layout(items: Any) -> tuple[InstancePlan, ...]:
+    """A layout as `to_json` writes it: a non-empty list of {"threads": T, "batch": B}. A batch may be 0: TorchServe's
+    policy starts a worker with no share of the reference batch."""
+    if not isinstance(items, list) or not items:
+        raise ValueError(f"a layout is {_short(items)}, not a non-empty list of instances")
+    if not all(isinstance(item, dict) for item in items):
+        raise ValueError("an instance is not an object of threads and batch")
+    return tuple(InstancePlan(_count(item, "threads", 1), _count(item, "batch", 0)) for item in items)
+
 
 @dataclass(frozen=True)
 class PolicySettings:
@@ -122,6 +186,23 @@ class PolicySettings:
     plan: str | None  # --plan: the user's own pool, for the fixed policy
     min_split_gain: float  # --min-split-gain: how much faster than one instance a split must be
     max_batch: int | None = None  # --max-batch where it is known: no instance of a user's plan may take more
+
+    @classmethod
+    def from_config(cls, config: PolicyOptions) -> PolicySettings:
+        """The settings of a serve configuration (`packrat_daemon.config.ServeConfig`), or of anything that has
+        its three options (`packrat solve`'s arguments)."""
+        return cls(config.plan, config.min_split_gain, config.max_batch)
+
+
+class PolicyOptions(Protocol):
+    """What `PolicySettings.from_config` reads: the serve options of the same names."""
+
+    @property
+    def plan(self) -> str | None: ...
+    @property
+    def min_split_gain(self) -> float: ...
+    @property
+    def max_batch(self) -> int | None: ...
 
 
 class Policy(abc.ABC):

@@ -181,6 +181,7 @@ class PolicyContract:
         assert_plain_json(data)
         assert json.loads(json.dumps(data)) == data
         assert data["instances"] == [{"threads": i.threads, "batch": i.batch} for i in plan.instances]
+        assert Plan.from_json(json.loads(json.dumps(data))) == plan, "a plan read back is the plan written"
 
     def test_predicted_latency_is_positive_or_unknown(
         self, policy: Policy, profile: Profile, topology: Topology, distribution: BatchDistribution

@@ -13,6 +13,7 @@ use or raises StateError naming the field (the file is then set aside, and the l
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -21,13 +22,13 @@ from typing import Any
 from packrat_daemon.adapt.production import LearnedCell
 from packrat_daemon.measure.runtime_choice import SERVED, Verdict
 from packrat_daemon.ops.state_files import StateError
-from policies.base import InstancePlan, Plan
+from policies.base import MAX_INSTANCE_COUNT, Plan
 from policies.planning.distribution import BatchDistribution
 from policies.planning.profile import Cell, Profile
 
 CellKey = tuple[int, int]
 
-MAX_COUNT = 1 << 20  # threads or inputs of one instance: far past any machine, far from a float's range
+MAX_COUNT = MAX_INSTANCE_COUNT  # threads or inputs of one instance: far past any machine, far from a float's range
 MAX_SAMPLES = 10**9
 MAX_LATENCY_MS = 86_400_000.0  # a day for one batch: past it, not a measurement
 MAX_UNIX = 1e11  # the year 5138: a later time of day is a clock's nonsense, clamped
@@ -140,33 +141,16 @@ def resumed_from_json(served: Any, saved_unix: Any) -> Resumed:
 
 
 def plan_from_json(data: Any) -> Plan:
-    """The inverse of Plan.to_json."""
-    data = _object(data, "the saved plan")
-
-    def instances(items: Any) -> tuple[InstancePlan, ...]:
-        layout = []
-        for item in _list(items, "a layout"):
-            item = _object(item, "an instance")
-            layout.append(InstancePlan(_integer(item.get("threads"), "an instance's threads", 1, MAX_COUNT),
-                                       _integer(item.get("batch"), "an instance's batch", 1, MAX_COUNT)))  # fmt: skip
-        return tuple(layout)
-
-    predicted = data.get("predicted_latency_ms")
-    split = data.get("split", "exact")
-    if split not in ("exact", "even"):
-        raise StateError(f"the saved plan's split is {split!r}, neither 'exact' nor 'even'")
-    plan = Plan(
-        instances=instances(data.get("instances")),
-        policy=_text(data.get("policy"), "the saved plan's policy"),
-        reason=_restored_reason(_text(data.get("reason", ""), "the saved plan's reason")),
-        predicted_latency_ms=None if predicted is None else _latency(predicted),
-        oversubscribed=data.get("oversubscribed", False) is True,
-        split=split,
-        alternatives=tuple(instances(layout) for layout in _list(data.get("alternatives", []), "the spare layouts")),
-    )
-    if not plan.instances:
-        raise StateError("the saved plan has no instances")
-    return plan
+    """The saved plan: `Plan.from_json`, its predicted latency a measurement's, its reason said to be restored."""
+    try:
+        plan = Plan.from_json(data)
+    except ValueError as exc:
+        raise StateError(f"the saved plan: {exc}") from None
+    if plan.predicted_latency_ms is not None:
+        _latency(plan.predicted_latency_ms)
+    if any(instance.batch < 1 for layout in plan.layouts for instance in layout):
+        raise StateError(f"the saved plan: an instance's batch is 0, not an integer from 1 to {MAX_COUNT}")
+    return dataclasses.replace(plan, reason=_restored_reason(plan.reason))
 
 
 def identity_from_json(data: Any) -> dict[str, Any]:

@@ -61,6 +61,50 @@ def test_the_json_holds_every_field_in_plain_types() -> None:
     }
 
 
+def test_a_plan_read_back_from_its_json_is_the_plan() -> None:
+    oversubscribed = Plan((InstancePlan(1, 4),) * 3, "torchserve", "", None, oversubscribed=True, split="even")
+    for plan in (SPLIT, oversubscribed):
+        assert Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+    bare = {"instances": [{"threads": 2, "batch": 4}]}  # a coordinator may leave out all but the instances
+    assert Plan.from_json(bare, policy="coordinate", reason="assigned") == Plan(
+        (InstancePlan(2, 4),), "coordinate", "assigned"
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"instances": []}, "a layout is [], not a non-empty list"),
+        ({"instances": [{"threads": "two", "batch": 1}]}, "an instance's threads is 'two', not an integer"),
+        ({"instances": [{"threads": 1, "batch": True}]}, "an instance's batch is True"),
+        ({"instances": [{"threads": 1 << 21, "batch": 1}]}, "not an integer from 1 to 1048576"),
+        ({"instances": [[1, 1]]}, "an instance is not an object"),
+        ({"alternatives": [[]]}, "a layout is []"),
+        ({"alternatives": {}}, "its spare layouts are {}, not a list"),
+        ({"split": "sideways"}, "its split is 'sideways', neither 'exact' nor 'even'"),
+        ({"oversubscribed": 1}, "its oversubscribed is 1, not true or false"),
+        ({"predicted_latency_ms": "fast"}, "its predicted_latency_ms is 'fast'"),
+        ({"predicted_latency_ms": float("nan")}, "its predicted_latency_ms is nan"),
+        ({"policy": 7}, "its policy is 7, not text"),
+        ({"reason": None}, "its reason is None, not text"),
+    ],
+)
+def test_a_plan_json_that_is_not_one_is_refused_naming_what_is_wrong(change: dict, words: str) -> None:
+    with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        Plan.from_json(SPLIT.to_json() | change)
+    with pytest.raises(ValueError, match="a plan is '" + "x" * 36 + r"\.\.\., not an object"):
+        Plan.from_json("x" * 1000)  # a crafted field is shortened in the message
+    with pytest.raises(ValueError, match="its policy is None"):
+        Plan.from_json({"instances": [{"threads": 1, "batch": 1}]})  # no policy, and none stood for it
+
+
+def test_policy_settings_come_from_a_serve_configuration() -> None:
+    from packrat_daemon.config import ServeConfig
+
+    config = ServeConfig(plan="2*1x4", min_split_gain=0.3, max_batch=8)
+    assert PolicySettings.from_config(config) == PolicySettings("2*1x4", 0.3, 8)
+
+
 def test_a_plan_that_fits_has_no_misfit_and_each_misfit_says_why() -> None:
     two = Topology.synthetic(2)
     assert SPLIT.misfit(two, 16) is None
