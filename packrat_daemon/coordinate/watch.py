@@ -1,7 +1,7 @@
 """When to move cores: one demand estimate and one move rule for `packrat coordinate` and its simulation.
 
-Both the coordinator's loop (packrat_daemon.coordinate.loop) and the simulated coordinator
-(packrat_daemon.simulate.colocated) feed a `Watch` the same readings of each model at each look: the
+The co-location loop (packrat_daemon.coordinate.core's `LookCore`, which `packrat coordinate` and its
+simulation both tick) feeds a `Watch` the same readings of each model at each look: the
 requests and inputs its daemon has queued since start (cumulative counts, so that two readings give the rate
 its clients offer over the time between them, whatever the split) and the inputs queued at that instant.
 The `Watch` turns them into each model's demand and decides whether to move, by two rules:
