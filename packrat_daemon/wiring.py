@@ -19,6 +19,7 @@ import zmq
 
 from packrat_daemon.adapt.online import OnlineAdaptation
 from packrat_daemon.config import ServeConfig
+from packrat_daemon.fleet import proc
 from packrat_daemon.fleet.pool import Pool
 from packrat_daemon.fleet.reconciler import Reconciler, Slot
 from packrat_daemon.fleet.supervisor import Supervisor
@@ -28,6 +29,7 @@ from packrat_daemon.requests.batcher import Batcher, plan_latency
 from packrat_daemon.requests.dispatcher import Dispatcher
 from packrat_daemon.requests.frontend import Frontend
 from packrat_daemon.requests.splitter import Splitter
+from packrat_daemon.requests.timing import Deadlines
 from packrat_daemon.startup import Started
 from policies.base import Plan
 from policies.planning.profile import Profile
@@ -59,16 +61,15 @@ def assemble(
     served = started.served
     reconciler = Reconciler(Pool(served.backend, warmup=(1,)), started.topology, metrics.reconfigured)
     reconciler.set_plan(served.plan)
+    # The one owner of work in flight. What it reads of the batcher, built next, it reads at each call.
     dispatcher = Dispatcher(
         reconciler.pool.run,
         splitter_for(served.profile, served.plan, reconciler.layouts, config),
-        config.job_timeout_s,
-        config.slice_deadline_margin,
-        config.slice_deadline_floor_ms / 1000.0,
-        config.slice_hedge_margin,
-        config.slice_hedge_floor_ms / 1000.0,
+        Deadlines.from_config(config),
         own_times=metrics.own_times,
-        spin_floor_s=config.slice_spin_floor_ms / 1000.0,
+        queued=lambda: batcher.queued_inputs,
+        pool_size=lambda: len(reconciler.pool.live()),
+        computing=proc.computing,
     )
     # L(b) under the plan in force: the dispatcher's splitter on its serving workers, both read at each call.
     predict = plan_latency(lambda: dispatcher.splitter, lambda: dispatcher.serving)

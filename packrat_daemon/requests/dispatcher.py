@@ -1,4 +1,7 @@
-"""The dispatcher: splits each batch across the serving instances and gathers the answers.
+"""The dispatcher: the one owner of work in flight. It splits each batch across the serving instances, owns every
+slice sent (`jobs`: sent, hedged, late, hung), the batches in flight (`batch`, `aside`) and the requests waiting to
+run alone (`parked`), and answers each event with what to do (`Actions`): the supervisor pumps the workers' events
+into it and applies what it returns, and reads none of its state.
 
 Every batch is split exactly for the live pool (policies.solver.split_batch on the instances' own
 profile rows). Each worker's rows are views of the clients' own buffers, which the pool sends as
@@ -11,137 +14,144 @@ are late while a worker is free for the next one is moved aside (`move_aside`): 
 in are answered at once, the rest wait for their slices on their own workers, and the next batch starts on the
 free ones. A request run alone to tell a bad input from its neighbours runs aside from the start (`run_aside`),
 on a worker the next batches can spare: a model that hangs on an input then holds one worker, not every client.
+
+The events: `start` (the loop's batch), `on_result`, `failed`, `lost`, `on_deadline`, `looked_at` (a look's reading
+of an overdue slice's worker, judged by `fleet.verdicts`), `pool_looked`. The slices' clocks come from `timing`,
+their rows and answers from `slices`, and the transitions that send nothing from `inflight.InFlight`, which this
+class is.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
+from packrat_daemon.fleet import verdicts
 from packrat_daemon.fleet.pool import WorkerHandle
 from packrat_daemon.ops.tallies import HOP, OwnTimes
+from packrat_daemon.requests import slices
 from packrat_daemon.requests.batcher import Request
+from packrat_daemon.requests.inflight import Actions, InFlight
 from packrat_daemon.requests.jobs import Completed, InFlightBatch, Job
 from packrat_daemon.requests.splitter import Splitter
-from packrat_daemon.wire.codec import DTYPES
+from packrat_daemon.requests.timing import Clocks, Deadlines, Timing, restart_clocks
+from packrat_daemon.wire.codec import DTYPES, ErrorCode
 from workers.messages import numpy_name
+from workers.worker import HEARTBEAT_SECONDS
 
-# A batch due to move aside while no worker was free for the next one is looked at again this much later.
-ASIDE_RECHECK_S = 0.05
-# Weight of the newest answer in the running mean of a slice's time from dispatch to answer (`typical_slice_s`).
-TYPICAL_WEIGHT = 0.2
-# Production's prediction of a slice the profile predicts nothing for (`learned_ms`): the longest of the last this many
-# compute times of slices of its shape (threads, rows), its workers' warm-ups included.
-LEARNED_KEEP = 8
+# Actions too: the supervisor, in fleet/ below requests/, may import this module and no other of requests/' new ones.
+__all__ = ["Actions", "Dispatcher"]
+
+log = logging.getLogger("packrat.daemon")
+
+# A hedge goes only to an idle worker heard from within this (a heartbeat late at most): not to a hung one.
+HEDGE_FRESH_S = 2 * HEARTBEAT_SECONDS
 
 # Sends one job ({"job", "dtype", "shape"} and the input as byte views) to a worker: Pool.run, which
 # moves it through shared memory or as frames; False when the worker is gone.
 Send = Callable[[WorkerHandle, dict[str, Any], list[memoryview]], bool]
+# Whether a worker computes the late slice it was sent at a time, its CPU time then (None: unread), at a time
+# (fleet.proc.computing, which reads /proc for it).
+Computing = Callable[[WorkerHandle, float, float | None, float], bool]
 
 
-class Dispatcher:
+def _none() -> int:
+    return 0
+
+
+class Dispatcher(InFlight):
     def __init__(
         self,
         send: Send,
         splitter: Splitter,
-        job_timeout_s: float,
-        deadline_margin: float,
-        deadline_floor_s: float,
-        hedge_margin: float = math.inf,
-        hedge_floor_s: float = 0.0,
+        deadlines: Deadlines | float,
+        *bounds: float,
         own_times: OwnTimes | None = None,
         spin_floor_s: float | None = None,
+        queued: Callable[[], int] = _none,
+        pool_size: Callable[[], int] = _none,
+        computing: Computing | None = None,
     ) -> None:
+        """`deadlines`: the slices' bounds (a job timeout, then the other `bounds` and `spin_floor_s` in Deadlines'
+        order, is the older spelling). `queued`: the inputs the batcher holds (while none, a batch aside counts as
+        busy: the loop wakes for its deadlines, a drain waits for it). `pool_size`: the pool's live workers, starting
+        ones too (with one, a request to run alone is the loop's batch). `computing`: whether a late slice's worker is
+        computing it (such a slice is not hedged); None: never."""
+        super().__init__(queued)
         self.send = send
         self.splitter = splitter
-        self.job_timeout_s = job_timeout_s
-        self.deadline_margin = deadline_margin
-        self.deadline_floor_s = deadline_floor_s
-        # The least time and CPU time a slice is given before a worker computing it without a pause is taken for a
-        # spin (Supervisor.look; before the deadline, only that). None: deadline_floor_s (no earlier look).
-        self.spin_floor_s = deadline_floor_s if spin_floor_s is None else spin_floor_s
-        self.hedge_margin = hedge_margin  # math.inf: never hedge
-        self.hedge_floor_s = hedge_floor_s
-        # The compute times of the last LEARNED_KEEP slices of each shape (threads, rows), newest last.
-        self.timed: dict[tuple[int, int], deque[float]] = {}
-        self.batch: InFlightBatch | None = None  # the loop's batch: the next one starts once it is answered
-        self.aside: list[InFlightBatch] = []  # batches moved aside (move_aside, run_aside), still computing
-        self.parked: list[Request] = []  # requests to run alone, waiting for a worker to spare (the supervisor's)
-        # The inputs the batcher holds: while none, a batch aside counts as busy (the loop wakes for its deadlines,
-        # a drain waits for it). The supervisor gives the batcher's count.
-        self.queued: Callable[[], int] = lambda: 0
-        self.typical_slice_s = math.inf  # a running mean of the slices' times from dispatch to answer; none yet
-        # Every job sent and not answered, the losers of hedges included: a worker holding one is busy.
-        self.jobs: dict[int, Job] = {}
-        self.late: list[Job] = []  # slices past their hedge time that wait for an idle worker
+        self.timing = Timing(Deadlines.of(deadlines, *bounds, spin_floor_s=spin_floor_s))
+        self.pool_size = pool_size
+        self.computing = computing
         self._next_job = 1
-        # No job's or in-flight request's deadline is earlier (it may be stale-early once a job is answered:
-        # the next check then finds nothing and recomputes it). Lets the loop skip the check on most wakes.
-        self.next_deadline = math.inf
         self.own_times = own_times  # where each slice's trip to its worker is summed, if anywhere
-        # The workers batches are split across: the reconciler's serving ones as the supervisor's last look found
-        # them (every change to the pool passes through that look, so the list is not rebuilt for every batch).
-        self.serving: list[WorkerHandle] = []
 
-    def set_deadlines(
-        self,
-        job_timeout_s: float,
-        margin: float,
-        floor_s: float,
-        hedge_margin: float,
-        hedge_floor_s: float,
-        spin_floor_s: float | None = None,
-    ) -> None:
-        """A reload's bounds (the arguments of __init__): slices sent from now on get them, those out keep theirs."""
-        self.job_timeout_s, self.deadline_margin, self.deadline_floor_s = job_timeout_s, margin, floor_s
-        self.spin_floor_s = floor_s if spin_floor_s is None else spin_floor_s
-        self.hedge_margin, self.hedge_floor_s = hedge_margin, hedge_floor_s
+    # -- the deadlines, one value -------------------------------------------------------------------
+    @property
+    def deadlines(self) -> Deadlines:
+        return self.timing.deadlines
+
+    def set_deadlines(self, deadlines: Deadlines | float, *bounds: float, spin_floor_s: float | None = None) -> None:
+        """A reload's bounds: slices sent from now on get them, those out keep theirs. (A job timeout and the other
+        bounds, as reload.py passes them, stand for a Deadlines.)"""
+        self.timing.deadlines = Deadlines.of(deadlines, *bounds, spin_floor_s=spin_floor_s)
+
+    # Each bound by its older name (test_reload reads them).
+    job_timeout_s = property(lambda self: self.deadlines.job_timeout_s)
+    deadline_margin = property(lambda self: self.deadlines.margin)
+    deadline_floor_s = property(lambda self: self.deadlines.floor_s)
+    spin_floor_s = property(lambda self: self.deadlines.spin_s)
+    hedge_margin = property(lambda self: self.deadlines.hedge_margin)
+    hedge_floor_s = property(lambda self: self.deadlines.hedge_floor_s)
 
     def learn(self, threads: int, rows: int, compute_ms: float) -> None:
-        """A slice of `rows` inputs was computed on a `threads`-thread worker in `compute_ms` (a RESULT's time, or a
-        worker's warm-up at start): kept for `learned_ms`."""
-        if not (compute_ms > 0.0 and math.isfinite(compute_ms)):
-            return
-        times = self.timed.get((threads, rows))
-        if times is None:
-            times = self.timed[(threads, rows)] = deque(maxlen=LEARNED_KEEP)
-        times.append(compute_ms)
+        self.timing.learn(threads, rows, compute_ms)
 
     def learned_ms(self, threads: int, rows: int) -> float | None:
-        """Production's prediction of a slice of `rows` inputs on a `threads`-thread worker, for slices the profile
-        predicts nothing for: the longest of the last LEARNED_KEEP slices of that shape it timed; without one, of the
-        nearest smaller slice on as many threads, scaled up in proportion to the rows (a batch costs no more per
-        input than a smaller one), else of the nearest larger one (nor more in all than a larger one). None when no
-        slice on as many threads was timed."""
-        times = self.timed.get((threads, rows))
-        if times:
-            return max(times)
-        smaller = max((r for t, r in self.timed if t == threads and r < rows), default=None)
-        if smaller is not None:
-            return max(self.timed[(threads, smaller)]) * rows / smaller
-        larger = min((r for t, r in self.timed if t == threads and r > rows), default=None)
-        return None if larger is None else max(self.timed[(threads, larger)])
+        return self.timing.learned_ms(threads, rows)
 
-    @property
-    def busy(self) -> bool:
-        """A batch is in flight: the loop's, or, while nothing is queued, one aside or a request parked."""
-        return self.batch is not None or (bool(self.aside or self.parked) and not self.queued())
+    def warmed_up(self, worker: WorkerHandle, times: Any) -> None:
+        """A worker is ready, with its warm-up's times ([rows, ms] each): production's first prediction of slices the
+        profile predicts nothing for, before any is answered (a model may hang on the first batch it is sent)."""
+        for timed in times or ():
+            try:
+                self.learn(worker.threads, int(timed[0]), float(timed[1]))
+            except (TypeError, ValueError, IndexError):
+                continue
 
-    @property
-    def holds_work(self) -> bool:
-        """Anything unanswered: the loop's batch, one aside, a request parked (a drain waits for each of them, whatever
-        is queued; `busy` is what the loop waits on before the next batch)."""
-        return self.batch is not None or bool(self.aside or self.parked)
+    # -- the loop's batches ----------------------------------------------------------------------------
+    def start(self, batch: list[Request]) -> None:
+        """Send the loop's batch to the serving workers; a request to run alone (a suspect of a failure or a hang)
+        is parked instead, to run aside on a worker the next batches can spare (start_parked), unless the pool
+        has only one worker."""
+        if len(batch) == 1 and batch[0].alone and self.pool_size() > 1:
+            self.parked.append(batch[0])
+            self.start_parked()
+            return
+        self.dispatch(batch, self.serving)
 
-    def live(self, batch: InFlightBatch) -> bool:
-        """Whether `batch` is still answered: the loop's or one aside (by identity: a batch compares its fields)."""
-        return batch is self.batch or any(batch is aside for aside in self.aside)
+    def start_parked(self) -> None:
+        """Run each parked request on an idle serving worker while another serving worker, not running a batch
+        aside, is left to the loop's batches, or while no batch waits or runs: a request that hangs the model then
+        holds one worker, not every client. With one worker in the pool there is nothing to spare, and they run
+        on it in turn."""
+        if not self.parked:
+            return
+        idle = self.idle(self.serving)
+        while self.parked and idle:
+            worker = idle[0]
+            aside = {job.worker.id for batch in self.aside for job in batch.jobs}
+            kept = [w for w in self.serving if w.id not in aside and w.id != worker.id]
+            if not kept and self.pool_size() > 1 and (self.queued() or self.batch is not None):
+                return  # the next batches' only worker: wait for another (starting, or answering a batch aside)
+            idle.pop(0)
+            request = self.parked.pop(0)
+            log.info("request %s (%d inputs) runs alone on worker %d, aside from the batches", request.request_id,
+                     request.samples, worker.id)  # fmt: skip
+            self.run_aside(request, worker)
 
     def dispatch(self, requests: list[Request], workers: list[WorkerHandle]) -> None:
         if any(w.outstanding for w in workers):
@@ -150,7 +160,7 @@ class Dispatcher:
             # free, leave out those whose slice is late (a hang's, maybe): the others answer theirs soon.
             free = [w for w in workers if not w.outstanding]
             if not free:
-                late = self._late_workers(time.monotonic())
+                late = self.late_workers(time.monotonic(), self.timing.late_after())
                 free = [w for w in workers if w.id not in late]
             workers = free or workers
         first = requests[0]
@@ -164,114 +174,8 @@ class Dispatcher:
         for worker, rows in self.splitter.choose(workers, batch.rows):
             self._send_job(batch, offset, rows, worker)
             offset += rows
-        batch.aside_at = self._late_at(batch)
+        batch.aside_at = self.timing.late_at(batch, not self.splitter.oversubscribed)
         self.next_deadline = min(self.next_deadline, batch.aside_at)
-
-    def on_result(self, worker: WorkerHandle, header: dict[str, Any], payload: list[Any]) -> list[Completed]:
-        job = self.jobs.pop(header["job"], None)
-        if job is None:
-            return []  # a late answer for a slice already re-sent elsewhere
-        self._start_next(worker)
-        batch = job.batch
-        if batch is not self.batch and not self.live(batch):
-            _unlink(job)
-            return []  # of a batch already answered or given up
-        twin = job.twin
-        if twin is not None:
-            if twin.output is not None:
-                _unlink(job)
-                return []  # the hedge's other copy answered first
-            # The first answer wins; the other copy stays in `jobs` (its worker is busy) until it answers or
-            # its deadline replaces its worker.
-            _put_in_place_of(batch.jobs, twin, job)
-        job.output = payload[0]  # the output array, as the pool decoded it (a copy if it came shared)
-        job.compute_ms = float(header["compute_ms"])
-        self.learn(worker.threads, job.rows, job.compute_ms)
-        if self.own_times is not None:
-            self.own_times.add(HOP, time.monotonic() - job.sent_at - job.compute_ms / 1000.0)
-        took = time.monotonic() - job.sent_at
-        typical = self.typical_slice_s
-        self.typical_slice_s = took if typical == math.inf else typical + TYPICAL_WEIGHT * (took - typical)
-        batch.unanswered -= 1
-        return self._finish(batch) if batch.done() else []
-
-    def _start_next(self, worker: WorkerHandle) -> None:
-        """`worker` answered a slice: the slices it holds behind it start their clocks now. They were set at sending,
-        stacked behind the answered one's deadline proper, so a spin on the next slice after a quick one was told a
-        deadline late (`bench/faults.py --attack hanging_model`: after the job timeout, not at its first look)."""
-        held = [job for job in self.jobs.values() if job.worker.id == worker.id]
-        if not held:
-            return
-        now = time.monotonic()
-        early = held[0].clock_from - now
-        if early <= 0.0:
-            return  # its clock runs already: those behind it are stacked on it, as they should be
-        cpu = worker.cpu_seconds()
-        head = held[0]
-        cpu_early = 0.0 if cpu is None or head.cpu_at_send is None else head.cpu_limit - head.cpu_budget - cpu
-        spin_early = 0.0 if cpu is None or head.cpu_at_send is None else head.spin_limit - head.spin_budget - cpu
-        for job in held:
-            job.clock_from -= early
-            job.deadline -= early
-            job.watched_at -= early
-            job.hedge_at -= early
-            job.cpu_limit -= max(0.0, cpu_early)
-            job.spin_limit -= max(0.0, spin_early)
-        self.next_deadline = min(self.next_deadline, head.deadline, head.hedge_at)
-
-    def _late_at(self, batch: InFlightBatch) -> float:
-        """When the slices of `batch`, just sent, are late: after the hedge margin times a typical slice's time (at
-        least the hedge floor), and not before their hedge times (a hedge answers sooner where the model is not at
-        fault). Never with hedging off, before any slice was answered or predicted, or on plans whose instances share
-        cores: the next batch would run on the late slice's cores."""
-        typical = self.typical_slice_s
-        if typical == math.inf:  # nothing answered yet: the profile's prediction, or production's, if any
-            predicted = [job.expected_ms for job in batch.jobs if job.expected_ms is not None]
-            typical = max(predicted) / 1000.0 if predicted else math.inf
-        if math.isinf(self.hedge_margin) or typical == math.inf or self.splitter.oversubscribed:
-            return math.inf
-        wait = max(self.hedge_floor_s, self.hedge_margin * typical)
-        hedges = [job.hedge_at for job in batch.jobs if job.hedge_at < math.inf]
-        return max([max(job.sent_at for job in batch.jobs) + wait, *hedges])
-
-    def _late_workers(self, now: float) -> set[int]:
-        """The workers holding a slice sent longer ago than the hedge margin times a typical slice's time (at least
-        the hedge floor)."""
-        if self.typical_slice_s == math.inf or math.isinf(self.hedge_margin):
-            return set()
-        wait = max(self.hedge_floor_s, self.hedge_margin * self.typical_slice_s)
-        return {job.worker.id for job in self.jobs.values() if now - job.sent_at > wait}
-
-    def move_aside(self, now: float) -> list[Completed] | None:
-        """Move the loop's batch aside once its unanswered slices are late (`aside_at`) and a serving worker is free
-        for the next batch: the requests whose rows are all in are answered now (returned), the others wait for
-        their slices where they are. None when nothing moved."""
-        batch = self.batch
-        if batch is None or now < batch.aside_at:
-            return None
-        busy = {job.worker.id for job in self.jobs.values()}
-        if not any(w.id not in busy and not w.outstanding and w.pending is None for w in self.serving):
-            batch.aside_at = now + ASIDE_RECHECK_S  # every worker is busy: nothing to gain yet
-            self._refresh_next_deadline()
-            return None
-        self.batch = None
-        self.late.clear()
-        self.aside.append(batch)
-        batch.aside_at = math.inf
-        done = sorted((job for job in batch.jobs if job.output is not None), key=lambda j: j.offset)
-        completed = []
-        offset = 0
-        for request in batch.requests:
-            end = offset + request.samples
-            if not request.answered and _covered(done, offset, end):
-                request.answered = True  # answered here: the batch's own end leaves it out
-                rows = _gather(done, offset, request.samples)
-                queue_ms = (batch.started - request.arrived) * 1000.0
-                compute_ms = max(job.compute_ms for job in done if job.offset < end and offset < job.offset + job.rows)
-                completed.append(Completed(request, rows, queue_ms, compute_ms, done))
-            offset = end
-        self._refresh_next_deadline()
-        return completed
 
     def run_aside(self, request: Request, worker: WorkerHandle) -> None:
         """Send a request to run alone (parked) to `worker`, aside from the loop's batches."""
@@ -282,9 +186,139 @@ class Dispatcher:
         self.aside.append(batch)
         self._send_job(batch, 0, request.samples, worker)
 
-    def hedge(
-        self, now: float, workers: list[WorkerHandle], computing: Callable[[Job, float], bool] | None = None
-    ) -> list[Job]:
+    # -- the workers' events -----------------------------------------------------------------------------
+    def on_result(self, worker: WorkerHandle, header: dict[str, Any], payload: list[Any]) -> list[Completed]:
+        """A worker's RESULT: the requests it completes, to answer (then `retry_late`: the worker may be idle)."""
+        job = self.jobs.pop(header["job"], None)
+        if job is None:
+            return []  # a late answer for a slice already re-sent elsewhere
+        # The slices its worker holds behind it start their clocks now (timing.restart_clocks).
+        moved = restart_clocks(self.held_by(worker), time.monotonic(), worker.cpu_seconds)
+        if moved is not None:
+            self.next_deadline = min(self.next_deadline, moved)
+        batch = job.batch
+        if batch is not self.batch and not self.live(batch):
+            slices.unlink(job)
+            return []  # of a batch already answered or given up
+        twin = job.twin
+        if twin is not None:
+            if twin.output is not None:
+                slices.unlink(job)
+                return []  # the hedge's other copy answered first
+            # The first answer wins; the other copy stays in `jobs` (its worker is busy) until it answers or
+            # its deadline replaces its worker.
+            slices.put_in_place_of(batch.jobs, twin, job)
+        job.output = payload[0]  # the output array, as the pool decoded it (a copy if it came shared)
+        job.compute_ms = float(header["compute_ms"])
+        self.timing.learn(worker.threads, job.rows, job.compute_ms)
+        if self.own_times is not None:
+            self.own_times.add(HOP, time.monotonic() - job.sent_at - job.compute_ms / 1000.0)
+        self.timing.answered(time.monotonic() - job.sent_at)
+        batch.unanswered -= 1
+        if not batch.done():
+            return []
+        self.drop(batch)
+        return slices.completions(batch)
+
+    def lost(self, worker: WorkerHandle, candidates: list[WorkerHandle]) -> Actions:
+        """`worker` is gone or replaced (also when no batch is in flight: it may hold a hedge's losing copy, which is
+        dropped): its slices go to the `candidates`. With none left to take them (the others died too, or their
+        replacements are still starting) every batch goes back to the head of the queue and waits for the
+        replacements, once: a batch that loses its workers twice may be what kills them, and is answered INTERNAL."""
+        if self.reassign(worker, candidates):
+            return Actions()
+        actions = Actions()
+        for request in self.abandon():
+            if request.retried:
+                actions.errors.append(
+                    (request, ErrorCode.INTERNAL, "every worker died while serving this batch, twice")
+                )
+            else:
+                request.retried = True
+                actions.requeue.append(request)
+        return actions
+
+    def reassign(self, lost: WorkerHandle, workers: list[WorkerHandle]) -> bool:
+        """Re-send the lost worker's slices; False when no worker is left to take them. A slice whose hedge
+        copy is still computing elsewhere is not re-sent: that copy is the slice now."""
+        orphaned = [job for job in self.jobs.values() if job.worker.id == lost.id]
+        needed = [job for job in orphaned if job.twin is None and self.live(job.batch)]
+        candidates = [w for w in workers if w.id != lost.id]
+        if needed and not candidates:
+            return False
+        self.let_go(orphaned)
+        for k, job in enumerate(needed):
+            job.batch.jobs.remove(job)
+            job.batch.unanswered -= 1
+            self._send_job(job.batch, job.offset, job.rows, candidates[k % len(candidates)])
+        return True
+
+    # -- deadlines and looks ---------------------------------------------------------------------------------
+    def on_deadline(self, now: float) -> Actions:
+        """A deadline of work in flight passed: a slice past its hedge time is sent to an idle worker too;
+        `timeout_ms` bounds the whole request, so one whose batch is still computing is answered now; the loop's
+        batch moves aside if its slices are late; a slice past its deadline is for the next look (`overdue`)."""
+        self.hedge_due(now)
+        message = "the request's timeout passed while it was computed"
+        errors = [(request, ErrorCode.TIMEOUT, message) for request in self.expire(now)]
+        return Actions(errors=errors, results=self._move_aside(now))
+
+    def looked_at(self, job: Job, reading: verdicts.Reading) -> Actions:
+        """A look read `reading` of the worker of `job`, an overdue slice: only slow, it is looked at again later;
+        hung, its batch is given up (`hang`), or, a stopped worker's or a slice of no batch in flight, its worker
+        replaced and the slice sent elsewhere."""
+        overdue = verdicts.Slice(job.sent_at, job.watched_at, job.worker.threads, job.cpu_at_send, job.cpu_limit,
+                                 job.cpu_budget, job.spin_limit, job.spin_budget)  # fmt: skip
+        verdict = verdicts.judge(overdue, reading, job.looked or verdicts.Looked(), self.deadlines.job_timeout_s)
+        job.looked = verdict.looked
+        now, worker = reading.at, job.worker
+        if verdict.why is None:
+            if verdict.first_past_deadline:
+                log.info(
+                    "worker %d has not answered its %d rows in %.0f ms; replaced only once its CPU time stops or "
+                    "passes the slice's CPU budget",
+                    worker.id, job.rows, (now - job.sent_at) * 1000.0,
+                )  # fmt: skip
+            job.deadline = verdict.next_look
+            self.next_deadline = min(self.next_deadline, job.deadline)
+            return Actions()
+        hang = None if reading.stopped else self.hang(job)
+        if hang is not None:  # a stopped worker is not its input's doing: its slice is re-sent
+            return self.hung(job, hang, now, verdict.why)
+        log.warning(
+            "worker %d (pid %s, %d threads) has not answered its %d rows in %.0f ms (%s) and %s: presumed hung, "
+            "replacing it and sending the rows to another worker",
+            worker.id, worker.pid, worker.threads, job.rows, (now - job.sent_at) * 1000.0,
+            slices.prediction(job), verdict.why,
+        )  # fmt: skip
+        return Actions(replace=[worker])
+
+    def pool_looked(self, serving: list[WorkerHandle], now: float) -> Actions:
+        """The supervisor's look found `serving` (what batches are split across from now on): a late slice or a late
+        batch may have the free worker it waited for."""
+        self.serving = serving
+        self.retry_late(now)
+        return Actions(results=self._move_aside(now))
+
+    def retry_late(self, now: float) -> None:
+        """A worker may have become idle: a late slice waiting for one is hedged on it."""
+        if self.late:
+            self.hedge_due(now)
+
+    def hedge_due(self, now: float) -> None:
+        """Hedge the slices of the loop's batch past their hedge time on the idle serving workers heard from lately."""
+        fresh = [worker for worker in self.serving if now - worker.last_seen <= HEDGE_FRESH_S]
+        for copy in self.hedge(now, fresh, self.computing):
+            late = copy.twin
+            assert late is not None and late.predicted_ms is not None  # only a predicted slice is hedged
+            log.info(
+                "worker %d (pid %s) has not answered its %d rows in %.0f ms (predicted %.0f ms): also sent to "
+                "worker %d; the first answer is used",
+                late.worker.id, late.worker.pid, late.rows, (now - late.sent_at) * 1000.0, late.predicted_ms,
+                copy.worker.id,
+            )  # fmt: skip
+
+    def hedge(self, now: float, workers: list[WorkerHandle], computing: Computing | None = None) -> list[Job]:
         """Send each slice of the batch in flight that is past its hedge time to an idle worker as well, and
         return the copies sent. A slice with no idle worker to take it waits in `late` for the next one. A slice
         whose worker is `computing` it is not hedged: a copy would only compute it again, and spread a hang on its
@@ -296,197 +330,41 @@ class Dispatcher:
         for job in batch.jobs:
             if job.hedge_at <= now:
                 job.hedge_at = math.inf  # hedged once at most
-                if job.output is None and job.twin is None and not (computing is not None and computing(job, now)):
+                if job.output is None and job.twin is None and not self._computing(job, now, computing):
                     self.late.append(job)
         self.late = [job for job in self.late if job.batch is batch and job.output is None and job.twin is None]
         if not self.late:
             return []
-        busy = {job.worker.id for job in self.jobs.values()}
-        idle = [w for w in workers if w.id not in busy and not w.outstanding and w.pending is None]
+        idle = self.idle(workers)
         copies = []
         while self.late and idle:
             job = self.late.pop(0)
             copies.append(self._send_job(batch, job.offset, job.rows, idle.pop(0), twin=job))
         return copies
 
-    def reassign(self, lost: WorkerHandle, workers: list[WorkerHandle]) -> bool:
-        """Re-send the lost worker's slices; False when no worker is left to take them. A slice whose hedge
-        copy is still computing elsewhere is not re-sent: that copy is the slice now."""
-        orphaned = [job for job in self.jobs.values() if job.worker.id == lost.id]
-        needed = [job for job in orphaned if job.twin is None and self.live(job.batch)]
-        candidates = [w for w in workers if w.id != lost.id]
-        if needed and not candidates:
-            return False
-        for job in orphaned:
-            del self.jobs[job.id]
-            twin = job.twin
-            if twin is not None and twin.output is None:
-                twin.twin = None
-                _put_in_place_of(job.batch.jobs, job, twin)
-            _unlink(job)
-        for k, job in enumerate(needed):
-            job.batch.jobs.remove(job)
-            job.batch.unanswered -= 1
-            self._send_job(job.batch, job.offset, job.rows, candidates[k % len(candidates)])
-        return True
-
-    def overdue(self, now: float) -> list[Job]:
-        """The jobs past their deadline: each worker's oldest only (its others wait behind it)."""
-        late: dict[int, Job] = {}
-        for job in self.jobs.values():
-            if job.deadline < now and job.worker.id not in late:
-                late[job.worker.id] = job
-        return list(late.values())
-
-    def expire(self, now: float) -> list[Request]:
-        """In-flight and parked requests whose timeout_ms passed: the caller answers TIMEOUT, and the batch's result
-        leaves them out. Also refreshes `next_deadline`."""
-        expired: list[Request] = []
-        for batch in [self.batch, *self.aside] if self.batch is not None else list(self.aside):
-            if batch.deadline >= now:
-                continue
-            late = [r for r in batch.requests if not r.answered and r.deadline is not None and r.deadline < now]
-            for request in late:
-                request.answered = True
-            expired += late
-            left = [r.deadline for r in batch.requests if not r.answered and r.deadline is not None]
-            batch.deadline = min(left, default=math.inf)
-            if all(r.answered for r in batch.requests):
-                # Every request of it answered: the batch is cancelled, so the next one may start (a model that hangs
-                # on one input stalled every client behind its batch). Its jobs stay in `jobs`: their workers are busy
-                # until they answer (the result is then dropped: no live batch of theirs) or their deadline replaces
-                # them, and then the slice is not re-sent (reassign: not of a live batch).
-                self._drop(batch)
-                batch.jobs = []  # see _finish: no cycle (each job still names its batch)
-        if self.parked:
-            late = [r for r in self.parked if r.deadline is not None and r.deadline < now]
-            if late:
-                self.parked = [r for r in self.parked if r.deadline is None or r.deadline >= now]
-                expired += late
-        self._refresh_next_deadline()
-        return expired
+    @staticmethod
+    def _computing(job: Job, now: float, computing: Computing | None) -> bool:
+        return computing is not None and computing(job.worker, job.sent_at, job.cpu_at_send, now)
 
     def deadline(self, worker: WorkerHandle, rows: int, now: float) -> tuple[float, float | None]:
-        """(deadline, predicted ms) of a slice of `rows` sent to `worker` now: the profile's latency times
-        the margin, at least the floor, at most the job timeout; after the deadlines of the slices the
-        worker already holds (it runs them one after another). Where the profile predicts nothing, production's
-        prediction (`learned_ms`; the second value stays None: it is not the profile's) sets it the same way;
-        without either: the job timeout."""
-        return self._times(worker, rows, now)[1:3]
-
-    def _times(
-        self, worker: WorkerHandle, rows: int, now: float
-    ) -> tuple[float, float, float | None, float | None, float, float]:
-        """(hedge time, deadline, the profile's predicted ms, production's learned ms where the profile has none, first
-        look, when its clocks start) of a slice; no hedge without the profile's prediction, nor one that would come no
-        earlier than the deadline. The first look is the spin floor or the margin times the prediction, whichever is
-        later, and no later than the deadline. Its clocks start now, or behind the worker's slices' deadlines."""
-        predicted = self.splitter.predicted_ms(worker.threads, rows)
-        # What slices of this shape took here, where the profile predicts nothing. It is not hedged, as before (a copy
-        # would send the rows to a second worker): it sets the deadline and the CPU budgets only.
-        learned = None if predicted is not None else self.learned_ms(worker.threads, rows)
-        expected = predicted if predicted is not None else learned
-        allowed = self.job_timeout_s
-        hedge_after = math.inf
-        first_look = allowed
-        if expected is not None:
-            allowed = min(allowed, max(self.deadline_floor_s, self.deadline_margin * expected / 1000.0))
-            first_look = min(allowed, max(self.spin_floor_s, self.deadline_margin * expected / 1000.0))
-        # Instances that share cores run slower than their profiled cells by a factor nobody predicts, and a hedge
-        # would only put more work on the same cores: such plans are never hedged.
-        if predicted is not None and not self.splitter.oversubscribed:
-            hedge_after = max(self.hedge_floor_s, self.hedge_margin * predicted / 1000.0)
-        held = [max(job.deadline, job.watched_at) for job in self.jobs.values() if job.worker.id == worker.id]
-        start = max([now, *held])
-        hedge_at = start + hedge_after if hedge_after < allowed else math.inf
-        return hedge_at, start + allowed, predicted, learned, start + first_look, start
-
-    def fail(self, job_id: object) -> tuple[list[Request], list[Request]] | None:
-        """A worker's FAILED for job `job_id`. None when that job is not of a batch in flight (the loop's or one
-        aside): a late failure of an earlier batch's slice (re-sent elsewhere, or a hedge's other copy), which is
-        ignored (it used to abort whatever batch was in flight then). Else the batch is given up and its unanswered
-        requests are returned as (suspects, others): those with rows in the failed slice, and the rest, whose rows
-        it never held."""
-        job = self.jobs.pop(job_id, None) if isinstance(job_id, int) else None
-        if job is None or not self.live(job.batch):
-            return None
-        batch = job.batch
-        suspects, others = _sort(batch, job)
-        self._drop(batch)
-        for other in [j for j in self.jobs.values() if j.batch is batch]:
-            del self.jobs[other.id]
-            _unlink(other)
-        _unlink(job)
-        batch.jobs = []  # see _finish: no cycle may keep the request buffers alive
-        self._refresh_next_deadline()
-        return suspects, others
-
-    def hang(self, job: Job) -> Hang | None:
-        """A slice of the batch in flight that the supervisor found hung (past its deadline, its worker's CPU time
-        stopped or past the slice's CPU budget, or the job timeout passed) on a worker that is not stopped: the model
-        may hang on one of its inputs, so the slice is never re-sent as it is (that hung a second worker, then a
-        third, for ever). The batch is given up (the next one may start) and its unanswered requests sorted: those
-        with rows in the slice that had already been run alone are the hang's (the caller answers them with an
-        error), the other suspects run again each alone, and the rest batched again as usual. Its jobs stay in `jobs`
-        (their workers are busy until they answer, the answer then dropped, or are replaced). None when `job` is not
-        of the batch in flight (a hedge's loser, a slice of a batch given up): its worker is the caller's to judge."""
-        batch = job.batch
-        if job.output is not None or not self.live(batch):
-            return None
-        suspects, others = _sort(batch, job)
-        hung = [request for request in suspects if request.alone]
-        again = [request for request in suspects if not request.alone]
-        for request in again:
-            request.alone = True
-        self._drop(batch)
-        # Its worker is replaced: the answer is no longer waited for, and a model that spins on an input would keep
-        # the worker, and every batch sent to it, until the job timeout. A hung request may also hang every other
-        # worker that holds its rows: a hedge's copy, its first batch's slice.
-        workers = {job.worker.id: job.worker}
-        workers.update((j.worker.id, j.worker) for j in self.jobs.values() if any(_holds(j, r) for r in hung))
-        batch.jobs = []  # see _finish: no cycle (each job still names its batch: `_holds` reads its requests)
-        self._refresh_next_deadline()
-        return Hang(hung, others + again, list(workers.values()))
-
-    def abandon(self) -> list[Request]:
-        """Give up every batch in flight, aside too, and the parked requests (no worker left, or the daemon stops);
-        the caller answers or re-queues the unanswered requests."""
-        batches = [self.batch, *self.aside] if self.batch is not None else self.aside
-        requests = [r for batch in batches for r in batch.requests if not r.answered] + self.parked
-        for batch in batches:
-            batch.jobs.clear()  # see _finish: no cycle may keep the request buffers alive
-        self.batch, self.aside, self.parked = None, [], []
-        self.late.clear()
-        for job in self.jobs.values():
-            _unlink(job)
-        self.jobs.clear()
-        return requests
+        """(deadline, predicted ms) of a slice of `rows` sent to `worker` now (Timing.clocks); production's
+        prediction, where the profile has none, sets it the same way, but the second value stays None: it is not
+        the profile's."""
+        clocks = self._clocks(worker, rows, now)
+        return clocks.deadline, clocks.predicted
 
     # -- internals --------------------------------------------------------------------------
-    def _drop(self, batch: InFlightBatch) -> None:
-        """`batch` is answered or given up: neither the loop's nor aside any more."""
-        if batch is self.batch:
-            self.batch = None
-            self.late.clear()
-        else:
-            self.aside = [aside for aside in self.aside if aside is not batch]
-
-    def _refresh_next_deadline(self) -> None:
-        batches = [self.batch, *self.aside] if self.batch is not None else self.aside
-        self.next_deadline = min(
-            [min(job.deadline, job.hedge_at) for job in self.jobs.values()]
-            + [batch.deadline for batch in batches]
-            + ([self.batch.aside_at] if self.batch is not None else [])
-            + [request.deadline for request in self.parked if request.deadline is not None],
-            default=math.inf,
-        )
+    def _clocks(self, worker: WorkerHandle, rows: int, now: float) -> Clocks:
+        predicted = self.splitter.predicted_ms(worker.threads, rows)
+        held = self.held_by(worker)
+        return self.timing.clocks(worker, rows, now, predicted, held, not self.splitter.oversubscribed)
 
     def _send_job(
         self, batch: InFlightBatch, offset: int, rows: int, worker: WorkerHandle, twin: Job | None = None
     ) -> Job:
         """Send rows [offset, offset+rows) of `batch` to `worker`; `twin`: the slice this job hedges."""
         now = time.monotonic()
-        hedge_at, deadline, predicted, learned, first_look, clock_from = self._times(worker, rows, now)
+        hedge_at, deadline, predicted, learned, first_look, clock_from = self._clocks(worker, rows, now)
         if len(batch.requests) == 1 and batch.requests[0].alone:
             # A suspect of a failure or a hang, run alone to tell it from its neighbours: a hedge's copy on a second
             # worker would only spread what it does to the first.
@@ -494,20 +372,9 @@ class Dispatcher:
         job = Job(self._next_job, batch, offset, rows, worker, now, first_look, predicted, hedge_at, twin)
         job.watched_at, job.learned_ms, job.clock_from = deadline, learned, clock_from
         self._next_job += 1
-        expected = job.expected_ms
-        cpu = None if expected is None else worker.cpu_seconds()
-        if cpu is not None and expected is not None:
-            # A slice needs at most its threads' CPU for its predicted time, however loaded the machine (a loaded
-            # machine slows the wall clock, not the work): a worker that used `margin` times that, still with no
-            # answer, spins (Supervisor.look). After the budgets of the slices it already holds, as the deadline.
-            # Two budgets: the spin floor's for a worker that computes without a pause, the deadline floor's for any.
-            needs = self.deadline_margin * worker.threads * expected / 1000.0
-            job.cpu_at_send = cpu
-            job.cpu_budget = max(self.deadline_floor_s, needs)
-            job.spin_budget = min(job.cpu_budget, max(self.spin_floor_s, needs))
-            mine = [j for j in self.jobs.values() if j.worker.id == worker.id]
-            job.cpu_limit = max([cpu, *(j.cpu_limit for j in mine)]) + job.cpu_budget
-            job.spin_limit = max([cpu, *(j.spin_limit for j in mine)]) + job.spin_budget
+        cpu = None if job.expected_ms is None else worker.cpu_seconds()
+        if cpu is not None:
+            self.timing.budget(job, cpu, self.held_by(worker))
         self.next_deadline = min(self.next_deadline, deadline, hedge_at)
         header = {"job": job.id, "dtype": numpy_name(batch.dtype), "shape": [rows, *batch.sample_shape]}
         self.jobs[job.id] = job
@@ -517,113 +384,6 @@ class Dispatcher:
         else:  # the copy is not hedged again; it stands for the slice only once it answers first
             twin.twin = job
             job.hedge_at = math.inf
-        if not self.send(worker, header, _row_frames(batch, offset, rows)):
+        if not self.send(worker, header, slices.row_frames(batch, offset, rows)):
             job.deadline = self.next_deadline = 0.0  # unreachable worker: the next check re-routes it at once
         return job
-
-    def _finish(self, batch: InFlightBatch) -> list[Completed]:
-        self._drop(batch)
-        jobs = batch.jobs if len(batch.jobs) == 1 else sorted(batch.jobs, key=lambda j: j.offset)
-        # Jobs and their batch point at each other; left alone, that cycle would keep the clients'
-        # input buffers (megabytes each) alive until the cyclic garbage collector runs, and every new
-        # request would land in fresh memory and page-fault all of it in (measured: 2 369 faults, the
-        # whole 9.6 MB, per ResNet-50 batch of 16).
-        batch.jobs = []
-        compute_ms = jobs[0].compute_ms if len(jobs) == 1 else max(job.compute_ms for job in jobs)
-        completed = []
-        offset = 0
-        for request in batch.requests:
-            if not request.answered:  # answered TIMEOUT while in flight, or when moved aside: answered once
-                rows = _gather(jobs, offset, request.samples)
-                queue_ms = (batch.started - request.arrived) * 1000.0
-                completed.append(Completed(request, rows, queue_ms, compute_ms, jobs))
-            offset += request.samples
-        return completed
-
-
-@dataclass
-class Hang:
-    """What `Dispatcher.hang` made of a slice past its deadline."""
-
-    hung: list[Request]  # run alone already and hung again: the caller answers them with an error, never re-sends
-    again: list[Request]  # to queue again at the head: the batch's other requests, then each suspect alone
-    replace: list[WorkerHandle]  # the slice's worker and those holding a hung request's rows: nobody waits for them
-
-
-def _sort(batch: InFlightBatch, job: Job) -> tuple[list[Request], list[Request]]:
-    """The batch's unanswered requests: (those with rows in `job`'s slice, the others)."""
-    low, high = job.offset, job.offset + job.rows
-    suspects: list[Request] = []
-    others: list[Request] = []
-    start = 0
-    for request in batch.requests:
-        end = start + request.samples
-        if not request.answered:
-            (suspects if start < high and low < end else others).append(request)
-        start = end
-    return suspects, others
-
-
-def _covered(jobs: list[Job], low: int, high: int) -> bool:
-    """Whether the slices `jobs` (one per slice: they do not overlap) hold every row in [low, high)."""
-    return sum(max(0, min(high, j.offset + j.rows) - max(low, j.offset)) for j in jobs) == high - low
-
-
-def _holds(job: Job, request: Request) -> bool:
-    """Whether `job`'s slice holds rows of `request` (by identity: the same request may be in a later batch too)."""
-    start = 0
-    for queued in job.batch.requests:
-        end = start + queued.samples
-        if queued is request:
-            return start < job.offset + job.rows and job.offset < end
-        start = end
-    return False
-
-
-def _unlink(job: Job) -> None:
-    """A job leaves for good: part it from its hedge's other copy. The two point at each other, a cycle that kept
-    their batch's requests, and the inbox slabs their inputs are in, alive until the cyclic collector ran."""
-    twin, job.twin = job.twin, None
-    if twin is not None and twin.twin is job:
-        twin.twin = None
-
-
-def _put_in_place_of(jobs: list[Job], old: Job, new: Job) -> None:
-    """Replace `old` by `new` in a batch's jobs (by identity: a Job compares its fields)."""
-    for k, job in enumerate(jobs):
-        if job is old:
-            jobs[k] = new
-            return
-
-
-def _row_frames(batch: InFlightBatch, offset: int, rows: int) -> list[memoryview]:
-    """Frames covering rows [offset, offset+rows) of the batch, as views of the request buffers."""
-    requests = batch.requests
-    if len(requests) == 1 and offset == 0 and rows == requests[0].samples:
-        whole = requests[0].payload
-        if type(whole) is memoryview and whole.format == "B" and whole.ndim == 1:
-            return [whole]  # the one request, whole: its buffer as received
-    row_bytes = batch.dtype.itemsize * math.prod(batch.sample_shape)
-    frames = []
-    start = 0
-    for request in batch.requests:
-        end = start + request.samples
-        low, high = max(offset, start), min(offset + rows, end)
-        if low < high:
-            view = memoryview(request.payload).cast("B")
-            frames.append(view[(low - start) * row_bytes : (high - start) * row_bytes])
-        start = end
-    return frames
-
-
-def _gather(jobs: list[Job], offset: int, rows: int) -> np.ndarray:
-    if len(jobs) == 1 and offset == 0 and rows == jobs[0].rows:
-        assert jobs[0].output is not None
-        return jobs[0].output  # one request on one worker: its output as it came
-    pieces = []
-    for job in jobs:
-        low, high = max(offset, job.offset), min(offset + rows, job.offset + job.rows)
-        if low < high:
-            assert job.output is not None
-            pieces.append(job.output[low - job.offset : high - job.offset])
-    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)

@@ -17,6 +17,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from packrat_daemon.fleet.pool import WorkerHandle
+    from packrat_daemon.fleet.verdicts import Looked
     from packrat_daemon.requests.batcher import Request
 
 
@@ -29,7 +30,7 @@ class Job:
     worker: WorkerHandle
     sent_at: float
     # Monotonic time past which its worker is looked at, maybe hung: at first the spin floor or the margin times the
-    # prediction (Dispatcher._times), then each look's next.
+    # prediction (Timing.clocks), then each look's next.
     deadline: float
     predicted_ms: float | None  # the profile's latency for this slice; None when it has none
     hedge_at: float = math.inf  # monotonic time past which its rows are also sent to an idle worker
@@ -51,9 +52,11 @@ class Job:
     # When its clocks (deadline, first look, hedge, CPU budgets) start: its sending, or, queued behind the worker's
     # earlier slices, their deadlines; moved to the earlier slice's answer when that comes first (Dispatcher.on_result).
     clock_from: float = 0.0
-    # Production's prediction where the profile has none (Dispatcher.learned_ms): it sets the deadline and the CPU
+    # Production's prediction where the profile has none (Timing.learned_ms): it sets the deadline and the CPU
     # budget as the profile's would (with the learned floor), never a hedge, and is not the profile's in the metrics.
     learned_ms: float | None = None
+    # What the looks at it read once it was overdue (verdicts.judge's memory from one look to the next).
+    looked: Looked | None = None
 
     @property
     def expected_ms(self) -> float | None:

@@ -20,19 +20,18 @@ import numpy as np
 import pytest
 
 from packrat_daemon.adapt.production import ProductionProfile
+from packrat_daemon.fleet import proc
 from packrat_daemon.fleet.pool import PoolEvent, WorkerHandle, WorkerState
-from packrat_daemon.fleet.supervisor import (
-    MIN_PROGRESS_CPU_S,
-    RECONCILE_INTERVAL_S,
-    Supervisor,
-    run_seconds,
-    waiting_for_cpu,
-)
+from packrat_daemon.fleet.proc import run_seconds, waiting_for_cpu
+from packrat_daemon.fleet.supervisor import RECONCILE_INTERVAL_S, Supervisor
+from packrat_daemon.fleet.verdicts import MIN_PROGRESS_CPU_S, Looked, Slice, judge
 from packrat_daemon.ops.metrics import Metrics
 from packrat_daemon.requests.batcher import Request
 from packrat_daemon.requests.dispatcher import Dispatcher
+from packrat_daemon.requests.inflight import Actions
 from packrat_daemon.requests.jobs import Job
 from packrat_daemon.requests.splitter import Splitter
+from packrat_daemon.requests.timing import Deadlines
 from packrat_daemon.wire.codec import ErrorCode
 from policies.planning.profile import Profile
 
@@ -73,7 +72,7 @@ def in_flight(pid: int, threads: int = 1) -> tuple[Fleet, WorkerHandle, Job, Req
     `pid`, predicted 10 ms: its deadline and its CPU budget are both the floor."""
     worker = WorkerHandle(1, threads, tuple(range(threads)), 1, WorkerState.READY, pid=pid)
     profile = Profile.from_latencies({(threads, 1): 10.0})
-    dispatcher = Dispatcher(lambda *_: True, Splitter(profile, "exact"), 60.0, 3.0, FLOOR_S)
+    dispatcher = Dispatcher(lambda *_: True, Splitter(profile, "exact"), Deadlines(60.0, 3.0, FLOOR_S))
     dispatcher.serving = [worker]
     one = Request(b"c", None, 1, "float32", (1, 2), memoryview(np.ones((1, 2), np.float32).tobytes()))
     dispatcher.dispatch([one], [worker])
@@ -173,9 +172,13 @@ def test_a_stopped_worker_is_replaced_and_its_slice_sent_elsewhere_not_taken_for
 
 def test_past_the_job_timeout_even_a_computing_worker_is_hung() -> None:
     with child(SPIN) as busy:
-        f, _, job, _ = in_flight(busy.pid)
-        assert f.supervisor._hung(job, job.sent_at + 61.0) == "the job timeout (60 s) passed"
-        assert f.supervisor._hung(job, job.sent_at + 1.5) is None  # its first look: under its budget
+        _, worker, job, _ = in_flight(busy.pid)
+        slice_ = Slice(job.sent_at, job.watched_at, 1, job.cpu_at_send, job.cpu_limit, job.cpu_budget,
+                       job.spin_limit, job.spin_budget)  # fmt: skip
+        late = judge(slice_, proc.read(worker, job.sent_at + 61.0), Looked(), 60.0)
+        assert late.why == "the job timeout (60 s) passed"
+        first = judge(slice_, proc.read(worker, job.sent_at + 1.5), Looked(), 60.0)
+        assert first.why is None  # its first look: under its budget
 
 
 def test_a_worker_waits_for_a_cpu_while_it_spins_not_while_it_sleeps() -> None:
@@ -196,22 +199,61 @@ class Fleet:
 
     supervisor: Supervisor
     reconciler: SimpleNamespace
-    dispatcher: Any  # a Dispatcher, or a stand-in of its parts
+    dispatcher: Any  # a Dispatcher, or a StandIn
     metrics: Metrics
     requeued: list[list[Request]]
     replies: list[tuple[str, object]]
     replaced: list[WorkerHandle]
 
 
+class StandIn:
+    """A dispatcher with nothing in flight, answering each event with the actions a test gives."""
+
+    busy = False
+    next_deadline = math.inf
+
+    def __init__(self, completed: list[object], failed: Actions, lost: Actions) -> None:
+        self.serving: list[WorkerHandle] = []
+        self.completed, self._failed, self._lost = completed, failed, lost
+
+    def overdue(self, now: float) -> list[Job]:
+        return []
+
+    def busy_workers(self) -> set[int]:
+        return set()
+
+    def start_parked(self) -> None:
+        pass
+
+    def on_deadline(self, now: float) -> Actions:
+        return Actions()
+
+    def pool_looked(self, serving: list[WorkerHandle], now: float) -> Actions:
+        self.serving = serving
+        return Actions()
+
+    def retry_late(self, now: float) -> None:
+        pass
+
+    def on_result(self, worker: WorkerHandle, header: dict, payload: list) -> list[object]:
+        return self.completed
+
+    def failed(self, worker: WorkerHandle, header: dict) -> Actions:
+        return self._failed
+
+    def lost(self, worker: WorkerHandle, candidates: list[WorkerHandle]) -> Actions:
+        return self._lost
+
+
 def fleet(
-    abandoned: list[Request] | None = None,
     completed: list[object] | None = None,
-    failed: tuple[list[Request], list[Request]] | None = None,
+    failed: Actions | None = None,
+    lost: Actions | None = None,
     dispatcher: Dispatcher | None = None,
     worker: WorkerHandle | None = None,
 ) -> Fleet:
     """A supervisor whose reconciler is a stand-in recording its calls; its dispatcher a real one if given, else a
-    stand-in answering `abandoned`, `completed` and `failed`."""
+    StandIn answering `completed`, `failed` and `lost`."""
     worker = worker or WorkerHandle(1, 2, (0, 1), 1, WorkerState.READY, pid=101)
     looks: list[float] = []
     replaced: list[WorkerHandle] = []
@@ -224,22 +266,7 @@ def fleet(
         serving=lambda: [worker],
         replace=replaced.append,
     )
-    parts: Any = dispatcher or SimpleNamespace(
-        busy=False,
-        next_deadline=math.inf,
-        serving=[],
-        jobs={},
-        late=[],
-        overdue=lambda _now: [],
-        reassign=lambda _lost, _workers: False,
-        abandon=lambda: list(abandoned or []),
-        fail=lambda _job: failed,
-        on_result=lambda _worker, _header, _payload: list(completed or []),
-        batch=None,
-        aside=[],
-        parked=[],
-        move_aside=lambda _now: None,
-    )
+    parts: Any = dispatcher or StandIn(list(completed or []), failed or Actions(), lost or Actions())
     replies: list[tuple[str, object]] = []
     requeued: list[list[Request]] = []
 
@@ -283,50 +310,45 @@ def test_the_check_looks_at_once_after_the_pool_or_the_plan_changed_else_every_i
 
 
 def test_a_batch_that_lost_every_worker_is_requeued_once_then_answered_internal() -> None:
-    first, again = request(2), request(3, retried=True)
-    f = fleet(abandoned=[first, again])
-    f.supervisor._on_lost(WorkerHandle(1, 2, (0, 1), 1, WorkerState.DEAD))
-    assert f.requeued == [[first]] and first.retried
-    assert f.replies == [("INTERNAL", again)]
-
-
-def test_results_and_failures_are_answered_through_the_replies_given() -> None:
     worker = WorkerHandle(1, 2, (0, 1), 1, WorkerState.READY)
-    done = object()
-    only = request(1)
-    f = fleet(completed=[done], failed=([only], []))
+    dispatcher = Dispatcher(lambda *_: True, Splitter(None, "exact"), Deadlines(60.0, 3.0, 1.0))
+    f = fleet(dispatcher=dispatcher, worker=worker)  # the lost worker is the only one serving
+    first, again = request(2), request(3, retried=True)
+    dispatcher.dispatch([first, again], [worker])
+    f.supervisor._on_lost(worker)
+    assert f.requeued == [[first]] and first.retried
+    assert f.replies == [("INTERNAL", again)] and not dispatcher.holds_work
+
+
+def test_the_dispatchers_actions_are_applied_in_order_through_the_parts_given() -> None:
+    worker = WorkerHandle(1, 2, (0, 1), 1, WorkerState.READY)
+    done, only, innocent = object(), request(1), request(2)
+    failed = Actions(errors=[(only, ErrorCode.INTERNAL, "boom")], requeue=[innocent])
+    f = fleet(completed=[done], failed=failed)
     f.supervisor._on_event(PoolEvent("result", worker, {"compute_ms": 3.0, "batch": 4, "job": 1}, []))
     f.supervisor._on_event(PoolEvent("failed", worker, {"job": 2, "message": "boom"}, []))
-    assert f.replies == [("result", done), ("INTERNAL", only)]  # its batch's only request: it failed alone
-
-
-def test_a_failed_slices_requests_are_run_again_alone_and_the_others_batched_again() -> None:
-    # Issue 27, 7: 97 poisoned requests caused 183 INTERNAL replies to another client, batched with them.
-    worker = WorkerHandle(1, 2, (0, 1), 1, WorkerState.READY)
-    suspect, already_alone, innocent = request(1), request(2), request(3)
-    already_alone.alone = True
-    f = fleet(failed=([suspect, already_alone], [innocent]))
-    f.supervisor._on_event(PoolEvent("failed", worker, {"job": 5, "message": "IndexError"}, []))
-    assert f.replies == [("INTERNAL", already_alone)]  # it failed in a batch of its own: it is the bad one
-    assert f.requeued == [[innocent, suspect]] and suspect.alone and not innocent.alone
-
-
-def test_a_failure_of_no_batch_in_flight_is_ignored() -> None:
-    f = fleet(abandoned=[request(1)], failed=None)
-    f.supervisor._on_event(PoolEvent("failed", WorkerHandle(1, 2, (0, 1), 1, WorkerState.READY), {"job": 3}, []))
-    assert f.replies == [] and f.requeued == []
+    assert f.replies == [("result", done), ("INTERNAL", only)] and f.requeued == [[innocent]]
+    # A worker to replace is lost too: its own actions follow.
+    lost = Actions(requeue=[only])
+    g = fleet(lost=lost)
+    g.supervisor.apply(Actions(errors=[(innocent, ErrorCode.TIMEOUT, "late")], replace=[worker]))
+    assert g.replies == [("TIMEOUT", innocent)] and g.replaced == [worker] and g.requeued == [[only]]
 
 
 def parking(serving: int, live: int, queued: int = 1) -> tuple[Fleet, list[WorkerHandle], list[object]]:
     """A supervisor on a real dispatcher with `serving` ready workers, `live` in the pool (starting ones too)."""
     pool = [WorkerHandle(k + 1, 1, (k,), 1, WorkerState.READY, pid=None) for k in range(serving)]
     sent: list[object] = []
-    dispatcher = Dispatcher(lambda worker, header, frames: sent.append((worker.id, header["job"])) or True,
-                            Splitter(None, "exact"), 60.0, 3.0, 1.0, 1.5, 0.1)  # fmt: skip
+    dispatcher = Dispatcher(
+        lambda worker, header, frames: sent.append((worker.id, header["job"])) or True,
+        Splitter(None, "exact"),
+        Deadlines(60.0, 3.0, 1.0, 1.5, 0.1),
+        queued=lambda: queued,
+        pool_size=lambda: live,
+    )
     f = fleet(dispatcher=dispatcher, worker=pool[0])
     f.reconciler.serving = f.reconciler.pool.ready = lambda: pool
-    f.reconciler.pool.live = lambda: [*pool, *[None] * (live - serving)]
-    f.supervisor.queued = dispatcher.queued = lambda: queued
+    f.supervisor.queued = lambda: queued
     dispatcher.serving = pool
     return f, pool, sent
 

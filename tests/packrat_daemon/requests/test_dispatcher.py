@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from packrat_daemon.fleet.pool import WorkerHandle, WorkerState
+from packrat_daemon.fleet.verdicts import SPIN_LOOK_S, Reading
 from packrat_daemon.requests.batcher import Request
-from packrat_daemon.requests.dispatcher import ASIDE_RECHECK_S, LEARNED_KEEP, Dispatcher, Splitter
+from packrat_daemon.requests.dispatcher import Dispatcher
+from packrat_daemon.requests.inflight import ASIDE_RECHECK_S, Actions
+from packrat_daemon.requests.splitter import Splitter
+from packrat_daemon.requests.timing import LEARNED_KEEP, Deadlines
+from packrat_daemon.wire.codec import ErrorCode
 from policies.planning.profile import Profile
 
 
@@ -48,9 +55,7 @@ def answer(dispatcher: Dispatcher, pool: list[WorkerHandle], sent: tuple[bytes, 
 def test_split_follows_the_profile_and_each_request_gets_its_own_rows() -> None:
     profile = Profile.from_latencies({(1, 2): 10.0, (1, 4): 20.0, (2, 4): 12.0, (2, 8): 30.0})
     recorder, pool = Recorder(), workers(2, 1)
-    dispatcher = Dispatcher(
-        recorder, Splitter(profile, "exact"), job_timeout_s=10, deadline_margin=1.5, deadline_floor_s=0.2
-    )
+    dispatcher = Dispatcher(recorder, Splitter(profile, "exact"), Deadlines(job_timeout_s=10, margin=1.5, floor_s=0.2))
     batch, arrays = requests(3, 2, 1)
     dispatcher.dispatch(batch, pool)
     assert [h["shape"][0] for _, h, _ in recorder.sent] == [4, 2]  # 2 threads take 4 rows at 12 ms
@@ -64,9 +69,7 @@ def test_split_follows_the_profile_and_each_request_gets_its_own_rows() -> None:
 
 def test_lost_worker_slice_goes_to_another_instance() -> None:
     recorder, pool = Recorder(), workers(1, 1)
-    dispatcher = Dispatcher(
-        recorder, Splitter(None, "exact"), job_timeout_s=10, deadline_margin=1.5, deadline_floor_s=0.2
-    )
+    dispatcher = Dispatcher(recorder, Splitter(None, "exact"), Deadlines(job_timeout_s=10, margin=1.5, floor_s=0.2))
     batch, arrays = requests(4)
     dispatcher.dispatch(batch, pool)
     first, second = recorder.sent
@@ -80,9 +83,7 @@ def test_lost_worker_slice_goes_to_another_instance() -> None:
 
 def test_no_worker_left_abandons_the_batch() -> None:
     recorder, pool = Recorder(), workers(1)
-    dispatcher = Dispatcher(
-        recorder, Splitter(None, "exact"), job_timeout_s=10, deadline_margin=1.5, deadline_floor_s=0.2
-    )
+    dispatcher = Dispatcher(recorder, Splitter(None, "exact"), Deadlines(job_timeout_s=10, margin=1.5, floor_s=0.2))
     batch, _ = requests(2)
     dispatcher.dispatch(batch, pool)
     assert not dispatcher.reassign(pool[0], pool)
@@ -104,7 +105,7 @@ def test_a_finished_or_abandoned_batch_frees_its_input_buffers_without_the_garba
         for finish in (True, False):
             recorder, pool = Recorder(), workers(2, 1)
             dispatcher = Dispatcher(
-                recorder, Splitter(profile, "exact"), job_timeout_s=10, deadline_margin=1.5, deadline_floor_s=0.2
+                recorder, Splitter(profile, "exact"), Deadlines(job_timeout_s=10, margin=1.5, floor_s=0.2)
             )
             payload = Payload(np.ones((6, 2), dtype=np.float32).tobytes())
             watch = weakref.ref(payload)
@@ -127,10 +128,7 @@ def test_a_finished_or_abandoned_batch_frees_its_input_buffers_without_the_garba
 def test_a_slice_is_given_its_predicted_latency_times_the_margin_within_floor_and_timeout() -> None:
     profile = Profile.from_latencies({(1, 2): 400.0, (1, 4): 800.0, (2, 4): 10.0})
     recorder, pool = Recorder(), workers(1, 1)
-    dispatcher = Dispatcher(
-        recorder, Splitter(profile, "even"), job_timeout_s=60, deadline_margin=1.5, deadline_floor_s=0.2
-    )
-    dispatcher.deadline_floor_s = 0.2
+    dispatcher = Dispatcher(recorder, Splitter(profile, "even"), Deadlines(job_timeout_s=60, margin=1.5, floor_s=0.2))
     batch, _ = requests(2, 2)
     dispatcher.dispatch(batch, pool)
     for job in dispatcher.jobs.values():
@@ -142,7 +140,7 @@ def test_a_slice_is_given_its_predicted_latency_times_the_margin_within_floor_an
     # The floor: a fast slice still gets 0.2 s; the job timeout caps a slow one; no profile: the timeout.
     idle_two, idle_one = (WorkerHandle(9, t, (9,), 1, WorkerState.READY) for t in (2, 1))
     assert dispatcher.deadline(idle_two, 4, 0.0) == (0.2, 10.0)
-    dispatcher.job_timeout_s = 0.5
+    dispatcher.set_deadlines(dataclasses.replace(dispatcher.deadlines, job_timeout_s=0.5))
     assert dispatcher.deadline(idle_one, 4, 0.0) == (0.5, 800.0)
     dispatcher.splitter = Splitter(None, "exact")
     assert dispatcher.deadline(idle_one, 4, 0.0) == (0.5, None)
@@ -151,9 +149,7 @@ def test_a_slice_is_given_its_predicted_latency_times_the_margin_within_floor_an
 def test_a_slice_sent_to_a_busy_worker_gets_its_deadline_after_the_work_it_holds() -> None:
     profile = Profile.from_latencies({(1, 2): 400.0})
     recorder, pool = Recorder(), workers(1, 1)
-    dispatcher = Dispatcher(
-        recorder, Splitter(profile, "even"), job_timeout_s=60, deadline_margin=2.0, deadline_floor_s=0.2
-    )
+    dispatcher = Dispatcher(recorder, Splitter(profile, "even"), Deadlines(job_timeout_s=60, margin=2.0, floor_s=0.2))
     batch, _ = requests(2, 2)
     dispatcher.dispatch(batch, pool)
     first = next(job for job in dispatcher.jobs.values() if job.worker.id == 2)
@@ -165,9 +161,7 @@ def test_a_slice_sent_to_a_busy_worker_gets_its_deadline_after_the_work_it_holds
 
 def test_timeout_ms_bounds_a_request_in_flight() -> None:
     recorder, pool = Recorder(), workers(1)
-    dispatcher = Dispatcher(
-        recorder, Splitter(None, "exact"), job_timeout_s=60, deadline_margin=1.5, deadline_floor_s=0.2
-    )
+    dispatcher = Dispatcher(recorder, Splitter(None, "exact"), Deadlines(job_timeout_s=60, margin=1.5, floor_s=0.2))
     batch, arrays = requests(1, 2)
     batch[0].deadline = 5.0
     dispatcher.dispatch(batch, pool)
@@ -182,9 +176,7 @@ def test_timeout_ms_bounds_a_request_in_flight() -> None:
 def test_a_batch_past_every_requests_deadline_is_cancelled_and_its_slices_are_not_sent_again() -> None:
     # Issue 27, 9: timeout_ms answered the requests of a batch that hung, but the batch stayed in flight.
     recorder, pool = Recorder(), workers(1, 1)
-    dispatcher = Dispatcher(
-        recorder, Splitter(None, "exact"), job_timeout_s=60, deadline_margin=1.5, deadline_floor_s=0.2
-    )
+    dispatcher = Dispatcher(recorder, Splitter(None, "exact"), Deadlines(job_timeout_s=60, margin=1.5, floor_s=0.2))
     batch, _ = requests(1, 2)
     batch[0].deadline, batch[1].deadline = 5.0, 6.0
     dispatcher.dispatch(batch, pool)
@@ -199,9 +191,7 @@ def test_a_batch_past_every_requests_deadline_is_cancelled_and_its_slices_are_no
 
 def test_abandon_leaves_out_requests_already_answered() -> None:
     recorder, pool = Recorder(), workers(1)
-    dispatcher = Dispatcher(
-        recorder, Splitter(None, "exact"), job_timeout_s=60, deadline_margin=1.5, deadline_floor_s=0.2
-    )
+    dispatcher = Dispatcher(recorder, Splitter(None, "exact"), Deadlines(job_timeout_s=60, margin=1.5, floor_s=0.2))
     batch, _ = requests(1, 1)
     batch[0].deadline = 1.0
     dispatcher.dispatch(batch, pool)
@@ -213,9 +203,10 @@ def hedging(pool_size: int) -> tuple[Recorder, list[WorkerHandle], Dispatcher]:
     # 400 ms predicted per 2-row slice: hedged after 0.6 s, its worker replaced after 1.2 s.
     recorder, pool = Recorder(), workers(*[1] * pool_size)
     dispatcher = Dispatcher(
-        recorder, Splitter(Profile.from_latencies({(1, 2): 400.0}), "even"), job_timeout_s=60,
-        deadline_margin=3.0, deadline_floor_s=0.2, hedge_margin=1.5, hedge_floor_s=0.1,
-    )  # fmt: skip
+        recorder,
+        Splitter(Profile.from_latencies({(1, 2): 400.0}), "even"),
+        Deadlines(job_timeout_s=60, margin=3.0, floor_s=0.2, hedge_margin=1.5, hedge_floor_s=0.1),
+    )
     return recorder, pool, dispatcher
 
 
@@ -249,9 +240,10 @@ def test_slices_of_instances_that_share_cores_are_never_hedged_but_keep_their_de
     recorder, pool = Recorder(), workers(1, 1, 1)
     splitter = Splitter(Profile.from_latencies({(1, 2): 400.0}), "even", oversubscribed=True)
     dispatcher = Dispatcher(
-        recorder, splitter, job_timeout_s=60, deadline_margin=3.0, deadline_floor_s=0.2, hedge_margin=1.5,
-        hedge_floor_s=0.1,
-    )  # fmt: skip
+        recorder,
+        splitter,
+        Deadlines(job_timeout_s=60, margin=3.0, floor_s=0.2, hedge_margin=1.5, hedge_floor_s=0.1),
+    )
     dispatcher.dispatch(requests(2, 2)[0], pool[:2])
     for job in dispatcher.jobs.values():
         assert job.hedge_at == math.inf and abs(job.deadline - job.sent_at - 1.2) < 1e-9
@@ -299,9 +291,7 @@ def test_a_worker_lost_while_holding_a_losing_copy_has_it_dropped_not_sent_again
 def test_a_late_failure_of_an_earlier_batch_never_aborts_the_next_and_a_failure_names_its_slices_requests() -> None:
     # Issue 27, 7: abandon() on any FAILED let a previous batch's late failure abort the next batch (14 of 20 lost).
     recorder, pool = Recorder(), workers(1, 1)
-    dispatcher = Dispatcher(
-        recorder, Splitter(None, "exact"), job_timeout_s=10, deadline_margin=1.5, deadline_floor_s=0.2
-    )
+    dispatcher = Dispatcher(recorder, Splitter(None, "exact"), Deadlines(job_timeout_s=10, margin=1.5, floor_s=0.2))
     batch, _ = requests(2, 2)
     dispatcher.dispatch(batch, pool)
     first, second = recorder.sent
@@ -322,9 +312,7 @@ def test_a_late_failure_of_an_earlier_batch_never_aborts_the_next_and_a_failure_
 def test_a_slice_past_its_deadline_is_never_sent_again_its_requests_run_alone_and_a_hang_alone_is_final() -> None:
     # Issue 27, 9: a hung slice was re-sent to the next worker, which hung on it too, worker after worker.
     recorder, pool = Recorder(), workers(1, 1)
-    dispatcher = Dispatcher(
-        recorder, Splitter(None, "exact"), job_timeout_s=10, deadline_margin=1.5, deadline_floor_s=0.2
-    )
+    dispatcher = Dispatcher(recorder, Splitter(None, "exact"), Deadlines(job_timeout_s=10, margin=1.5, floor_s=0.2))
     batch, _ = requests(1, 1, 2)
     dispatcher.dispatch(batch, pool)
     first, second = recorder.sent  # rows [0, 2): requests 0 and 1; rows [2, 4): request 2
@@ -394,7 +382,7 @@ def test_a_slices_cpu_budget_is_the_cpu_its_prediction_implies_after_the_slices_
     lost = WorkerHandle(1, 2, (0, 1), 1, WorkerState.READY)  # no pid: its CPU time cannot be read
     kept = WorkerHandle(2, 2, (2, 3), 1, WorkerState.READY, pid=os.getpid())
     dispatcher = Dispatcher(
-        Recorder(), Splitter(profile, "exact"), job_timeout_s=60, deadline_margin=3.0, deadline_floor_s=1.0
+        Recorder(), Splitter(profile, "exact"), Deadlines(job_timeout_s=60, margin=3.0, floor_s=1.0)
     )
     before = kept.cpu_seconds()
     dispatcher.dispatch(requests(8)[0], [lost, kept])
@@ -415,8 +403,11 @@ def test_a_slice_queued_behind_another_starts_its_clocks_when_that_one_is_answer
     # deadline proper (1 s) and its own first look had passed, so it was told by the job timeout after 2.2 s.
     worker = WorkerHandle(1, 1, (0,), 1, WorkerState.READY, pid=os.getpid())
     recorder = Recorder()
-    dispatcher = Dispatcher(recorder, Splitter(Profile.from_latencies({(1, 1): 10.0}), "exact"), job_timeout_s=60,
-                            deadline_margin=3.0, deadline_floor_s=1.0, spin_floor_s=0.2)  # fmt: skip
+    dispatcher = Dispatcher(
+        recorder,
+        Splitter(Profile.from_latencies({(1, 1): 10.0}), "exact"),
+        Deadlines(job_timeout_s=60, margin=3.0, floor_s=1.0, spin_floor_s=0.2),
+    )
     (quick, spin), _ = requests(1, 1)
     dispatcher.dispatch([quick], [worker])
     dispatcher.run_aside(spin, worker)
@@ -434,7 +425,7 @@ def test_a_slice_queued_behind_another_starts_its_clocks_when_that_one_is_answer
 
 def test_a_slice_without_a_prediction_has_no_cpu_budget() -> None:
     worker = WorkerHandle(1, 1, (0,), 1, WorkerState.READY, pid=os.getpid())
-    dispatcher = Dispatcher(Recorder(), Splitter(None, "exact"), job_timeout_s=5, deadline_margin=3, deadline_floor_s=1)
+    dispatcher = Dispatcher(Recorder(), Splitter(None, "exact"), Deadlines(job_timeout_s=5, margin=3, floor_s=1))
     dispatcher.dispatch(requests(2)[0], [worker])
     (job,) = dispatcher.jobs.values()
     assert job.cpu_limit == job.cpu_budget == math.inf and job.deadline == job.sent_at + 5
@@ -444,12 +435,13 @@ def aside(size: int = 2, queued: int = 1) -> tuple[Recorder, list[WorkerHandle],
     """No profile, one-thread workers; `queued`: the inputs the batcher holds meanwhile."""
     recorder, pool = Recorder(), workers(*[1] * size)
     dispatcher = Dispatcher(
-        recorder, Splitter(None, "exact"), job_timeout_s=60, deadline_margin=3.0, deadline_floor_s=1.0,
-        hedge_margin=1.5, hedge_floor_s=0.1,
-    )  # fmt: skip
+        recorder,
+        Splitter(None, "exact"),
+        Deadlines(job_timeout_s=60, margin=3.0, floor_s=1.0, hedge_margin=1.5, hedge_floor_s=0.1),
+    )
     dispatcher.serving = pool
     dispatcher.queued = lambda: queued
-    dispatcher.typical_slice_s = 0.02  # as answers taught it: late after the hedge floor, 0.1 s
+    dispatcher.timing.typical_slice_s = 0.02  # as answers taught it: late after the hedge floor, 0.1 s
     return recorder, pool, dispatcher
 
 
@@ -528,20 +520,20 @@ def test_parked_and_aside_requests_keep_the_dispatcher_busy_while_nothing_is_que
 
 def test_nothing_moves_aside_before_a_slice_was_answered_or_predicted_or_with_hedging_off() -> None:
     recorder, pool, dispatcher = aside()
-    dispatcher.typical_slice_s = math.inf
+    dispatcher.timing.typical_slice_s = math.inf
     dispatcher.dispatch(requests(1, 1)[0], pool)
     assert dispatcher.batch is not None and dispatcher.batch.aside_at == math.inf
     for sent in recorder.sent:
         answer(dispatcher, pool, sent)
-    assert dispatcher.typical_slice_s < math.inf  # learned from the answers
-    dispatcher.hedge_margin = math.inf
+    assert dispatcher.timing.typical_slice_s < math.inf  # learned from the answers
+    dispatcher.set_deadlines(dataclasses.replace(dispatcher.deadlines, hedge_margin=math.inf))
     dispatcher.dispatch(requests(1, 1)[0], pool)
     assert dispatcher.batch is not None and dispatcher.batch.aside_at == math.inf
 
 
 def test_before_any_answer_a_batch_is_late_after_its_predicted_slice_times_the_hedge_margin() -> None:
     recorder, pool, dispatcher = hedging(2)  # 400 ms predicted per 2-row slice, hedged after 0.6 s
-    assert dispatcher.typical_slice_s == math.inf
+    assert dispatcher.timing.typical_slice_s == math.inf
     dispatcher.dispatch(requests(2, 2)[0], pool)
     assert dispatcher.batch is not None
     sent = max(job.sent_at for job in dispatcher.jobs.values())
@@ -565,7 +557,7 @@ def test_without_a_profile_a_slice_is_predicted_from_the_slices_of_its_shape_pro
     # longest of the last few, else a smaller slice's scaled to the rows, else a larger one's.
     worker = WorkerHandle(1, 1, (0,), 1, WorkerState.READY, pid=os.getpid())
     dispatcher = Dispatcher(
-        Recorder(), Splitter(None, "exact"), job_timeout_s=5, deadline_margin=3, deadline_floor_s=1, spin_floor_s=0.2
+        Recorder(), Splitter(None, "exact"), Deadlines(job_timeout_s=5, margin=3, floor_s=1, spin_floor_s=0.2)
     )
     assert dispatcher.learned_ms(1, 2) is None
     dispatcher.learn(1, 1, 30.0)  # a worker's warm-up
@@ -595,9 +587,10 @@ def test_a_spin_floor_looks_at_a_slice_before_its_deadline_with_a_smaller_cpu_bu
     profile = Profile.from_latencies({(1, 2): 10.0, (1, 4): 400.0})
     worker = WorkerHandle(1, 1, (0,), 1, WorkerState.READY, pid=os.getpid())
     dispatcher = Dispatcher(
-        Recorder(), Splitter(profile, "exact"), job_timeout_s=60, deadline_margin=3, deadline_floor_s=1,
-        spin_floor_s=0.25,
-    )  # fmt: skip
+        Recorder(),
+        Splitter(profile, "exact"),
+        Deadlines(job_timeout_s=60, margin=3, floor_s=1, spin_floor_s=0.25),
+    )
     dispatcher.dispatch(requests(2)[0], [worker])
     small = max(dispatcher.jobs.values(), key=lambda j: j.id)
     assert abs(small.deadline - small.sent_at - 0.25) < 1e-9 and abs(small.watched_at - small.sent_at - 1.0) < 1e-9
@@ -609,7 +602,74 @@ def test_a_spin_floor_looks_at_a_slice_before_its_deadline_with_a_smaller_cpu_bu
     assert abs(large.deadline - large.watched_at) < 1e-9 and abs(large.watched_at - large.sent_at - 1.2) < 1e-9
     assert abs(large.spin_budget - 1.2) < 1e-9 and abs(large.cpu_budget - 1.2) < 1e-9
     # Without a spin floor (as the tests' dispatchers), the first look is the deadline, as before.
-    plain = Dispatcher(Recorder(), Splitter(profile, "exact"), job_timeout_s=60, deadline_margin=3, deadline_floor_s=1)
+    plain = Dispatcher(Recorder(), Splitter(profile, "exact"), Deadlines(job_timeout_s=60, margin=3, floor_s=1))
     plain.dispatch(requests(2)[0], [worker])
     (job,) = plain.jobs.values()
     assert job.deadline == job.watched_at and job.spin_budget == job.cpu_budget == 1.0
+
+
+def test_a_failure_answers_a_request_that_failed_alone_and_runs_its_slices_others_again_each_alone() -> None:
+    # Issue 27, 7: 97 poisoned requests caused 183 INTERNAL replies to another client, batched with them.
+    recorder, pool = Recorder(), workers(1, 1)
+    dispatcher = Dispatcher(recorder, Splitter(None, "exact"), Deadlines(10, 1.5, 0.2))
+    batch, _ = requests(1, 1, 2)
+    suspect, already_alone, innocent = batch
+    already_alone.alone = True
+    dispatcher.dispatch(batch, pool)
+    failed = recorder.sent[0][1]["job"]  # rows [0, 2): the suspect's and the one already run alone
+    actions = dispatcher.failed(pool[0], {"job": failed, "message": "IndexError"})
+    assert [(r, code) for r, code, _ in actions.errors] == [(already_alone, ErrorCode.INTERNAL)]
+    assert actions.requeue == [innocent, suspect] and suspect.alone and not innocent.alone  # the innocents first
+    assert actions.results == actions.replace == [] and not dispatcher.busy
+    assert dispatcher.failed(pool[0], {"job": failed}) == Actions()  # of no batch in flight: ignored
+    (only,), _ = requests(1)
+    dispatcher.dispatch([only], pool[:1])
+    actions = dispatcher.failed(pool[0], {"job": recorder.sent[-1][1]["job"], "message": "boom"})
+    assert actions.errors == [(only, ErrorCode.INTERNAL, "the model failed on this request: boom")]
+    assert actions.requeue == []  # its batch's only request: it failed on its own
+
+
+def test_a_look_moves_a_slow_slices_next_look_gives_a_hung_batch_up_and_replaces_a_stopped_worker() -> None:
+    recorder, pool = Recorder(), workers(1, 1)
+    dispatcher = Dispatcher(recorder, Splitter(None, "exact"), Deadlines(10, 1.5, 0.2))
+    batch, _ = requests(1, 1)
+    dispatcher.dispatch(batch, pool)
+    job = dispatcher.jobs[recorder.sent[0][1]["job"]]  # worker 1's: request 0
+    now = job.sent_at + 1.0
+    assert dispatcher.looked_at(job, Reading(now, 1.0, None, waiting=True, stopped=False)) == Actions()
+    assert job.deadline == now + SPIN_LOOK_S and dispatcher.next_deadline <= job.deadline and job.looked is not None
+    hung = dispatcher.looked_at(job, Reading(job.sent_at + 10.0, 1.0, None, waiting=True, stopped=False))
+    assert hung.errors == [] and hung.requeue == [batch[1], batch[0]] and batch[0].alone
+    assert hung.replace == [pool[0]] and not dispatcher.busy
+    # A stopped worker is not its input's doing: replaced, its batch kept, the slice to be sent elsewhere.
+    again, _ = requests(1, 1)
+    dispatcher.dispatch(again, pool)
+    job = max(dispatcher.jobs.values(), key=lambda j: j.id)
+    stopped = dispatcher.looked_at(job, Reading(job.sent_at + 10.0, 1.0, None, waiting=False, stopped=True))
+    assert stopped == Actions(replace=[job.worker]) and dispatcher.busy and not any(r.alone for r in again)
+    assert dispatcher.lost(job.worker, pool) == Actions() and len(recorder.sent) == 5  # re-sent to the other
+
+
+def test_a_deadline_answers_the_requests_whose_timeout_passed_in_flight() -> None:
+    recorder, pool = Recorder(), workers(1)
+    dispatcher = Dispatcher(recorder, Splitter(None, "exact"), Deadlines(60, 1.5, 0.2))
+    batch, _ = requests(1, 1)
+    batch[0].deadline = 5.0
+    dispatcher.dispatch(batch, pool)
+    message = "the request's timeout passed while it was computed"
+    assert dispatcher.on_deadline(4.0) == Actions()
+    assert dispatcher.on_deadline(6.0) == Actions(errors=[(batch[0], ErrorCode.TIMEOUT, message)])
+
+
+def test_the_deadlines_are_one_value_read_from_the_settings_and_replaced_whole() -> None:
+    config = SimpleNamespace(job_timeout_s=9.0, slice_deadline_margin=2.5, slice_deadline_floor_ms=50.0,
+                             slice_hedge_margin=2.0, slice_hedge_floor_ms=20.0, slice_spin_floor_ms=40.0)  # fmt: skip
+    deadlines = Deadlines.from_config(config)  # type: ignore[arg-type]
+    assert deadlines == Deadlines(9.0, 2.5, 0.05, 2.0, 0.02, 0.04) and deadlines.spin_s == 0.04
+    dispatcher = Dispatcher(Recorder(), Splitter(None, "exact"), Deadlines(60, 3, 1))
+    assert dispatcher.deadlines.spin_s == 1.0  # no spin floor: the deadline floor's
+    dispatcher.set_deadlines(deadlines)
+    assert dispatcher.deadlines is deadlines
+    # The older spelling, a job timeout and the other bounds in order, stands for the same value.
+    dispatcher.set_deadlines(9.0, 2.5, 0.05, 2.0, 0.02, 0.04)
+    assert dispatcher.deadlines == deadlines and (dispatcher.job_timeout_s, dispatcher.spin_floor_s) == (9.0, 0.04)

@@ -23,8 +23,10 @@ from packrat_daemon.ops.metrics import Metrics
 from packrat_daemon.requests import frontend as frontend_module
 from packrat_daemon.requests import oversized as oversized_module
 from packrat_daemon.requests.batcher import Batcher
-from packrat_daemon.requests.dispatcher import Dispatcher, Splitter
+from packrat_daemon.requests.dispatcher import Dispatcher
 from packrat_daemon.requests.frontend import Frontend
+from packrat_daemon.requests.splitter import Splitter
+from packrat_daemon.requests.timing import Deadlines
 from packrat_daemon.wire.client_side import (
     decode_reply,
     encode_infer_request,
@@ -65,9 +67,7 @@ def served(tmp_path: Path) -> Iterator[Served]:
     dispatcher = Dispatcher(
         reconciler.pool.run,
         Splitter(None, "exact", reconciler.layouts),
-        job_timeout_s=5.0,
-        deadline_margin=1.5,
-        deadline_floor_s=0.2,
+        Deadlines(job_timeout_s=5.0, margin=1.5, floor_s=0.2),
     )
     batcher = Batcher(max_batch=4, max_delay_s=10.0, max_queued_inputs=6)
     config = ServeConfig(model=INFO.model, endpoint=f"ipc://{tmp_path}/front.ipc")

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from packrat_daemon.fleet.pool import WorkerHandle, WorkerState
-from packrat_daemon.fleet.supervisor import SPIN_SHARE, never_paused, sibling_waits
+from packrat_daemon.fleet.verdicts import SPIN_SHARE, never_paused, sibling_waits
 from packrat_daemon.requests.batcher import Request
 from packrat_daemon.requests.dispatcher import Dispatcher
 from packrat_daemon.requests.jobs import Job
 from packrat_daemon.requests.splitter import Splitter
+from packrat_daemon.requests.timing import Deadlines
 from policies.planning.profile import Profile
 from tests.packrat_daemon.fleet.test_supervisor import SLOW, SPIN, Fleet, child, fleet, look_until
 
@@ -24,7 +25,7 @@ def in_flight(pid: int) -> tuple[Fleet, WorkerHandle, Job, Request]:
     """A one-request batch in flight on a 1-thread worker of process `pid`, predicted 10 ms (the floors decide)."""
     worker = WorkerHandle(1, 1, (0,), 1, WorkerState.READY, pid=pid)
     splitter = Splitter(Profile.from_latencies({(1, 1): 10.0}), "exact")
-    dispatcher = Dispatcher(lambda *_: True, splitter, 60.0, 3.0, FLOOR_S, spin_floor_s=SPIN_FLOOR_S)
+    dispatcher = Dispatcher(lambda *_: True, splitter, Deadlines(60.0, 3.0, FLOOR_S, spin_floor_s=SPIN_FLOOR_S))
     dispatcher.serving = [worker]
     one = Request(b"c", None, 1, "float32", (1, 2), memoryview(np.ones((1, 2), np.float32).tobytes()))
     dispatcher.dispatch([one], [worker])
