@@ -1,7 +1,8 @@
 """The workers' side of the daemon's loop: it pumps what the workers and the template send (results, failures,
 exits) and the periodic look at the workers into the dispatcher, which owns the work in flight and answers each
 event with `Actions` (answers, requests to queue again, workers to replace), and applies them (gunicorn's arbiter
-calls these reap and murder; the reconciler then forks replacements). It reads none of the dispatcher's state.
+calls these reap and murder; the reconciler then forks replacements). Of the dispatcher's state it reads only what
+the loop core asks (`busy`, `serving`, `next_deadline`), and writes none.
 
 `pump` is on the request path (each result is answered from here), so it stays flat; `look` runs
 every RECONCILE_INTERVAL_S, or at once after the pool or the plan changed: it reads each overdue slice's worker from

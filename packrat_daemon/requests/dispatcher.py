@@ -1,7 +1,8 @@
 """The dispatcher: the one owner of work in flight. It splits each batch across the serving instances, owns every
 slice sent (`jobs`: sent, hedged, late, hung), the batches in flight (`batch`, `aside`) and the requests waiting to
 run alone (`parked`), and answers each event with what to do (`Actions`): the supervisor pumps the workers' events
-into it and applies what it returns, and reads none of its state.
+into it and applies what it returns; of its state it reads only what the loop asks (`busy`, `serving`,
+`next_deadline`), and writes none.
 
 Every batch is split exactly for the live pool (policies.solver.split_batch on the instances' own
 profile rows). Each worker's rows are views of the clients' own buffers, which the pool sends as

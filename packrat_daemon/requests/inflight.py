@@ -3,7 +3,7 @@ worker's oldest first), the loop's batch (`batch`), the batches moved aside (`as
 alone (`parked`), the slices late for a hedge (`late`), and the earliest deadline among them (`next_deadline`).
 
 `dispatcher.Dispatcher` is an `InFlight`: it adds what sends (the splitting, hedges, re-sends) and turns the workers'
-events into `Actions`, what the supervisor does for them. Nothing else writes this state.
+events into `Actions`, what the supervisor does for them. Nothing else in the daemon writes this state.
 """
 
 from __future__ import annotations
