@@ -2,34 +2,38 @@
 configuration and statistics extensions, and inference, each forwarded to the daemon over its own protocol.
 
 The REST and gRPC frontends (`protocol.rest`, `protocol.grpc.server`) only turn their wire form into the
-calls below and the answers (or `OipError`) back. The model's description comes from the daemon's `info`,
-and its outputs' datatypes and shapes from one single-sample inference when the daemon starts serving.
-
-A model of one input and one output is served as `input` and `output`, over the daemon's protocol version 1. A
-model of several inputs or outputs is served under their own names (the daemon's `info` lists them), over its
-protocol version 2: every input by name, every output (or those a request asks for) by name.
+calls below and the answers (or `OipError`) back. The model's description (`protocol.model`) is learned from the
+daemon (`protocol.discovery`): from its `info`, and its outputs' datatypes and shapes from one single-sample
+inference when the daemon starts serving.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from packrat_daemon import __version__
+from packrat_daemon.protocol.discovery import PROBE_TIMEOUT_S, described_differently, discover, followed
 from packrat_daemon.protocol.errors import OipError, Status
 from packrat_daemon.protocol.gateway_metrics import GatewayMetrics
+from packrat_daemon.protocol.model import (
+    VERSION,
+    InferInput,
+    InferResult,
+    ModelSpec,
+    TensorSpec,
+    sendable_inputs,
+    triton_config,
+)
 from packrat_daemon.protocol.stats import Statistics
-from packrat_daemon.protocol.tensors import OIP_DATATYPE, PACKRAT_DTYPE
 from packrat_daemon.protocol.upstream import (
     BlockingUpstream,
     Upstream,
@@ -41,78 +45,11 @@ from packrat_daemon.wire.codec import ErrorCode
 
 log = logging.getLogger("packrat.oip")
 
-VERSION = "1"  # the one version of the one model a daemon serves
-INPUT_NAME, OUTPUT_NAME = "input", "output"
 EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics")
 # How long a readiness answer is reused: probes from many clients cost the daemon one `status` per window.
 READY_TTL_S = 0.5
-PROBE_TIMEOUT_S = 1.0  # a kubelet probe's default timeout: an answer later than that counts as a failure anyway
 # Past the request's own timeout the daemon answers TIMEOUT itself; the gateway waits this much longer for it.
 REPLY_MARGIN_S = 0.5
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    datatype: str  # the OIP name
-    shape: tuple[int, ...]  # one sample's, without the batch axis
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "datatype": self.datatype, "shape": [-1, *self.shape]}
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    name: str
-    model: str  # the daemon's model spec
-    runtime: str
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-    max_batch: int
-    max_message_bytes: int  # the daemon's limit on one request (info.limits)
-    instances: int
-    named: bool = False  # several inputs or outputs: sent to the daemon by name (its protocol version 2)
-    max_delay_ms: float | None = None  # the daemon's batching delay (info.max_delay_ms, live): the config says it
-
-    @property
-    def input(self) -> TensorSpec:
-        return self.inputs[0]
-
-    @property
-    def output(self) -> TensorSpec:
-        return self.outputs[0]
-
-    def input_named(self, name: str) -> TensorSpec | None:
-        return next((tensor for tensor in self.inputs if tensor.name == name), None)
-
-
-@dataclass(frozen=True)
-class InferInput:
-    name: str
-    datatype: str
-    array: np.ndarray
-
-
-@dataclass(frozen=True)
-class InferResult:
-    model: ModelSpec
-    request_id: str
-    array: np.ndarray  # the first output answered
-    started_ns: int
-    queue_ns: int
-    compute_ns: int
-    input_ns: int
-    outputs: tuple[tuple[TensorSpec, np.ndarray], ...] = ()  # every output answered, in the model's order
-
-    def answered(self) -> tuple[tuple[TensorSpec, np.ndarray], ...]:
-        return self.outputs or ((self.model.output, self.array),)
-
-
-def default_model_name(spec: str) -> str:
-    """The name a model is served as: builtin:resnet50 → resnet50, /mnt/models/model.pt2 → model,
-    pkg.module:factory → factory."""
-    tail = spec.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
-    return tail.split(".", 1)[0] if "." in tail and "/" in spec else tail
 
 
 class DataPlane:
@@ -159,74 +96,12 @@ class DataPlane:
             return False
         if not status.get("ok") or not status.get("queue", {}).get("accepting"):
             return False
-        if self.spec is None or self._described_differently(status):
+        if self.spec is None or described_differently(self.spec, status):
             # First, or the daemon behind changed (restarted with another model, or reloaded to another max_batch).
-            self.spec = await self._discover(status)
+            self.spec = await discover(self.upstream, status, self.model_name)
         else:
-            self.spec = self._followed(self.spec, status)
+            self.spec = followed(self.spec, status)
         return self.spec is not None
-
-    def _described_differently(self, status: dict[str, Any]) -> bool:
-        spec = self.spec
-        assert spec is not None
-        given = (status["model"], status["input"]["dtype"], tuple(status["input"]["shape"]), status["max_batch"])
-        return given != (spec.model, PACKRAT_DTYPE[spec.input.datatype], spec.input.shape, spec.max_batch)
-
-    @staticmethod
-    def _followed(spec: ModelSpec, status: dict[str, Any]) -> ModelSpec:
-        """`spec` with what the daemon changes while it serves the same tensors: its runtime (a switch to OpenVINO or
-        ONNX Runtime measured faster), its plan's instances, its batching delay (a reload). None changes an output."""
-        runtime = status.get("runtime", spec.runtime)
-        instances = len(status.get("plan", {}).get("instances", [])) or spec.instances
-        delay = status.get("max_delay_ms", spec.max_delay_ms)
-        if (runtime, instances, delay) == (spec.runtime, spec.instances, spec.max_delay_ms):
-            return spec
-        if runtime != spec.runtime:
-            log.info("model %r is now served by %s (was %s)", spec.name, runtime, spec.runtime)
-        return dataclasses.replace(spec, runtime=runtime, instances=instances, max_delay_ms=delay)
-
-    async def _discover(self, info: dict[str, Any]) -> ModelSpec | None:
-        """The model's description: `info`, and the outputs from a single-sample inference of zeros."""
-        named_inputs = info.get("inputs") or [{"name": INPUT_NAME, **info["input"]}]
-        named = len(named_inputs) > 1 or len(info.get("outputs") or ()) > 1
-        zeros = {
-            tensor["name"]: np.zeros((1, *tensor["shape"]), dtype=np.uint16 if tensor["dtype"] == "bfloat16" else
-                                     tensor["dtype"])
-            for tensor in named_inputs
-        }  # fmt: skip
-        dtype = info["input"]["dtype"]
-        probe: np.ndarray | dict[str, np.ndarray] = zeros if named else next(iter(zeros.values()))
-        try:
-            header, output = await self.upstream.infer(probe, PROBE_TIMEOUT_S * 5, dtype=dtype)
-        except UpstreamTimeout:
-            return None
-        if not header.get("ok") or output is None:
-            log.warning("the probe for the model's output failed (%s); trying again later", header.get("error"))
-            return None
-        if named:
-            assert isinstance(output, dict)  # a version-2 reply names its outputs
-            dtypes = {entry["name"]: entry["dtype"] for entry in header["outputs"]}
-            inputs = tuple(TensorSpec(t["name"], OIP_DATATYPE[t["dtype"]], tuple(t["shape"])) for t in named_inputs)
-            outputs = tuple(TensorSpec(key, OIP_DATATYPE[dtypes[key]], tuple(a.shape[1:])) for key, a in output.items())
-        else:
-            assert isinstance(output, np.ndarray)
-            inputs = (TensorSpec(INPUT_NAME, OIP_DATATYPE[dtype], tuple(info["input"]["shape"])),)
-            outputs = (TensorSpec(OUTPUT_NAME, OIP_DATATYPE[header["dtype"]], tuple(output.shape[1:])),)
-        name = self.model_name or default_model_name(info["model"])
-        spec = ModelSpec(
-            name=name,
-            model=info["model"],
-            runtime=info.get("runtime", "torch"),
-            inputs=inputs,
-            outputs=outputs,
-            max_batch=int(info["max_batch"]),
-            max_message_bytes=int(info["limits"]["max_message_bytes"]),
-            instances=len(info.get("plan", {}).get("instances", [])) or 1,
-            named=named,
-            max_delay_ms=info.get("max_delay_ms"),
-        )
-        log.info("serving model %r (%s) over the Open Inference Protocol", name, spec.model)
-        return spec
 
     # -- metadata ------------------------------------------------------------------------------
     def server_metadata(self) -> dict[str, Any]:
@@ -276,22 +151,7 @@ class DataPlane:
 
     async def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
         """Triton's model configuration (its JSON form): what `perf_analyzer` reads before it starts."""
-        spec = await self._current(name, version)
-        batching: dict[str, Any] = {}
-        if spec.max_delay_ms is not None:
-            batching["max_queue_delay_microseconds"] = round(spec.max_delay_ms * 1000)
-        return {
-            "name": spec.name,
-            "platform": f"packrat_{spec.runtime}",
-            "backend": "packrat",
-            "max_batch_size": spec.max_batch,
-            "input": [_config_tensor(tensor, "FORMAT_NONE") for tensor in spec.inputs],
-            "output": [_config_tensor(tensor, None) for tensor in spec.outputs],
-            # Packrat always batches across requests: present (even empty), it tells perf_analyzer so.
-            "dynamic_batching": batching,
-            "instance_group": [{"name": spec.name, "kind": "KIND_CPU", "count": spec.instances}],
-            "parameters": {"packrat_model": {"string_value": spec.model}},
-        }
+        return triton_config(await self._current(name, version))
 
     async def model_statistics(self, name: str = "", version: str | None = None) -> list[dict[str, Any]]:
         """The statistics extension's `model_stats`: of the named model, or (name empty) of every model."""
@@ -385,7 +245,7 @@ class DataPlane:
     def _sendable(
         self, spec: ModelSpec, inputs: list[InferInput], outputs: list[str] | None
     ) -> tuple[np.ndarray | dict[str, np.ndarray], str | None]:
-        checked = self._checked_input(spec, inputs, outputs)
+        checked = sendable_inputs(spec, inputs, outputs)
         if self.draining:
             raise OipError(Status.UNAVAILABLE, "the server is shutting down; retry elsewhere", "SHUTTING_DOWN")
         return checked
@@ -438,73 +298,3 @@ class DataPlane:
             result.input_ns,
             now - encoding_ns,
         )
-
-    @staticmethod
-    def _checked_input(
-        spec: ModelSpec, inputs: list[InferInput], outputs: list[str] | None
-    ) -> tuple[np.ndarray | dict[str, np.ndarray], str | None]:
-        names = ", ".join(f"'{tensor.name}'" for tensor in spec.inputs)
-        for output in outputs or ():
-            if output not in {tensor.name for tensor in spec.outputs}:
-                listed = ", ".join(f"'{tensor.name}'" for tensor in spec.outputs)
-                raise OipError(Status.INVALID_ARGUMENT, f"unknown output '{output}'; the model's outputs are {listed}")
-        if not spec.named:
-            if len(inputs) != 1:
-                raise OipError(Status.INVALID_ARGUMENT, f"the model takes one input, {names}; got {len(inputs)}")
-            given = inputs[0]
-            check_tensor(spec, given.name, given.datatype, given.array.shape)
-            return given.array, "bfloat16" if given.datatype == "BF16" else None
-        arrays: dict[str, np.ndarray] = {}
-        for given in inputs:
-            check_tensor(spec, given.name, given.datatype, given.array.shape)
-            if given.name in arrays:
-                raise OipError(Status.INVALID_ARGUMENT, f"input '{given.name}' is given twice")
-            if given.datatype == "BF16":
-                raise OipError(Status.INVALID_ARGUMENT, "bfloat16 inputs are served to models of one input only")
-            arrays[given.name] = given.array
-        missing = [tensor.name for tensor in spec.inputs if tensor.name not in arrays]
-        if missing:
-            raise OipError(Status.INVALID_ARGUMENT, f"input '{missing[0]}' is missing; the model takes {names}")
-        counts = {array.shape[0] for array in arrays.values()}
-        if len(counts) > 1:
-            listed = ", ".join(f"{name} {array.shape[0]}" for name, array in arrays.items())
-            raise OipError(
-                Status.INVALID_ARGUMENT,
-                f"the inputs have different numbers of samples ({listed}); each input's first axis counts the same",
-            )
-        return arrays, None
-
-
-def check_tensor(spec: ModelSpec, name: str, datatype: str, shape: tuple[int, ...]) -> None:
-    """INVALID_ARGUMENT or TOO_LARGE unless an input of this name, datatype and shape fits the model. The
-    transports ask it before they decode a tensor, so no request makes them decode more than the largest
-    one the model takes."""
-    model_input = spec.input_named(name)
-    if model_input is None:
-        if len(spec.inputs) == 1:
-            raise OipError(Status.INVALID_ARGUMENT, f"unknown input '{name}'; the model's input is '{spec.input.name}'")
-        listed = ", ".join(f"'{tensor.name}'" for tensor in spec.inputs)
-        raise OipError(Status.INVALID_ARGUMENT, f"unknown input '{name}'; the model's inputs are {listed}")
-    if datatype != model_input.datatype:
-        raise OipError(
-            Status.INVALID_ARGUMENT,
-            f"input '{name}' is {datatype}, but the model takes {model_input.datatype}; cast it",
-        )
-    if tuple(shape[1:]) != model_input.shape:
-        raise OipError(
-            Status.INVALID_ARGUMENT,
-            f"input '{name}' has shape {list(shape)}, but the model takes "
-            f"[N, {', '.join(map(str, model_input.shape))}] (N samples)",
-        )
-    if shape[0] > spec.max_batch:
-        raise OipError(
-            Status.TOO_LARGE,
-            f"input '{name}' has {shape[0]} samples; this server takes at most {spec.max_batch} a request: send fewer",
-        )
-
-
-def _config_tensor(tensor: TensorSpec, layout: str | None) -> dict[str, Any]:
-    entry: dict[str, Any] = {"name": tensor.name, "data_type": f"TYPE_{tensor.datatype}", "dims": list(tensor.shape)}
-    if layout is not None:
-        entry["format"] = layout
-    return entry

@@ -21,10 +21,11 @@ import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from packrat_daemon.protocol import tensors
-from packrat_daemon.protocol.dataplane import DataPlane, InferInput, InferResult, ModelSpec, check_tensor
+from packrat_daemon.protocol.dataplane import DataPlane
 from packrat_daemon.protocol.errors import OipError, Status
 from packrat_daemon.protocol.gateway_metrics import REST, Call, rest_endpoint
 from packrat_daemon.protocol.limits import GatewayLimits
+from packrat_daemon.protocol.model import InferInput, InferResult, ModelSpec, check_tensor
 from packrat_daemon.protocol.rest_body import Bodies, RequestTimeout, read_body
 from packrat_daemon.wire.codec import MAX_TIMEOUT_MS
 

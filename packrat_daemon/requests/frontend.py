@@ -4,7 +4,9 @@ This is the request path: `read` runs on every wake that has a request and `repl
 answered request, so both stay flat (no per-request layers beyond the wire protocol's own parser).
 What it needs of the rest of the daemon is given at construction: the batcher it queues into, whether a
 batch is in flight (`busy`: reading stops for a full batch only when one can start), where each answer's
-own cost goes (`served`: the batcher's cost model), and the `status` reply.
+own cost goes (`served`: the batcher's cost model), and the `status` reply. Beside it: the bounds on what a
+client's messages may cost (`socket_bounds`), the clients' connections (`peers`), and the last call after the drain
+(`last_call`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from typing import Any
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.backend import Socket as _CompiledSocket
-from zmq.utils.monitor import recv_monitor_message
 
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.fleet.backend import ModelInfo
@@ -29,6 +30,7 @@ from packrat_daemon.ops.logs import log_request
 from packrat_daemon.ops.metrics import Metrics
 from packrat_daemon.requests.batcher import Batcher, Request
 from packrat_daemon.requests.jobs import Completed
+from packrat_daemon.requests.last_call import REFUSE_GRACE_S, REFUSE_QUIET_S, REFUSE_WAITING_S, refuse_until_quiet
 from packrat_daemon.requests.oversized import (
     TRIM_AFTER_FRAMES,
     Oversized,
@@ -36,12 +38,21 @@ from packrat_daemon.requests.oversized import (
     peak_memory,
     refuse_oversized,
 )
+from packrat_daemon.requests.peers import Peers
+from packrat_daemon.requests.socket_bounds import (
+    DISCARD_FRAMES_PER_WAKE,
+    DISCARD_UNBOUNDED_MAX_BYTES,
+    DISCARDING_RECEIVE_HWM,
+    MAX_KEPT_FRAMES,
+    RECEIVE_HWM,
+    SEND_HWM,
+    frame_cap,
+)
 from packrat_daemon.requests.tensors import ModelTensors
 from packrat_daemon.wire.codec import (
     ITEMSIZE,
     MAX_HEADER_BYTES,
     MAX_ID_CHARS,
-    MAX_TENSORS,
     MAX_TIMEOUT_MS,
     SUPPORTED_VERSIONS,
     ErrorCode,
@@ -58,52 +69,11 @@ from workers.models.spec import EMULATED
 log = logging.getLogger("packrat.daemon")
 
 MAX_READS_PER_WAKE = 256  # bound how long the frontend can starve the workers' socket
-# Frames of a request: the ROUTER's identity, a REQ client's empty delimiter, the header, the payload.
-MAX_KEPT_FRAMES = 3 + MAX_TENSORS  # version 2: a frame per named tensor
-# A message of more frames is refused; the frames past these are discarded without a Python object each
-# (zmqio.discarder), at most DISCARD_FRAMES_PER_WAKE of them per read: libzmq hands over no other client's
-# message before that one's last frame anyway, and in between the loop goes on answering the requests it holds,
-# keeping their deadlines and starting batches. Read whole, a message of 10 million frames kept the loop from
-# answering anything for seconds, the requests it already held included.
-DISCARD_FRAMES_PER_WAKE = 1 << 15
-# ZeroMQ's cap is per frame (ZMQ_MAXMSGSIZE): a frame up to twice the message limit, and at least 1 MiB over
-# it (a small model's limit is mostly the header's allowance), is read and answered TOO_LARGE; a peer that
-# sends a bigger frame is disconnected by ZeroMQ without an answer.
-FRAME_CAP_FACTOR = 2
-FRAME_CAP_SLACK_BYTES = 1 << 20
-# Complete messages ZeroMQ queues per connected peer before it stops reading that peer's socket: with
-# the frame cap, what bounds the frontend's memory (docs/protocol.md, "Limits and memory").
-RECEIVE_HWM = 64
-# While a message of too many frames is discarded the receive queues have no high-water mark (ZeroMQ's 0).
-# libzmq 4.3 tells the sending peer's I/O thread that the queue has room once per *frame* read while the count
-# of whole messages read from that peer is a multiple of the low-water mark (half the high-water mark), which
-# it always is at a connection's first message: such a message cost several times as much a frame to read, and
-# a client can choose it. With no high-water mark there is no low-water mark, and no command per frame.
-DISCARDING_RECEIVE_HWM = 0
-# What the other clients send meanwhile is queued without the 64-message bound, so the bound comes back (and
-# the discard goes on at libzmq's slower pace) once the process's peak memory has grown this much since the
-# discard began: that peak already holds the whole message, whose memory libzmq frees as it is read.
-DISCARD_UNBOUNDED_MAX_BYTES = 64 << 20
-# Replies ZeroMQ queues per connected peer that has stopped reading: past it, with ROUTER_MANDATORY off, a
-# reply is dropped (the client that does not read times out) instead of queued. ZeroMQ's default of 1 000
-# let a client that never read grow the daemon without bound (5 GB for 100 replies of a 4 MiB-output model).
-# A client that reads loses nothing: its own receive queue takes the replies before this one fills.
-SEND_HWM = 64
 # How long one `status` reply serves every asker: status is for people and scrapers, never the request path.
 STATUS_CACHE_S = 0.1
 # On close, how long ZeroMQ may still try to deliver the last replies (the drain's results, the
 # SHUTTING_DOWN answers) before the process exits.
 CLOSE_LINGER_MS = 1000
-# After the drain the daemon keeps answering SHUTTING_DOWN until no message has come for REFUSE_QUIET_S:
-# closing at the first moment the queue is empty loses the request a client sends right after its last
-# reply. The quiet time is longer than a client's turn-around between a reply and its next send.
-REFUSE_QUIET_S = 0.1
-# At most this long in all: a client flooding the socket must not keep the daemon from exiting.
-REFUSE_WAITING_S = 1.0
-# After the last call the socket is still read this long: a request sent just before it, still on its way
-# through the client's and the kernel's buffers, is answered too.
-REFUSE_GRACE_S = 0.05
-
 
 _recv = _CompiledSocket.recv
 
@@ -148,13 +118,7 @@ class Frontend:
         self.authenticator: ThreadAuthenticator | None = None  # the ZAP handler, while CURVE serves
         self.socket.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
         self.socket.setsockopt(zmq.SNDHWM, SEND_HWM)  # unread replies: bounded per client (docs/protocol.md)
-        # A client that disconnects leaves its queued requests to be computed for nobody (64 requests of 16 inputs
-        # held another client's up for 47 s). Each queued request's connection is known by its descriptor
-        # (ZMQ_SRCFD), which the monitor's DISCONNECTED names: the requests still queued from it are dropped
-        # (forget_departed). ZMQ_ROUTER_NOTIFY would say it directly, but it is a draft option pyzmq's libzmq lacks.
-        self.monitor = self.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self._peers: dict[bytes, int] = {}  # a client's identity -> the descriptor its requests came on
-        self._connections: dict[int, set[bytes]] = {}  # a descriptor -> the identities seen on it
+        self.peers = Peers(self.socket)  # each client's connection: the queued requests of one gone are dropped
         self._oversized: Oversized | None = None  # a message of too many frames, being discarded
         self._discard_budget = 0  # the frames this read may still discard
 
@@ -293,31 +257,15 @@ class Frontend:
             message = f"the queue is full ({self.batcher.queued_inputs} inputs waiting); retry later"
             self.reply_error(queued, ErrorCode.OVERLOADED, message)
             return False
-        if self._peers.get(identity) != (descriptor := frames[0].get(zmq.SRCFD)):
-            self._note_peer(identity, descriptor)
+        if not self.peers.known(identity, descriptor := frames[0].get(zmq.SRCFD)):
+            self.forget_departed()  # first: the descriptor may be a closed connection's, reused (Peers.note)
+            self.peers.note(identity, descriptor)
         return self.batcher.queued_inputs >= self.batcher.max_batch and not self.busy()
-
-    def _note_peer(self, identity: bytes, descriptor: int) -> None:
-        """A client's first request on a connection: remember the connection's descriptor."""
-        # The monitor's events first: a descriptor is reused only after its last connection closed, and that close
-        # was reported before this connection's first message arrived, so it is never taken for this one's.
-        self.forget_departed()
-        old = self._peers.get(identity)
-        if old is not None:  # the same identity (ZMQ_ROUTING_ID) reconnected: only the new connection is its own
-            self._connections.get(old, set()).discard(identity)
-        self._peers[identity] = descriptor
-        self._connections.setdefault(descriptor, set()).add(identity)
 
     def forget_departed(self) -> None:
         """Drop the queued requests of clients whose connection closed: their replies could reach nobody, and
         computing them holds up everyone queued behind. A batch already in flight is not recalled (one batch)."""
-        gone: set[bytes] = set()
-        while self.monitor.poll(0):
-            event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
-            if event["event"] == zmq.EVENT_DISCONNECTED:
-                for identity in self._connections.pop(event["value"], set()):
-                    self._peers.pop(identity, None)
-                    gone.add(identity)
+        gone = self.peers.departed()
         if gone:
             dropped = self.batcher.drop(gone)
             if dropped:
@@ -335,24 +283,9 @@ class Frontend:
     def refuse_waiting(self) -> None:
         """After the drain: answer every message that reaches the socket (SHUTTING_DOWN; `info` is still
         answered) until it has been quiet for REFUSE_QUIET_S, at most REFUSE_WAITING_S in all; log that
-        moment, the last call, and go on answering for REFUSE_GRACE_S."""
+        moment, the last call, and go on answering for REFUSE_GRACE_S (`last_call`)."""
         self.accepting = False
-        now = time.monotonic()
-        stop, quiet_until = now + REFUSE_WAITING_S, now + REFUSE_QUIET_S
-        while now < min(stop, quiet_until):
-            if self.socket.poll(math.ceil((min(stop, quiet_until) - now) * 1000)):
-                self.read()
-                quiet_until = time.monotonic() + REFUSE_QUIET_S
-            now = time.monotonic()
-        # The monotonic clock is the machine's: a client can tell which of its requests went before the last call.
-        why = "a client still sending" if now >= stop else f"quiet for {REFUSE_QUIET_S * 1000:.0f} ms"
-        log.info(
-            "last call at monotonic %.6f (%s); closing the frontend %.0f ms later", now, why, REFUSE_GRACE_S * 1000
-        )
-        grace_end = now + REFUSE_GRACE_S
-        while (left := grace_end - time.monotonic()) > 0:
-            if self.socket.poll(math.ceil(left * 1000)):
-                self.read()
+        refuse_until_quiet(self.socket, self.read, REFUSE_WAITING_S, REFUSE_QUIET_S, REFUSE_GRACE_S)
 
     def _status_now(self) -> dict[str, Any]:
         """The `status` reply, built at most once per STATUS_CACHE_S whoever asks: a flood of `status` requests
@@ -421,8 +354,7 @@ class Frontend:
         return self.batcher.max_batch * self.sample_bytes + MAX_HEADER_BYTES + 1024
 
     def max_frame_bytes(self) -> int:
-        limit = self.max_message_bytes()
-        return max(FRAME_CAP_FACTOR * limit, limit + FRAME_CAP_SLACK_BYTES)
+        return frame_cap(self.max_message_bytes())
 
     def limits(self) -> dict[str, int]:
         """The size limits a request is checked against, as `info` states them (docs/protocol.md)."""
@@ -438,7 +370,7 @@ class Frontend:
 
     def close(self) -> None:
         self.socket.disable_monitor()
-        self.monitor.close(linger=0)
+        self.peers.close()
         self.socket.close(linger=CLOSE_LINGER_MS)
         if self.authenticator is not None:
             self.authenticator.stop()

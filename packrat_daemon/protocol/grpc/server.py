@@ -23,11 +23,12 @@ import grpc
 import numpy as np
 
 from packrat_daemon.protocol import tensors
-from packrat_daemon.protocol.dataplane import DataPlane, InferInput, InferResult, ModelSpec, check_tensor
+from packrat_daemon.protocol.dataplane import DataPlane
 from packrat_daemon.protocol.errors import OipError, Status
 from packrat_daemon.protocol.gateway_metrics import GRPC, GRPC_ENDPOINTS, UNKNOWN, Call
 from packrat_daemon.protocol.grpc import inference_pb2 as pb
 from packrat_daemon.protocol.grpc.wire import encode_infer_response, split_infer_request
+from packrat_daemon.protocol.model import InferInput, InferResult, ModelSpec, check_tensor
 from packrat_daemon.protocol.upstream import ThreadUpstreams
 from packrat_daemon.wire.codec import MAX_TIMEOUT_MS
 

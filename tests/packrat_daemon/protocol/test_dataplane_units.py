@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from packrat_daemon.protocol import tensors
-from packrat_daemon.protocol.dataplane import default_model_name
 from packrat_daemon.protocol.errors import FROM_PACKRAT, OipError, Status
 from packrat_daemon.protocol.gateway import GatewayOptions
 from packrat_daemon.protocol.launch import connect_endpoint
+from packrat_daemon.protocol.model import default_model_name
 from packrat_daemon.protocol.rest import parse_infer_request, split_body
 from packrat_daemon.wire.codec import DTYPES, ErrorCode
 from packrat_daemon.wire.errors import ConfigError
@@ -191,7 +191,7 @@ def test_a_body_is_read_within_its_limit(chunks: list[bytes], headers: dict, out
 
 
 def test_a_request_id_must_be_a_string() -> None:
-    from packrat_daemon.protocol.dataplane import ModelSpec, TensorSpec
+    from packrat_daemon.protocol.model import ModelSpec, TensorSpec
     from packrat_daemon.protocol.rest import _decode
 
     spec = ModelSpec("m", "builtin:m", "torch", (TensorSpec("input", "FP32", (2,)),),
@@ -210,7 +210,8 @@ def test_the_model_configuration_says_the_batching_delay_the_daemon_says_now() -
     """`max_delay_ms` is live: the gateway follows the daemon's `status` for it, never a value from its launch."""
     import asyncio
 
-    from packrat_daemon.protocol.dataplane import DataPlane, ModelSpec, TensorSpec
+    from packrat_daemon.protocol.dataplane import DataPlane
+    from packrat_daemon.protocol.model import ModelSpec, TensorSpec
 
     status = {"ok": True, "queue": {"accepting": True}, "model": "builtin:m", "runtime": "torch", "max_batch": 4,
               "input": {"dtype": "float32", "shape": [2]}, "plan": {"instances": [{}]},

@@ -22,10 +22,11 @@ from typing import Any
 import pytest
 
 from packrat_daemon.protocol import http_server
-from packrat_daemon.protocol.dataplane import DataPlane, ModelSpec, TensorSpec
+from packrat_daemon.protocol.dataplane import DataPlane
 from packrat_daemon.protocol.errors import OipError
 from packrat_daemon.protocol.gateway import GatewayOptions, _bound
 from packrat_daemon.protocol.limits import GatewayLimits
+from packrat_daemon.protocol.model import ModelSpec, TensorSpec
 from packrat_daemon.protocol.rest import MAX_TIMEOUT_US, RestApp, parse_infer_request
 from packrat_daemon.protocol.upstream import Upstream
 from packrat_daemon.wire.errors import ConfigError
