@@ -41,8 +41,9 @@ T = TypeVar("T")
 # them, so one client sending one request at a time uses one.
 HANDLER_THREADS = 32
 # Calls at once, running or waiting for a handler; more are refused RESOURCE_EXHAUSTED at once. Each may hold a
-# message of up to --max-request-mb while it waits, so this bounds what gRPC holds (docs/oip.md, "Limits").
-MAX_CONCURRENT_CALLS = 2 * HANDLER_THREADS
+# message of up to --max-request-mb while it waits, so this bounds what gRPC holds (docs/oip.md, "Limits"). As many
+# as REST's connections: a load generator at concurrency 128 or 256 (perf_analyzer's sweeps) must not be refused.
+MAX_CONCURRENT_CALLS = 1000
 # A call's time remaining past this is no deadline at all: the daemon's `timeout_ms` is at most 2**31 - 1 ms.
 _NO_DEADLINE_S = (2**31 - 1) / 1000.0
 
