@@ -9,44 +9,41 @@ clients' side in `requests.frontend`, the workers' side in `fleet.supervisor`, a
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import zmq
 
 from packrat_daemon import reload
 from packrat_daemon.config import ServeConfig
-from packrat_daemon.control.server import Control, Planning, Share, control_endpoint
-from packrat_daemon.control.status import Snapshot, live_status
-from packrat_daemon.fleet.pool import WorkerState
+from packrat_daemon.control.board import Board, Served
+from packrat_daemon.control.measured import MeasuredSwitch
+from packrat_daemon.control.server import Control, control_endpoint
+from packrat_daemon.control.status import live_status, snapshot
+from packrat_daemon.coordinate.tenancy import Tenancy
 from packrat_daemon.loop import LoopCore
-from packrat_daemon.measure import emulation
 from packrat_daemon.ops.metrics import Metrics
 from packrat_daemon.ops.notify import READY, STOPPING, Watchdog, sd_notify
 from packrat_daemon.protocol.launch import GatewayProcess
 from packrat_daemon.signals import SignalQueue
-from packrat_daemon.startup import Started, distribution_for
-from packrat_daemon.wire.errors import PolicyError
+from packrat_daemon.startup import Started
 from packrat_daemon.wiring import assemble, splitter_for
 from policies.base import Plan, Policy
-from policies.planning.cores import CoreAllocator
 
 if TYPE_CHECKING:
     from packrat_daemon.fleet.backend import Backend, ModelInfo
-    from packrat_daemon.fleet.reconciler import Reconfiguration
+    from policies.planning.profile import Profile
+    from policies.planning.topology import Topology
 
 log = logging.getLogger("packrat.daemon")
 
 
 class Daemon:
-    """The running daemon: the parts `wiring.assemble` builds, those that need the daemon itself (the loop
-    core, the control channel, the `status` reply), and the loop that drives them. It is the control
-    channel's `Switchboard`: the plan, the policy and the profile it serves change through `switch`,
-    `set_policy` and a reload only."""
+    """The running daemon: the parts `wiring.assemble` builds, those built on them, and the loop that drives them.
+    What it serves (plan, profile, policy, runtime, CPUs) is the board's (`control.board`), which alone changes it."""
 
     def __init__(
         self,
@@ -58,40 +55,71 @@ class Daemon:
         reload_config: Callable[[], ServeConfig] | None = None,
         gateway: GatewayProcess | None = None,
     ) -> None:
-        self.config, self.gateway = config, gateway  # the OIP gateway beside this daemon (protocol.launch)
-        self.reload_config = reload_config  # SIGHUP re-reads the configuration through this
-        self.topology, self.metrics, self.signals = started.topology, metrics, signals
-        # The whole machine, which a share (--cpus, `packrat coordinate`'s assign) is a part of.
-        self.machine = emulation.topology(config) if config.cpus else started.topology
-        self.share = Share.initial(self.topology, "--cpus" if config.cpus else "every usable CPU")
-        self.moves = 0
-        metrics.share_assigned(self.topology.usable_cores, moved=False)
-        self.policy, self.profiles = started.policy, started.profiles
-        self.backend, self.info = started.served.backend, started.served.info
-        self.profile, self.plan = started.served.profile, started.served.plan
+        # The OIP gateway beside this daemon (protocol.launch); where SIGHUP re-reads the configuration.
+        self.gateway, self.reload_config = gateway, reload_config
+        self.metrics, self.signals, self.profiles = metrics, signals, started.profiles
         (self.reconciler, self.dispatcher, self.batcher, self.frontend, self.adaptation, self.state,
          self.supervisor) = assemble(config, started, context, metrics, status=self.status)  # fmt: skip
+        self.board = Board(config, Served.at_start(started), self.reconciler, self.dispatcher, self.adaptation,
+                           self.state, metrics, splitter_for)  # fmt: skip
+        self.tenancy = Tenancy(self.board, self.batcher)  # its share of the machine (`packrat coordinate`)
         self.drain_deadline: float | None = None  # set by the first stop signal
         self.measuring = started.measuring  # the candidates measured in the background (startup.Measuring)
-        self.next_info: ModelInfo | None = None  # the runtime switched to, said in `info` once it alone serves
+        self.measured = MeasuredSwitch(self.board, self.frontend, started.measuring)  # the switch to their choice
         self.watchdog = Watchdog.from_environment(config.startup_timeout_s)  # systemd's WatchdogSec=, if set
-        self.control = Control(self, context, control_endpoint(config.control, config.run_dir or self.backend.run_dir))
+        endpoint = control_endpoint(config.control, config.run_dir or started.served.backend.run_dir)
+        self.control = Control(self.board, self.tenancy, context, endpoint)
         periodic = (
             lambda now: self.watchdog.tick(now, self.reconciler.converged),
             lambda _now: self.control.tick(),  # `packrat reconfigure`: the requests the loop read
-            lambda now: self.state.tick(self, now),
+            self.board.tick,  # the state file's periodic write
             lambda _now: self.frontend.forget_departed(),  # clients gone: their queued requests dropped
             self.batcher.inbox.trim,  # a burst's spare shared memory given back once idle
-            self._measured,  # the background measurement's outcome: a switch of runtime, precision or plan
+            self.measured.tick,  # the background measurement's outcome: a switch of runtime, precision or plan
         )
-        self.core = LoopCore(self.batcher, self.supervisor, self.adaptation, self.frontend.reply_error, self.switch,
-                             lambda: (self.plan, self.profile), periodic, metrics.batch_started)  # fmt: skip
+        self.core = LoopCore(self.batcher, self.supervisor, self.adaptation, self.frontend.reply_error,
+                             self.board.switch, self.board.current, periodic, metrics.batch_started)  # fmt: skip
+
+    @property  # what is served is the board's: these read it there for the reload, and set it through it
+    def config(self) -> ServeConfig:
+        return self.board.config
+
+    @config.setter
+    def config(self, config: ServeConfig) -> None:
+        self.board.config = config
+
+    @property
+    def profile(self) -> Profile | None:
+        return self.board.served.profile
+
+    @profile.setter
+    def profile(self, profile: Profile | None) -> None:
+        self.board.reconfigured(self.board.config, self.board.served.policy, profile)
+
+    @property
+    def policy(self) -> Policy:
+        return self.board.served.policy
+
+    @policy.setter
+    def policy(self, policy: Policy) -> None:
+        self.board.reconfigured(self.board.config, policy, self.board.served.profile)
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.board.served.info
+
+    @property
+    def topology(self) -> Topology:
+        return self.board.served.topology
+
+    def switch(self, plan: Plan, reason: str, backend: Backend | None = None) -> int:
+        return self.board.switch(plan, reason, backend)
 
     def start(self) -> None:
         """Wait for the plan's workers, then open the frontend and tell systemd."""
-        log.info("plan %s — %s", self.plan.describe(), self.plan.reason)
+        log.info("plan %s — %s", self.board.plan.describe(), self.board.plan.reason)
         self.supervisor.wait_converged(self.config.startup_timeout_s, lambda: self.signals.interrupting)
-        self.metrics.plan_changed(self.plan, "start", self.reconciler.planned_workers)
+        self.metrics.plan_changed(self.board.plan, "start", self.reconciler.planned_workers)
         reserved = self.batcher.reserve_inbox(self.frontend.sample_bytes)
         if reserved:
             log.info("inbox: %.0f MiB of shared memory paged in for requests of up to %d inputs",
@@ -179,160 +207,11 @@ class Daemon:
             return 250
         return min(250, max(0, math.ceil((due - time.monotonic()) * 1000)))
 
-    # -- reconfiguration (the control channel's Switchboard) ---------------------------------------
-    def switch(self, plan: Plan, reason: str, backend: Backend | None = None) -> int:
-        """Hand a new plan to the reconciler (the supervisor looks at the new generation on the next check);
-        the dispatcher splits by its layouts from now on. `backend`: another runtime's template to fork it from.
-        Returns the generation that will serve it."""
-        self.plan = plan
-        predicted = self.adaptation.predicted(self.reconciler.plan, plan, time.monotonic())
-        self.reconciler.set_plan(plan, reason, predicted, backend=backend)
-        self.metrics.plan_changed(plan, reason, self.reconciler.planned_workers)
-        profile = self.adaptation.planning_profile(self.profile)
-        self.dispatcher.splitter = splitter_for(profile, plan, self.reconciler.layouts, self.config)
-        self.state.save(self, reason)
-        return self.reconciler.generation
-
-    def set_policy(self, policy: Policy) -> None:
-        self.policy = policy
-        self.adaptation.retune(self.config, policy, self.profile)
-
-    def planning(self) -> Planning:
-        return Planning(self.profile, self.topology, self.adaptation.estimator.distribution(time.monotonic()))
-
-    def reconfiguration(self, generation: int) -> Reconfiguration | None:
-        return next((record for record in self.reconciler.history if record.generation == generation), None)
-
-    # -- the share of the machine (`packrat coordinate`, docs/colocation.md) -------------------------
-    def assign(self, cpus: Sequence[int], plan: Plan | None, reason: str, gain: float | None = None) -> int | None:
-        """Serve on `cpus` only from now on, with `plan`, else the policy's plan inside them: the allocator and
-        adaptation get the restricted topology and the reconciler switches (no request fails). Returns the
-        generation that will serve it, None when nothing changes. Raises (TopologyError, PolicyError) before
-        anything changed when the CPUs are not this machine's usable ones or the plan does not fit them."""
-        share = self.machine.restricted(cpus)
-        if plan is None:
-            profile = self.adaptation.tuner.profile if self.adaptation.tuner is not None else self.profile
-            distribution = self.adaptation.estimator.distribution(time.monotonic()) or distribution_for(self.config)
-            plan = self.policy.plan(profile, share, distribution)
-        why = plan.misfit(share, self.config.max_batch)
-        if why is not None:
-            raise PolicyError(
-                f"the plan {plan.describe()} does not fit the {share.usable_cores} core(s) assigned: {why}; "
-                "assign more CPUs or a plan of fewer threads (leave the plan out to have this daemon's policy plan)"
-            )
-        moved = share.cpu_ids != self.topology.cpu_ids
-        if not moved and plan == self.plan:
-            self.share = dataclasses.replace(self.share, by=reason)  # the same CPUs, now the coordinator's
-            return None
-        self.topology = share
-        self.reconciler.allocator = CoreAllocator(share)
-        self.adaptation.restrict(share, time.monotonic())
-        generation = self.switch(plan, f"assign: {reason}")
-        if moved:
-            self.moves += 1
-            self.metrics.share_assigned(share.usable_cores, moved=True)
-            self.share = Share.assigned(share, reason, generation, gain, self.share)
-            log.info("share: %s (%s); plan %s", self.share.describe(), reason, plan.describe())
-        return generation
-
-    def vacated(self) -> bool:
-        """No worker of this daemon, serving, parked, switching or still stopping, holds a CPU outside its share:
-        the cores given away are free for the model they go to."""
-        share = set(self.topology.cpu_ids)
-        return all(
-            set(w.cores) <= share and (w.pending is None or set(w.pending[1]) <= share)
-            for w in self.reconciler.pool.workers.values()
-            if w.state is not WorkerState.DEAD
-        )
-
-    def demand(self) -> dict[str, Any]:
-        """What a coordinator plans this model from: its profile, the live batch sizes and their rate, its share."""
-        now = time.monotonic()
-        estimator = self.adaptation.estimator
-        profile = self.adaptation.tuner.profile if self.adaptation.tuner is not None else self.profile
-        distribution = estimator.distribution(now)
-        batches_per_s, inputs_per_s = estimator.rates(now)
-        return {
-            "model": self.config.model,
-            "runtime": self.info.runtime,
-            "profile": None if profile is None else profile.to_csv(),
-            "batch_sizes": [] if distribution is None else [[b, w] for b, w in distribution.weights],
-            "batches_per_s": batches_per_s,
-            "inputs_per_s": inputs_per_s,
-            # Cumulative counts at `now_s` (this daemon's monotonic clock) and the queue at that instant: the
-            # coordinator's own estimate of the offered rate (packrat_daemon.coordinate.watch) reads these.
-            "now_s": now,
-            "arrived_requests": self.batcher.arrived_requests,
-            "arrived_inputs": self.batcher.arrived_inputs,
-            "queued_inputs": self.batcher.queued_inputs,
-            "max_batch": self.config.max_batch,
-            "policy": self.policy.name,
-            "plan": self.plan.to_json(),
-            "share": self.share.to_json(),
-            "machine_cpus": list(self.machine.cpu_ids),
-            "vacated": self.vacated(),
-        }
-
     def status(self) -> dict[str, Any]:
         """The `status` reply (control.status), read now; never on the request path."""
-        now = time.monotonic()
-        reconciler, estimator, batcher = self.reconciler, self.adaptation.estimator, self.batcher
-        batches_per_s, inputs_per_s = estimator.rates(now)
-        snapshot = Snapshot(
-            info=self.frontend.describe(), runtime=self.info.runtime,
-            workers=reconciler.pool.live(), serving=frozenset(w.id for w in reconciler.serving()),
-            generation=reconciler.generation, history=list(reconciler.history),
-            policy=self.policy.name, adapting=self.adaptation.tuner is not None,
-            adapt_interval_s=self.adaptation.interval_s, override=self.control.override,
-            distribution=estimator.distribution(now), batches_per_s=batches_per_s, inputs_per_s=inputs_per_s,
-            half_life_s=estimator.half_life_s, queued_requests=len(batcher.queue), queued_inputs=batcher.queued_inputs,
-            max_queued_inputs=batcher.max_queued_inputs, batch_in_flight=self.dispatcher.busy,
-            accepting=self.frontend.accepting, profile=self.state.provenance(self, now),
-            runtime_choice=self._choice_status(),
-            share=self.share.to_json(moves=self.moves),
-            gateway=None if self.gateway is None else self.gateway.status(),
-        )  # fmt: skip
-        return live_status(snapshot)
-
-    def _measured(self, _now: float) -> None:
-        """Switch to what the background measurement chose (startup.Measuring): the state file keeps what it
-        measured and its choice; the plan (on the new runtime's template, if it won) goes to the reconciler. The
-        `info` reply says the new runtime once no worker of the old one serves."""
-        pool = self.reconciler.pool
-        if self.next_info is not None:
-            serving = self.reconciler.serving()
-            if serving and all(pool.via(worker) is pool.backend for worker in serving):
-                self.info = self.frontend.info = self.next_info
-                self.next_info = None
-                guard = "not needed" if self.info.guard is None else "passed"
-                self.metrics.served(self.info.runtime, self.info.precision, guard)
-                log.info("serving %s at %s (accuracy guard: %s)", self.info.runtime, self.info.precision, guard)
-            return
-        done = None if self.measuring is None else self.measuring.take()
-        if done is None:
-            return
-        chosen = done.candidate
-        for key, entry in done.entries.items():
-            self.state.record(key, entry)
-        self.state.choice, self.state.served_key = done.choice, chosen.key
-        self.profile = chosen.profile
-        self.adaptation.retune(self.config, self.policy, chosen.profile)
-        backend = None if done.same_template else chosen.backend
-        log.info("switching to %s on %s: measured fastest while %s served (%s)",
-                 chosen.key, chosen.plan.describe(), self.info.runtime, done.reason)  # fmt: skip
-        self.switch(chosen.plan, f"runtime: {chosen.key}", backend)
-        if backend is not None:
-            self.next_info = chosen.info
-
-    def _choice_status(self) -> dict[str, Any] | None:
-        """`packrat status`'s runtime choice: the background measurement's while it runs, then the state's."""
-        if self.measuring is not None and not self.measuring.done:
-            return self.measuring.status()
-        choice = self.state.choice_status()
-        if choice is not None and self.measuring is not None:
-            choice["still_measuring"] = []
-            choice["switching"] = self.next_info is not None
-        return choice
+        gateway = None if self.gateway is None else self.gateway.status()
+        override, choice, share = self.control.override, self.measured.status(), self.tenancy.status()
+        return live_status(snapshot(self.board, self.batcher, self.frontend, override, choice, share, gateway))
 
     def _reload(self) -> None:
         """SIGHUP: re-read, re-check, re-plan and apply the live settings (packrat_daemon.reload); the outcome is
@@ -354,10 +233,10 @@ class Daemon:
         # First: no request waits unanswered on the slower steps below.
         self.frontend.answer_all_and_close(self.batcher.drain() + self.dispatcher.abandon())
         self.control.close()
-        learned = self.adaptation.learned(self.profile, self.plan, self.config.model, self.info.runtime)
+        learned = self.adaptation.learned(self.profile, self.board.plan, self.config.model, self.info.runtime)
         if learned is not None and self.profiles.save(learned):
             log.info("profile with production timings saved to %s (%d cells)", self.profiles.path, len(learned))
-        self.state.save(self, "stop")
+        self.board.save("stop")
         # Each template stops its children in order (SIGTERM, then SIGKILL after a grace period).
         self.reconciler.pool.close()
         if self.measuring is not None:  # after the pool: a template it serves from may be the measuring thread's

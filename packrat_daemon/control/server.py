@@ -12,14 +12,15 @@ has no CURVE keys of its own). One request is one JSON frame, one reply is one J
     {"op": "assign", "cpus": [0, 1, 2, 3], "plan": {...}, "reason": "...", "gain": 0.2}
                                               serve on these CPUs only (`packrat coordinate`); the plan
                                               (Plan.to_json) is optional: else the policy plans inside them
-    {"op": "demand"}                          what a coordinator plans this model from (Daemon.demand)
+    {"op": "demand"}                          what a coordinator plans this model from (Colocation.demand)
 
 The handler only checks and queues; `tick`, called from the daemon's loop, builds the plan and hands it
 to the daemon's switch (the reconciler alone changes the pool), and answers once the new pool serves
 (or at once when nothing changes or the request fails), with the measured reconfiguration. An `assign` is
 answered once, besides, no worker is left on a CPU it gave away (shrink before grow: the coordinator grows the
-other model only then). What it may read and change of the running daemon is the `Switchboard`;
-`daemon.Daemon` is one.
+other model only then). What it may read and change of the running daemon is the `Switchboard` (`control.board.Board`
+is one) and, for a coordinator's requests, the `Colocation` (`coordinate.tenancy.Tenancy`). A request is checked
+and parsed by `control.messages`.
 """
 
 from __future__ import annotations
@@ -36,13 +37,20 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 
+from packrat_daemon.control.messages import (
+    MAX_REQUEST_BYTES,
+    ControlError,
+    describe,
+    error_reply,
+    parse,
+    plan_from_request,
+)
 from packrat_daemon.ops.hardening import claim_ipc, private_dir
 from packrat_daemon.startup import distribution_for, policy_for
 from packrat_daemon.wire import errors
 from packrat_daemon.wire.endpoints import allow_ipv6
 from packrat_daemon.wire.errors import ConfigError, PackratError, PolicyError
-from policies.base import InstancePlan, Plan, Policy, PolicySettings
-from policies.planning.topology import Topology, format_cpulist
+from policies.base import Plan, Policy, PolicySettings
 from policies.registry import policy_from_settings
 
 if TYPE_CHECKING:
@@ -50,20 +58,12 @@ if TYPE_CHECKING:
     from packrat_daemon.fleet.reconciler import Reconfiguration
     from policies.planning.distribution import BatchDistribution
     from policies.planning.profile import Profile
+    from policies.planning.topology import Topology
 
 log = logging.getLogger("packrat.control")
 
 CONTROL_FILE = "control.ipc"
-# A request is a few fields, an assign's CPU list and plan (Plan.to_json of up to MAX_LAYOUTS layouts) included;
-# anything bigger is not one.
-MAX_REQUEST_BYTES = 16384
-MAX_DEPTH = 8  # nesting of `[` and `{`: a plan is 5 deep; deeper is refused before parsing
-OPS = ("reconfigure", "assign", "demand")
 MAX_QUEUED = 16  # requests waiting for the loop; more are refused (a client in a loop, not an operator)
-
-
-class ControlError(PackratError):
-    """A control request that was refused, or a control endpoint that cannot be used."""
 
 
 def control_endpoint(endpoint: str | None, run_dir: str | os.PathLike[str]) -> str:
@@ -118,6 +118,10 @@ class Switchboard(Protocol):
         """The record of the change to `generation`, while the history keeps it."""
         ...
 
+
+class Colocation(Protocol):
+    """What a coordinator's requests (`packrat coordinate`) read and change of the running daemon."""
+
     def assign(self, cpus: Sequence[int], plan: Plan | None, reason: str, gain: float | None = None) -> int | None:
         """Serve on `cpus` only (with `plan`, else the policy's plan inside them); the generation that will
         serve it, None when nothing changes. Raises before anything changed when it cannot be done."""
@@ -132,53 +136,6 @@ class Switchboard(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class Share:
-    """This model's share of the machine: the CPUs it plans and pins on, who gave them, and the move that did."""
-
-    cpus: tuple[int, ...]
-    cores: int  # usable cores among them (physical cores, capped by the cgroup quota)
-    by: str  # who assigned it: "--cpus", "every usable CPU", or the coordinator's reason
-    wall: float  # time.time() of the assignment
-    generation: int | None = None  # the plan generation that serves it (None: the start's)
-    predicted_gain: float | None = None  # the coordinator's predicted gain of the move, if it said
-    previous: tuple[int, ...] | None = None  # the CPUs before this move (None: the initial share)
-
-    @classmethod
-    def initial(cls, topology: Topology, by: str) -> Share:
-        return cls(topology.cpu_ids, topology.usable_cores, by, time.time())
-
-    @classmethod
-    def assigned(cls, topology: Topology, reason: str, generation: int, gain: float | None, before: Share) -> Share:
-        return cls(topology.cpu_ids, topology.usable_cores, reason, time.time(), generation, gain, before.cpus)
-
-    def describe(self) -> str:
-        return f"CPUs {format_cpulist(self.cpus)} ({self.cores} core{'s' if self.cores != 1 else ''})"
-
-    def to_json(self, moves: int | None = None) -> dict[str, Any]:
-        last = None
-        if self.previous is not None:
-            last = {
-                "from": format_cpulist(self.previous),
-                "to": format_cpulist(self.cpus),
-                "time": self.wall,
-                "generation": self.generation,
-                "predicted_gain": self.predicted_gain,
-                "reason": self.by,
-            }
-        reply: dict[str, Any] = {
-            "cpus": format_cpulist(self.cpus),
-            "cpu_ids": list(self.cpus),
-            "cores": self.cores,
-            "assigned_by": self.by,
-            "since": self.wall,
-            "last_move": last,
-        }
-        if moves is not None:
-            reply["moves"] = moves
-        return reply
-
-
 @dataclass
 class Pending:
     identity: bytes
@@ -188,8 +145,8 @@ class Pending:
 
 
 class Control:
-    def __init__(self, board: Switchboard, context: zmq.Context, endpoint: str) -> None:
-        self.board = board
+    def __init__(self, board: Switchboard, colocation: Colocation, context: zmq.Context, endpoint: str) -> None:
+        self.board, self.colocation = board, colocation
         self.endpoint = endpoint
         self.queue: deque[Pending] = deque()
         self.waiting: dict[int, list[Pending]] = {}  # generation -> requests answered once it serves
@@ -217,13 +174,13 @@ class Control:
                 return
             identity, body = frames[0], frames[-1]
             try:
-                request = _parse(body, len(frames))
+                request = parse(body, len(frames))
                 if len(self.queue) >= MAX_QUEUED:
                     raise ControlError(f"{MAX_QUEUED} control requests are already waiting; retry in a moment")
             except PackratError as exc:
-                self._reply(identity, _error(exc))
+                self._reply(identity, error_reply(exc))
                 continue
-            self.queue.append(Pending(identity, request, _describe(request)))
+            self.queue.append(Pending(identity, request, describe(request)))
 
     # -- the loop: act on the queue, answer finished changes ---------------------------------------
     def tick(self) -> None:
@@ -232,23 +189,24 @@ class Control:
         for generation in list(self.waiting):
             record = self.board.reconfiguration(generation)
             if record is None or record.done:
-                vacating = record is not None and not record.superseded and not self.board.vacated()
+                vacating = record is not None and not record.superseded and not self.colocation.vacated()
                 if vacating and any(pending.vacate for pending in self.waiting[generation]):
                     continue  # an assign: the workers that left the cores given away are still stopping
                 for pending in self.waiting.pop(generation):
                     self._reply(pending.identity, self._finished(pending, record))
 
     def close(self) -> None:
+        stopping = error_reply(ControlError("the daemon is stopping; the change was not made"))
         for pendings in self.waiting.values():
             for pending in pendings:
-                self._reply(pending.identity, _error(ControlError("the daemon is stopping; the change was not made")))
+                self._reply(pending.identity, stopping)
         self.socket.close(linger=100)
 
     def _act(self, pending: Pending) -> None:
         board = self.board
         request = pending.request
         if request["op"] == "demand":
-            self._reply(pending.identity, {"ok": True, "demand": board.demand()})
+            self._reply(pending.identity, {"ok": True, "demand": self.colocation.demand()})
             return
         if request["op"] == "assign":
             self._assign(pending)
@@ -261,7 +219,7 @@ class Control:
             plan = policy.plan(planning.profile, planning.topology, planning.live or distribution_for(board.config))
         except PackratError as exc:
             log.warning("control: %s refused: %s", pending.what, exc)
-            self._reply(pending.identity, _error(exc))
+            self._reply(pending.identity, error_reply(exc))
             return
         self.override = None if request.get("auto") else pending.what
         log.info("control: %s → plan %s", pending.what, plan.describe())
@@ -277,14 +235,16 @@ class Control:
     def _assign(self, pending: Pending) -> None:
         request, board = pending.request, self.board
         try:
-            plan = _plan_from_request(request["plan"]) if "plan" in request else None
-            generation = board.assign(request["cpus"], plan, request.get("reason", "assign"), request.get("gain"))
+            plan = plan_from_request(request["plan"]) if "plan" in request else None
+            generation = self.colocation.assign(
+                request["cpus"], plan, request.get("reason", "assign"), request.get("gain")
+            )
         except PackratError as exc:
             log.warning("control: %s refused: %s", pending.what, exc)
-            self._reply(pending.identity, _error(exc))
+            self._reply(pending.identity, error_reply(exc))
             return
         if generation is None:
-            share = board.demand()["share"]
+            share = self.colocation.demand()["share"]
             done = f"already serving {board.plan.describe()} on CPUs {share['cpus']}; nothing to change"
             self._reply(pending.identity, {"ok": True, "done": done, "plan": board.plan.to_json(), "share": share})
             return
@@ -316,7 +276,7 @@ class Control:
             "reconfiguration": record.to_json(),
         }
         if pending.vacate:
-            reply["share"] = self.board.demand()["share"]
+            reply["share"] = self.colocation.demand()["share"]
             reply["vacated_s"] = time.monotonic() - record.decided
         return reply
 
@@ -325,107 +285,6 @@ class Control:
             self.socket.send_multipart([identity, json.dumps(body).encode()], zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             log.debug("control: could not answer: %s", exc)
-
-
-def _parse(body: bytes, frames: int) -> dict[str, Any]:
-    if frames != 2:
-        raise ControlError(f"a control request is one JSON frame; got {frames - 1}")
-    # Bounded before parsing: json's parser recurses once per nesting level, and 4 000 `[` raised RecursionError
-    # into the loop. A request is one flat object, so a few brackets are all it can hold (MAXMSGSIZE bounds size).
-    if len(body) > MAX_REQUEST_BYTES or _depth(body) > MAX_DEPTH:
-        raise ControlError(
-            f"a control request is one flat JSON object (an assign's plan nested at most {MAX_DEPTH} deep) of at "
-            f"most {MAX_REQUEST_BYTES} bytes"
-        )
-    try:
-        request = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise ControlError(f"a control request is a JSON object: {exc}") from None
-    if not isinstance(request, dict) or request.get("op") not in OPS:
-        raise ControlError('a control request is {"op": "reconfigure", ...}, {"op": "assign", ...} or {"op": "demand"}')
-    if request["op"] == "demand":
-        return request
-    if request["op"] == "assign":
-        return _check_assign(request)
-    asked = [key for key in ("plan", "policy", "auto") if key in request]
-    if len(asked) != 1:
-        raise ControlError("ask for exactly one of: a plan (--plan), a policy (--policy), or automatic (--auto)")
-    key = asked[0]
-    if (key == "auto" and request[key] is not True) or (key != "auto" and not isinstance(request[key], str)):
-        raise ControlError(f"{key!r} must be {'true' if key == 'auto' else 'a string'}")
-    return request
-
-
-def _depth(body: bytes) -> int:
-    """The deepest nesting of `[` and `{` (those inside strings counted too: an upper bound)."""
-    depth = deepest = 0
-    for byte in body:
-        if byte in b"[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif byte in b"]}":
-            depth -= 1
-    return deepest
-
-
-def _check_assign(request: dict[str, Any]) -> dict[str, Any]:
-    cpus = request.get("cpus")
-    if not isinstance(cpus, list) or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cpus):
-        raise ControlError("an assign's 'cpus' is a list of CPU numbers, e.g. [0, 1, 2, 3]")
-    if not cpus:
-        raise ControlError("an assign's 'cpus' is empty: give this model at least one usable CPU")
-    if "plan" in request and not isinstance(request["plan"], dict):
-        raise ControlError(
-            "an assign's 'plan' is a plan as Plan.to_json writes it; leave it out to let the policy plan"
-        )
-    if not isinstance(request.get("reason", ""), str):
-        raise ControlError("an assign's 'reason' is a string")
-    gain = request.get("gain")
-    if gain is not None and (isinstance(gain, bool) or not isinstance(gain, int | float)):
-        raise ControlError("an assign's 'gain' is a number (the predicted gain of the move) or absent")
-    return request
-
-
-def _plan_from_request(data: dict[str, Any]) -> Plan:
-    """An assign's plan (Plan.to_json); PolicyError naming what is wrong with it."""
-
-    def instances(items: object) -> tuple[InstancePlan, ...]:
-        if not isinstance(items, list) or not items:
-            raise ValueError("a layout is a non-empty list of instances")
-        return tuple(InstancePlan(int(i["threads"]), int(i["batch"])) for i in items)
-
-    try:
-        plan = Plan(
-            instances=instances(data["instances"]),
-            policy=str(data.get("policy", "coordinate")),
-            reason=str(data.get("reason", "assigned by the coordinator")),
-            predicted_latency_ms=None
-            if data.get("predicted_latency_ms") is None
-            else float(data["predicted_latency_ms"]),
-            oversubscribed=bool(data.get("oversubscribed", False)),
-            split=str(data.get("split", "exact")),
-            alternatives=tuple(instances(layout) for layout in data.get("alternatives", [])),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PolicyError(f"the assign's plan is not a plan as Plan.to_json writes it ({exc!r}); leave it out "
-                          "to let the daemon's policy plan inside the CPUs") from None  # fmt: skip
-    if plan.split not in ("exact", "even"):
-        raise PolicyError(f"the assign's plan splits {plan.split!r}; a plan splits 'exact' or 'even'")
-    return plan
-
-
-def _describe(request: dict[str, Any]) -> str:
-    if request["op"] == "assign":
-        return f"assign CPUs {format_cpulist(request['cpus'])}"
-    if request["op"] == "demand":
-        return "demand"
-    if request.get("auto"):
-        return "--auto"
-    return f"--plan {request['plan']}" if "plan" in request else f"--policy {request['policy']}"
-
-
-def _error(exc: PackratError) -> dict[str, Any]:
-    return {"ok": False, "error": {"type": type(exc).__name__, "message": str(exc)}}
 
 
 # -- the client side (`packrat reconfigure`) ---------------------------------------------------------

@@ -3,19 +3,23 @@
 It is `info`'s description plus the live state: the plan and why, every live worker, the batch sizes
 and the arrival rate the batcher sees, the queue, where the profile's cells come from, which runtime and
 precision candidate is served and why each other one lost, and the history
-of plan changes with their measured durations. The daemon reads all of it into one `Snapshot`
-(`Daemon.status`) when a client asks, never on the request path; `live_status` only lays it out.
+of plan changes with their measured durations. `snapshot` reads all of it into one `Snapshot` when a client
+asks (`Daemon.status`), never on the request path; `live_status` only lays it out.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from packrat_daemon.control.board import Board
     from packrat_daemon.fleet.pool import WorkerHandle
     from packrat_daemon.fleet.reconciler import Reconfiguration
+    from packrat_daemon.requests.batcher import Batcher
+    from packrat_daemon.requests.frontend import Frontend
     from policies.planning.distribution import BatchDistribution
 
 
@@ -43,12 +47,39 @@ class Snapshot:
     batch_in_flight: bool
     accepting: bool
     profile: dict[str, Any]  # the state keeper's account of the profile's cells (StateKeeper.provenance)
-    # This model's share of the machine (control.server.Share.to_json): its CPUs, who assigned them, the last move.
+    # This model's share of the machine (coordinate.tenancy.Share.to_json): its CPUs, who assigned them, the last move.
     share: dict[str, Any] | None = None
-    # The choice between the runtime and precision candidates (StateKeeper.choice_status): None before one is made.
+    # The choice between the runtime and precision candidates (control.measured): None before one is made.
     runtime_choice: dict[str, Any] | None = None
     # The Open Inference Protocol gateway beside the daemon (protocol.launch.GatewayProcess.status): None without.
     gateway: dict[str, Any] | None = None
+
+
+def snapshot(
+    board: Board,
+    batcher: Batcher,
+    frontend: Frontend,
+    override: str | None,
+    runtime_choice: dict[str, Any] | None,
+    share: dict[str, Any],
+    gateway: dict[str, Any] | None,
+) -> Snapshot:
+    """The running daemon's state now: what `board` serves and its parts, and the rest as the callers say it."""
+    now = time.monotonic()
+    reconciler, estimator, served = board.reconciler, board.adaptation.estimator, board.served
+    batches_per_s, inputs_per_s = estimator.rates(now)
+    return Snapshot(
+        info=frontend.describe(), runtime=served.info.runtime,
+        workers=reconciler.pool.live(), serving=frozenset(w.id for w in reconciler.serving()),
+        generation=reconciler.generation, history=list(reconciler.history),
+        policy=served.policy.name, adapting=board.adaptation.tuner is not None,
+        adapt_interval_s=board.adaptation.interval_s, override=override,
+        distribution=estimator.distribution(now), batches_per_s=batches_per_s, inputs_per_s=inputs_per_s,
+        half_life_s=estimator.half_life_s, queued_requests=len(batcher.queue), queued_inputs=batcher.queued_inputs,
+        max_queued_inputs=batcher.max_queued_inputs, batch_in_flight=board.dispatcher.busy,
+        accepting=frontend.accepting, profile=board.state.provenance(board.kept(), now),
+        runtime_choice=runtime_choice, share=share, gateway=gateway,
+    )  # fmt: skip
 
 
 def live_status(s: Snapshot) -> dict[str, Any]:

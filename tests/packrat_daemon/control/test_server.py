@@ -14,7 +14,8 @@ import pytest
 import zmq
 
 from packrat_daemon.cli import main
-from packrat_daemon.control.server import Control, ControlError, _parse, control_endpoint, request
+from packrat_daemon.control.messages import parse, plan_from_request
+from packrat_daemon.control.server import Control, ControlError, control_endpoint, request
 from packrat_daemon.wire.client import Client
 from packrat_daemon.wire.errors import ConfigError, PolicyError
 from tests.helpers.daemons import running_daemon
@@ -48,14 +49,14 @@ def test_the_control_endpoint_is_private(tmp_path: Path) -> None:
 )
 def test_malformed_control_requests_are_refused_with_what_to_send(body: bytes, message: str) -> None:
     with pytest.raises(ControlError, match=message):
-        _parse(body, 2)
+        parse(body, 2)
 
 
 @pytest.mark.parametrize("body", [b"[" * 4000, b"{" * 100_000, b'{"op": "reconfigure", "plan": [[[[[[[[[[1]]]]]]]]]]}'])
 def test_deeply_nested_control_requests_are_refused_before_parsing(body: bytes) -> None:
     # 4 000 `[` raised RecursionError out of json.loads, past the handler's `except PackratError`: exit 1.
     with pytest.raises(ControlError, match="one flat JSON object"):
-        _parse(body, 2)
+        parse(body, 2)
 
 
 def test_a_control_plan_beyond_max_batch_is_refused() -> None:
@@ -156,44 +157,24 @@ def test_reconfigure_and_status_on_a_real_daemon(tmp_path: Path, capsys: pytest.
 )
 def test_malformed_assign_requests_are_refused_with_what_to_send(body: bytes, message: str) -> None:
     with pytest.raises(ControlError, match=message):
-        _parse(body, 2)
+        parse(body, 2)
 
 
 def test_an_assign_carries_a_plan_as_plan_to_json_writes_it() -> None:
-    from packrat_daemon.control.server import _plan_from_request
     from policies.base import InstancePlan, Plan
 
     plan = Plan(
         (InstancePlan(2, 4), InstancePlan(1, 4)), "packrat", "joint", 1.5, alternatives=((InstancePlan(3, 8),),)
     )
     body = json.dumps({"op": "assign", "cpus": [0, 1, 2], "plan": plan.to_json(), "reason": "r", "gain": 0.2})
-    request = _parse(body.encode(), 2)  # 5 deep: within the bound
-    restored = _plan_from_request(request["plan"])
+    request = parse(body.encode(), 2)  # 5 deep: within the bound
+    restored = plan_from_request(request["plan"])
     assert (restored.instances, restored.alternatives, restored.policy) == (
         plan.instances,
         plan.alternatives,
         "packrat",
     )
     with pytest.raises(PolicyError, match="not a plan as Plan.to_json writes it.*leave it out"):
-        _plan_from_request({"instances": [{"threads": "two"}]})
+        plan_from_request({"instances": [{"threads": "two"}]})
     with pytest.raises(PolicyError, match="splits 'sideways'"):
-        _plan_from_request({"instances": [{"threads": 1, "batch": 1}], "split": "sideways"})
-
-
-def test_a_share_says_where_it_came_from_and_its_last_move() -> None:
-    from packrat_daemon.control.server import Share
-    from policies.planning.topology import Topology
-
-    machine = Topology.synthetic(4)
-    first = Share.initial(machine.restricted([0, 1]), "--cpus")
-    assert first.to_json()["last_move"] is None and first.to_json()["cpus"] == "0-1"
-    moved = Share.assigned(machine.restricted([0, 1, 2]), "coordinator: joint plan", 3, 0.25, first)
-    shown = moved.to_json(moves=1)
-    assert (shown["cpus"], shown["cores"], shown["assigned_by"], shown["moves"]) == (
-        "0-2",
-        3,
-        "coordinator: joint plan",
-        1,
-    )
-    assert shown["last_move"] == {"from": "0-1", "to": "0-2", "time": moved.wall, "generation": 3,
-                                  "predicted_gain": 0.25, "reason": "coordinator: joint plan"}  # fmt: skip
+        plan_from_request({"instances": [{"threads": 1, "batch": 1}], "split": "sideways"})
