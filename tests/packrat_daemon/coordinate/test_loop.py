@@ -1,6 +1,6 @@
 """The coordinator's loop on daemons answered in memory (the real daemons are test_colocated's): the order it
 tells them their shares, what a daemon that is down or refuses does to it, when it moves cores, and its status.
-The daemons here answer the two control requests as `Daemon.demand` and `Daemon.assign` do, from a table."""
+The daemons here answer the two control requests as `coordinate.tenancy.Tenancy` does, from a table."""
 
 from __future__ import annotations
 
