@@ -16,6 +16,7 @@ from packrat_daemon.settings import (
     number,
 )
 from workers.models.spec import PRECISION_CHOICES
+from workers.runtimes.registry import computing, either
 
 # auto by default: the accuracy guard, not the user, decides whether a reduced precision is served, and it
 # leaves one out where it fails (or where the CPU flags show no units for it). Whether bf16 pays is measured
@@ -29,6 +30,7 @@ DEFAULT_RUNTIME = "auto"  # every installed runtime is measured and the fastest 
 # the output is class scores whose top-1 must be kept (--accuracy-top1).
 DEFAULT_MAX_REL_ERROR = 0.05
 TOP1_CHOICES = ("auto", "on", "off")
+RUNTIME_NAMES = either(computing())  # "torch, onnxruntime or openvino": the registry's computing runtimes
 
 # The headings and the settings below each, in the docs' order (`settings.sectioned` files each under its heading).
 SERVED: tuple[str | Setting, ...] = (
@@ -52,8 +54,7 @@ SERVED: tuple[str | Setting, ...] = (
         "runtime",
         TEXT,
         DEFAULT_RUNTIME,
-        "auto: measure each installed runtime (serve then serves the fastest); torch, onnxruntime or openvino "
-        "pins one; "
+        f"auto: measure each installed runtime (serve then serves the fastest); {RUNTIME_NAMES} pins one; "
         "emulated: workers that compute nothing and wait the --profile's latencies (docs/emulation.md)",
         reload="restart",
     ),
@@ -91,8 +92,8 @@ SERVED: tuple[str | Setting, ...] = (
         "auto: with several runtime candidates to measure, the first one (fp32, no conversion) answers at once on "
         "a plan that needs no profile while every candidate is measured in the background at a lower priority, "
         "and the daemon switches, with no failed request, to the one measured fastest (docs/precision.md); off: "
-        "measure every candidate before answering; torch, onnxruntime or openvino: that runtime at fp32 answers "
-        "first, whether or not it is a candidate",
+        f"measure every candidate before answering; {RUNTIME_NAMES}: that runtime at fp32 answers first, whether "
+        "or not it is a candidate",
         reload="restart",
     ),
     Setting(

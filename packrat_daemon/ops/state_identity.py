@@ -17,10 +17,10 @@ from typing import Any
 from packrat_daemon.config import ServeConfig
 from policies.planning.topology import Topology, format_cpulist
 from workers.models.spec import EMULATED, HF_PREFIX
+from workers.runtimes.registry import RECORDS
 
-# The libraries whose version changes what a runtime measures (the ONNX and OpenVINO runtimes run models
-# converted by torch's exporter).
-LIBRARIES = {"torch": ("torch",), "onnxruntime": ("torch", "onnxruntime"), "openvino": ("torch", "openvino")}
+# The libraries whose version changes what a runtime measures, named in its record (workers.runtimes.registry).
+LIBRARIES: dict[str, tuple[str, ...]] = {record.name: record.libraries for record in RECORDS}
 
 # The keys compared one by one, in the order a mismatch is reported; "versions" is compared per library after.
 KEYS = ("model", "model_sha256", "input", "profile_sha256", "runtime", "precision", "usable_cores", "cpus")
@@ -48,7 +48,7 @@ def identity(
     model_content = digest(model) if os.path.isfile(model) or os.path.isdir(model) else None
     # A --profile file's cells are the offline half of what was learned: another file, another start.
     profile_file = digest(config.profile) if config.profile else None
-    versions = {name: _version(name) for name in LIBRARIES.get(runtime, ())}
+    versions = {name: _version(name) for name in LIBRARIES[runtime]}  # KeyError: a runtime not registered
     if runtime == EMULATED and config.profile:
         # An emulation's "library" is the table its workers wait and the interference they add.
         versions = {

@@ -62,10 +62,12 @@ from workers.models.spec import (
     sample_input,
 )
 from workers.models.subprocesses import run_module
+from workers.runtimes.registry import RECORDS
 
 # Bump when the converter changes what it writes, so old cache entries are no longer used.
 CACHE_FORMAT = 1
-ARTIFACTS = {"onnxruntime": "model.onnx", "openvino": "model.xml"}
+# The file each converted runtime opens, named in its record (workers.runtimes.registry).
+ARTIFACTS = {record.name: record.artifact for record in RECORDS if record.artifact is not None}
 # The ONNX export both runtimes are converted from (`ensure_exported`): its entry's prefix and file, what
 # it depends on besides the model (torch's dynamo exporter builds the graph with onnxscript and onnx-ir),
 # and the opset each exporter is asked for (dynamo's is its own default in torch 2.13; the TorchScript

@@ -19,6 +19,8 @@ import numpy as np
 
 from packrat_daemon.wire.codec import pack_records, record_bytes
 from packrat_daemon.wire.errors import ConfigError, ModelSpecError
+from workers.runtimes.registry import BY_NAME, RECORDS, RuntimeRecord, either
+from workers.runtimes.registry import EMULATED as EMULATED  # the daemon's modules read it here
 
 # The element types a model may declare (the wire protocol's dtypes; bfloat16 travels as its raw bits).
 INPUT_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
@@ -194,41 +196,16 @@ def _sample(dtype: str, sample_shape: tuple[int, ...], high: int | None, batch: 
     return rng.integers(0, high or 100, shape).astype(dtype)
 
 
-@dataclass(frozen=True)
-class RuntimeRequirements:
-    packages: tuple[str, ...]  # every package the runtime imports; the first one missing is named in the error
-    extra: str | None = None  # the pyproject extra that installs them (None: a core dependency)
-    emulated: bool = False  # computes nothing (a measuring instrument): never a candidate of --runtime auto
-
-    @property
-    def install(self) -> str:
-        return f"pip install -e '.[{self.extra}]'" if self.extra else "pip install -e ."
-
-
-EMULATED = "emulated"
-
-# Torch first: it is always installed, and `available_runtimes` keeps this order.
-RUNTIME_REQUIREMENTS: dict[str, RuntimeRequirements] = {
-    "torch": RuntimeRequirements(("torch",)),
-    # The model is exported to ONNX (onnx, onnxscript) before either runtime can load it.
-    "onnxruntime": RuntimeRequirements(("onnxruntime", "onnx", "onnxscript"), "onnx"),
-    "openvino": RuntimeRequirements(("openvino", "onnx", "onnxscript"), "openvino"),
-    # Workers that wait the profile's latencies instead of computing (workers.runtimes.emulated): needs nothing.
-    EMULATED: RuntimeRequirements((), emulated=True),
-}
-
-
-# The precisions each runtime can run (fp32 everywhere). ONNX Runtime's CPU provider runs a float32 model
-# in float32 on x86: its bfloat16 fast-math GEMM is for Arm only, so it has no path to the matrix units.
-# int8 is NNCF's post-training quantization of the OpenVINO model (workers.models.quantize), so OpenVINO only.
-RUNTIME_PRECISIONS: dict[str, tuple[str, ...]] = {"torch": ("fp32", "bf16"), "openvino": ("fp32", "bf16", "int8")}
-PRECISION_REFUSALS: dict[str, str] = {
-    "onnxruntime": "ONNX Runtime's CPU provider runs float32 models in float32 on x86 (its bfloat16 GEMM is "
-    "for Arm only), so it cannot use the matrix units; serve bf16 with --runtime torch or openvino",
-}
+# Every runtime's facts are its record in the registry (workers.runtimes.registry); the tables below are read from
+# it. RUNTIME_REQUIREMENTS: the packages each needs, its pyproject extra and whether it computes, torch first.
+RUNTIME_REQUIREMENTS: dict[str, RuntimeRecord] = dict(BY_NAME)
+# The precisions each runtime can run (fp32 everywhere), and why a runtime refuses bf16.
+RUNTIME_PRECISIONS: dict[str, tuple[str, ...]] = {record.name: record.precisions for record in RECORDS}
+PRECISION_REFUSALS: dict[str, str] = {r.name: r.precision_refusal for r in RECORDS if r.precision_refusal is not None}
+_INT8 = [record for record in RECORDS if "int8" in record.precisions]
 INT8_REFUSAL = (
-    "int8 is served by --runtime openvino, quantized with NNCF on your --calibration inputs "
-    "(pip install -e '.[openvino]')"
+    f"int8 is served by --runtime {either([r.name for r in _INT8])}, quantized with NNCF on your --calibration "
+    f"inputs ({either([r.install for r in _INT8])})"
 )
 
 
@@ -272,7 +249,7 @@ def available_runtimes() -> list[str]:
 
 # The runtimes that can load each kind of model when it is not all of them: an ONNX file needs no PyTorch model,
 # and PyTorch cannot run one.
-KIND_RUNTIMES: dict[str, tuple[str, ...]] = {ONNX_FILE: ("onnxruntime", "openvino", EMULATED)}
+KIND_RUNTIMES: dict[str, tuple[str, ...]] = {ONNX_FILE: tuple(r.name for r in RECORDS if r.onnx_files)}
 
 
 def model_runtimes(spec: str, runtimes: list[str]) -> list[str]:

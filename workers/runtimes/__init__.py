@@ -1,39 +1,37 @@
-"""The runtimes a worker can run a model through, by name, and `make_runtime`, which builds one.
+"""The runtimes a worker can run a model through, and `make_runtime`, which builds one by name.
 
-    torch        PyTorch eager (the default); re-threads in place.          workers.runtimes.torch_runtime
-    onnxruntime  ONNX Runtime on the model exported to ONNX.                  workers.runtimes.onnx_runtime
-    openvino     OpenVINO on the model converted to its IR.                   workers.runtimes.openvino_runtime
-    emulated     workers that compute nothing (a measuring instrument).      workers.runtimes.emulated
-
-The interface they share is `workers.runtimes.base`. Only the runtimes' modules, `workers.models.loading`,
+Each runtime is its module here (a `workers.runtimes.base.Runtime`) and its record in `workers.runtimes.registry`,
+which every table about runtimes is read from. Only the runtimes' modules, `workers.models.loading`,
 `workers.models.cache`, `workers.models.convert` and `workers.models.onnx_files` import the runtimes' packages,
-and only when a runtime is made or loads: importing this registry stays torch-free. `workers.models.spec`
-says which packages each runtime needs and at which precisions each can serve.
+and only when a runtime is made or loads: importing this package, or the registry, stays torch-free, and a
+runtime's module is imported only when one is made.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from workers.models.spec import EMULATED, check_runtime
-from workers.runtimes.base import Runtime
-from workers.runtimes.emulated import EmulatedRuntime
-from workers.runtimes.onnx_runtime import OnnxRuntime
-from workers.runtimes.openvino_runtime import OpenVinoRuntime
-from workers.runtimes.torch_runtime import TorchRuntime
+from workers.runtimes.registry import BY_NAME, EMULATED
 
-RUNTIMES: dict[str, Callable[[], Runtime]] = {
-    "torch": TorchRuntime, "onnxruntime": OnnxRuntime, "openvino": OpenVinoRuntime, EMULATED: EmulatedRuntime
-}  # fmt: skip
+if TYPE_CHECKING:  # the base imports the model cache, which reads the registry through workers.models.spec
+    from workers.runtimes.base import Runtime
+
+
+def runtime_class(name: str) -> type[Runtime]:
+    """The class of the registered runtime `name` (KeyError for a name that is not)."""
+    made: type[Runtime] = BY_NAME[name].runtime_class()
+    return made
 
 
 def make_runtime(name: str, precision: str = "fp32") -> Runtime:
     """The runtime `name`; the daemon starts an emulated template as `emulated:FILE`, FILE holding the
     numbers its workers wait (workers.runtimes.emulated)."""
+    from workers.models.spec import check_runtime
+
     if name.startswith(f"{EMULATED}:"):
-        runtime: Runtime = EmulatedRuntime(name.partition(":")[2])
+        runtime = runtime_class(EMULATED)(name.partition(":")[2])  # type: ignore[call-arg]
     else:
         check_runtime(name)  # an unknown name or a missing package: a ConfigError that says what to install
-        runtime = RUNTIMES[name]()
+        runtime = runtime_class(name)()
     runtime.use_precision(precision)
     return runtime

@@ -44,7 +44,6 @@ from workers.models.spec import (
     ONNX_FILE,
     InputSpec,
     available_runtimes,
-    check_runtime,
     model_kind,
     model_runtimes,
     sample_input,
@@ -265,13 +264,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     runtime: Runtime = TorchRuntime()
     if model_kind(args.model) == ONNX_FILE:  # PyTorch cannot run one: the first installed runtime that can
-        # The runtimes' own modules, not the registry (workers.runtimes), which imports this one: no cycle.
-        from workers.runtimes.onnx_runtime import OnnxRuntime
-        from workers.runtimes.openvino_runtime import OpenVinoRuntime
+        from workers.runtimes import make_runtime
+        from workers.runtimes.registry import computing
 
-        name = next(iter(model_runtimes(args.model, available_runtimes())), "onnxruntime")
-        check_runtime(name)  # a missing package: a ConfigError that says what to install
-        runtime = OpenVinoRuntime() if name == "openvino" else OnnxRuntime()
+        # None installed: the first that could, whose ConfigError says what to install.
+        able = model_runtimes(args.model, available_runtimes()) or model_runtimes(args.model, list(computing()))
+        runtime = make_runtime(able[0])
     input_spec = runtime.load(args.model, args.input)
     runtime.set_threads(1)
     output = runtime.run(sample_input(input_spec, 1))

@@ -110,9 +110,9 @@ def test_sample_input_of_scalar_samples_is_one_dimensional() -> None:
 
 # -- runtime requirements ------------------------------------------------------------------------
 def test_every_runtime_has_its_requirements_and_torch_comes_first() -> None:
-    from workers.runtimes import RUNTIMES
+    from workers.runtimes.registry import RECORDS
 
-    assert list(RUNTIME_REQUIREMENTS) == list(RUNTIMES)
+    assert list(RUNTIME_REQUIREMENTS) == [record.name for record in RECORDS]
     assert available_runtimes()[0] == "torch"
 
 

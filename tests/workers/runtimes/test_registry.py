@@ -9,10 +9,11 @@ import pytest
 
 from packrat_daemon.wire.errors import ConfigError
 from workers.models.spec import EMULATED, available_runtimes
-from workers.runtimes import RUNTIMES, make_runtime
+from workers.runtimes import make_runtime, runtime_class
 from workers.runtimes.emulated import EmulatedRuntime
 from workers.runtimes.onnx_runtime import OnnxRuntime
 from workers.runtimes.openvino_runtime import OpenVinoRuntime
+from workers.runtimes.registry import BY_NAME
 from workers.runtimes.torch_runtime import TorchRuntime
 
 
@@ -28,9 +29,22 @@ def test_make_runtime_builds_the_session_runtimes(name: str, kind: type) -> None
 
 
 def test_every_registered_name_is_the_runtimes_own() -> None:
-    assert sorted(RUNTIMES) == sorted(["torch", "onnxruntime", "openvino", EMULATED])
-    for name, build in RUNTIMES.items():
-        assert getattr(build, "name", None) == name
+    assert sorted(BY_NAME) == sorted(["torch", "onnxruntime", "openvino", EMULATED])
+    for name in BY_NAME:
+        assert runtime_class(name).name == name
+    assert runtime_class("torch") is TorchRuntime and runtime_class(EMULATED) is EmulatedRuntime
+
+
+def test_importing_the_registry_imports_no_runtime() -> None:
+    """The daemon reads the registry (the installed runtimes, their precisions): no runtime module, no package."""
+    import subprocess
+
+    code = (
+        "import sys, workers.models.spec, workers.runtimes; "
+        "print(sorted(m for m in sys.modules if m.startswith('workers.runtimes.') or m in ('torch', 'onnxruntime')))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "['workers.runtimes.registry']"
 
 
 def test_an_emulated_template_is_told_its_numbers_inside_the_name(tmp_path: Path) -> None:
