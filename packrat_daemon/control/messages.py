@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from packrat_daemon.wire.errors import PackratError, PolicyError
-from policies.base import InstancePlan, Plan
+from policies.base import Plan
 from policies.planning.topology import format_cpulist
 
 # A request is a few fields, an assign's CPU list and plan (Plan.to_json of up to MAX_LAYOUTS layouts) included;
@@ -82,31 +82,13 @@ def check_assign(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def plan_from_request(data: dict[str, Any]) -> Plan:
-    """An assign's plan (Plan.to_json); PolicyError naming what is wrong with it."""
-
-    def instances(items: object) -> tuple[InstancePlan, ...]:
-        if not isinstance(items, list) or not items:
-            raise ValueError("a layout is a non-empty list of instances")
-        return tuple(InstancePlan(int(i["threads"]), int(i["batch"])) for i in items)
-
+    """An assign's plan (`Plan.from_json`; a coordinator may leave out its policy and reason); PolicyError naming
+    what is wrong with it."""
     try:
-        plan = Plan(
-            instances=instances(data["instances"]),
-            policy=str(data.get("policy", "coordinate")),
-            reason=str(data.get("reason", "assigned by the coordinator")),
-            predicted_latency_ms=None
-            if data.get("predicted_latency_ms") is None
-            else float(data["predicted_latency_ms"]),
-            oversubscribed=bool(data.get("oversubscribed", False)),
-            split=str(data.get("split", "exact")),
-            alternatives=tuple(instances(layout) for layout in data.get("alternatives", [])),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PolicyError(f"the assign's plan is not a plan as Plan.to_json writes it ({exc!r}); leave it out "
+        return Plan.from_json(data, policy="coordinate", reason="assigned by the coordinator")
+    except ValueError as exc:
+        raise PolicyError(f"the assign's plan is not a plan as Plan.to_json writes it ({exc}); leave it out "
                           "to let the daemon's policy plan inside the CPUs") from None  # fmt: skip
-    if plan.split not in ("exact", "even"):
-        raise PolicyError(f"the assign's plan splits {plan.split!r}; a plan splits 'exact' or 'even'")
-    return plan
 
 
 def describe(request: dict[str, Any]) -> str:

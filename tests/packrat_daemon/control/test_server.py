@@ -176,5 +176,5 @@ def test_an_assign_carries_a_plan_as_plan_to_json_writes_it() -> None:
     )
     with pytest.raises(PolicyError, match="not a plan as Plan.to_json writes it.*leave it out"):
         plan_from_request({"instances": [{"threads": "two"}]})
-    with pytest.raises(PolicyError, match="splits 'sideways'"):
+    with pytest.raises(PolicyError, match="its split is 'sideways', neither 'exact' nor 'even'"):
         plan_from_request({"instances": [{"threads": 1, "batch": 1}], "split": "sideways"})
