@@ -8,6 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.timing_guard import TimingGuard
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The fast suite's time guard: an unmarked test over 2 s of CPU fails (tests/helpers/timing_guard.py)."""
+    config.pluginmanager.register(TimingGuard(), "packrat-timing-guard")
+
 
 @pytest.fixture
 def daemon_log(tmp_path: Path) -> Callable[[], str]:

@@ -13,6 +13,8 @@ placed in the order when it is made.
 from __future__ import annotations
 
 import ast
+import fnmatch
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -195,6 +197,44 @@ def test_no_part_is_declared_twice() -> None:
     prefixes = [prefix for parts in ORDER for part in parts.values() for prefix in part]
     names = [name for parts in ORDER for name in parts]
     assert len(prefixes) == len(set(prefixes)) and len(names) == len(set(names))
+
+
+def drawn_layers(page: str) -> dict[int, list[str]]:
+    """The names in each numbered row of the drawing in docs/architecture.md's "Layers" section."""
+    block = page.split("## Layers", 1)[1].split("```")[1]
+    rows = re.finditer(r"^ *(\d+) │(.*)│$", block, re.MULTILINE)
+    return {int(row[1]): re.findall(r"[\w/.*]+", row[2]) for row in rows}
+
+
+def drawn_name(prefix: str, root: Path) -> str | None:
+    """How the drawing names a part's prefix (`packrat_daemon/` left out); None for one that is not there."""
+    path = root.joinpath(*prefix.split("."))
+    shown = "/".join(prefix.split(".")[1:] or prefix.split("."))
+    if path.is_dir():
+        return shown + "/"
+    return shown + ".py" if path.with_suffix(".py").exists() else None
+
+
+def undrawn(page: str, root: Path) -> list[str]:
+    """Each prefix of ORDER that the drawing does not show in its layer's row."""
+    rows, missing = drawn_layers(page), []
+    for layer, parts in enumerate(ORDER):
+        for prefix in (prefix for prefixes in parts.values() for prefix in prefixes if prefix != ROOT):
+            name = drawn_name(prefix, root)
+            names = rows.get(layer, [])
+            if name is not None and not any(name == n or ("*" in n and fnmatch.fnmatch(name, n)) for n in names):
+                missing.append(f"{name} (layer {layer})")
+    return missing
+
+
+def test_the_architecture_page_draws_every_part_in_its_layer() -> None:
+    assert undrawn((REPO / "docs" / "architecture.md").read_text(encoding="utf-8"), REPO) == []
+
+
+def test_the_drawing_check_catches_a_part_drawn_in_another_layer() -> None:
+    page = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    moved = page.replace(" 6 │ fleet/ │ load/ ", " 6 │ flee/ │ load/ ").replace("  7 │ measure/ ", "  7 │ fleet/   ")
+    assert moved != page and undrawn(moved, REPO) == ["fleet/ (layer 6)", "measure/ (layer 7)"]
 
 
 def _tree(root: Path, files: dict[str, str]) -> None:
