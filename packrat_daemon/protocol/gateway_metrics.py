@@ -255,6 +255,7 @@ def _bound(address: str, port: int) -> socket.socket:
         raise ConfigError(
             f"cannot serve the gateway's metrics on {where}: {exc.strerror}; choose another --metrics-port"
         ) from None
+    sock.listen(METRICS_CONCURRENCY)  # now: connections wait in the backlog until uvicorn serves, none refused
     return sock
 
 
