@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from packrat_daemon.config import RESTART_ONLY, SETTINGS, ServeConfig
 from packrat_daemon.ops.logs import setup_logging
 from packrat_daemon.ops.notify import READY, reloading, sd_notify
+from packrat_daemon.requests.timing import Deadlines
 from packrat_daemon.settings import toml_text
 from packrat_daemon.startup.context import distribution_for, policy_for, read_profile
 from packrat_daemon.wire.errors import PackratError
@@ -145,10 +146,7 @@ def _batcher(owners: Owners, c: ServeConfig) -> None:
 
 
 def _dispatcher(owners: Owners, c: ServeConfig) -> None:
-    owners.dispatcher.set_deadlines(
-        c.job_timeout_s, c.slice_deadline_margin, c.slice_deadline_floor_ms / 1000.0,
-        c.slice_hedge_margin, c.slice_hedge_floor_ms / 1000.0, c.slice_spin_floor_ms / 1000.0,
-    )  # fmt: skip
+    owners.dispatcher.set_deadlines(Deadlines.from_config(c))  # the six settings, read in one place
 
 
 def _watchdog(owners: Owners, c: ServeConfig) -> None:

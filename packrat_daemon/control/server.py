@@ -25,6 +25,7 @@ and parsed by `control.messages`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -258,9 +259,9 @@ class Control:
         # max_batch too: a plan's batch beyond it is refused (`--plan 1x100000` was accepted).
         if "plan" in request:
             return policy_from_settings(
-                "fixed", PolicySettings(request["plan"], config.min_split_gain, config.max_batch)
+                "fixed", dataclasses.replace(PolicySettings.from_config(config), plan=request["plan"])
             )
-        settings = PolicySettings(config.plan, config.min_split_gain, config.max_batch)
+        settings = PolicySettings.from_config(config)
         return policy_from_settings(request["policy"], settings)
 
     def _finished(self, pending: Pending, record: Reconfiguration | None) -> dict[str, Any]:

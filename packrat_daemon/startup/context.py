@@ -72,7 +72,7 @@ class Loaded:
 
 
 def policy_for(config: ServeConfig) -> Policy:
-    return policy_from_settings(config.policy, PolicySettings(config.plan, config.min_split_gain, config.max_batch))
+    return policy_from_settings(config.policy, PolicySettings.from_config(config))
 
 
 def distribution_for(config: ServeConfig) -> BatchDistribution:

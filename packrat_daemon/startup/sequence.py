@@ -152,7 +152,7 @@ def _answer_first(
     """Start-up's early answer: `first` prepared alone, on a plan that needs no profile (the policy's own when it
     plans without one, else `single`'s), and every candidate left to `Measuring`."""
     config, policy = ctx.config, ctx.policy
-    settings = PolicySettings(config.plan, config.min_split_gain, config.max_batch)
+    settings = PolicySettings.from_config(config)
     fixed = policy if not policy.needs_profile else policy_from_settings("single", settings)
     served = prepare_runtime(dataclasses.replace(ctx, policy=fixed), first[0], first[1])
     assert served is not None  # fp32 has no guard to refuse it
