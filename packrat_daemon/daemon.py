@@ -4,7 +4,7 @@ One thread runs everything: the frontend ROUTER, the internal backend ROUTER, th
 wake-up pipe for signals are polled together. Signal handlers only enqueue an event and wake the loop
 (`signals`); the loop acts on the queue between two polls, then reads what came and ticks the loop core
 (`loop`: expire, check, dispatch, adapt), which `packrat simulate` runs too. Start-up is in `startup`, the
-clients' side in `requests.frontend`, the workers' side in `fleet.supervisor`, adaptation in `adapt.online`.
+clients' side in `requests.frontend`, the workers' side in `requests.supervisor`, adaptation in `adapt.online`.
 """
 
 from __future__ import annotations

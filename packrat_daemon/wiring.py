@@ -22,13 +22,13 @@ from packrat_daemon.config import ServeConfig
 from packrat_daemon.fleet import proc
 from packrat_daemon.fleet.pool import Pool
 from packrat_daemon.fleet.reconciler import Reconciler, Slot
-from packrat_daemon.fleet.supervisor import Supervisor
 from packrat_daemon.ops.metrics import Metrics
 from packrat_daemon.ops.state import StateKeeper
 from packrat_daemon.requests.batcher import Batcher, plan_latency
 from packrat_daemon.requests.dispatcher import Dispatcher
 from packrat_daemon.requests.frontend import Frontend
 from packrat_daemon.requests.splitter import Splitter
+from packrat_daemon.requests.supervisor import Supervisor
 from packrat_daemon.requests.timing import Deadlines
 from packrat_daemon.startup import Started
 from policies.base import Plan

@@ -78,17 +78,7 @@ ORDER: tuple[dict[str, tuple[str, ...]], ...] = (
 
 # Upward imports that stand until their module's rework (issue 39) removes them: (importer, imported) -> why. Each
 # is checked to still exist, so the list only shrinks.
-SUPERVISOR = (
-    "issue 39 item 1: work in flight moves to one owner in requests/; the supervisor, in fleet/, may not import "
-    "requests/ or adapt/ (it pumps events: what reads the slices' state or feeds production lies above the fleet)"
-)
-UPWARD_FOR_NOW: dict[tuple[str, str], str] = {
-    ("packrat_daemon.fleet.supervisor", "packrat_daemon.adapt.production"): SUPERVISOR,
-    ("packrat_daemon.fleet.supervisor", "packrat_daemon.requests.batcher"): SUPERVISOR,
-    ("packrat_daemon.fleet.supervisor", "packrat_daemon.requests.dispatcher"): SUPERVISOR,
-    ("packrat_daemon.fleet.supervisor", "packrat_daemon.requests.frontend"): SUPERVISOR,
-    ("packrat_daemon.fleet.supervisor", "packrat_daemon.requests.jobs"): SUPERVISOR,
-}
+UPWARD_FOR_NOW: dict[tuple[str, str], str] = {}
 
 # Modules that must import without torch: users' programs, the CLI's `solve` and the daemon's own process.
 TORCH_FREE = (

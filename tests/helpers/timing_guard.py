@@ -22,11 +22,6 @@ WALL_REPORT_S = 2.0  # unmarked tests slower than this by the wall clock are lis
 # Unmarked tests over the limit when the guard came (issue 39), with the CPU seconds each used then on a loaded
 # two-core machine: each is to be made cheaper or marked slow, and struck from here. Listed, they are not failed.
 OVER_THE_LIMIT_FOR_NOW: dict[str, float] = {
-    "tests/workers/models/test_precision.py::test_both_runtimes_report_their_bf16_units_here": 9.1,
-    "tests/packrat_daemon/protocol/grpc/test_wire.py::"
-    "test_the_hand_parser_agrees_with_protobuf_and_refuses_what_it_refuses": 7.2,
-    "tests/workers/models/test_huggingface.py::"
-    "test_without_architectures_the_auto_model_is_loaded_and_every_output_served": 3.4,
     "tests/packrat_daemon/ops/test_state_properties.py::"
     "test_any_value_in_any_field_is_served_or_set_aside_saying_why": 2.8,
 }

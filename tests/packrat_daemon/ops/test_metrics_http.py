@@ -47,6 +47,7 @@ def closed_within(sock: socket.socket, seconds: float) -> bool:
         return False
 
 
+@pytest.mark.slow  # 3.4 s waiting for 500 connections, little CPU
 def test_500_idle_connections_take_no_thread_and_a_scrape_still_answers(metrics: Metrics) -> None:
     port = port_of(metrics)
     threads = threading.active_count()

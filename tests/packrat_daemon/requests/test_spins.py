@@ -16,7 +16,7 @@ from packrat_daemon.requests.jobs import Job
 from packrat_daemon.requests.splitter import Splitter
 from packrat_daemon.requests.timing import Deadlines
 from policies.planning.profile import Profile
-from tests.packrat_daemon.fleet.test_supervisor import SLOW, SPIN, Fleet, child, fleet, look_until
+from tests.packrat_daemon.requests.test_supervisor import SLOW, SPIN, Fleet, child, fleet, look_until
 
 FLOOR_S, SPIN_FLOOR_S = 1.0, 0.2  # serve's defaults: --slice-deadline-floor-ms, --slice-spin-floor-ms
 

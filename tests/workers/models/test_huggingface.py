@@ -85,6 +85,7 @@ def test_a_longer_sequence_keeps_the_token_ids_below_the_vocabulary(bert_folder:
     assert load_model(str(bert_folder), "int64:16").input.inputs == three_inputs(16).inputs
 
 
+@pytest.mark.slow  # 3-4 s: builds and loads a model folder
 def test_without_architectures_the_auto_model_is_loaded_and_every_output_served(
     bert_folder: Path, tmp_path: Path
 ) -> None:

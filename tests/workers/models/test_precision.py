@@ -51,6 +51,7 @@ def test_torch_at_bf16_answers_float32_close_to_fp32() -> None:
     assert np.abs(out - expected).max() <= 0.05 * np.abs(expected).max()
 
 
+@pytest.mark.slow  # 7-9 s: both runtimes compile a model
 @NEEDS_BF16_UNITS
 def test_both_runtimes_report_their_bf16_units_here() -> None:
     pytest.importorskip("openvino")

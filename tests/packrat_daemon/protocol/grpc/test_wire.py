@@ -7,9 +7,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers.daemons import REPO
 
 
+@pytest.mark.slow  # 5-7 s: every property of the parser in a process of its own
 def test_the_hand_parser_agrees_with_protobuf_and_refuses_what_it_refuses() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "tests.packrat_daemon.protocol.grpc.wire_properties"],

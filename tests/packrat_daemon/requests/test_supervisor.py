@@ -23,7 +23,6 @@ from packrat_daemon.adapt.production import ProductionProfile
 from packrat_daemon.fleet import proc
 from packrat_daemon.fleet.pool import PoolEvent, WorkerHandle, WorkerState
 from packrat_daemon.fleet.proc import run_seconds, waiting_for_cpu
-from packrat_daemon.fleet.supervisor import RECONCILE_INTERVAL_S, Supervisor
 from packrat_daemon.fleet.verdicts import MIN_PROGRESS_CPU_S, Looked, Slice, judge
 from packrat_daemon.ops.metrics import Metrics
 from packrat_daemon.requests.batcher import Request
@@ -31,6 +30,7 @@ from packrat_daemon.requests.dispatcher import Dispatcher
 from packrat_daemon.requests.inflight import Actions
 from packrat_daemon.requests.jobs import Job
 from packrat_daemon.requests.splitter import Splitter
+from packrat_daemon.requests.supervisor import RECONCILE_INTERVAL_S, Supervisor
 from packrat_daemon.requests.timing import Deadlines
 from packrat_daemon.wire.codec import ErrorCode
 from policies.planning.profile import Profile
