@@ -105,6 +105,7 @@ def test_without_architectures_the_auto_model_is_loaded_and_every_output_served(
     assert hidden.shape == (2, POSITIONS, 32) and pooled.shape == (2, 32)
 
 
+@pytest.mark.slow  # ~3 s: transformers imports its ViT classes, then builds, saves and loads one
 def test_an_image_model_declares_its_pixel_values_from_the_config(tmp_path: Path) -> None:
     config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1,
                                     num_attention_heads=2, intermediate_size=64, num_labels=LABELS)  # fmt: skip
