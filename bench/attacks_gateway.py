@@ -28,7 +28,17 @@ from attacks import MIB, PINNED, STALL_FLOOR_S, Innocent, Rss
 from harness import REPO, DaemonProcess, free_port, private_state
 
 from tests.helpers.fuzz_frontend import rss_bytes
-from tests.helpers.oip_clients import LOST, NOT_CONNECTED, OK, REFUSED, Outcomes, closed_loops, rest_loop
+from tests.helpers.oip_clients import (
+    LOST,
+    NOT_CONNECTED,
+    OK,
+    REFUSED,
+    Outcomes,
+    closed_loops,
+    gateway_pid,
+    http_status,
+    rest_loop,
+)
 
 MODEL = "tiny-mlp"
 SAMPLE = np.ones((1, 16), np.float32)
@@ -60,29 +70,14 @@ class Gateway(DaemonProcess):
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
-        while ready(self.metrics) != 200 or ready(self.http, "/v2/health/ready") != 200:
+        while http_status(self.metrics) != 200 or http_status(self.http, "/v2/health/ready") != 200:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the daemon did not get ready:\n{self.log_tail()}")
             time.sleep(0.1)
 
     @property
     def gateway_pid(self) -> int:
-        pid = self.process.pid
-        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-            if b"oip" in Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0"):
-                return int(child)
-        raise RuntimeError("the daemon has no gateway child")
-
-
-def ready(port: int, path: str = "/readyz") -> int | None:
-    """The daemon's /readyz status, or the gateway's at `path` (None: nothing answers)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as reply:
-            return int(reply.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
+        return gateway_pid(self.process.pid)
 
 
 def _summed(runs: list[dict[str, Any]], key: str) -> int:
@@ -130,7 +125,7 @@ def gateway_kill(folder: Path) -> dict[str, Any]:
     os.kill(daemon.gateway_pid, signal.SIGKILL)
     seen: list[tuple[float, int | None]] = []
     while time.monotonic() - killed_at < 30:
-        seen.append((round(time.monotonic() - killed_at, 3), ready(daemon.metrics)))
+        seen.append((round(time.monotonic() - killed_at, 3), http_status(daemon.metrics)))
         if seen[-1][1] == 200 and any(status == 503 for _, status in seen):
             break
         time.sleep(0.02)

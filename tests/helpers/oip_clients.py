@@ -13,8 +13,11 @@ import http.client
 import json
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -123,3 +126,23 @@ def closed_loops(
     for thread in threads:
         thread.start()
     return rest_out, grpc_out, stop, threads
+
+
+def http_status(port: int, path: str = "/readyz") -> int | None:
+    """The status a GET of `path` on loopback answers (the daemon's /readyz by default); None: nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+def gateway_pid(daemon_pid: int) -> int:
+    """The process id of the gateway `packrat serve` started beside the daemon of `daemon_pid`."""
+    children = Path(f"/proc/{daemon_pid}/task/{daemon_pid}/children").read_text().split()
+    for child in children:
+        if b"oip" in Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0"):
+            return int(child)
+    raise RuntimeError(f"no gateway among the daemon's children {children}")

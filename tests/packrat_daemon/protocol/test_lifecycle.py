@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.daemons import PINNED_ARGS, daemon_env, stop_process
-from tests.helpers.oip_clients import LOST, NOT_CONNECTED, OK, REFUSED, closed_loops
+from tests.helpers.oip_clients import LOST, NOT_CONNECTED, OK, REFUSED, closed_loops, gateway_pid, http_status
 from tests.packrat_daemon.protocol.test_tritonclient import free_port
 
 pytestmark = pytest.mark.slow
@@ -40,21 +40,10 @@ def _serve_command(tmp: Path, *extra: str, model: str = "builtin:tiny-mlp") -> l
     return [sys.executable, "-m", "packrat_daemon", "serve", *args]
 
 
-def _ready(port: int, path: str = "/readyz") -> int | None:
-    """The daemon's /readyz status, or the gateway's at `path` (None: nothing answers)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as reply:
-            return int(reply.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
-
-
 def _wait_ready(process: subprocess.Popen[bytes], ports: dict[str, int], log: Path, timeout_s: float = 120) -> None:
     """Until the daemon and the gateway are ready (the gateway learns the model's description just after)."""
     deadline = time.monotonic() + timeout_s
-    while _ready(ports["metrics"]) != 200 or _ready(ports["http"], "/v2/health/ready") != 200:
+    while http_status(ports["metrics"]) != 200 or http_status(ports["http"], "/v2/health/ready") != 200:
         assert process.poll() is None, f"the daemon exited:\n{log.read_text()}"
         assert time.monotonic() < deadline, f"not ready in time:\n{log.read_text()}"
         time.sleep(0.1)
@@ -73,14 +62,6 @@ def _daemon(tmp: Path) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, int]
         yield process, ports, log
     finally:
         stop_process(process, 30)
-
-
-def _gateway_pid(daemon_pid: int) -> int:
-    children = Path(f"/proc/{daemon_pid}/task/{daemon_pid}/children").read_text().split()
-    for child in children:
-        if b"oip" in Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0"):
-            return int(child)
-    raise AssertionError(f"no gateway among the daemon's children {children}")
 
 
 # -- a port already taken ----------------------------------------------------------------------------
@@ -172,10 +153,10 @@ def test_a_killed_gateway_makes_the_daemon_unready_until_it_is_back(tmp_path: Pa
         try:
             time.sleep(0.5)
             killed_at = time.monotonic()
-            os.kill(_gateway_pid(process.pid), signal.SIGKILL)
+            os.kill(gateway_pid(process.pid), signal.SIGKILL)
             seen: list[tuple[float, int | None]] = []
             while time.monotonic() - killed_at < 30:
-                seen.append((time.monotonic() - killed_at, _ready(ports["metrics"])))
+                seen.append((time.monotonic() - killed_at, http_status(ports["metrics"])))
                 if seen[-1][1] == 200 and any(status == 503 for _, status in seen):
                     break
                 time.sleep(0.05)
