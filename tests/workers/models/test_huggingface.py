@@ -32,6 +32,7 @@ def _transformers_classes_imported() -> None:
         getattr(transformers, name)
     from workers.models import huggingface  # noqa: F401 - the loader's own imports too
 
+
 VOCAB, POSITIONS, LABELS = 120, 64, 3
 
 
