@@ -80,6 +80,26 @@ class Gateway(DaemonProcess):
         return gateway_pid(self.process.pid)
 
 
+class Growth:
+    """The gateway's and the daemon's peak RSS growth from now until `stop`, in MiB (a process that exits keeps
+    the peak it reached)."""
+
+    def __init__(self, daemon: Gateway) -> None:
+        self.gateway, self.daemon = Rss(daemon.gateway_pid), Rss(daemon.process.pid)
+        self.base = (self.gateway.peak, self.daemon.peak)
+
+    def stop(self) -> dict[str, float]:
+        return {
+            "gateway_rss_growth_mib": round((self.gateway.stop() - self.base[0]) / MIB, 1),
+            "daemon_rss_growth_mib": round((self.daemon.stop() - self.base[1]) / MIB, 1),
+        }
+
+
+def _longest(*outcomes: Outcomes) -> float | None:
+    """The longest a client of these waited for an answer, in seconds."""
+    return max((max(o.latencies_s) for o in outcomes if o.latencies_s), default=None)
+
+
 def _summed(runs: list[dict[str, Any]], key: str) -> int:
     return sum(run[protocol][key] for run in runs for protocol in ("rest", "grpc"))
 
@@ -91,6 +111,7 @@ def gateway_sigterm(folder: Path, runs: int = 10) -> dict[str, Any]:
     for run in range(runs):
         daemon = Gateway(f"sigterm-{run}", folder)
         daemon.wait_ready()
+        growth = Growth(daemon)
         rest, rpc, stop, threads = closed_loops("127.0.0.1", daemon.http, daemon.grpc, MODEL, SAMPLE, 6, 6)
         time.sleep(1.5)
         daemon.process.send_signal(signal.SIGTERM)
@@ -99,7 +120,8 @@ def gateway_sigterm(folder: Path, runs: int = 10) -> dict[str, Any]:
         for thread in threads:
             thread.join(30)
         daemon.client.close()
-        results.append({"rest": rest.to_json(), "grpc": rpc.to_json(), "exit_code": code})
+        results.append({"rest": rest.to_json(), "grpc": rpc.to_json(), "exit_code": code,
+                        "longest_stall_s": _longest(rest, rpc), **growth.stop()})  # fmt: skip
     sent = _summed(results, OK) + _summed(results, REFUSED) + _summed(results, LOST)
     return {
         "runs": runs,
@@ -110,6 +132,9 @@ def gateway_sigterm(folder: Path, runs: int = 10) -> dict[str, Any]:
         "lost": _summed(results, LOST),
         "lost_detail": [d for run in results for p in ("rest", "grpc") for d in run[p]["lost_detail"]][:5],
         "exit_codes": sorted({run["exit_code"] for run in results}),
+        "longest_stall_s": max(run["longest_stall_s"] or 0.0 for run in results),
+        "gateway_rss_growth_mib": max(run["gateway_rss_growth_mib"] for run in results),
+        "daemon_rss_growth_mib": max(run["daemon_rss_growth_mib"] for run in results),
         "checks": {"nothing_lost": _summed(results, LOST) == 0, "exit_0": all(r["exit_code"] == 0 for r in results)},
     }
 
@@ -119,6 +144,7 @@ def gateway_kill(folder: Path) -> dict[str, Any]:
     daemon = Gateway("kill", folder)
     daemon.wait_ready()
     innocent = Innocent(daemon)  # a ZeroMQ client: the daemon's own clients must not notice
+    growth = Growth(daemon)  # the gateway's until it is killed, the daemon's throughout
     rest, rpc, stop, threads = closed_loops("127.0.0.1", daemon.http, daemon.grpc, MODEL, SAMPLE, 2, 2)
     time.sleep(1.0)
     killed_at = time.monotonic()
@@ -138,7 +164,7 @@ def gateway_kill(folder: Path) -> dict[str, Any]:
     time.sleep(1.0)
     stop_again.set()
     after.join(30)
-    result = innocent.finish()
+    result = innocent.finish() | growth.stop()
     daemon.close()
     unready = [when for when, status in seen if status == 503]
     back = next((when for when, status in seen if status == 200 and unready and when > unready[0]), None)
@@ -277,6 +303,7 @@ def gateway_cancel(folder: Path, calls: int = 300, after_s: float = 0.2) -> dict
     `after_s`: the next innocent call's latency against its latency before (slow_mlp: 0.3 s a batch of up to 8)."""
     daemon = _slow_gateway(folder)
     target = f"127.0.0.1:{daemon.grpc}"
+    growth = Growth(daemon)
     before = _innocent_grpc_latency(target)
     cancelled = _cancelled_grpc(target, calls, after_s)
     after_grpc = _innocent_grpc_latency(target, calls=1)
@@ -284,6 +311,7 @@ def gateway_cancel(folder: Path, calls: int = 300, after_s: float = 0.2) -> dict
     after_rest = _innocent_grpc_latency(target, calls=1)
     with urllib.request.urlopen(f"http://127.0.0.1:{daemon.http}/metrics", timeout=10) as reply:
         exposition = reply.read().decode()
+    grown = growth.stop()
     daemon.close()
     counted = {line.split("}")[0] + "}": float(line.split()[-1]) for line in exposition.splitlines()
                if line.startswith("packrat_gateway_refusals_total") and 'reason="cancelled"' in line}  # fmt: skip
@@ -293,6 +321,7 @@ def gateway_cancel(folder: Path, calls: int = 300, after_s: float = 0.2) -> dict
         "after_300_rest_closed_s": round(after_rest, 3),
         "grpc_calls_cancelled": cancelled,
         "gateway_refusals_cancelled": counted,
+        **grown,
         "checks": {"grpc_within_2x": after_grpc <= 2 * before, "rest_within_2x": after_rest <= 2 * before},
     }
 
@@ -312,11 +341,13 @@ def gateway_fairness(folder: Path, seconds: float = 12.0) -> dict[str, Any]:
     args = ["--model", "tests.model_factories:slow_mlp", "--policy", "fixed", "--plan", "1*1x4", "--max-batch", "4"]
     daemon = Gateway("fair", folder, ["--profile", str(profile)], model_args=args)
     daemon.wait_ready()
+    growth = Growth(daemon)
     rest, rpc, stop, threads = closed_loops("127.0.0.1", daemon.http, daemon.grpc, "slow_mlp", SAMPLE, 6, 6)
     time.sleep(seconds)
     stop.set()
     for thread in threads:
         thread.join(30)
+    grown = growth.stop()
     daemon.close()
     medians = {"rest": rest.to_json()["median_s"], "grpc": rpc.to_json()["median_s"]}
     ratio = max(medians.values()) / min(medians.values())  # type: ignore[type-var, operator]
@@ -325,6 +356,8 @@ def gateway_fairness(folder: Path, seconds: float = 12.0) -> dict[str, Any]:
         "lost": rest.counts[LOST] + rpc.counts[LOST],
         "median_s": medians,
         "slower_over_faster": round(ratio, 3),
+        "longest_stall_s": _longest(rest, rpc),  # every client's turn comes every third batch: about 0.9 s
+        **grown,
         "checks": {"medians_within_1.5x": ratio <= 1.5},
     }
 
