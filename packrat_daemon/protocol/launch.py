@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # the gateway's module loads uvicorn and grpc: only a daemon 
 log = logging.getLogger("packrat.oip")
 
 STOP_GRACE_S = 15.0  # the gateway's own drain is at most DRAIN_GRACE_S (10 s) and a linger: room for both
+GATEWAY_MMAP_THRESHOLD = 1 << 20
 START_TIMEOUT_S = 60.0  # importing grpc and uvicorn and binding: seconds on a loaded machine, never a minute
 # Back-off between restarts of a gateway that died (after circus's watcher): quick the first time, since a
 # crash is usually a one-off, then doubling up to a ceiling, and back to quick once one has served a while.
@@ -181,6 +182,9 @@ class GatewayProcess:
     def _spawn_locked(self) -> None:
         read, write = os.pipe()
         env = {key: value for key, value in os.environ.items() if key != "NOTIFY_SOCKET"}  # systemd hears the daemon
+        # Blocks of 1 MiB and more mmapped and given back when freed: glibc's sliding threshold otherwise rises after
+        # the first large message, and the heap kept what a field bomb had grown (bench/README.md). The user's wins.
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", str(GATEWAY_MMAP_THRESHOLD))
         argv = command(self.options, self.log_level, self.log_format, status_fd=write)
         try:
             self._child = subprocess.Popen(argv, pass_fds=(write,), env=env, preexec_fn=_die_with_parent)
