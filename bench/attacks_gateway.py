@@ -219,14 +219,6 @@ def gateway_ports_taken(folder: Path) -> dict[str, Any]:
     return out
 
 
-def peak_growth(pid: int, attack: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], float]:
-    """Run `attack` while sampling `pid`'s RSS; what it returned and the peak's growth over the start, in MiB."""
-    rss = Rss(pid)
-    before = rss.peak
-    result = attack()
-    return result, round((rss.stop() - before) / MIB, 1)
-
-
 def gateway_figures(daemon: Gateway, innocent: Outcomes, predicted_s: float = 0.01) -> dict[str, Any]:
     """The innocent REST client's figures, in the shape bench/attacks.py's scenarios report."""
     target = max(STALL_FLOOR_S, 3 * predicted_s)
@@ -377,13 +369,12 @@ def _under_attack(daemon: Gateway, attack: Callable[[], dict[str, Any]], bound_m
     loop = threading.Thread(target=rest_loop, args=("127.0.0.1", daemon.http, MODEL, SAMPLE, innocent, stop))
     loop.start()
     time.sleep(1.0)  # its connection made and its first requests answered before the attack
-    gateway_rss, daemon_rss = Rss(daemon.gateway_pid), Rss(daemon.process.pid)
-    gateway_before, daemon_before = gateway_rss.peak, daemon_rss.peak
+    growth = Growth(daemon)
     result = attack()
     time.sleep(0.5)
-    gateway_held = round((rss_bytes(daemon.gateway_pid) - gateway_before) / MIB, 1)  # what it kept after
-    gateway_growth = round((gateway_rss.stop() - gateway_before) / MIB, 1)
-    daemon_growth = round((daemon_rss.stop() - daemon_before) / MIB, 1)
+    gateway_held = round((rss_bytes(daemon.gateway_pid) - growth.base[0]) / MIB, 1)  # what it kept after
+    grown = growth.stop()
+    gateway_growth, daemon_growth = grown["gateway_rss_growth_mib"], grown["daemon_rss_growth_mib"]
     stop.set()
     loop.join(60)
     figures = gateway_figures(daemon, innocent)
