@@ -10,6 +10,7 @@ restart). The restart list, the docs' sentence and the README's come from that o
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import textwrap
@@ -218,10 +219,21 @@ def read_toml(path: str, table: Mapping[str, Setting]) -> dict[str, Any]:
     for key, value in values.items():
         setting = table.get(key)
         if setting is None:
-            known = ", ".join(sorted(table))
-            raise ConfigError(f"{path}: unknown option {key!r}; known options: {known}")
+            raise ConfigError(f"{path}: unknown option {key!r}; {unknown_hint(key, table)}")
         checked[key] = setting.kind.parse_toml(key, value, path)
     return checked
+
+
+def unknown_hint(key: str, table: Mapping[str, Setting]) -> str:
+    """What to write instead of the unknown option `key`: its spelling with underscores (`max-batch` is the
+    command line's `--max-batch`; TOML spells it `max_batch`), else the closest names, else where the list is."""
+    snake = key.strip().lstrip("-").replace("-", "_").lower()
+    if snake in table:
+        return f"TOML spells it {snake!r}, with underscores (the command line's --{snake.replace('_', '-')})"
+    close = difflib.get_close_matches(snake, list(table), n=3, cutoff=0.6)
+    if close:
+        return f"did you mean {' or '.join(repr(name) for name in close)}? (every option: docs/configuration.md)"
+    return f"no option is close to it; every option, with what it does: docs/configuration.md ({len(table)} options)"
 
 
 def _listing(names: Sequence[str]) -> str:

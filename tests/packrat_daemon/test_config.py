@@ -176,9 +176,20 @@ def test_a_bad_flag_is_refused_by_the_same_rule(capsys: pytest.CaptureFixture[st
     assert f"argument {flag}: expected " in capsys.readouterr().err
 
 
-def test_unknown_key_names_the_known_ones(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="unknown option 'max_batchez'.*max_batch"):
+def test_a_misspelt_key_gets_a_did_you_mean_not_the_whole_list(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown option 'max_batchez'; did you mean 'max_batch'") as caught:
         config("--config", str(toml_file(tmp_path, "max_batchez = 4\n")))
+    assert "min_split_gain" not in str(caught.value)  # the close names only, not every option
+
+
+def test_a_dashed_key_is_told_its_underscored_spelling(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown option 'max-batch'; TOML spells it 'max_batch', with underscores"):
+        config("--config", str(toml_file(tmp_path, "max-batch = 4\n")))
+
+
+def test_a_key_close_to_nothing_is_pointed_at_the_documented_list(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown option 'zzz'; no option is close to it.*docs/configuration.md"):
+        config("--config", str(toml_file(tmp_path, "zzz = 4\n")))
 
 
 def test_invalid_toml_and_missing_file(tmp_path: Path) -> None:
