@@ -105,3 +105,11 @@ def test_the_unit_watches_and_reloads_the_daemon() -> None:
     watchdog = found["WatchdogSec"][0]
     assert watchdog.isdigit() and int(watchdog) >= 2  # the loop pings every half interval, waking 4 times a second
     assert found["RestartPreventExitStatus"] == ["2"]
+
+
+def test_the_conversion_cache_is_a_directory_systemd_makes_for_the_instance() -> None:
+    """runtime = "auto" writes converted models to $PACKRAT_CACHE_DIR; the default (~/.cache) is out of reach."""
+    found = directives(UNIT.read_text())
+    assert found["CacheDirectory"] == ["packrat/%i"]
+    assert "PACKRAT_CACHE_DIR=%C/packrat/%i" in found["Environment"]
+    assert found["ProtectHome"] == ["yes"]  # why the cache cannot be the home's
