@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import signal
@@ -157,6 +158,11 @@ def coordinate(args: argparse.Namespace, daemons: list[tuple[str, str]], targets
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     coordinator.write_status()
+    if stops:  # said, as the daemon says its stop: a supervisor's log shows why the coordinator is gone
+        logging.getLogger("packrat.coordinate").info(
+            "%s received: stopped; each daemon keeps the CPUs it was given, the last status is in %s",
+            signal.Signals(stops[0]).name, path,
+        )  # fmt: skip
     return 0
 
 
