@@ -179,14 +179,30 @@ def encode_tensors_request(
         payloads.append(wire.reshape(-1).view(np.uint8).data)
     counts = {entry["shape"][0] for entry in entries}
     if len(counts) > 1:
-        listed = ", ".join(f"{entry['name']} {entry['shape'][0]}" for entry in entries)
-        raise ValueError(f"every array's first axis counts the samples, and these differ: {listed}")
+        raise ValueError(_uneven_samples(entries))
     header: dict[str, Any] = {"v": codec.TENSORS_VERSION, "id": request_id, "op": "infer", "inputs": entries}
     if timeout_ms is not None:
         header["timeout_ms"] = timeout_ms
     if client is not None:
         header["client"] = client
     return [codec.dump_header(header), *payloads]
+
+
+def _uneven_samples(entries: list[dict[str, Any]]) -> str:
+    """What to do about named arrays whose first axes differ: most often 1-D arrays, each one sample's values,
+    where the first axis is read as the samples (8 tokens of `x` as 8 samples)."""
+    listed = ", ".join(f"{entry['name']} {entry['shape'][0]}" for entry in entries)
+    flat = [entry for entry in entries if len(entry["shape"]) == 1]
+    if flat:
+        first = flat[0]
+        fix = (
+            f"the 1-D array(s) {', '.join(repr(entry['name']) for entry in flat)} are read as that many samples of "
+            f"one value each; for one sample, add the samples axis: {first['name']}[None] (numpy), shape "
+            f"(1, {first['shape'][0]})"
+        )
+    else:
+        fix = "give every array the same number of samples along its first axis"
+    return f"every array's first axis counts the samples, and these differ: {listed}; {fix}"
 
 
 def encode_cancel_request(request_id: RequestId) -> list[bytes]:

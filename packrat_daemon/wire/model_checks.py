@@ -62,9 +62,11 @@ def check_tensors_against_model(
     does not fit, and TOO_LARGE for more samples than ``max_samples``."""
     names = ", ".join(tensor.name for tensor in inputs)
     if req.tensors is None:
+        example = ", ".join(f'"{tensor.name}": ...' for tensor in inputs)
         raise bad_request(
-            f'the model takes {len(inputs)} inputs ({names}); send a version-2 request ("v": 2) naming each in '
-            "'inputs', one payload frame per input (docs/protocol.md)",
+            f"the model takes {len(inputs)} inputs ({names}), and one array was sent: pass a dict of arrays, one "
+            f"per input: {names} (in Python, client.infer({{{example}}})); a protocol client must send a "
+            "version-2 request (\"v\": 2) naming each in 'inputs', one payload frame per input (docs/protocol.md)",
             req.request_id,
         )
     given = {tensor.name: tensor for tensor in req.tensors}

@@ -182,7 +182,7 @@ def test_a_hugging_face_folder_is_served_its_three_inputs_as_transformers_comput
             client.infer({**inputs, "token_types": inputs.pop("token_type_ids")})
         with pytest.raises(BadRequest, match="input 'token_type_ids' is missing; the model takes input_ids, atten"):
             client.infer(inputs)
-        with pytest.raises(BadRequest, match=r'takes 3 inputs .*; send a version-2 request \("v": 2\) naming each'):
+        with pytest.raises(BadRequest, match=r"takes 3 inputs .*: pass a dict of arrays, one per input"):
             client.infer(inputs["input_ids"])
         # Mismatched batch sizes across inputs (the client refuses to send them, so sent raw).
         entries = [{"name": name, "dtype": "int64", "shape": [3 - (name == "attention_mask"), 32]}

@@ -154,7 +154,13 @@ def test_a_version_1_request_to_a_model_of_several_inputs_is_told_to_name_them()
     with pytest.raises(ProtocolError) as caught:
         check_tensors_against_model(request, TEXT, max_samples=8)
     assert caught.value.code == ErrorCode.BAD_REQUEST
-    assert 'takes 2 inputs (input_ids, attention_mask); send a version-2 request ("v": 2)' in caught.value.message
+    message = caught.value.message
+    assert (
+        "takes 2 inputs (input_ids, attention_mask), and one array was sent: pass a dict of arrays, one per "
+        'input: input_ids, attention_mask (in Python, client.infer({"input_ids": ..., "attention_mask": ...}))'
+        in message
+    )
+    assert 'a protocol client must send a version-2 request ("v": 2)' in message
 
 
 def test_a_named_request_to_a_model_of_one_input_must_name_it() -> None:
@@ -183,8 +189,13 @@ def test_a_reply_of_several_named_outputs_reads_back_as_a_dict() -> None:
 
 
 def test_the_client_refuses_what_it_cannot_send_before_sending() -> None:
-    with pytest.raises(ValueError, match="these differ: a 2, b 3"):
+    with pytest.raises(ValueError, match="these differ: a 2, b 3; give every array the same number of samples"):
         encode_tensors_request(1, {"a": np.zeros((2, 1)), "b": np.zeros((3, 1))})
+    # 1-D arrays, one sample's values each: told to add the samples axis.
+    with pytest.raises(ValueError, match=r"these differ: x 8, y 6; the 1-D array\(s\) 'x', 'y' are read as that "
+                       r"many samples of one value each; for one sample, add the samples axis: x\[None\] \(numpy\), "
+                       r"shape \(1, 8\)"):  # fmt: skip
+        encode_tensors_request(1, {"x": np.zeros(8), "y": np.zeros(6)})
     with pytest.raises(ValueError, match="give 1 to 32 named arrays, got 0"):
         encode_tensors_request(1, {})
     with pytest.raises(ValueError, match="printable ASCII"):
