@@ -34,8 +34,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=f"{summary[0].upper()}{summary[1:]} (needs matplotlib: pip install -e '.[plot]'). "
         f"From --profile: {HEATMAP}, {LATENCY} and {PLANS}; from --load: {LOAD}.",
     )
-    parser.add_argument("--profile", help="profile CSV (header threads,batch,latency_ms), as packrat profile writes")
-    parser.add_argument("--runtime", help="which runtime's rows to draw when the profile holds several")
+    parser.add_argument(
+        "--profile", help="profile CSV (header threads,batch,latency_ms), as packrat profile writes, or a daemon's "
+        "state file (learned-profile.json)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--runtime", help="which runtime's rows to draw when the profile holds several (openvino, openvino/bf16)"
+    )
     parser.add_argument(
         "--cores", type=positive_int, help="cores to plan for (default: the profile's largest thread count)"
     )
@@ -50,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.profile and not args.load:
         raise ConfigError("nothing to draw: give --profile PROFILE.csv, --load LOAD.json or both")
     check_plotting("packrat report")
-    profile = Profile.read_csv(args.profile, runtime=args.runtime) if args.profile else None
+    profile, notes = read_profile(args.profile, args.runtime) if args.profile else (None, [])
     reports = read_load(args.load) if args.load else None
     out = Path(args.out)
     try:
@@ -65,10 +70,13 @@ def run(args: argparse.Namespace) -> int:
         name = Path(args.profile).name
         rows = plan_rows(profile, cores)
         check_predicted(rows, profile, cores, name)  # before any file is written: an empty chart says nothing
+        warnings = [*notes, *implausible(profile, rows, cores)]
+        for warning in warnings:
+            print(f"packrat report: warning: {warning}", file=sys.stderr)
         written += [
             save(draw_heatmap(profile, name), out / HEATMAP),
             save(draw_latency(profile, name), out / LATENCY),
-            save(draw_plans(profile, cores, name, rows), out / PLANS),
+            save(draw_plans(profile, cores, name, rows, bool(warnings)), out / PLANS),
         ]
     if reports is not None:
         plot_sweep(reports, out / LOAD, title=f"{Path(args.load).name}: latency against throughput")
@@ -76,6 +84,60 @@ def run(args: argparse.Namespace) -> int:
     for path in written:
         print(path)
     return 0
+
+
+def read_profile(path: str, runtime: str | None) -> tuple[Profile, list[str]]:
+    """The profile to draw and what to warn about it: a CSV as `packrat profile` writes it, or a daemon's state
+    file (`learned-profile.json`: the served candidate's cells, or --runtime's, e.g. openvino or openvino/bf16)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if not text.lstrip().startswith("{"):
+        return Profile.parse_csv(text, source=path, runtime=runtime), []
+    from packrat_daemon.ops.state_document import Entry
+    from packrat_daemon.ops.state_files import StateError
+
+    try:
+        data = json.loads(text)
+        entries = data["entries"]
+        key = runtime or (data.get("served") or {}).get("key") or next(iter(entries), None)
+        if key not in entries:
+            raise ConfigError(f"{path} holds no profile of {key!r}; it has {', '.join(sorted(entries)) or 'none'}: "
+                              "name one with --runtime")  # fmt: skip
+        entry = Entry.from_json(entries[key])
+    except (ValueError, KeyError, TypeError, AttributeError, StateError) as exc:
+        raise ConfigError(
+            f"{path} is neither a profile CSV nor a daemon's state file that can be read ({exc}); give a CSV with "
+            "the header threads,batch,latency_ms or a learned-profile.json"
+        ) from None
+    contention = getattr(entry, "contention", None)
+    notes = [f"{key}'s profile was {contention.describe()}"] if contention is not None and contention.contended else []
+    return entry.profile, notes
+
+
+def implausible(profile: Profile, rows: list[dict[str, Any]], cores: int) -> list[str]:
+    """What in the profile says it was measured under load, not on a quiet machine. A split of `cores` cores
+    beats one instance on all of them by more than `cores` times only when that instance is slower than one
+    thread alone: more threads slowing a batch down is what other work on the cores does (a multi-threaded step
+    waits for its slowest thread), so both are said, with the batch sizes."""
+    said = []
+    beyond = [row for row in rows if row["speedup"] is not None and row["speedup"] > cores]
+    if beyond:
+        listed = ", ".join(f"{row['speedup']:.1f}× at batch {row['batch']}" for row in beyond)
+        said.append(
+            f"predicted speed-up(s) {listed} exceed the {cores} cores planned for: one instance on every core would "
+            "have to be slower than on one core, so the profile was likely measured while other work ran on its "
+            "cores; measure it again on a quiet machine before trusting these bars"
+        )
+    slower = [b for b in profile.batches() if (1, b) in profile and (cores, b) in profile
+              and profile.latency(cores, b) > profile.latency(1, b)]  # fmt: skip
+    if slower and cores > 1:
+        said.append(
+            f"at batch size(s) {', '.join(map(str, slower))} the profile has {cores} threads slower than 1: a sign "
+            "of other work on the cores while it was measured"
+        )
+    return said
 
 
 def read_load(path: str) -> list[dict[str, Any]]:
@@ -90,6 +152,14 @@ def read_load(path: str) -> list[dict[str, Any]]:
     if not reports or not all(isinstance(r, dict) and {"throughput_rps", "latency_ms"} <= r.keys() for r in reports):
         raise ConfigError(f"{path} is not the output of packrat load --json (no throughput_rps and latency_ms)")
     return reports
+
+
+def title(axes: Any, text: str, width_in: float, fontsize: int = 10) -> None:
+    """`text` as the axes' title, wrapped to the figure's width (a long file name would be cut off otherwise)."""
+    import textwrap
+
+    per_line = max(20, int(width_in * 72 / (fontsize * 0.62)))  # a character is about 0.6 em wide
+    axes.set_title("\n".join(textwrap.wrap(text, per_line)), fontsize=fontsize)
 
 
 def save(figure: Any, path: Path) -> Path:
@@ -124,7 +194,7 @@ def draw_heatmap(profile: Profile, name: str) -> Any:
                     colour = "white" if value < middle else "black"
                     axes.text(x, y, f"{value:.3g}", ha="center", va="center", fontsize=7, color=colour)
     figure.colorbar(image, ax=axes, label="latency (ms)")
-    axes.set_title(f"{name}: latency per ⟨threads, batch⟩ cell", fontsize=10)
+    title(axes, f"{name}: latency per ⟨threads, batch⟩ cell", width * 0.85)  # the colour bar takes the rest
     return figure
 
 
@@ -143,13 +213,14 @@ def draw_latency(profile: Profile, name: str) -> Any:
         points = [(t, profile.latency(t, batch)) for t in profile.threads() if (t, batch) in profile]
         colour = colours(k / max(1, len(shown) - 1))
         axes.plot(*zip(*points, strict=True), "o-", markersize=3, color=colour, label=f"batch {batch}")
+    axes.set_xticks(profile.threads())  # whole threads only: never 1.2, 1.4 ...
     axes.set_xlabel("threads")
     axes.set_ylabel("latency (ms)")
     axes.set_yscale("log")
     axes.grid(alpha=0.3, which="both")
     axes.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     subset = "" if shown == every else f" ({len(shown)} of {len(every)})"
-    axes.set_title(f"{name}: latency against threads, per batch size{subset}", fontsize=10)
+    title(axes, f"{name}: latency against threads, per batch size{subset}", 8 * 0.8)  # the legend takes a fifth
     return figure
 
 
@@ -196,13 +267,17 @@ def check_predicted(rows: list[dict[str, Any]], profile: Profile, cores: int, na
     print(f"packrat report: warning: {why}; those bars are drawn empty", file=sys.stderr)
 
 
-def draw_plans(profile: Profile, cores: int, name: str, rows: list[dict[str, Any]] | None = None) -> Any:
+def draw_plans(
+    profile: Profile, cores: int, name: str, rows: list[dict[str, Any]] | None = None, doubtful: bool = False
+) -> Any:
     """For each batch size: the packrat plan's predicted speed-up over one instance on every core, each
-    bar labelled with its layout ("2×6 + 4": two 6-thread instances and a 4-thread one)."""
+    bar labelled with its layout ("2×6 + 4": two 6-thread instances and a 4-thread one). `doubtful`: the
+    profile looks measured under load (`implausible`), said in the title."""
     from matplotlib.figure import Figure
 
     rows = plan_rows(profile, cores) if rows is None else rows
-    figure = Figure(figsize=(min(16.0, max(6.0, 0.6 * len(rows) + 2)), 4.5), layout="constrained")
+    width = min(16.0, max(6.0, 0.6 * len(rows) + 2))
+    figure = Figure(figsize=(width, 5.0 if doubtful else 4.5), layout="constrained")  # a line more of title
     axes = figure.subplots()
     positions = range(len(rows))
     heights = [row["speedup"] or 0.0 for row in rows]
@@ -216,6 +291,6 @@ def draw_plans(profile: Profile, cores: int, name: str, rows: list[dict[str, Any
     axes.set_xlabel("batch size")
     axes.set_ylabel("predicted speed-up over single")
     axes.set_ylim(0, max(heights + [1.0]) * 1.25)
-    axes.set_title(f"{name}: packrat's plan per batch size on {cores} cores (labels: instances × threads)",
-                   fontsize=10)  # fmt: skip
+    warning = " — WARNING: the profile looks measured under load (warnings printed)" if doubtful else ""
+    title(axes, f"{name}: packrat's plan per batch size on {cores} cores (labels: instances × threads){warning}", width)
     return figure

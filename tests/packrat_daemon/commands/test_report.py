@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from packrat_daemon.cli import main
-from packrat_daemon.commands.report import plan_rows
+from packrat_daemon.commands.report import draw_heatmap, draw_latency, draw_plans, implausible, plan_rows, read_profile
 from packrat_daemon.load.report import Tally, summarize
-from policies.planning.profile import Profile
+from packrat_daemon.wire.errors import ConfigError
+from policies.planning.profile import Cell, Profile
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -124,3 +125,60 @@ def test_without_matplotlib_it_says_how_to_install_it_before_reading_anything(
     error = capsys.readouterr().err
     assert "packrat report needs matplotlib" in error and "pip install" in error
     assert not (tmp_path / "out").exists()
+
+
+def test_the_titles_fit_their_figures_and_threads_tick_at_whole_numbers(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    profile = Profile.read_csv(profile_csv(tmp_path / "profile.csv"))
+    name = "resnet50-measured-on-the-build-machine-profile.csv"  # long, as a real file's name is
+    figures = [draw_plans(profile, 4, name, doubtful=True), draw_latency(profile, name), draw_heatmap(profile, name)]
+    for figure in figures:
+        figure.canvas.draw()
+        axes = figure.axes[0]
+        box, frame = axes.title.get_window_extent(), figure.bbox
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and box.y1 <= frame.y1, axes.title.get_text()
+    ticks = figures[1].axes[0].get_xticks()
+    assert list(ticks) == [1, 2, 3, 4]  # never 1.2, 1.4 ...
+
+
+def loaded_profile_csv(path: Path) -> Path:
+    """Measured beside a CPU hog: two threads slower than one (the step waits for its descheduled thread)."""
+    rows = [f"{t},{b},{b * (1.0 if t == 1 else 31.0):.6f}" for t in (1, 2) for b in (1, 2, 4)]
+    path.write_text("threads,batch,latency_ms\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_a_profile_measured_under_load_is_warned_about(tmp_path: Path) -> None:
+    profile = Profile.read_csv(loaded_profile_csv(tmp_path / "loaded.csv"))
+    rows = plan_rows(profile, cores=2)
+    assert max(row["speedup"] for row in rows) > 2  # the "31×" the issue saw
+    warnings = implausible(profile, rows, cores=2)
+    assert "exceed the 2 cores planned for" in warnings[0] and "measured while other work ran" in warnings[0]
+    assert "at batch size(s) 1, 2, 4 the profile has 2 threads slower than 1" in warnings[1]
+    quiet = Profile.read_csv(profile_csv(tmp_path / "quiet.csv"))
+    assert implausible(quiet, plan_rows(quiet, cores=4), cores=4) == []
+
+
+def state_file(path: Path) -> Path:
+    """A daemon's learned-profile.json: two candidates' entries, the served one named."""
+    from packrat_daemon.ops.state_document import Entry
+
+    cells = {(t, b): Cell(2 + b * (1 + 9 / t), 3, 3 + b * (1 + 9 / t)) for t in (1, 2) for b in (1, 2, 4)}
+    entries = {}
+    for runtime in ("openvino", "torch"):
+        ident = {"model": "builtin:resnet50", "runtime": runtime, "precision": "fp32"}
+        entries[runtime] = Entry(ident, Profile(cells, model="builtin:resnet50", runtime=runtime)).to_json()
+    path.write_text(json.dumps({"format": 2, "entries": entries, "served": {"key": "openvino"}}))
+    return path
+
+
+def test_the_daemons_own_state_file_is_read(tmp_path: Path) -> None:
+    path = state_file(tmp_path / "learned-profile.json")
+    profile, notes = read_profile(str(path), None)
+    assert (profile.runtime, len(profile), notes) == ("openvino", 6, [])  # the served candidate's
+    assert read_profile(str(path), "torch")[0].runtime == "torch"
+    with pytest.raises(ConfigError, match="holds no profile of 'onnxruntime'; it has openvino, torch"):
+        read_profile(str(path), "onnxruntime")
+    (tmp_path / "other.json").write_text('{"format": 2}')
+    with pytest.raises(ConfigError, match="neither a profile CSV nor a daemon's state file"):
+        read_profile(str(tmp_path / "other.json"), None)
