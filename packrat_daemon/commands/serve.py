@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable
 
 from packrat_daemon.commands.options import add_settings, typed_settings
 from packrat_daemon.config import ServeConfig, load_config
 from packrat_daemon.ops.logs import setup_logging
+from workers.models.folder import resolve_model
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -22,9 +24,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def config_loader(args: argparse.Namespace) -> Callable[[], ServeConfig]:
-    """The flags typed over the config file as it is at each call: at start, and again on SIGHUP."""
+    """The flags typed over the config file as it is at each call: at start, and again on SIGHUP. A model
+    folder is served as the one model in it (`workers.models.folder`): KServe's /mnt/models."""
     flags = typed_settings(args)
-    return lambda: load_config(flags, args.config)
+
+    def load() -> ServeConfig:
+        config = load_config(flags, args.config)
+        return dataclasses.replace(config, model=resolve_model(config.model))
+
+    return load
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
-"""deploy/kserve: the ServingRuntime and the InferenceService, validated offline, consistent with each other
-and with the daemon's own flags, and the runtime's command starting a daemon whose probes answer.
+"""deploy/kserve: the ServingRuntime and the InferenceServices, validated offline, consistent with each other
+and with the daemon's own flags (the model folder, both ports, the state volume), and the runtime's command
+starting a daemon that serves the one model of a folder, whatever its name, and whose probes answer.
 
 kubernetes-validate has no schema for KServe's resources, so their own fields are checked against the
 fields of KServe's API reference (ServingRuntimeSpec, InferenceService's PredictorSpec and ModelSpec) and
@@ -17,12 +18,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from packrat_daemon.cli import build_parser
 from packrat_daemon.commands.options import typed_settings
 from packrat_daemon.config import ServeConfig, load_config
 from tests.helpers.daemons import daemon_env, pinned, stop_process
+from tests.helpers.onnx_models import scores, two_outputs
 
 kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate is not installed (pip install -e '.[test]')"
@@ -47,6 +50,8 @@ PREDICTOR_EXTENSION = {
 }  # fmt: skip
 MODEL_SPEC = {"modelFormat", "runtime", "protocolVersion", "storageUri", "storage"}
 KSERVE_GRACE_S = 30  # a predictor pod's default terminationGracePeriodSeconds
+# What Packrat serves, by KServe's format names: an exported program or TorchScript file, an ONNX file, a folder.
+FORMATS = {"pytorch", "onnx", "huggingface"}
 
 
 def load(name: str) -> dict[str, Any]:
@@ -57,12 +62,17 @@ def runtime() -> dict[str, Any]:
     return load("servingruntime.yaml")
 
 
+def services() -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all((KSERVE / "inferenceservice.yaml").read_text()) if doc]
+
+
 def service() -> dict[str, Any]:
-    return load("inferenceservice.yaml")
+    return services()[0]
 
 
-def as_pod(containers: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "check"}, "spec": {"containers": containers}}
+def as_pod(containers: list[dict[str, Any]], volumes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": containers, **({"volumes": volumes} if volumes else {})}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "check"}, "spec": spec}
 
 
 def served_config(name: str | None = None) -> tuple[ServeConfig, list[str]]:
@@ -77,10 +87,12 @@ def served_config(name: str | None = None) -> tuple[ServeConfig, list[str]]:
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_the_kubernetes_parts_are_valid_against_the_schemas(version: str) -> None:
-    kubernetes_validate.validate(as_pod(runtime()["spec"]["containers"]), version, strict=True)
-    model = service()["spec"]["predictor"]["model"]
-    container = {"name": "kserve-container", **{k: v for k, v in model.items() if k not in MODEL_SPEC}}
-    kubernetes_validate.validate(as_pod([container]), version, strict=True)
+    spec = runtime()["spec"]
+    kubernetes_validate.validate(as_pod(spec["containers"], spec["volumes"]), version, strict=True)
+    for isvc in services():
+        model = isvc["spec"]["predictor"]["model"]
+        container = {"name": "kserve-container", **{k: v for k, v in model.items() if k not in MODEL_SPEC}}
+        kubernetes_validate.validate(as_pod([container]), version, strict=True)
 
 
 def test_a_misspelled_container_field_is_caught() -> None:
@@ -98,28 +110,53 @@ def test_the_kserve_fields_are_kserves() -> None:
     assert all(set(fmt) <= MODEL_FORMAT for fmt in spec["supportedModelFormats"])
     assert spec["protocolVersions"] == ["v2", "grpc-v2"] and set(spec["protocolVersions"]) <= PROTOCOLS
     assert [c["name"] for c in spec["containers"]] == ["kserve-container"]
-    isvc = service()
-    assert (isvc["apiVersion"], isvc["kind"]) == ("serving.kserve.io/v1beta1", "InferenceService")
-    predictor = isvc["spec"]["predictor"]
-    assert set(predictor) <= PREDICTOR_EXTENSION, set(predictor) - PREDICTOR_EXTENSION
-    model = predictor["model"]
-    assert model["runtime"] == resource["metadata"]["name"]
-    assert model["modelFormat"]["name"] in {fmt["name"] for fmt in spec["supportedModelFormats"]}
-    assert model["protocolVersion"] in spec["protocolVersions"]
+    for isvc in services():
+        assert (isvc["apiVersion"], isvc["kind"]) == ("serving.kserve.io/v1beta1", "InferenceService")
+        predictor = isvc["spec"]["predictor"]
+        assert set(predictor) <= PREDICTOR_EXTENSION, set(predictor) - PREDICTOR_EXTENSION
+        model = predictor["model"]
+        assert set(model) - {"resources"} <= MODEL_SPEC, set(model) - MODEL_SPEC
+        assert model["runtime"] == resource["metadata"]["name"]
+        assert model["modelFormat"]["name"] in {fmt["name"] for fmt in spec["supportedModelFormats"]}
+        assert model["protocolVersion"] in spec["protocolVersions"]
 
 
-def test_the_runtime_serves_the_model_from_mnt_models_as_the_services_name() -> None:
+def test_the_runtime_takes_each_format_packrat_serves_and_an_example_serves_each() -> None:
+    formats = runtime()["spec"]["supportedModelFormats"]
+    assert {fmt["name"] for fmt in formats} == FORMATS
+    assert not any(fmt["autoSelect"] for fmt in formats), "chosen by name, never instead of another runtime"
+    assert {isvc["spec"]["predictor"]["model"]["modelFormat"]["name"] for isvc in services()} == FORMATS
+    names = [isvc["metadata"]["name"] for isvc in services()]
+    assert len(set(names)) == len(names)
+
+
+def test_the_runtime_serves_the_model_folder_as_the_services_name() -> None:
+    """/mnt/models itself, never a file name in it: the storage initializer keeps the storageUri's names."""
     config, _ = served_config()
-    assert config.model.startswith("/mnt/models/")
+    assert config.model == "/mnt/models"
     assert config.oip_model_name == service()["metadata"]["name"]
     assert config.http_port and config.grpc_port
+
+
+def test_the_state_directory_is_on_a_volume_of_the_pod() -> None:
+    config, _ = served_config()
+    spec = runtime()["spec"]
+    container = spec["containers"][0]
+    mounts = {mount["mountPath"]: mount["name"] for mount in container["volumeMounts"]}
+    assert config.state_dir in mounts, "the measured profile outlives a container restart"
+    volume = {volume["name"]: volume for volume in spec["volumes"]}[mounts[config.state_dir]]
+    assert "emptyDir" in volume or "persistentVolumeClaim" in volume
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert env["PACKRAT_CACHE_DIR"].startswith(config.state_dir + "/"), "the runtimes' conversions kept with it"
 
 
 def test_probes_ports_and_annotations_name_the_daemons_own() -> None:
     config, _ = served_config()
     spec = runtime()["spec"]
     container = spec["containers"][0]
-    assert [port["containerPort"] for port in container["ports"]] == [config.http_port]
+    # KServe tells the protocols apart by the port names: http1 for REST, h2c (HTTP/2 cleartext) for gRPC.
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"http1": config.http_port, "h2c": config.grpc_port}
     assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": config.http_port}
     assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": config.http_port}
     assert spec["annotations"]["prometheus.kserve.io/port"] == str(config.metrics_port)
@@ -133,7 +170,7 @@ def test_probes_ports_and_annotations_name_the_daemons_own() -> None:
 def test_guaranteed_qos_with_whole_cpus() -> None:
     for resources in (
         runtime()["spec"]["containers"][0]["resources"],
-        service()["spec"]["predictor"]["model"]["resources"],
+        *(isvc["spec"]["predictor"]["model"]["resources"] for isvc in services()),
     ):
         assert resources["requests"] == resources["limits"]
         assert str(resources["limits"]["cpu"]).isdigit()
@@ -149,23 +186,29 @@ def _status(url: str) -> int:
 
 
 @pytest.mark.slow
-def test_the_runtimes_command_starts_a_daemon_whose_probes_answer(tmp_path: Path) -> None:
-    """The runtime's flags, less the model file and with free ports, start a real daemon: the gateway is live
-    at once, ready once the daemon serves, and the model answers under the InferenceService's name."""
+def test_the_runtimes_command_serves_the_folders_model_and_its_probes_answer(tmp_path: Path) -> None:
+    """The runtime's flags, with a folder in place of /mnt/models (an ONNX file of no set name, with its external
+    data), free ports and a state folder of its own, start a real daemon: the gateway is live at once, ready once
+    the daemon serves, and the model answers under the InferenceService's name what it computes."""
     import tritonclient.grpc as grpcclient
 
     from tests.packrat_daemon.protocol.test_tritonclient import free_port
 
     _, args = served_config()
+    models = tmp_path / "mnt-models"
+    models.mkdir()
+    two_outputs(models / "classifier-2024-06.onnx", external_data=True)
     http, grpc, metrics = free_port(), free_port(), free_port()
-    replaced = {"--http-port": http, "--grpc-port": grpc, "--metrics-port": metrics}
-    args = [arg for arg in args if not arg.startswith(("--model=", *replaced))]
-    args += [f"{flag}={port}" for flag, port in replaced.items()]
+    replaced = {"--model": models, "--http-port": http, "--grpc-port": grpc, "--metrics-port": metrics,
+                "--state-dir": tmp_path / "state"}  # fmt: skip
+    args = [arg for arg in args if not arg.startswith(tuple(replaced))]
+    args += [f"{flag}={value}" for flag, value in replaced.items()]
     profile = tmp_path / "profile.csv"
     profile.write_text("threads,batch,latency_ms\n1,1,0.2\n1,4,0.4\n")
-    small = ["--model", "builtin:tiny-mlp", "--max-batch", "4", "--policy", "fixed", "--plan", "1*1x4"]
-    small += ["--profile", str(profile), "--endpoint", f"ipc://{tmp_path}/front.ipc"]
-    command = [sys.executable, "-m", "packrat_daemon", "serve", *args, *small, *pinned(args)]
+    small = ["--runtime", "onnxruntime", "--precision", "fp32", "--max-batch", "4", "--policy", "fixed"]
+    small += ["--plan", "1*1x4", "--profile", str(profile), "--endpoint", f"ipc://{tmp_path}/front.ipc"]
+    command = [sys.executable, "-m", "packrat_daemon", "serve", *args, *small, *pinned([*args, *small])]
+    name = service()["metadata"]["name"]
     with open(tmp_path / "daemon.log", "wb") as log:
         process = subprocess.Popen(command, env=daemon_env(), stdout=log, stderr=log)
     try:
@@ -174,13 +217,19 @@ def test_the_runtimes_command_starts_a_daemon_whose_probes_answer(tmp_path: Path
             assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "daemon.log").read_text()
             time.sleep(0.3)
         assert _status(f"http://127.0.0.1:{http}/v2/health/live") == 200
-        assert _status(f"http://127.0.0.1:{http}/v2/models/{service()['metadata']['name']}/ready") == 200
+        assert _status(f"http://127.0.0.1:{http}/v2/models/{name}/ready") == 200
         assert _status(f"http://127.0.0.1:{metrics}/metrics") == 200
+        sample = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
         rpc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc}")
         try:
             assert rpc.is_server_ready()
+            tensor = grpcclient.InferInput("x", list(sample.shape), "FP32")
+            tensor.set_data_from_numpy(sample)
+            answer = rpc.infer(name, [tensor]).as_numpy("scores")
         finally:
             rpc.close()
+        np.testing.assert_allclose(answer, scores(sample), rtol=1e-5, atol=1e-5)
     finally:
         stop_process(process, 30)
     assert process.returncode == 0, (tmp_path / "daemon.log").read_text()
+    assert f"loading {models / 'classifier-2024-06.onnx'}" in (tmp_path / "daemon.log").read_text()
