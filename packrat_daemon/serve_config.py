@@ -36,6 +36,8 @@ class ServeConfig:
     insecure_public: bool = False
     max_batch: int = 16
     max_delay_ms: float = 1.0
+    max_batch_tokens: int = 0
+    length_batching: str = "by-cost"
     max_queue: int = 1024
     run_dir: str | None = None
     control: str | None = None

@@ -16,6 +16,7 @@ from packrat_daemon.settings import (
     number,
 )
 from workers.models.spec import PRECISION_CHOICES
+from workers.models.spec import RAGGED_MODES as LENGTH_MODES
 from workers.runtimes.registry import computing, either
 
 # auto by default: the accuracy guard, not the user, decides whether a reduced precision is served, and it
@@ -168,6 +169,21 @@ SERVED: tuple[str | Setting, ...] = (
         reload_note="can only shrink without a restart",
     ),
     Setting("max_delay_ms", WAIT, 1.0, "longest wait in milliseconds to fill a batch", reload="live"),
+    Setting(
+        "max_batch_tokens",
+        integer("an integer >= 0", lambda value: value >= 0),
+        0,
+        "most padded tokens in one batch, for a model of a free axis (0: max_batch times its longest)",
+        reload="restart",
+    ),
+    Setting(
+        "length_batching",
+        choice(*LENGTH_MODES),
+        LENGTH_MODES[0],
+        "a model of a free axis: by-cost (batches sorted by length, cut by predicted cost, each slice padded to its "
+        "own longest) or pad-batch (every slice padded to the batch's longest, cut by count: the baseline)",
+        reload="restart",
+    ),
     Setting("max_queue", POSITIVE_INT, 1024, "inputs that may wait, across requests", reload="live"),
     Setting(
         "run_dir",

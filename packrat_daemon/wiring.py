@@ -27,6 +27,7 @@ from packrat_daemon.ops.state import StateKeeper
 from packrat_daemon.requests.batcher import Batcher, plan_latency
 from packrat_daemon.requests.dispatcher import Dispatcher
 from packrat_daemon.requests.frontend import Frontend
+from packrat_daemon.requests.ragged import Ragged
 from packrat_daemon.requests.splitter import Splitter
 from packrat_daemon.requests.supervisor import Supervisor
 from packrat_daemon.requests.timing import Deadlines
@@ -70,10 +71,13 @@ def assemble(
         queued=lambda: batcher.queued_inputs,
         pool_size=lambda: len(reconciler.pool.live()),
         computing=proc.computing,
+        ragged=Ragged(spec, config.length_batching) if (spec := served.info.input).ragged else None,
     )
     # L(b) under the plan in force: the dispatcher's splitter on its serving workers, both read at each call.
     predict = plan_latency(lambda: dispatcher.splitter, lambda: dispatcher.serving)
     batcher = Batcher(config.max_batch, config.max_delay_ms / 1000.0, config.max_queue, predict)
+    if spec.ragged:  # batches under a token budget; a model without a mask batches one length at a time
+        batcher.lengths(config.max_batch_tokens or config.max_batch * spec.max_length, spec.masked)
     frontend = Frontend(
         context, config, served.info, metrics, batcher, reconciler,
         busy=lambda: dispatcher.busy, served=batcher.served, status=status,

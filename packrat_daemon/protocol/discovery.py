@@ -28,7 +28,7 @@ def described_differently(spec: ModelSpec, status: dict[str, Any]) -> bool:
     """Whether the daemon's `status` describes another model than `spec` (restarted with another model, or reloaded
     to another max_batch): its description is to be learned again."""
     given = (status["model"], status["input"]["dtype"], tuple(status["input"]["shape"]), status["max_batch"])
-    return given != (spec.model, PACKRAT_DTYPE[spec.input.datatype], spec.input.shape, spec.max_batch)
+    return given != (spec.model, PACKRAT_DTYPE[spec.input.datatype], spec.input.longest(), spec.max_batch)
 
 
 def followed(spec: ModelSpec, status: dict[str, Any]) -> ModelSpec:
@@ -49,9 +49,9 @@ async def discover(upstream: Upstream, info: dict[str, Any], model_name: str | N
     `model_name`, else after the daemon's model spec. None when the probe fails or times out (asked again later)."""
     named_inputs = info.get("inputs") or [{"name": INPUT_NAME, **info["input"]}]
     named = len(named_inputs) > 1 or len(info.get("outputs") or ()) > 1
-    zeros = {
-        tensor["name"]: np.zeros((1, *tensor["shape"]), dtype=np.uint16 if tensor["dtype"] == "bfloat16" else
-                                 tensor["dtype"])
+    zeros = {  # a free axis (-1) at its least length
+        tensor["name"]: np.zeros((1, *[tensor.get("min_length", 1) if d == -1 else d for d in tensor["shape"]]),
+                                 dtype=np.uint16 if tensor["dtype"] == "bfloat16" else tensor["dtype"])
         for tensor in named_inputs
     }  # fmt: skip
     dtype = info["input"]["dtype"]
@@ -63,15 +63,23 @@ async def discover(upstream: Upstream, info: dict[str, Any], model_name: str | N
     if not header.get("ok") or output is None:
         log.warning("the probe for the model's output failed (%s); trying again later", header.get("error"))
         return None
+    # A per-token output's free axis is -1, as the daemon declares it (the probe answers at its own length).
+    declared = {o["name"]: tuple(o["shape"]) for o in info.get("outputs") or () if -1 in (o.get("shape") or ())}
+    inputs = tuple(TensorSpec(t["name"], OIP_DATATYPE[t["dtype"]], tuple(t["shape"]), int(t.get("max_length", 0)))
+                   for t in named_inputs)  # fmt: skip
     if named:
         assert isinstance(output, dict)  # a version-2 reply names its outputs
         dtypes = {entry["name"]: entry["dtype"] for entry in header["outputs"]}
-        inputs = tuple(TensorSpec(t["name"], OIP_DATATYPE[t["dtype"]], tuple(t["shape"])) for t in named_inputs)
-        outputs = tuple(TensorSpec(key, OIP_DATATYPE[dtypes[key]], tuple(a.shape[1:])) for key, a in output.items())
+        outputs = tuple(TensorSpec(key, OIP_DATATYPE[dtypes[key]], declared.get(key, tuple(a.shape[1:])))
+                        for key, a in output.items())  # fmt: skip
     else:
         assert isinstance(output, np.ndarray)
-        inputs = (TensorSpec(INPUT_NAME, OIP_DATATYPE[dtype], tuple(info["input"]["shape"])),)
-        outputs = (TensorSpec(OUTPUT_NAME, OIP_DATATYPE[header["dtype"]], tuple(output.shape[1:])),)
+        if not info.get("inputs"):  # an older daemon's info: its one input under `input`
+            inputs = (TensorSpec(INPUT_NAME, OIP_DATATYPE[dtype], tuple(info["input"]["shape"])),)
+        else:
+            inputs = (dataclasses.replace(inputs[0], name=INPUT_NAME),)
+        first = next(iter(declared.values()), tuple(output.shape[1:]))
+        outputs = (TensorSpec(OUTPUT_NAME, OIP_DATATYPE[header["dtype"]], first),)
     name = model_name or default_model_name(info["model"])
     spec = ModelSpec(
         name=name,

@@ -19,10 +19,22 @@ VERSION = "1"  # the one version of the one model a daemon serves
 class TensorSpec:
     name: str
     datatype: str  # the OIP name
-    shape: tuple[int, ...]  # one sample's, without the batch axis
+    shape: tuple[int, ...]  # one sample's, without the batch axis; -1 along a free axis (a sequence)
+    max_length: int = 0  # the longest along the free axis (0: none)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "datatype": self.datatype, "shape": [-1, *self.shape]}
+
+    def longest(self) -> tuple[int, ...]:
+        """The per-sample shape at its longest (the free axis at `max_length`)."""
+        return tuple(self.max_length if size == -1 else size for size in self.shape)
+
+    def fits(self, sample_shape: tuple[int, ...]) -> bool:
+        """Whether a sample of this shape fits: every fixed size equal, the free axis at most its longest."""
+        if len(sample_shape) != len(self.shape):
+            return False
+        return all(want == got or (want == -1 and got <= self.max_length)
+                   for want, got in zip(self.shape, sample_shape, strict=True))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -132,11 +144,12 @@ def check_tensor(spec: ModelSpec, name: str, datatype: str, shape: tuple[int, ..
             Status.INVALID_ARGUMENT,
             f"input '{name}' is {datatype}, but the model takes {model_input.datatype}; cast it",
         )
-    if tuple(shape[1:]) != model_input.shape:
+    if not model_input.fits(tuple(shape[1:])):
+        free = f"; -1: any length up to {model_input.max_length}" if model_input.max_length else ""
         raise OipError(
             Status.INVALID_ARGUMENT,
             f"input '{name}' has shape {list(shape)}, but the model takes "
-            f"[N, {', '.join(map(str, model_input.shape))}] (N samples)",
+            f"[N, {', '.join(map(str, model_input.shape))}] (N samples{free})",
         )
     if shape[0] > spec.max_batch:
         raise OipError(

@@ -68,6 +68,7 @@ class Request:
     alone: bool = False
     named: bool = False  # a version-2 request: answered with every output by name (packrat_daemon.requests.tensors)
     client: str | None = None  # the end client a gateway named: fairness goes round end clients, not connections
+    length: int = 0  # along the model's free axis (a text model's tokens); 0: the model has none (requests.ragged)
 
     @property
     def fair_key(self) -> bytes | str:
@@ -109,6 +110,26 @@ class Batcher:
         # Big payloads are copied into shared memory as they are queued, so that a worker reads its slice
         # there and dispatch copies nothing (workers.arena).
         self.inbox = Inbox()
+        # A model of a free axis (`lengths`): the most padded tokens a batch may hold (0: no such model), and whether
+        # only requests of one length may share a batch (a model without an attention mask answers padding).
+        self.max_tokens = 0
+        self.one_length = False
+
+    def lengths(self, max_tokens: int, masked: bool) -> None:
+        """A model of a free axis: a batch holds at most `max_tokens` padded tokens (its samples times its longest
+        request), and, unless the model is `masked`, requests of one length only."""
+        self.max_tokens = max_tokens
+        self.one_length = not masked
+
+    def fits(self, request: Request, inputs: int, longest: int, first: Request | None) -> bool:
+        """Whether `request` joins a batch of `inputs` inputs whose longest is `longest` and whose first is `first`."""
+        if inputs + request.samples > self.max_batch:
+            return False
+        if not self.max_tokens:
+            return True
+        if self.one_length and first is not None and request.length != first.length:
+            return False
+        return (inputs + request.samples) * max(longest, request.length) <= self.max_tokens
 
     def configure(self, max_batch: int, max_delay_s: float, max_queued_inputs: int) -> None:
         """The limits; a reload changes them between two loop wakes. What is queued stays queued, except a
@@ -221,6 +242,8 @@ class Batcher:
         return batch
 
     def _take_in_order(self) -> list[Request]:
+        if self.max_tokens:
+            return self._take_by_tokens()
         batch: list[Request] = []
         inputs = 0
         while self.queue and (not batch or inputs + self.queue[0].samples <= self.max_batch):
@@ -231,6 +254,24 @@ class Batcher:
             batch.append(request)
             if request.alone:
                 break
+        self.queued_inputs -= inputs
+        return batch
+
+    def _take_by_tokens(self) -> list[Request]:
+        """In arrival order, every queued request that fits the batch's inputs and tokens (`fits`): one that does not
+        is passed over, and heads the queue for the next batch."""
+        batch: list[Request] = []
+        inputs = longest = 0
+        for request in self.queue:
+            if batch and (request.alone or batch[0].alone or not self.fits(request, inputs, longest, batch[0])):
+                continue
+            batch.append(request)
+            inputs += request.samples
+            longest = max(longest, request.length)
+            if inputs >= self.max_batch:
+                break
+        taken = {id(request) for request in batch}
+        self.queue = deque(request for request in self.queue if id(request) not in taken)
         self.queued_inputs -= inputs
         return batch
 
@@ -250,7 +291,7 @@ class Batcher:
         order = sorted(clients, key=lambda key: served.get(key, 0))
         first = clients[order[0]][0]
         batch: list[Request] = [first]
-        inputs = first.samples
+        inputs, longest = first.samples, first.length
         if not first.alone:
             at = dict.fromkeys(order, 0)
             at[order[0]] = 1
@@ -261,10 +302,11 @@ class Batcher:
                     mine, k = clients[key], at[key]
                     while k < len(mine) and mine[k].alone:  # it runs in a batch of its own, when its turn comes
                         k += 1
-                    if k == len(mine) or inputs + mine[k].samples > self.max_batch:
+                    if k == len(mine) or not self.fits(mine[k], inputs, longest, first):
                         continue  # nothing left, or its next does not fit: its later ones do not overtake it
                     batch.append(mine[k])
                     inputs += mine[k].samples
+                    longest = max(longest, mine[k].length)
                     at[key] = k + 1
                     still.append(key)
                     if inputs >= self.max_batch:

@@ -33,13 +33,14 @@ from typing import Any
 from packrat_daemon.fleet import verdicts
 from packrat_daemon.fleet.pool import WorkerHandle
 from packrat_daemon.ops.tallies import HOP, OwnTimes
-from packrat_daemon.requests import slices
+from packrat_daemon.requests import ragged, slices
 from packrat_daemon.requests.batcher import Request
 from packrat_daemon.requests.inflight import Actions, InFlight
 from packrat_daemon.requests.jobs import Completed, InFlightBatch, Job
+from packrat_daemon.requests.ragged import Ragged
 from packrat_daemon.requests.splitter import Splitter
 from packrat_daemon.requests.timing import Clocks, Deadlines, Timing, restart_clocks
-from packrat_daemon.wire.codec import DTYPES, ErrorCode
+from packrat_daemon.wire.codec import ErrorCode
 from workers.messages import numpy_name
 from workers.worker import HEARTBEAT_SECONDS
 
@@ -75,6 +76,7 @@ class Dispatcher(InFlight):
         queued: Callable[[], int] = _none,
         pool_size: Callable[[], int] = _none,
         computing: Computing | None = None,
+        ragged: Ragged | None = None,
     ) -> None:
         """`deadlines`: the slices' bounds (a job timeout, then the other `bounds` and `spin_floor_s` in Deadlines'
         order, is the older spelling). `queued`: the inputs the batcher holds (while none, a batch aside counts as
@@ -89,6 +91,7 @@ class Dispatcher(InFlight):
         self.computing = computing
         self._next_job = 1
         self.own_times = own_times  # where each slice's trip to its worker is summed, if anywhere
+        self.ragged = ragged  # a model of a free axis: batches sorted by length, sliced by cost, padded per slice
 
     # -- the deadlines, one value -------------------------------------------------------------------
     @property
@@ -164,15 +167,14 @@ class Dispatcher(InFlight):
                 late = self.late_workers(time.monotonic(), self.timing.late_after())
                 free = [w for w in workers if w.id not in late]
             workers = free or workers
-        first = requests[0]
-        batch = InFlightBatch(requests, DTYPES[first.dtype], tuple(first.shape[1:]))
+        batch = ragged.in_flight(requests, self.ragged)
         deadlines = [r.deadline for r in requests if r.deadline is not None]
         if deadlines:
             batch.deadline = min(deadlines)
             self.next_deadline = min(self.next_deadline, batch.deadline)
         self.batch = batch
         offset = 0
-        for worker, rows in self.splitter.choose(workers, batch.rows):
+        for worker, rows in ragged.split(self.splitter, workers, batch):
             self._send_job(batch, offset, rows, worker)
             offset += rows
         batch.aside_at = self.timing.late_at(batch, not self.splitter.oversubscribed)
@@ -180,12 +182,17 @@ class Dispatcher(InFlight):
 
     def run_aside(self, request: Request, worker: WorkerHandle) -> None:
         """Send a request to run alone (parked) to `worker`, aside from the loop's batches."""
-        batch = InFlightBatch([request], DTYPES[request.dtype], tuple(request.shape[1:]))
+        batch = ragged.in_flight([request], self.ragged)
         if request.deadline is not None:
             batch.deadline = request.deadline
             self.next_deadline = min(self.next_deadline, batch.deadline)
         self.aside.append(batch)
         self._send_job(batch, 0, request.samples, worker)
+
+    def profile_rows(self, header: dict[str, Any]) -> int | None:
+        """A RESULT's rows as a profile cell (asked before `on_result`); None: padded to another length than its."""
+        job = self.jobs.get(header["job"])
+        return int(header["batch"]) if job is None or ragged.at_reference(job) else None
 
     # -- the workers' events -----------------------------------------------------------------------------
     def on_result(self, worker: WorkerHandle, header: dict[str, Any], payload: list[Any]) -> list[Completed]:
@@ -211,7 +218,8 @@ class Dispatcher(InFlight):
             slices.put_in_place_of(batch.jobs, twin, job)
         job.output = payload[0]  # the output array, as the pool decoded it (a copy if it came shared)
         job.compute_ms = float(header["compute_ms"])
-        self.timing.learn(worker.threads, job.rows, job.compute_ms)
+        if ragged.at_reference(job):  # production's table is of one length: the profile's
+            self.timing.learn(worker.threads, job.rows, job.compute_ms)
         if self.own_times is not None:
             self.own_times.add(HOP, time.monotonic() - job.sent_at - job.compute_ms / 1000.0)
         self.timing.answered(time.monotonic() - job.sent_at)
@@ -355,8 +363,9 @@ class Dispatcher(InFlight):
         return clocks.deadline, clocks.predicted
 
     # -- internals --------------------------------------------------------------------------
-    def _clocks(self, worker: WorkerHandle, rows: int, now: float) -> Clocks:
-        predicted = self.splitter.predicted_ms(worker.threads, rows)
+    def _clocks(self, worker: WorkerHandle, rows: int, now: float, length: int = 0) -> Clocks:
+        reference = 0 if self.ragged is None else self.ragged.longest
+        predicted = self.splitter.predicted_ms(worker.threads, rows, length, reference)
         held = self.held_by(worker)
         return self.timing.clocks(worker, rows, now, predicted, held, not self.splitter.oversubscribed)
 
@@ -365,19 +374,20 @@ class Dispatcher(InFlight):
     ) -> Job:
         """Send rows [offset, offset+rows) of `batch` to `worker`; `twin`: the slice this job hedges."""
         now = time.monotonic()
-        hedge_at, deadline, predicted, learned, first_look, clock_from = self._clocks(worker, rows, now)
+        frames, sample_shape, length = slices.to_send(batch, offset, rows)
+        hedge_at, deadline, predicted, learned, first_look, clock_from = self._clocks(worker, rows, now, length)
         if len(batch.requests) == 1 and batch.requests[0].alone:
             # A suspect of a failure or a hang, run alone to tell it from its neighbours: a hedge's copy on a second
             # worker would only spread what it does to the first.
             hedge_at = math.inf
         job = Job(self._next_job, batch, offset, rows, worker, now, first_look, predicted, hedge_at, twin)
-        job.watched_at, job.learned_ms, job.clock_from = deadline, learned, clock_from
+        job.watched_at, job.learned_ms, job.clock_from, job.length = deadline, learned, clock_from, length
         self._next_job += 1
         cpu = None if job.expected_ms is None else worker.cpu_seconds()
         if cpu is not None:
             self.timing.budget(job, cpu, self.held_by(worker))
         self.next_deadline = min(self.next_deadline, deadline, hedge_at)
-        header = {"job": job.id, "dtype": numpy_name(batch.dtype), "shape": [rows, *batch.sample_shape]}
+        header = {"job": job.id, "dtype": numpy_name(batch.dtype), "shape": [rows, *sample_shape]}
         self.jobs[job.id] = job
         if twin is None:
             batch.jobs.append(job)
@@ -385,6 +395,6 @@ class Dispatcher(InFlight):
         else:  # the copy is not hedged again; it stands for the slice only once it answers first
             twin.twin = job
             job.hedge_at = math.inf
-        if not self.send(worker, header, slices.row_frames(batch, offset, rows)):
+        if not self.send(worker, header, frames):
             job.deadline = self.next_deadline = 0.0  # unreachable worker: the next check re-routes it at once
         return job

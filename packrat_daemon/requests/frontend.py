@@ -239,7 +239,7 @@ class Frontend:
             return False
         named = request.tensors is not None
         try:
-            if not named and not self.tensors.records:  # version 1, as always
+            if not named and not self.tensors.records and not self.tensors.ragged:  # version 1, as always
                 check_against_model(request, self.info.dtype, self.info.shape, self.batcher.max_batch, self.info.high)
             else:
                 request = self.tensors.checked(request, self.batcher.max_batch)
@@ -253,6 +253,7 @@ class Frontend:
             identity, delimiter, request.request_id, request.dtype, request.shape, request.payload, now, deadline
         )
         queued.named, queued.client = named, request.client
+        queued.length = self.tensors.length_of(request)
         if not self.batcher.offer(queued):
             message = f"the queue is full ({self.batcher.queued_inputs} inputs waiting); retry later"
             self.reply_error(queued, ErrorCode.OVERLOADED, message)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from packrat_daemon.fleet.pool import WorkerHandle
     from packrat_daemon.fleet.verdicts import Looked
     from packrat_daemon.requests.batcher import Request
+    from packrat_daemon.requests.ragged import Ragged
 
 
 @dataclass
@@ -57,6 +58,7 @@ class Job:
     learned_ms: float | None = None
     # What the looks at it read once it was overdue (verdicts.judge's memory from one look to the next).
     looked: Looked | None = None
+    length: int = 0  # the slice's padded length along the model's free axis (0: the model has none)
 
     @property
     def expected_ms(self) -> float | None:
@@ -74,6 +76,7 @@ class InFlightBatch:
     unanswered: int = 0  # jobs sent and not answered yet
     deadline: float = math.inf  # the earliest of its requests' deadlines (timeout_ms bounds the whole request)
     aside_at: float = math.inf  # when its unanswered slices are late: it may move aside (Dispatcher.move_aside)
+    ragged: Ragged | None = None  # a model of a free axis: its requests sorted by length, each slice padded apart
 
     @property
     def rows(self) -> int:

@@ -88,8 +88,20 @@ def row_frames(batch: InFlightBatch, offset: int, rows: int) -> list[memoryview]
     return frames
 
 
-def gather(jobs: list[Job], offset: int, rows: int) -> np.ndarray:
-    if len(jobs) == 1 and offset == 0 and rows == jobs[0].rows:
+def to_send(batch: InFlightBatch, offset: int, rows: int) -> tuple[list[memoryview], tuple[int, ...], int]:
+    """What a slice of rows [offset, offset+rows) sends: its frames, their per-sample shape and the padded length
+    (0 for a model of fixed shape, whose rows go as views of the clients' buffers)."""
+    ragged = batch.ragged
+    if ragged is None:
+        return row_frames(batch, offset, rows), batch.sample_shape, 0
+    array, length = ragged.rows(batch.requests, offset, rows)
+    return [np.ascontiguousarray(array).reshape(-1).view(np.uint8).data], array.shape[1:], length
+
+
+def gather(jobs: list[Job], offset: int, rows: int, length: int = 0) -> np.ndarray:
+    """A request's rows [offset, offset+rows) of the slices' outputs; `length`: its own, along the model's free axis
+    (each slice answered at its padded length is cut back to it)."""
+    if len(jobs) == 1 and offset == 0 and rows == jobs[0].rows and jobs[0].length == length:
         assert jobs[0].output is not None
         return jobs[0].output  # one request on one worker: its output as it came
     pieces = []
@@ -97,7 +109,9 @@ def gather(jobs: list[Job], offset: int, rows: int) -> np.ndarray:
         low, high = max(offset, job.offset), min(offset + rows, job.offset + job.rows)
         if low < high:
             assert job.output is not None
-            pieces.append(job.output[low - job.offset : high - job.offset])
+            piece = job.output[low - job.offset : high - job.offset]
+            ragged = job.batch.ragged
+            pieces.append(piece if ragged is None else ragged.cut(piece, job.length, length))
     return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
 
@@ -114,7 +128,7 @@ def completions(batch: InFlightBatch) -> list[Completed]:
     offset = 0
     for request in batch.requests:
         if not request.answered:  # answered TIMEOUT while in flight, or when moved aside: answered once
-            rows = gather(jobs, offset, request.samples)
+            rows = gather(jobs, offset, request.samples, request.length)
             queue_ms = (batch.started - request.arrived) * 1000.0
             completed.append(Completed(request, rows, queue_ms, compute_ms, jobs))
         offset += request.samples
@@ -131,7 +145,7 @@ def answered_in_part(batch: InFlightBatch) -> list[Completed]:
         end = offset + request.samples
         if not request.answered and covered(done, offset, end):
             request.answered = True
-            rows = gather(done, offset, request.samples)
+            rows = gather(done, offset, request.samples, request.length)
             queue_ms = (batch.started - request.arrived) * 1000.0
             compute_ms = max(job.compute_ms for job in done if job.offset < end and offset < job.offset + job.rows)
             completed.append(Completed(request, rows, queue_ms, compute_ms, done))

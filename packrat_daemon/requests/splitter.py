@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from packrat_daemon.fleet.pool import WorkerHandle
 from policies.planning.layouts import Split, fastest, split_on
 from policies.planning.profile import Profile
+from policies.planning.tokens import cut_by_cost, token_latency
 
 
 class Splitter:
@@ -68,10 +69,35 @@ class Splitter:
             self._cache[key] = self._compute(list(threads), batch)
         return self._cache[key]
 
-    def predicted_ms(self, threads: int, rows: int) -> float | None:
+    def predicted_ms(self, threads: int, rows: int, length: int = 0, reference: int = 0) -> float | None:
         """The profile's latency of `rows` inputs on a `threads`-thread worker (the smallest profiled batch
-        that holds them); None without a profile or a row for those threads."""
-        return None if self.profile is None else self.profile.lhat(threads, rows)
+        that holds them); None without a profile or a row for those threads. `length`: the rows' padded length
+        along a free axis, the profile's being `reference` (policies.planning.tokens)."""
+        if self.profile is None:
+            return None
+        if length and reference and length != reference:
+            return token_latency(self.profile, threads, rows, length, reference)
+        return self.profile.lhat(threads, rows)
+
+    def choose_by_cost(
+        self, workers: Sequence[WorkerHandle], lengths: Sequence[int], reference: int
+    ) -> list[tuple[WorkerHandle, int]]:
+        """The workers the split chooses for a batch of `len(lengths)` rows, sorted by length, with the rows cut
+        by predicted cost instead of count (policies.planning.tokens.cut_by_cost); `reference`: the profile's
+        length."""
+        chosen = self.choose(workers, len(lengths))
+        if len(chosen) < 2:
+            return chosen
+        members = [worker for worker, _ in chosen]
+        threads = [worker.threads for worker in members]
+
+        def cost(count: int, rows: int, length: int) -> float | None:
+            if self.profile is None:  # no profile: padded tokens over threads
+                return rows * length / count
+            return token_latency(self.profile, count, rows, length, reference)
+
+        sizes = cut_by_cost(lengths, threads, cost)
+        return [(worker, rows) for worker, rows in zip(members, sizes, strict=True) if rows]
 
     def _compute(self, threads: list[int], batch: int) -> Split:
         if self.mode == "exact" and self.profile is not None:

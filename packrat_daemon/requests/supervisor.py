@@ -177,12 +177,14 @@ class Supervisor:
         assert worker is not None
         if event.kind == "result":
             # Answer first, learn after: the client's reply must not wait for bookkeeping.
+            profile_rows = self.dispatcher.profile_rows(event.header)
             for done in self.dispatcher.on_result(worker, event.header, event.payload):
                 self.replies.reply_result(done)
             self.dispatcher.retry_late(time.monotonic())  # a late slice waits for an idle worker: this one may be it
             compute_ms = float(event.header["compute_ms"])
             self.metrics.observe_compute(worker.threads, compute_ms)
-            self.production.observe(worker.threads, int(event.header["batch"]), compute_ms, time.monotonic())
+            if profile_rows is not None:
+                self.production.observe(worker.threads, profile_rows, compute_ms, time.monotonic())
         elif event.kind == "failed":
             self.apply(self.dispatcher.failed(worker, event.header))
         elif event.kind == "lost":

@@ -24,11 +24,15 @@ def check_against_model(
     max_samples: int,
     high: int | None = None,
     what: str = "",
+    free_axis: int | None = None,
+    min_length: int = 1,
 ) -> None:
-    """Raise BAD_REQUEST unless ``req`` fits the model's input (a -1 in ``sample_shape`` matches any size, and an
-    integer input's values lie in [0, ``high``) where the model declares it: token ids), and TOO_LARGE for more
-    samples than ``max_samples``: the same code as a message over the byte limit, so a client gets one answer to
-    "too many samples" whatever the model's sample size."""
+    """Raise BAD_REQUEST unless ``req`` fits the model's input (a -1 in ``sample_shape`` matches any size; along a
+    free axis any size from ``min_length`` to the shape's; an integer input's values lie in [0, ``high``) where the
+    model declares it: token ids), and TOO_LARGE for more samples than ``max_samples``: the same code as a message
+    over the byte limit, so a client gets one answer to "too many samples" whatever the model's sample size."""
+    if free_axis is not None:
+        sample_shape = _at_request_length(req, sample_shape, free_axis, min_length, what)
     if req.dtype == input_dtype and req.shape[1:] == sample_shape and req.shape[0] <= max_samples:
         if high is not None:
             _check_range(req, high, f"{what[:-2]}'s" if what else "the input's")
@@ -54,6 +58,29 @@ def check_against_model(
         )
 
 
+def _at_request_length(
+    req: InferRequest, sample_shape: tuple[int, ...], axis: int, min_length: int, what: str
+) -> tuple[int, ...]:
+    """The model's per-sample shape at the request's length along the free `axis`; BAD_REQUEST for a length
+    outside [min_length, the longest]."""
+    got = req.shape[1:]
+    if len(got) != len(sample_shape):
+        return sample_shape  # the shape check that follows names the rank
+    longest, length = sample_shape[axis], got[axis]
+    if not min_length <= length <= longest:
+        raise bad_request(
+            f"{what}axis {axis + 1} is {length} long; the model takes {min_length} to {longest} there (send a longer "
+            "sequence as several requests, or serve a longer --input)",
+            req.request_id,
+        )
+    return (*sample_shape[:axis], length, *sample_shape[axis + 1 :])
+
+
+def request_length(req: InferRequest, free_axis: int | None) -> int:
+    """A checked request's length along its model's free axis (0: the model has none)."""
+    return 0 if free_axis is None else int(req.shape[1 + free_axis])
+
+
 def check_tensors_against_model(
     req: InferRequest, inputs: Sequence[ModelTensor], max_samples: int
 ) -> list[memoryview | bytes]:
@@ -77,12 +104,19 @@ def check_tensors_against_model(
     if missing:
         raise bad_request(f"input {missing[0]!r} is missing; the model takes {names}, all of them", req.request_id)
     payloads = []
+    lengths: dict[str, int] = {}
     for model_tensor in inputs:
         tensor = given[model_tensor.name]
         one = InferRequest(req.request_id, tensor.dtype, tensor.shape, tensor.payload)
-        check_against_model(one, model_tensor.dtype, model_tensor.shape, max_samples, model_tensor.high,
-                            f"input {model_tensor.name!r}: ")  # fmt: skip
+        what = f"input {model_tensor.name!r}: "
+        check_against_model(one, model_tensor.dtype, model_tensor.shape, max_samples, model_tensor.high, what,
+                            model_tensor.free_axis, model_tensor.min_length)  # fmt: skip
+        if model_tensor.free_axis is not None:
+            lengths[model_tensor.name] = request_length(one, model_tensor.free_axis)
         payloads.append(tensor.payload)
+    if len(set(lengths.values())) > 1:
+        told = ", ".join(f"{name} {length}" for name, length in lengths.items())
+        raise bad_request(f"the inputs' sequences must be of one length; got {told}", req.request_id)
     return payloads
 
 

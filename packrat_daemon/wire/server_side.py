@@ -72,8 +72,10 @@ class ModelTensor(NamedTuple):
 
     name: str
     dtype: str
-    shape: tuple[int, ...]  # per sample; -1 matches any size
+    shape: tuple[int, ...]  # per sample (the longest, along a free axis); -1 matches any size
     high: int | None = None
+    free_axis: int | None = None  # the per-sample axis whose size varies, from min_length to shape[free_axis]
+    min_length: int = 1
 
 
 @dataclass(frozen=True, slots=True)

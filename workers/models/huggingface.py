@@ -5,11 +5,12 @@ else `AutoModel`, loaded with `local_files_only=True` (the daemon also sets HF_H
 Weights are served in float32; `--precision` decides any reduced precision.
 
 The inputs are the tokenizer-free ones the model's forward takes, passed by name: for a text model
-`input_ids` (int64 token ids below `vocab_size`, 128 of them or the model's position count if fewer),
+`input_ids` (int64 token ids below `vocab_size`, at most 128 of them or the model's position count if fewer),
 `attention_mask` (0 or 1) and `token_type_ids` (below `type_vocab_size`) where its forward accepts them, all of
-one length; for a vision model `pixel_values` (`float32:CxHxW` of `num_channels` × `image_size`, 224 where the
-config has none). `--input` overrides the length (e.g. `--input int64:384`) or the image's shape. Every output
-the model returns is served, named by its fields (`logits` for a task head; `last_hidden_state` and
+one length, any length up to the longest (the sequence axis is free: `int64:1..128`); for a vision model
+`pixel_values` (`float32:CxHxW` of `num_channels` × `image_size`, 224 where the config has none). `--input`
+raises the longest (`--input int64:1..384`), fixes one length (`int64:384`), or gives the image's shape. Every
+output the model returns is served, named by its fields (`logits` for a task head; `last_hidden_state` and
 `pooler_output` for a bare encoder): `workers.models.outputs`.
 """
 
@@ -72,11 +73,12 @@ def _declared_inputs(config: Any, name: str, parameters: set[str]) -> InputSpec 
     if name == "input_ids" and getattr(config, "vocab_size", None):
         positions = getattr(config, "max_position_embeddings", None) or DEFAULT_SEQUENCE
         length = (min(DEFAULT_SEQUENCE, int(positions)),)
-        inputs = [TensorSpec("input_ids", "int64", length, int(config.vocab_size))]
+        # The sequence axis is free: a request of any length up to it (requests.ragged pads a slice to its longest).
+        inputs = [TensorSpec("input_ids", "int64", length, int(config.vocab_size), free_axis=0)]
         for other, bound in TEXT_INPUTS.items():
             if other in parameters:
                 high = int(getattr(config, bound, None) or 2) if bound else 2
-                inputs.append(TensorSpec(other, "int64", length, high))
+                inputs.append(TensorSpec(other, "int64", length, high, free_axis=0))
         return InputSpec.of(inputs)
     if name == "pixel_values":
         size = getattr(config, "image_size", None) or DEFAULT_IMAGE_SIZE

@@ -112,11 +112,11 @@ def _bert_base_masked() -> tuple[nn.Module, InputSpec, bool]:
 
     config = BertConfig()
     model = BertModel(config, add_pooling_layer=True)
-    length = (128,)
+    length = (128,)  # the longest: the sequence axis is free (requests.ragged pads each slice to its own longest)
     inputs = [
-        TensorSpec("input_ids", "int64", length, config.vocab_size),
-        TensorSpec("attention_mask", "int64", length, 2),
-        TensorSpec("token_type_ids", "int64", length, config.type_vocab_size),
+        TensorSpec("input_ids", "int64", length, config.vocab_size, free_axis=0),
+        TensorSpec("attention_mask", "int64", length, 2, free_axis=0),
+        TensorSpec("token_type_ids", "int64", length, config.type_vocab_size, free_axis=0),
     ]
     return _Pooled(model), InputSpec.of(inputs), False
 
@@ -220,7 +220,8 @@ def _with_override(spec: str, input_spec: InputSpec | None, override: InputSpec 
     if override is not None and input_spec is not None and override.high is None and same_ids:
         override = dataclasses.replace(override, high=input_spec.high)  # a longer sequence of the same ids
     if override is not None and input_spec is not None and input_spec.inputs:  # keep the input's name
-        named = TensorSpec(input_spec.inputs[0].name, override.dtype, override.shape, override.high)
+        named = TensorSpec(input_spec.inputs[0].name, override.dtype, override.shape, override.high,
+                           override.free_axis, override.min_length)  # fmt: skip
         override = InputSpec.of([named])
     return override or input_spec
 
@@ -234,7 +235,8 @@ def _override_all(spec: str, input_spec: InputSpec, override: InputSpec) -> Inpu
         raise ModelSpecError(
             f"{spec} takes several inputs ({names}); --input gives the shape they share, as {first.dtype}:D1x..."
         )
-    inputs = [dataclasses.replace(t, shape=override.shape) for t in input_spec.inputs]
+    inputs = [dataclasses.replace(t, shape=override.shape, free_axis=override.free_axis,
+                                  min_length=override.min_length) for t in input_spec.inputs]  # fmt: skip
     return InputSpec.of(inputs, input_spec.outputs)
 
 
@@ -249,7 +251,7 @@ def _declared_input(module: object) -> InputSpec | None:
         tensors = []
         for name, declared_one in several.items():
             one = declared_one if isinstance(declared_one, InputSpec) else InputSpec.parse(str(declared_one))
-            tensors.append(TensorSpec(str(name), one.dtype, one.shape, one.high))
+            tensors.append(TensorSpec(str(name), one.dtype, one.shape, one.high, one.free_axis, one.min_length))
         return InputSpec.of(tensors)
     declared = getattr(module, "packrat_input", None)
     if declared is None:

@@ -31,6 +31,7 @@ import numpy as np
 from packrat_daemon.wire.codec import ITEMSIZE
 from packrat_daemon.wire.errors import ModelSpecError
 from workers.models.cache import ATOL, CHECK_BATCHES, RTOL, ConversionError, converter_main
+from workers.models.free_axis import shorter_length, with_free_outputs
 from workers.models.spec import INPUT_DTYPES, InputSpec, TensorSpec, installed, sample_input
 
 EXTERNAL_DATA = "model.onnx.data"
@@ -87,22 +88,28 @@ def _graph_tensor(
     sample = dims[1:]
     if override is not None:
         fits = len(override.shape) == len(sample) and all(
-            d in (None, o) for d, o in zip(sample, override.shape, strict=True)
+            d in (None, o) and (d is None or axis != override.free_axis)
+            for axis, (d, o) in enumerate(zip(sample, override.shape, strict=True))
         )
         if override.dtype != dtype or not fits:
             raise ModelSpecError(
-                f"--input {override.dtype}:{'x'.join(map(str, override.shape))} does not fit {spec}'s input "
+                f"--input {override.dtype}:{override.named_inputs()[0].describe_shape()} does not fit {spec}'s input "
                 f"{value.name!r}, {dtype} of per-sample shape {_axes(sample)}"
             )
         shape = override.shape
+        free = override.free_axis, override.min_length
     elif None in sample:
+        example = "x".join("1..512" if d is None else str(d) for d in sample)
         raise ModelSpecError(
             f"{spec}'s input {value.name!r} ({dtype}, per-sample shape {_axes(sample)}) has free axes; pass "
-            f"--input {dtype}:{'x'.join('N' if d is None else str(d) for d in sample)} with their sizes"
+            f"--input {dtype}:{'x'.join('N' if d is None else str(d) for d in sample)} with their sizes, or one "
+            f"axis left free up to its longest, e.g. --input {dtype}:{example} (a sequence)"
         )
     else:
         shape = tuple(d for d in sample if d is not None)  # every one is: checked above
-    return TensorSpec(value.name, dtype, tuple(shape), _embedding_rows(model, value.name, initializers))
+        free = None, 1
+    high = _embedding_rows(model, value.name, initializers)
+    return TensorSpec(value.name, dtype, tuple(shape), high, *free)
 
 
 def output_names(model: Any) -> list[str]:
@@ -213,6 +220,10 @@ def learn_outputs(
             f"{runtime} gives outputs of shapes {[list(array.shape) for array in arrays]} for a batch of {rows}: "
             "Packrat needs an output's first axis to be the batch"
         )
+    if input_spec.ragged:  # which outputs follow the sequence's length: a second run, shorter
+        shorter = input_spec.at_length(shorter_length(input_spec))
+        runs = dict(zip(names, session.run_all(sample_input(shorter, rows, seed=rows)), strict=True))
+        served = with_free_outputs(served, [tuple(int(d) for d in runs[t.name].shape[1:]) for t in served])
     return served, left_out
 
 

@@ -25,6 +25,7 @@ from torch import nn
 
 from packrat_daemon.wire.codec import ITEMSIZE
 from packrat_daemon.wire.errors import ModelSpecError
+from workers.models.free_axis import shorter_length, with_free_outputs
 from workers.models.spec import DEFAULT_OUTPUT_NAME, InputSpec, TensorSpec, sample_input
 
 SAMPLE_ROWS = 2  # a sample run of two rows tells an output's batch axis from a fixed one of size 1
@@ -45,7 +46,9 @@ class Served(nn.Module):
         super().__init__()
         self.model = model
         self.names = [tensor.name for tensor in spec.named_inputs()]
-        self.layout = [(_TORCH_DTYPES[t.dtype], t.shape, ITEMSIZE[t.dtype] * _count(t.shape)) for t in spec.inputs]
+        self.spec = spec
+        self.layout = self._layout(spec)
+        self._layouts: dict[int, list[tuple[torch.dtype, tuple[int, ...], int]]] = {}
         self.records = spec.records
         self.by_name = by_name and bool(spec.inputs)  # a model's one unnamed input goes first, in order
         self.keys = None if keys is None else list(keys)
@@ -76,12 +79,25 @@ class Served(nn.Module):
         inputs = self._inputs(x)
         return self.model(**dict(zip(self.names, inputs, strict=True))) if self.by_name else self.model(*inputs)
 
+    @staticmethod
+    def _layout(spec: InputSpec) -> list[tuple[torch.dtype, tuple[int, ...], int]]:
+        return [(_TORCH_DTYPES[t.dtype], t.shape, ITEMSIZE[t.dtype] * _count(t.shape)) for t in spec.inputs]
+
+    def _layout_of(self, width: int) -> list[tuple[torch.dtype, tuple[int, ...], int]]:
+        """The records' layout at the length a batch of records `width` bytes wide is padded to (a free axis)."""
+        if not self.spec.ragged:
+            return self.layout
+        layout = self._layouts.get(width)
+        if layout is None:
+            layout = self._layouts[width] = self._layout(self.spec.at_length(self.spec.length_of((width,))))
+        return layout
+
     def _inputs(self, x: torch.Tensor) -> list[torch.Tensor]:
         if not self.records:
             return [x]
         rows, start, tensors = x.shape[0], 0, []
         float_dtype: torch.dtype = self.float_dtype.dtype  # type: ignore[assignment]  # a buffer: a Tensor
-        for dtype, shape, size in self.layout:
+        for dtype, shape, size in self._layout_of(x.shape[1]):
             tensor = x[:, start : start + size].contiguous().view(dtype).reshape(rows, *shape)
             if tensor.is_floating_point() and dtype != float_dtype:
                 tensor = tensor.to(float_dtype)
@@ -153,10 +169,12 @@ def serve_outputs(
     if not keys:  # one tensor
         if not isinstance(output, torch.Tensor) or output.dim() == 0 or output.shape[0] != SAMPLE_ROWS:
             raise ModelSpecError(f"{spec} returns a tensor whose first axis is not the batch; Packrat batches requests")
-        _tensor_spec(DEFAULT_OUTPUT_NAME, output)  # one the protocol can carry
+        # Its one output: "output", as version 1 always had it; its dtype and shape declared (one the protocol can
+        # carry), and along which axis it follows a free input axis, if it does.
+        named = _follow_length(probe, input_spec.with_outputs([_tensor_spec(DEFAULT_OUTPUT_NAME, output)]), None)
         if not input_spec.records and not probe.by_name:
-            return module, input_spec, None  # one tensor in, one out: called as it is, nothing in between
-        return probe, input_spec, None  # its one output: "output", as version 1 always had it
+            return module, named, None  # one tensor in, one out: called as it is, nothing in between
+        return probe, named, None
     served, left_out = [], []
     for key in keys:
         part = output[key]
@@ -176,8 +194,21 @@ def serve_outputs(
             f"{spec} returns {len(keys)} outputs; {_listed(left_out)} are left out (not a tensor with the batch on "
             f"its first axis); serving {', '.join(spec.name for spec in specs)}"
         )
-    named = input_spec.with_outputs(specs)
+    named = _follow_length(probe, input_spec.with_outputs(specs), [key for key, _ in served])
     return Served(module, named, by_name, [key for key, _ in served]), named, note
+
+
+def _follow_length(probe: Served, spec: InputSpec, keys: list[str | int] | None) -> InputSpec:
+    """`spec` with each output's axis that follows a free input axis marked (a second sample run, shorter)."""
+    if not spec.ragged:
+        return spec
+    shorter = spec.at_length(shorter_length(spec))
+    sample = torch.from_numpy(sample_input(shorter, SAMPLE_ROWS))
+    with torch.inference_mode():
+        output = probe.call(sample)
+    parts = [output] if keys is None else [output[key] for key in keys]
+    shapes = [tuple(int(d) for d in part.shape[1:]) for part in parts]
+    return spec.with_outputs(with_free_outputs(spec.outputs, shapes))
 
 
 def _tensor_spec(name: str, tensor: torch.Tensor) -> TensorSpec:

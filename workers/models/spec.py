@@ -78,23 +78,54 @@ def hf_folder(spec: str) -> Path:
 # The names a tensor gets when the model gives it none: a model of one input and one output (protocol version 1's
 # one unnamed tensor each way), and the positions of a tuple a model returns ("output_0", "output_1", ...).
 DEFAULT_INPUT_NAME, DEFAULT_OUTPUT_NAME = "input", "output"
+# How a batch of requests of several lengths is sliced (packrat_daemon.requests.ragged): sorted by length, cut by
+# predicted cost, each slice padded to its own longest ("by-cost", the default); or as a server that does not plan
+# by tokens would, in arrival order, cut by count and padded to the batch's longest ("pad-batch", the baseline).
+RAGGED_MODES = ("by-cost", "pad-batch")
+# The input that marks a sequence's real tokens (1) from its padding (0): Hugging Face's name for it.
+MASK_INPUT = "attention_mask"
 
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One named tensor a model takes or returns: its dtype and per-sample shape."""
+    """One named tensor a model takes or returns: its dtype and per-sample shape.
+
+    A free axis (a text model's sequence) varies from request to request: `shape` holds its largest size there, and
+    every free axis of a model's inputs and outputs takes the one length a request has (`InputSpec.at_length`)."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
     high: int | None = None  # exclusive upper bound for integer inputs (token ids); None for outputs
+    free_axis: int | None = None  # the per-sample axis whose size varies (up to shape[free_axis]); None: fixed
+    min_length: int = 1  # the least size of the free axis
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TensorSpec:
-        return cls(str(data["name"]), data["dtype"], tuple(data["shape"]), data.get("high"))
+        free = data.get("free_axis")
+        return cls(str(data["name"]), data["dtype"], tuple(data["shape"]), data.get("high"),
+                   None if free is None else int(free), int(data.get("min_length", 1)))  # fmt: skip
 
     def to_json(self) -> dict[str, object]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "high": self.high}
+        data: dict[str, object] = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "high": self.high}
+        if self.free_axis is not None:
+            data["free_axis"], data["min_length"] = self.free_axis, self.min_length
+        return data
+
+    def at_length(self, length: int) -> TensorSpec:
+        """This tensor with its free axis (if any) at `length`."""
+        if self.free_axis is None:
+            return self
+        shape = list(self.shape)
+        shape[self.free_axis] = length
+        return dataclasses.replace(self, shape=tuple(shape))
+
+    def describe_shape(self) -> str:
+        """The per-sample shape as `--input` writes it: `128`, `1..128`, `3x224x224`."""
+        dims = [str(d) for d in self.shape]
+        if self.free_axis is not None:
+            dims[self.free_axis] = f"{self.min_length}..{self.shape[self.free_axis]}"
+        return "x".join(dims)
 
 
 @dataclass(frozen=True)
@@ -108,10 +139,12 @@ class InputSpec:
     """
 
     dtype: str  # protocol dtype name, e.g. "float32", "int64"
-    shape: tuple[int, ...]  # per sample
+    shape: tuple[int, ...]  # per sample (at the longest, for a model of a free axis)
     high: int | None = None  # exclusive upper bound for integer inputs (token ids)
     inputs: tuple[TensorSpec, ...] = ()  # the named inputs (empty: one input, named DEFAULT_INPUT_NAME)
     outputs: tuple[TensorSpec, ...] = ()  # the named outputs (empty: one output, named DEFAULT_OUTPUT_NAME)
+    free_axis: int | None = None  # one input's free axis (TensorSpec.free_axis); records carry theirs in `inputs`
+    min_length: int = 1
 
     @classmethod
     def of(cls, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec] = ()) -> InputSpec:
@@ -121,9 +154,12 @@ class InputSpec:
         names = [tensor.name for tensor in inputs]
         if len(set(names)) != len(names):
             raise ModelSpecError(f"the model's inputs must have distinct names, got {', '.join(names)}")
+        for tensor in inputs:
+            if tensor.free_axis is not None and tensor.min_length != inputs[0].min_length:
+                raise ModelSpecError("a model's free axes vary together: give them one least length")
         if len(inputs) == 1:
             one = inputs[0]
-            return cls(one.dtype, one.shape, one.high, tuple(inputs), tuple(outputs))
+            return cls(one.dtype, one.shape, one.high, tuple(inputs), tuple(outputs), one.free_axis, one.min_length)
         layout = [(tensor.dtype, tensor.shape) for tensor in inputs]
         return cls("uint8", (record_bytes(layout),), None, tuple(inputs), tuple(outputs))
 
@@ -138,29 +174,91 @@ class InputSpec:
         return len(self.outputs) > 1
 
     def named_inputs(self) -> tuple[TensorSpec, ...]:
-        return self.inputs or (TensorSpec(DEFAULT_INPUT_NAME, self.dtype, self.shape, self.high),)
+        return self.inputs or (
+            TensorSpec(DEFAULT_INPUT_NAME, self.dtype, self.shape, self.high, self.free_axis, self.min_length),
+        )
 
     def with_outputs(self, outputs: Sequence[TensorSpec]) -> InputSpec:
         return dataclasses.replace(self, outputs=tuple(outputs))
 
+    # -- a free axis: requests of any length up to the longest --------------------------------------------------
+    @property
+    def ragged(self) -> bool:
+        """Whether requests vary in length along a free axis (a text model's sequence)."""
+        return any(tensor.free_axis is not None for tensor in self.named_inputs())
+
+    @property
+    def max_length(self) -> int:
+        """The longest a request may be along the free axis (0: the model has none)."""
+        free = [t.shape[t.free_axis] for t in self.named_inputs() if t.free_axis is not None]
+        return free[0] if free else 0
+
+    @property
+    def masked(self) -> bool:
+        """Whether the model takes an attention mask: padding a sequence (zeros in the mask too) then leaves its
+        answer as it was; a model without one answers a padded sequence differently, so only requests of one
+        length share a batch."""
+        return any(tensor.name == MASK_INPUT for tensor in self.named_inputs())
+
+    def at_length(self, length: int) -> InputSpec:
+        """The spec of a batch whose free axes are `length` long: fixed-shape, for a sample or a record layout."""
+        if not self.ragged:
+            return self
+        inputs = [tensor.at_length(length) for tensor in self.named_inputs()]
+        outputs = [tensor.at_length(length) for tensor in self.outputs]
+        if not self.records:
+            one = inputs[0]
+            named = tuple(inputs) if self.inputs else ()
+            return dataclasses.replace(self, shape=one.shape, inputs=named, outputs=tuple(outputs))
+        return InputSpec.of(inputs, outputs)
+
+    def length_of(self, sample_shape: Sequence[int]) -> int:
+        """The free axis's length in a batch of per-sample shape `sample_shape` (a record's bytes, for records)."""
+        if not self.records:
+            axis = self.named_inputs()[0].free_axis
+            return 0 if axis is None else int(sample_shape[axis])
+        fixed = record_bytes([(t.dtype, t.at_length(0).shape if t.free_axis is not None else t.shape)
+                              for t in self.inputs])  # fmt: skip
+        per_step = record_bytes([(t.dtype, t.at_length(1).shape) for t in self.inputs if t.free_axis is not None])
+        if per_step == 0:
+            return 0
+        return (int(sample_shape[0]) - fixed) // per_step
+
     @classmethod
     def parse(cls, text: str) -> InputSpec:
+        """`DTYPE:D1xD2...`, a free axis written `LOW..HIGH` (e.g. `int64:1..512`: any length up to 512)."""
         dtype, _, dims = text.partition(":")
+        free_axis, min_length = None, 1
+        shape_list = []
         try:
-            shape = tuple(int(d) for d in dims.split("x")) if dims else ()
+            for axis, dim in enumerate(dims.split("x") if dims else ()):
+                if ".." in dim:
+                    if free_axis is not None:
+                        raise ValueError
+                    low, _, high = dim.partition("..")
+                    free_axis, min_length = axis, int(low)
+                    dim = high
+                shape_list.append(int(dim))
         except ValueError:
-            raise ModelSpecError(f"cannot read input {text!r}; write DTYPE:D1xD2..., e.g. float32:3x224x224") from None
-        if dtype not in INPUT_DTYPES or any(d < 1 for d in shape):
             raise ModelSpecError(
-                f"cannot read input {text!r}; dtype must be one of {', '.join(INPUT_DTYPES)} and dims >= 1"
+                f"cannot read input {text!r}; write DTYPE:D1xD2..., e.g. float32:3x224x224, with at most one free "
+                "axis written LOW..HIGH, e.g. int64:1..512"
+            ) from None
+        shape = tuple(shape_list)
+        if dtype not in INPUT_DTYPES or any(d < 1 for d in shape) or not 1 <= min_length <= max(shape or (1,)):
+            raise ModelSpecError(
+                f"cannot read input {text!r}; dtype must be one of {', '.join(INPUT_DTYPES)} and dims >= 1 "
+                "(a free axis LOW..HIGH with 1 <= LOW <= HIGH)"
             )
-        return cls(dtype, shape)
+        return cls(dtype, shape, free_axis=free_axis, min_length=min_length)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> InputSpec:
         inputs = tuple(TensorSpec.from_json(item) for item in data.get("inputs") or ())
         outputs = tuple(TensorSpec.from_json(item) for item in data.get("outputs") or ())
-        return cls(data["dtype"], tuple(data["shape"]), data.get("high"), inputs, outputs)
+        free = data.get("free_axis")
+        return cls(data["dtype"], tuple(data["shape"]), data.get("high"), inputs, outputs,
+                   None if free is None else int(free), int(data.get("min_length", 1)))  # fmt: skip
 
     def to_json(self) -> dict[str, object]:
         data: dict[str, object] = {"dtype": self.dtype, "shape": list(self.shape), "high": self.high}
@@ -168,6 +266,8 @@ class InputSpec:
             data["inputs"] = [tensor.to_json() for tensor in self.inputs]
         if self.outputs:
             data["outputs"] = [tensor.to_json() for tensor in self.outputs]
+        if self.free_axis is not None:
+            data["free_axis"], data["min_length"] = self.free_axis, self.min_length
         return data
 
 

@@ -29,6 +29,7 @@ from packrat_daemon.wire.codec import pack_records, unpack_records
 from packrat_daemon.wire.errors import ConfigError
 from workers.models.cache import ensure_converted, ensure_quantized
 from workers.models.calibration import split_precision
+from workers.models.free_axis import LayoutsByLength
 from workers.models.spec import InputSpec, check_precision
 
 
@@ -106,7 +107,7 @@ class SessionRuntime(Runtime):
         self.input: InputSpec | None = None
         self._named = False
         self._input_names: list[str] = []
-        self._input_layout: list[tuple[str, tuple[int, ...]]] = []
+        self._input_layout = LayoutsByLength(InputSpec("uint8", ()))
         self._output_names: list[str] = []
         # The cores the template may use (its affinity at load): what a worker may be re-pinned to later.
         self.usable_cpus: set[int] = os.sched_getaffinity(0)
@@ -133,7 +134,7 @@ class SessionRuntime(Runtime):
         # name; one of one input and one unnamed output by position.
         self._named = input_spec.records or bool(input_spec.outputs)
         self._input_names = [tensor.name for tensor in input_spec.inputs]
-        self._input_layout = [(tensor.dtype, tensor.shape) for tensor in input_spec.inputs]
+        self._input_layout = LayoutsByLength(input_spec)  # at each length, for a model of a free axis
         self._output_names = [tensor.name for tensor in input_spec.outputs]
 
     def set_threads(self, threads: int) -> None:
@@ -157,7 +158,8 @@ class SessionRuntime(Runtime):
         assert serving is not None, "load() and set_threads() first"
         feeds: dict[str | int, np.ndarray]
         if len(self._input_names) > 1:
-            feeds = dict(zip(self._input_names, unpack_records(batch, self._input_layout), strict=True))
+            layout = self._input_layout.of(batch.shape[1])
+            feeds = dict(zip(self._input_names, unpack_records(batch, layout), strict=True))
         else:
             feeds = {self._input_names[0] if self._input_names else 0: np.ascontiguousarray(batch)}
         return self._run_named(serving, feeds, self._output_names)

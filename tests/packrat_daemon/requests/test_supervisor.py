@@ -222,6 +222,9 @@ class StandIn:
     def busy_workers(self) -> set[int]:
         return set()
 
+    def profile_rows(self, header: dict[str, Any]) -> int | None:
+        return int(header["batch"])
+
     def start_parked(self) -> None:
         pass
 

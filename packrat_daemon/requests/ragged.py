@@ -1,0 +1,131 @@
+"""Requests of a free axis (a text model's tokens): a slice padded to its own longest, answers cut to each request's.
+
+A model that declares a free axis (`workers.models.spec.TensorSpec.free_axis`, e.g. `--input int64:1..128`) takes
+requests of any length up to its longest. Each request keeps its rows at its own length; the dispatcher sorts a
+batch by length and cuts it by predicted cost (`policies.planning.tokens`), and each slice is padded here to the
+longest sequence in that slice, not the batch's or the model's: zeros, which an attention mask marks as padding
+(a model without one batches only requests of one length, `Batcher`). A worker answers at the slice's length; each
+request's rows of a per-token output are cut back to its own length before the reply.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from packrat_daemon.requests.jobs import InFlightBatch, Job
+from packrat_daemon.wire.codec import DTYPES, pack_records, unpack_records
+from workers.models.spec import RAGGED_MODES, InputSpec, TensorSpec
+
+if TYPE_CHECKING:
+    from packrat_daemon.fleet.pool import WorkerHandle
+    from packrat_daemon.requests.batcher import Request
+    from packrat_daemon.requests.splitter import Splitter
+
+
+BY_COST, PAD_BATCH = RAGGED_MODES  # the setting `length_batching`: sorted and cut by cost, or the baseline
+
+
+class Ragged:
+    """How one model's requests of several lengths are padded into a slice and its answers cut back."""
+
+    def __init__(self, spec: InputSpec, mode: str = BY_COST) -> None:
+        self.spec = spec
+        self.mode = mode
+        self.masked = spec.masked
+        self.longest = spec.max_length
+        self._at: dict[int, InputSpec] = {}
+
+    def at(self, length: int) -> InputSpec:
+        """The model's spec with its free axes `length` long (remembered: a handful of lengths recur)."""
+        spec = self._at.get(length)
+        if spec is None:
+            spec = self._at[length] = self.spec.at_length(length)
+        return spec
+
+    # -- into a slice ----------------------------------------------------------------------------------------
+    def rows(self, requests: list[Request], offset: int, rows: int) -> tuple[np.ndarray, int]:
+        """Rows [offset, offset + rows) of a batch of `requests`, padded to the longest of them (in the mode
+        PAD_BATCH, to the batch's longest): (the array a worker takes, one row per sample, and that length)."""
+        pieces: list[tuple[Request, int, int]] = []
+        start = 0
+        for request in requests:
+            end = start + request.samples
+            low, high = max(offset, start), min(offset + rows, end)
+            if low < high:
+                pieces.append((request, low - start, high - start))
+            start = end
+        whole = self.mode == PAD_BATCH
+        length = max(request.length for request in requests) if whole else max(piece[0].length for piece in pieces)
+        padded = [self._padded(request, low, high, length) for request, low, high in pieces]
+        return (padded[0] if len(padded) == 1 else np.concatenate(padded)), length
+
+    def _padded(self, request: Request, low: int, high: int, length: int) -> np.ndarray:
+        spec = self.at(request.length)
+        if not spec.records:
+            array = np.frombuffer(request.payload, dtype=DTYPES[spec.dtype]).reshape(request.samples, *spec.shape)
+            return _pad(array[low:high], spec.named_inputs()[0], length)
+        records = np.frombuffer(request.payload, dtype=np.uint8).reshape(request.samples, -1)[low:high]
+        arrays = unpack_records(records, [(t.dtype, t.shape) for t in spec.inputs])
+        return pack_records([_pad(array, tensor, length) for array, tensor in zip(arrays, spec.inputs, strict=True)])
+
+    # -- out of a slice --------------------------------------------------------------------------------------
+    def cut(self, output: np.ndarray, length: int, request_length: int) -> np.ndarray:
+        """A request's rows of a slice's `output`, answered at the slice's `length`, at its own length."""
+        outputs = self.spec.outputs
+        if length == request_length or not any(t.free_axis is not None for t in outputs):
+            return output
+        if not self.spec.output_records:
+            return _cut(output, outputs[0], request_length)
+        arrays = unpack_records(output, [(t.dtype, t.shape) for t in self.at(length).outputs])
+        pieces = [_cut(array, tensor, request_length) for array, tensor in zip(arrays, outputs, strict=True)]
+        return pack_records(pieces)
+
+
+def _pad(array: np.ndarray, tensor: TensorSpec, length: int) -> np.ndarray:
+    """`array` (samples first) padded with zeros along `tensor`'s free axis to `length`."""
+    if tensor.free_axis is None:
+        return array
+    axis = 1 + tensor.free_axis
+    missing = length - array.shape[axis]
+    if missing <= 0:
+        return array
+    widths = [(0, 0)] * array.ndim
+    widths[axis] = (0, missing)
+    return np.pad(array, widths)
+
+
+def _cut(array: np.ndarray, tensor: TensorSpec, length: int) -> np.ndarray:
+    """`array` (samples first) cut along `tensor`'s free axis to `length`."""
+    if tensor.free_axis is None:
+        return array
+    index: list[slice] = [slice(None)] * array.ndim
+    index[1 + tensor.free_axis] = slice(0, length)
+    return np.ascontiguousarray(array[tuple(index)])
+
+
+def in_flight(requests: list[Request], ragged: Ragged | None) -> InFlightBatch:
+    """A batch in flight of `requests`: for a model of a free axis, sorted by length (each slice then pads to its own
+    longest, and the longest rows go to the instances of most threads), except in the mode PAD_BATCH."""
+    first = requests[0]
+    dtype, sample_shape = DTYPES[first.dtype], tuple(first.shape[1:])
+    if ragged is None:
+        return InFlightBatch(requests, dtype, sample_shape)
+    ordered = requests if ragged.mode == PAD_BATCH else sorted(requests, key=lambda request: request.length)
+    return InFlightBatch(ordered, dtype, sample_shape, ragged=ragged)
+
+
+def split(splitter: Splitter, workers: list[WorkerHandle], batch: InFlightBatch) -> list[tuple[WorkerHandle, int]]:
+    """Which workers take `batch`, and how many rows each: the splitter's exact split, or for a model of a free axis,
+    its rows cut by predicted cost across the workers that split chose (by count in the mode PAD_BATCH)."""
+    if batch.ragged is None or batch.ragged.mode == PAD_BATCH:
+        return splitter.choose(workers, batch.rows)
+    lengths = [request.length for request in batch.requests for _ in range(request.samples)]
+    return splitter.choose_by_cost(workers, lengths, batch.ragged.longest)
+
+
+def at_reference(job: Job) -> bool:
+    """Whether a slice's time is a profile cell's: a fixed-shape model's, or one padded to the model's longest (the
+    length the profile is measured at)."""
+    return job.batch.ragged is None or job.length == job.batch.ragged.longest
