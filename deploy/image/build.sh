@@ -38,13 +38,13 @@ need() {  # need COMMAND DEBIAN-PACKAGE: install the package when the command is
 podman_args() {
     # Two things of some hosts (containers in a VM, CI runners) that stop a container from starting; each is
     # met only where it is found, so a plain host runs podman as it is.
-    PODMAN=(podman)
+    RUNTIME=()
     LIMITS=()
     # crun refuses cgroup v1 with controllers left on the v2 hierarchy ("cgroups in hybrid mode not supported,
     # drop all controllers from cgroupv2"); runc supports that layout.
     if [[ -s /sys/fs/cgroup/unified/cgroup.controllers ]]; then
         need runc runc
-        PODMAN=(podman --runtime runc)
+        RUNTIME=(--runtime runc)
     fi
     # Without CAP_SYS_RESOURCE, root cannot raise a hard limit, and podman asks for 1048576 open files (and
     # lowers its own process limit to 32768 first): crun/runc fail with "setrlimit RLIMIT_NOFILE: Operation not
@@ -114,7 +114,7 @@ build_image() {
     cp "$BUILD_CA" "$context/build-ca.crt"
     say "building $IMAGE on $BASE_IMAGE"
     # The host's network for the build's downloads (Debian's archive, the package index) only.
-    "${PODMAN[@]}" build "${LIMITS[@]}" --network host --build-arg "BASE=$BASE_IMAGE" \
+    podman build "${RUNTIME[@]}" "${LIMITS[@]}" --network host --build-arg "BASE=$BASE_IMAGE" \
         --label "org.opencontainers.image.version=$VERSION" --label "org.opencontainers.image.revision=$commit" \
         --tag "$IMAGE" "$context"
     podman image inspect --format '{{.Size}}' "$IMAGE" | awk -v image="$IMAGE" \
@@ -145,7 +145,7 @@ check_image() {
             shift
         done
         shift
-        "${PODMAN[@]}" run -d --name packrat-check --cpus "$CHECK_CPUS" "${LIMITS[@]}" \
+        podman run "${RUNTIME[@]}" -d --name packrat-check --cpus "$CHECK_CPUS" "${LIMITS[@]}" \
             -p "127.0.0.1:$http:8080" -p "127.0.0.1:$grpc:8081" -p "127.0.0.1:$metrics:9464" \
             -p "127.0.0.1:$zmq:5555" -v "$state:/var/lib/packrat" "${options[@]}" "$IMAGE" "$@"
     }
@@ -154,20 +154,20 @@ check_image() {
     run -v "$models:/mnt/models:ro" -- "${onnx[@]}" >/dev/null
     "${check[@]}" infer --container packrat-check --http "127.0.0.1:$http" --grpc "127.0.0.1:$grpc" \
         --model classifier --out "$WORK/check-infer.json"
-    "${PODMAN[@]}" stop --time 30 packrat-check >/dev/null
+    podman stop --time 30 packrat-check >/dev/null
     podman logs packrat-check >"$WORK/check-1.log" 2>&1
     podman rm packrat-check >/dev/null
     say "2. a second start on the same state volume"
     run -v "$models:/mnt/models:ro" -- "${onnx[@]}" >/dev/null
     "${check[@]}" restart --container packrat-check --http "127.0.0.1:$http" --model classifier \
         --out "$WORK/check-restart.json"
-    "${PODMAN[@]}" stop --time 30 packrat-check >/dev/null
+    podman stop --time 30 packrat-check >/dev/null
     podman logs packrat-check >"$WORK/check-2.log" 2>&1
     podman rm packrat-check >/dev/null
     say "3. SIGTERM under REST and gRPC load (builtin:tiny-mlp on torch)"
     run -- --model builtin:tiny-mlp --runtime torch --precision fp32 --oip-model-name tiny-mlp >/dev/null
     "${check[@]}" drain --container packrat-check --http "127.0.0.1:$http" --grpc "127.0.0.1:$grpc" \
-        --model tiny-mlp --podman "${PODMAN[*]}" --out "$WORK/check-drain.json"
+        --model tiny-mlp --out "$WORK/check-drain.json"
     podman logs packrat-check >"$WORK/check-3.log" 2>&1
     podman rm packrat-check >/dev/null
     podman volume rm "$state" >/dev/null
