@@ -3,9 +3,12 @@
     packrat load --rate 200 --batches 1:0.5,8:0.3,32:0.2 --duration 60      # open loop, Poisson
     packrat load --concurrency 4 --batch 8 --requests 2000                  # closed loop
     packrat load --sweep 50,100,200,400 --duration 20 --plot curve.png      # a latency–throughput curve
+    packrat load --rate 20 --lengths lognormal:median=12,p99=64,max=128     # text: a length per request
 
-Never imports torch. It targets the daemon's default endpoint on loopback and warns when told to send
-elsewhere, since a network then adds its own latency to every figure.
+Every model: each input generated from `info`'s declaration and sent by name (packrat_daemon/load/inputs.py). A
+run in which no request was answered exits 1, with the server's messages. Never imports torch. It targets the
+daemon's default endpoint on loopback and warns when told to send elsewhere, since a network then adds its own
+latency to every figure.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from packrat_daemon.commands.options import add_client_options, add_command, add_poisson_count, positive_int
 from packrat_daemon.load.arrivals import ArrivalProcess, BatchMix, Burst, Poisson, Trace
+from packrat_daemon.load.lengths import parse_lengths
 from packrat_daemon.wire.errors import ConfigError
 
 if TYPE_CHECKING:  # the generator imports numpy and the client: only when a run starts
@@ -89,6 +93,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sizes.add_argument(
         "--batches", type=_typed(BatchMix.parse), metavar="B:W,…", help="weighted sizes, e.g. 1:0.5,8:0.5"
     )
+    parser.add_argument(
+        "--lengths", type=_typed(parse_lengths), metavar="DIST",
+        help="tokens per request, drawn per request: fixed:N, uniform:LO..HI, lognormal:median=M,p99=P,max=X, or "
+        "file:PATH (one length a line); a fixed-length model gets each request padded, its mask marking the tokens",
+    )  # fmt: skip
     parser.add_argument(
         "--duration",
         type=_positive_float,
@@ -162,16 +171,25 @@ async def _serve_load(args: argparse.Namespace, specs: list[LoadSpec]) -> tuple[
     async with AsyncClient(args.endpoint, timeout=args.timeout, key=args.key, server_key=args.server_key) as client:
         info = await client.info(timeout=INFO_TIMEOUT_S)
         largest = max(spec.mix.largest for spec in specs)
-        generator = Generator(client, Inputs(info, largest, args.seed), progress=not args.quiet)
+        inputs = Inputs(info, largest, args.seed, args.lengths)
+        if inputs.padded_to is not None and not args.quiet:
+            print(
+                f"packrat load: the model's inputs are {inputs.padded_to} tokens, fixed: each request is padded to "
+                "them, its first tokens (its length) real and marked so by its mask",
+                file=sys.stderr,
+            )
+        generator = Generator(client, inputs, progress=not args.quiet)
         if args.warmup > 0:
             warm = await generator.warm_up(specs[0], args.warmup)
             if warm.errors and not args.quiet:
-                print(f"packrat load: warm-up errors: {dict(warm.errors)}", file=sys.stderr)
+                said = "".join(f"\n  {code}: {message}" for code, message in sorted(warm.messages.items()))
+                print(f"packrat load: warm-up errors: {dict(warm.errors)}{said}", file=sys.stderr)
         tallies = []
         for spec in specs:
             tallies.append(await generator.run(spec))
             if tallies[-1].interrupted:
                 break  # Ctrl-C: report what ran, skip the rest of a sweep
+    info["sent_inputs"] = inputs.describe()
     return info, tallies
 
 
@@ -215,6 +233,7 @@ def run(args: argparse.Namespace) -> int:
             "seed": args.seed,
             "warmup_s": args.warmup,
             "emulated": bool(info.get("emulation")),
+            **info["sent_inputs"],
         }
         if spec.process is None:
             extra["concurrency"] = spec.concurrency
@@ -237,4 +256,20 @@ def run(args: argparse.Namespace) -> int:
             Trace(tuple(sorted(tallies[0].sends))).write(args.save_trace)
         except OSError as exc:
             raise ConfigError(f"cannot write the trace to {args.save_trace}: {exc.strerror}") from None
-    return 130 if tallies[-1].interrupted else 0  # the shell's status for an interrupted command
+    if tallies[-1].interrupted:
+        return 130  # the shell's status for an interrupted command
+    return _none_answered(reports)
+
+
+def _none_answered(reports: list[dict[str, Any]]) -> int:
+    """1, saying why on stderr, when a run had no request answered (every one failed); else 0."""
+    failed = [report for report in reports if report["sent"] and not report["ok"]]
+    for report in failed:
+        said = "; ".join(f"{code}: {message}" for code, message in (report.get("error_messages") or {}).items())
+        rate = f" at {report['rate_rps']:g} req/s" if len(reports) > 1 and report.get("rate_rps") else ""
+        print(
+            f"packrat load: no request succeeded{rate}: {report['sent']} of {report['sent']} failed "
+            f"({', '.join(f'{code} {n}' for code, n in report['errors'].items())}){'; ' + said if said else ''}",
+            file=sys.stderr,
+        )
+    return 1 if failed else 0

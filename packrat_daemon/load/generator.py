@@ -17,17 +17,14 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
 
 from packrat_daemon.load.arrivals import ArrivalProcess, BatchMix, Trace, open_loop_schedule
+from packrat_daemon.load.inputs import Inputs
 from packrat_daemon.load.report import CLIENT_CLOSED, CLIENT_TIMEOUT, UNFINISHED, Tally
 from packrat_daemon.ops.progress import Progress
 from packrat_daemon.wire.client import AsyncClient
 from packrat_daemon.wire.codec import ProtocolError
 from packrat_daemon.wire.errors import ClientClosed, ClientTimeout, ConfigError, PackratError, ServerError
-from workers.models.spec import InputSpec, sample_input
 
 # Beyond each request's own timeout, how long the end of a run waits for replies before cancelling them.
 FINAL_GRACE_S = 5.0
@@ -62,22 +59,9 @@ class LoadSpec:
         return f"{self.process.describe()}, samples {self.mix.describe()}"
 
 
-class Inputs:
-    """One random batch of the model's input, as large as the largest request; requests send its first rows."""
-
-    def __init__(self, info: dict[str, Any], largest: int, seed: int = 0) -> None:
-        spec = InputSpec.from_json(info["input"])
-        max_batch = int(info["max_batch"])
-        if largest > max_batch:
-            raise ConfigError(
-                f"requests of {largest} samples are more than the daemon's max_batch {max_batch}; "
-                "send smaller requests or serve with a larger --max-batch"
-            )
-        self.dtype = spec.dtype
-        self._base = sample_input(spec, largest, seed)
-
-    def rows(self, samples: int) -> np.ndarray:
-        return self._base[:samples]  # a view: no copy per request
+def error_message(exc: PackratError) -> str:
+    """What a failed request's error says: the server's own message, or the client's."""
+    return exc.message if isinstance(exc, ServerError | ProtocolError) else str(exc)
 
 
 def error_code(exc: PackratError) -> str:
@@ -98,22 +82,23 @@ class Generator:
         self.client = client
         self.inputs = inputs
         self.progress = progress
-        self._wire_dtype = "bfloat16" if inputs.dtype == "bfloat16" else None
 
     async def _one(self, tally: Tally, samples: int, timeout_s: float, due: float | None = None) -> None:
         # The caller counts the request as sent when it decides to send it, so one cancelled before it
         # ran is still sent and then counted UNFINISHED: sent = ok + errors holds in every case.
+        length = self.inputs.length()
+        request = self.inputs.request(samples, length)
         began = time.perf_counter()
         tally.sends.append((began - tally.started, samples))
         if due is not None:
             tally.lags_s.append(max(0.0, began - due))
         try:
-            await self.client.infer(self.inputs.rows(samples), timeout=timeout_s, dtype=self._wire_dtype)
+            await self.client.infer(request, timeout=timeout_s, dtype=self.inputs.wire_dtype)
         except PackratError as exc:
-            tally.failed(error_code(exc), time.perf_counter())
+            tally.failed(error_code(exc), time.perf_counter(), error_message(exc))
         else:
             now = time.perf_counter()
-            tally.answered(now - began, samples, now)
+            tally.answered(now - began, samples, now, samples * length if length is not None else None)
 
     async def warm_up(self, spec: LoadSpec, seconds: float) -> Tally:
         """Closed loop for `seconds`, each size of the mix in turn: connections, workers' first calls and

@@ -33,6 +33,8 @@ class Tally:
     ok: int = 0
     samples_ok: int = 0
     errors: Counter[str] = field(default_factory=Counter)
+    messages: dict[str, str] = field(default_factory=dict)  # the first message each error code came with
+    tokens_ok: int = 0  # the answered requests' tokens (samples × length), when lengths were sent
     latencies_s: list[float] = field(default_factory=list)
     samples_answered: list[int] = field(default_factory=list)  # each answered request's size, as latencies_s
     lags_s: list[float] = field(default_factory=list)  # how late each open-loop request left its schedule
@@ -46,15 +48,18 @@ class Tally:
     def in_flight(self) -> int:
         return self.sent - self.ok - sum(self.errors.values())
 
-    def answered(self, latency_s: float, samples: int, now: float) -> None:
+    def answered(self, latency_s: float, samples: int, now: float, tokens: int | None = None) -> None:
         self.ok += 1
         self.samples_ok += samples
+        self.tokens_ok += tokens or 0
         self.latencies_s.append(latency_s)
         self.samples_answered.append(samples)
         self.last_done = max(self.last_done, now)
 
-    def failed(self, code: str, now: float) -> None:
+    def failed(self, code: str, now: float, message: str | None = None) -> None:
         self.errors[code] += 1
+        if message is not None:
+            self.messages.setdefault(code, message)
         self.last_done = max(self.last_done, now)
 
 
@@ -81,6 +86,8 @@ def summarize(tally: Tally, **extra: Any) -> dict[str, Any]:
         "throughput_rps": round(tally.ok / window_s, 3) if window_s > 0 else None,
         "latency_ms": latency_ms,
     }
+    if tally.messages:
+        report["error_messages"] = dict(sorted(tally.messages.items()))
     if tally.interrupted:
         report["interrupted"] = True
     if tally.started_unix_s is not None:
@@ -88,6 +95,8 @@ def summarize(tally: Tally, **extra: Any) -> dict[str, Any]:
     report.update(extra)
     report["sent_rps"] = round(tally.sent / tally.send_window_s, 3) if tally.send_window_s > 0 else None
     report["samples_per_s"] = round(tally.samples_ok / window_s, 3) if window_s > 0 else None
+    if tally.tokens_ok:
+        report["tokens_per_s"] = round(tally.tokens_ok / window_s, 3) if window_s > 0 else None
     report["window_s"] = round(window_s, 3)
     report["latency_mean_ms"] = _ms(float(latencies.mean())) if latencies.size else None
     report["latency_max_ms"] = _ms(float(latencies.max())) if latencies.size else None
@@ -126,6 +135,7 @@ def format_report(report: dict[str, Any]) -> str:
         ("sent", f"{report['sent']} ({_number(report.get('sent_rps'))} req/s)"),
         ("ok", str(report["ok"])),
         ("errors", _errors(report["errors"])),
+        *((f"  {code}", message) for code, message in (report.get("error_messages") or {}).items()),
         ("throughput", f"{_number(report['throughput_rps'])} req/s, {_number(report.get('samples_per_s'))} samples/s"),
     ]
     server = report.get("server") or {}
@@ -139,6 +149,10 @@ def format_report(report: dict[str, Any]) -> str:
     if "send_lag_p99_ms" in report:
         lags = f"p50 {_number(report['send_lag_p50_ms'], 3)} ms, p99 {_number(report['send_lag_p99_ms'], 3)} ms"
         rows.append(("send lag", lags))
+    if report.get("lengths"):
+        padded = f", padded to {report['padded_to']}" if report.get("padded_to") else ""
+        tokens = f", {_number(report.get('tokens_per_s'))} tokens/s" if report.get("tokens_per_s") else ""
+        rows.append(("lengths", f"{report['lengths']}{padded}{tokens}"))
     width = max(len(name) for name, _ in rows)
     lines = [f"{name:<{width}}  {value}" for name, value in rows]
     header = "latency ms " + "".join(f"{name:>10}" for name in (*PERCENTILES, "mean", "max"))

@@ -14,7 +14,8 @@ import pytest
 from packrat_daemon.load import generator as generator_module
 from packrat_daemon.load.arrivals import BatchMix, Poisson, open_loop_schedule
 from packrat_daemon.load.generator import Generator, Inputs, LoadSpec
-from packrat_daemon.wire.errors import ClientTimeout, ConfigError, Overloaded
+from packrat_daemon.load.lengths import Uniform
+from packrat_daemon.wire.errors import BadRequest, ClientTimeout, ConfigError, Overloaded
 
 INFO = {"input": {"dtype": "float32", "shape": [3], "high": None}, "max_batch": 32}
 
@@ -164,3 +165,44 @@ def test_a_cancelled_run_stops_and_still_adds_up(spec: LoadSpec):
     assert tally.interrupted and tally.send_window_s == pytest.approx(0.5, abs=0.2)
     assert tally.sent == tally.ok + sum(tally.errors.values())
     assert tally.ok > 0 and tally.errors["UNFINISHED"] > 0 and set(tally.errors) == {"UNFINISHED"}
+
+
+class NamedStandIn(StandInClient):
+    """Takes named arrays, as a model of several inputs; refuses the first two requests as its server would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[Any] = []
+
+    async def infer(self, array: Any, *, timeout: float, dtype: Any = None) -> Any:
+        self.requests.append(array)
+        if len(self.requests) <= 2:
+            raise BadRequest("BAD_REQUEST", f"input 'b' is missing ({len(self.requests)})")
+        return {"sum": np.zeros((len(next(iter(array.values()))), 4), np.float32)}
+
+
+def test_a_model_of_two_inputs_is_sent_both_by_name_and_the_server_s_message_kept():
+    info = {"input": {"dtype": "float32", "shape": [4]}, "max_batch": 8,
+            "inputs": [{"name": n, "dtype": "float32", "shape": [4], "high": None} for n in ("a", "b")]}  # fmt: skip
+    client = NamedStandIn()
+    tally = run(client, LoadSpec(mix=BatchMix.parse("1:1,4:1"), requests=12, seed=1), info=info)
+    assert tally.sent == 12 and tally.ok == 10 and dict(tally.errors) == {"BAD_REQUEST": 2}
+    assert tally.messages == {"BAD_REQUEST": "input 'b' is missing (1)"}
+    assert all(list(request) == ["a", "b"] for request in client.requests)
+    assert {request["a"].shape[0] for request in client.requests} == {1, 4}
+
+
+def test_with_lengths_each_request_carries_its_length_and_its_tokens_are_counted():
+    info = {"input": {}, "max_batch": 4, "inputs": [{"name": "ids", "dtype": "int64", "shape": [-1], "high": 50,
+            "max_length": 64, "min_length": 1}]}  # fmt: skip
+    client = StandInClient()
+
+    async def go() -> Any:
+        inputs = Inputs(info, 2, lengths=Uniform(3, 64))
+        return await Generator(client, inputs, progress=False).run(LoadSpec(mix=BatchMix.single(2), requests=40))
+
+    tally = asyncio.run(go())
+    assert tally.ok == 40
+    lengths = Inputs(info, 2, lengths=Uniform(3, 64))
+    expected = [lengths.length() for _ in range(40)]
+    assert tally.tokens_ok == 2 * sum(expected)  # type: ignore[arg-type]

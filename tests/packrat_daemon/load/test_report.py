@@ -83,3 +83,31 @@ def test_a_run_against_an_emulating_daemon_says_so():
     assert "EMULATED" in text and "EMULATING 16 cores" in text
     plain = format_report(summarize(tally_of([1.0], {}, window_s=1.0), emulated=False, server={"model": "m"}))
     assert "EMULATED" not in plain
+
+
+def test_each_error_code_keeps_the_first_message_it_came_with_and_the_table_shows_it():
+    tally = Tally(started=0.0)
+    for k in range(3):
+        tally.sent += 1
+        tally.failed("BAD_REQUEST", 1.0, f"input 'b' is missing ({k})")
+    tally.sent += 1
+    tally.failed("UNFINISHED", 1.0)  # the client's own codes come without one
+    report = summarize(tally)
+    assert report["errors"] == {"BAD_REQUEST": 3, "UNFINISHED": 1}
+    assert report["error_messages"] == {"BAD_REQUEST": "input 'b' is missing (0)"}
+    lines = format_report(report).splitlines()
+    errors = next(k for k, line in enumerate(lines) if line.startswith("errors"))
+    assert "BAD_REQUEST" in lines[errors + 1] and "input 'b' is missing (0)" in lines[errors + 1]
+    assert "error_messages" not in summarize(tally_of([1.0], {}, window_s=1.0))
+
+
+def test_a_run_of_lengths_reports_its_tokens():
+    tally = Tally(started=0.0)
+    for tokens in (10, 30):
+        tally.sent += 1
+        tally.answered(0.001, 2, 2.0, tokens)
+    tally.send_window_s = 2.0
+    report = summarize(tally, lengths="uniform:5..15", padded_to=32)
+    assert report["tokens_per_s"] == pytest.approx(20.0)
+    assert "uniform:5..15, padded to 32, 20.00 tokens/s" in format_report(report)
+    assert "tokens_per_s" not in summarize(tally_of([1.0], {}, window_s=1.0))
