@@ -44,7 +44,7 @@ podman_args() {
     # drop all controllers from cgroupv2"); runc supports that layout.
     if [[ -s /sys/fs/cgroup/unified/cgroup.controllers ]]; then
         need runc runc
-        RUNTIME=(--runtime runc)
+        RUNTIME=(--runtime "$(command -v runc)")  # a path: `podman build` takes no runtime by name
     fi
     # Without CAP_SYS_RESOURCE, root cannot raise a hard limit, and podman asks for 1048576 open files (and
     # lowers its own process limit to 32768 first): crun/runc fail with "setrlimit RLIMIT_NOFILE: Operation not
