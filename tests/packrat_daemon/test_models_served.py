@@ -127,7 +127,8 @@ def check_over_oip(http_port: int, grpc_port: int, inputs: dict[str, np.ndarray]
             time.sleep(0.2)
         metadata = http.get_model_metadata("tiny-bert")
         assert [(t["name"], t["datatype"], t["shape"]) for t in metadata["inputs"]] == [
-            (name, "INT64", [-1, 32]) for name in ("input_ids", "attention_mask", "token_type_ids")
+            (name, "INT64", [-1, -1])
+            for name in ("input_ids", "attention_mask", "token_type_ids")  # free: up to 32
         ]
         assert [(t["name"], t["shape"]) for t in metadata["outputs"]] == [("logits", [-1, 3])]
         for client, module in ((http, httpclient), (rpc, grpcclient)):
@@ -170,10 +171,10 @@ def test_a_hugging_face_folder_is_served_its_three_inputs_as_transformers_comput
     with serving as (endpoint, _), Client(endpoint, timeout=60) as client:
         check_over_oip(http_port, grpc_port, inputs, expected)
         info = client.info()
-        assert [(t["name"], t["dtype"], t["shape"], t["high"]) for t in info["inputs"]] == [
-            ("input_ids", "int64", [32], 120),
-            ("attention_mask", "int64", [32], 2),
-            ("token_type_ids", "int64", [32], 2),
+        assert [(t["name"], t["dtype"], t["shape"], t["high"], t["max_length"]) for t in info["inputs"]] == [
+            ("input_ids", "int64", [-1], 120, 32),
+            ("attention_mask", "int64", [-1], 2, 32),
+            ("token_type_ids", "int64", [-1], 2, 32),
         ]
         assert info["outputs"] == [{"name": "logits", "dtype": "float32", "shape": [3]}]
         np.testing.assert_allclose(client.infer(inputs), expected, rtol=1e-5, atol=1e-6)
