@@ -42,7 +42,7 @@ podman_args() {
     LIMITS=()
     # crun refuses cgroup v1 with controllers left on the v2 hierarchy ("cgroups in hybrid mode not supported,
     # drop all controllers from cgroupv2"); runc supports that layout.
-    if [[ -s /sys/fs/cgroup/unified/cgroup.controllers ]]; then
+    if [[ -n $(cat /sys/fs/cgroup/unified/cgroup.controllers 2>/dev/null) ]]; then  # (its size reads 0)
         need runc runc
         RUNTIME=(--runtime "$(command -v runc)")  # a path: `podman build` takes no runtime by name
     fi
