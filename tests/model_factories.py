@@ -239,3 +239,25 @@ class FailsOnEveryInput(nn.Module):
 
 def fails_on_every_input() -> nn.Module:
     return FailsOnEveryInput()
+
+
+class BusyMLP(nn.Module):
+    """Tens of milliseconds of one core's arithmetic per call, whatever the batch: a model whose profile cells run
+    long enough for the kernel's run-queue times to say whether other work crowded them (measure.contention)."""
+
+    packrat_input = "float32:256"
+
+    def __init__(self, rounds: int = 400) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.weight = nn.Parameter(torch.randn(256, 256) / 16.0, requires_grad=False)
+        self.rounds = rounds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.rounds):
+            x = torch.tanh(x @ self.weight)
+        return x
+
+
+def busy_mlp() -> nn.Module:
+    return BusyMLP()

@@ -37,7 +37,9 @@ def _share(share: dict[str, Any] | None) -> list[str]:
     """This model's CPUs, who assigned them and the last move (docs/colocation.md); none for an older daemon."""
     if not share:
         return []
-    line = f"  share: CPUs {share['cpus']} ({share['cores']} cores), assigned by {share['assigned_by']}"
+    by = share["assigned_by"]
+    said = {"every usable CPU": "every usable CPU (no --cpus given, no coordinator)", "--cpus": "as --cpus gives"}
+    line = f"  share: CPUs {share['cpus']} ({share['cores']} cores), {said.get(by, f'assigned by {by}')}"
     move = share.get("last_move")
     if move:
         gain = move.get("predicted_gain")
@@ -47,6 +49,8 @@ def _share(share: dict[str, Any] | None) -> list[str]:
 
 def render(status: dict[str, Any]) -> str:
     """The human view of a status reply: a few tables."""
+    from packrat_daemon.measure.runtime_choice import ms_text
+
     plan, planning = status["plan"], status.get("planning", {})
     lines = [f"model {status['model']} on {status['runtime']} ({status['precision']}), max batch {status['max_batch']}"]
     if status.get("emulation"):
@@ -57,7 +61,7 @@ def render(status: dict[str, Any]) -> str:
         "",
         f"plan (generation {status.get('generation')}): {plan['policy']}, threads per instance "
         f"{' | '.join(layouts)}, split {plan['split']}"
-        + ("" if predicted is None else f", predicted {predicted:.1f} ms"),
+        + ("" if predicted is None else f", predicted {ms_text(predicted)} ms"),
         f"  why: {plan['reason']}",
         f"  planning: policy {planning.get('policy')}, adapting {'yes' if planning.get('adapting') else 'no'}"
         + (f", operator asked {planning['override']}" if planning.get("override") else ""),
@@ -87,7 +91,9 @@ def render(status: dict[str, Any]) -> str:
             f", {gateway['restarts']} restart(s), last exit {gateway['last_exit']}" if gateway["restarts"] else ""
         )
         lines.append(f"gateway: {gateway['describe']}{restarts}")
-    lines += ["", *_provenance(status["profile"]), *_choice(status.get("runtime_choice")), "", "plan history:"]
+    adapting = bool(planning.get("adapting"))
+    lines += ["", *_provenance(status["profile"], adapting), *_predictions(status.get("predictions"), adapting)]
+    lines += [*_choice(status.get("runtime_choice")), "", "plan history:"]
     rows = [["time (UTC)", "reason", "from", "to", "gain", "first", "serving", "retired"]]
     for change in status["history"]:
         gain = change["predicted_gain"]
@@ -105,21 +111,63 @@ def render(status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _provenance(profile: dict[str, Any]) -> list[str]:
-    age = profile.get("offline_age_s")
-    offline = f"{profile['measured_offline']} cell(s) measured offline" + ("" if age is None else f" {_age(age)} ago")
-    lines = [f"profile: {offline}, {profile['estimated']} estimated by the start-up search (not served on), "
-             f"{profile['learned_in_production']} learned in production"]  # fmt: skip
+def _provenance(profile: dict[str, Any], adapting: bool) -> list[str]:
+    """Where the served profile's cells come from (measured at start, or while a first answer served; how
+    crowded its cores were), and what production has timed since."""
+    age, during = profile.get("offline_age_s"), profile.get("measured_while")
+    where = "measured at start" + (f" in the background, while {during} served" if during else "")
+    where += "" if age is None else f", {_age(age)} ago"
+    lines = [f"profile: {profile['measured_offline']} cell(s) {where}; {profile['estimated']} estimated by the "
+             "start-up search (not served on)"]  # fmt: skip
+    crowding = profile.get("contention")
+    if crowding:
+        again = "; a start on a quiet machine measures it again" if crowding.get("contended") else ""
+        lines.append(f"  {'WARNING: ' if crowding.get('contended') else ''}{crowding['describe']}{again}")
     if profile.get("restored_from"):
         lines.append(f"  restored from {profile['restored_from']}")
     if profile.get("state_file"):
         saved = profile.get("saved_age_s")
         lines.append(f"  kept in {profile['state_file']}" + ("" if saved is None else f", saved {_age(saved)} ago"))
-    for cell in profile.get("production", []):
+    timed = profile.get("production", [])
+    if timed:
+        uses = (
+            "online adaptation plans on the profile rescaled to these and merged with them"
+            if adapting
+            else "kept, not planned on (this daemon does not adapt)"
+        )
+        lines.append(f"production: {len(timed)} cell(s) timed while serving, {profile['learned_in_production']} "
+                     f"with enough samples to count: {uses}")  # fmt: skip
+    for cell in timed:
         age_s = cell.get("age_s")
+        counts = "counts" if cell.get("counts", True) else "too few samples yet"
         lines.append(
-            f"  production ⟨{cell['threads']} thread(s), batch {cell['batch']}⟩: {cell['latency_ms']:.2f} ms, "
-            f"weight {cell['weight']:.1f}" + ("" if age_s is None else f", last seen {_age(age_s)} ago")
+            f"  ⟨{cell['threads']} thread(s), batch {cell['batch']}⟩: {cell['latency_ms']:.2f} ms, weight "
+            f"{cell['weight']:.1f} ({counts})" + ("" if age_s is None else f", last seen {_age(age_s)} ago")
+        )
+    return lines
+
+
+def _predictions(predictions: dict[str, Any] | None, adapting: bool) -> list[str]:
+    """The profile's predicted compute per batch against the measured, per layout of this plan, and whether they
+    disagree by more than the profile's noise (docs/status.md)."""
+    rows = [row for row in (predictions or {}).get("layouts", []) if row["predicted_ms"] is not None]
+    if not rows:
+        return []
+    noise = predictions["noise"] if predictions else 0.0
+    lines = [f"predicted against measured (compute per batch on this plan; the profile's noise ±{noise:.0%}):"]
+    for row in rows:
+        verdict = "disagree beyond the noise" if row["disagrees"] else "agree within the noise"
+        lines.append(f"  layout {row['layout']}: {row['batches']} batch(es), measured {row['measured_ms']:.2f} ms, "
+                     f"predicted {row['predicted_ms']:.2f} ms ({row['ratio']:.2f}×): {verdict}")  # fmt: skip
+    if any(row["disagrees"] for row in rows):
+        lines.append(
+            "  the profile's predictions do not hold on this machine now: "
+            + (
+                "production timings correct the plan as it serves"
+                if adapting
+                else "this daemon does not adapt, so "
+                "its plan stays as predicted; a restart on a quiet machine measures the profile again"
+            )  # fmt: skip
         )
     return lines
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from packrat_daemon.startup.sequence import measured_profile
+
 if TYPE_CHECKING:
     from packrat_daemon.control.board import Board
     from packrat_daemon.fleet.backend import ModelInfo
@@ -43,6 +45,7 @@ class MeasuredSwitch:
             board.state.record(key, entry)
         board.state.choice, board.state.served_key = done.choice, chosen.key
         board.set_profile(chosen.profile)
+        measured_profile(board.metrics, board.state, chosen)
         backend = None if done.same_template else chosen.backend
         log.info("switching to %s on %s: measured fastest while %s served (%s)",
                  chosen.key, chosen.plan.describe(), board.served.info.runtime, done.reason)  # fmt: skip

@@ -53,6 +53,8 @@ class Snapshot:
     runtime_choice: dict[str, Any] | None = None
     # The Open Inference Protocol gateway beside the daemon (protocol.launch.GatewayProcess.status): None without.
     gateway: dict[str, Any] | None = None
+    # Predicted against measured compute per layout served, and the profile's noise they are judged by.
+    predictions: dict[str, Any] | None = None
 
 
 def snapshot(
@@ -78,8 +80,16 @@ def snapshot(
         half_life_s=estimator.half_life_s, queued_requests=len(batcher.queue), queued_inputs=batcher.queued_inputs,
         max_queued_inputs=batcher.max_queued_inputs, batch_in_flight=board.dispatcher.busy,
         accepting=frontend.accepting, profile=board.state.provenance(board.kept(), now),
-        runtime_choice=runtime_choice, share=share, gateway=gateway,
+        runtime_choice=runtime_choice, share=share, gateway=gateway, predictions=_predictions(board),
     )  # fmt: skip
+
+
+def _predictions(board: Board) -> dict[str, Any]:
+    """Per layout served: the profile's predicted compute against the measured (ops.tallies.compared)."""
+    from packrat_daemon.ops.tallies import compared, profile_noise
+
+    noise = profile_noise(board.served.profile)
+    return {"noise": round(noise, 4), "layouts": compared(board.metrics.layouts, noise)}
 
 
 def live_status(s: Snapshot) -> dict[str, Any]:
@@ -122,5 +132,6 @@ def live_status(s: Snapshot) -> dict[str, Any]:
     reply["share"] = s.share
     reply["runtime_choice"] = s.runtime_choice
     reply["gateway"] = s.gateway
+    reply["predictions"] = s.predictions
     reply["history"] = [record.to_json() for record in s.history]
     return reply

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.fleet.backend import Backend, ModelInfo
 from packrat_daemon.measure.bench import Bench, PlanTiming, default_grid
+from packrat_daemon.measure.contention import Contention
 from packrat_daemon.measure.split_check import SplitDecision, checked_plan, split_decisions
 from packrat_daemon.ops.progress import Progress
 from packrat_daemon.search.budget import Budget, StepReport
@@ -35,10 +36,10 @@ PlanFor = Callable[[Profile], Plan]  # the policy's plan on a table, for the dae
 def measure_profile(
     backend: Backend, info: ModelInfo, config: ServeConfig, topology: Topology, distribution: BatchDistribution,
     plan_for: PlanFor, interrupted: Interrupted,
-) -> tuple[Profile, dict[tuple[int, int], float]]:  # fmt: skip
+) -> tuple[Profile, dict[tuple[int, int], float], Contention | None]:  # fmt: skip
     """Measure the start-up profile on workers forked from `backend`'s template. Returns the measured cells,
-    the only ones planned and served on, and the adaptive search's estimates of the others (none for a
-    full grid)."""
+    the only ones planned and served on, the adaptive search's estimates of the others (none for a full grid),
+    and how crowded the cores were (`measure.contention`; None where the kernel does not say)."""
     from packrat_daemon.search.start_profile import start_profile, uses_search  # scikit-optimize: only to measure
 
     threads, batches = default_grid(topology.usable_cores, distribution.max_batch)
@@ -69,7 +70,13 @@ def measure_profile(
         profiler.close()
         progress.close()
     log.info("profile %s: %s", key, found.describe())
-    return found.profile(model=config.model, runtime=info.runtime, precision=info.precision), found.estimated
+    crowding = Contention.of(profiler.on_cpu)
+    if crowding is not None and crowding.contended:
+        log.warning("profile %s: %s; the plan made on it may predict what this machine does not give. Production "
+                    "timings correct it as it serves, and a start on a quiet machine measures it again", key,
+                    crowding.describe())  # fmt: skip
+    profile = found.profile(model=config.model, runtime=info.runtime, precision=info.precision)
+    return profile, found.estimated, crowding
 
 
 def check_splits(

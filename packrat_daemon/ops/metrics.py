@@ -199,6 +199,19 @@ class Metrics:
         self.share_moves = Counter(
             "packrat_share_moves", "Assignments that changed this model's CPU set (`packrat coordinate`)", registry=r
         )
+        # How far the plan's predictions may be trusted (docs/status.md, "predicted against measured").
+        self.profile_on_cpu = Gauge(
+            "packrat_profile_on_cpu_ratio",
+            "Of the time the served profile's measuring workers were ready to run, the least share a cell's ran; "
+            "under 0.9 it was measured while other work ran on its cores",
+            registry=r,
+        )
+        self.profile_noise = Gauge(
+            "packrat_profile_noise_ratio",
+            "The served profile's noise (median p90/median - 1 of its cells, at least 0.05): a layout whose "
+            "measured compute strays from the predicted by more disagrees with the profile",
+            registry=r,
+        )
         self.server: metrics_http.MetricsServer | None = None
         # Readiness (/readyz): workers serving now against the workers the plan asks for; plain ints read
         # by the HTTP thread, written by the daemon's loop.
@@ -298,6 +311,12 @@ class Metrics:
     def served(self, runtime: str, precision: str, guard: str) -> None:
         """The runtime and precision being served; `guard`: "passed", or "not needed" for fp32."""
         self.precision.info({"runtime": runtime, "precision": precision, "accuracy_guard": guard})
+
+    def profile_measured(self, on_cpu: float | None, noise: float) -> None:
+        """The served profile's measurement: its least on-CPU share (None: not known) and its noise."""
+        if on_cpu is not None:
+            self.profile_on_cpu.set(on_cpu)
+        self.profile_noise.set(noise)
 
     def close(self) -> None:
         if self.server is not None:

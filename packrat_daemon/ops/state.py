@@ -137,6 +137,8 @@ class StateKeeper:
         self.saved_choice: Choice | None = None  # the file's choice between the candidates
         self.choice: Choice | None = None  # this start's (or the file's, when served from it)
         self.choice_restored = False  # the choice is the file's: the other candidates were not started
+        self.not_reused: str | None = None  # why the file's choice was not served again (`warm_choice`)
+        self.set_aside_why: str | None = None  # why the file was set aside at this start, if it was
         if self.path is not None:
             try:
                 check_folder(self.path.parent)
@@ -220,33 +222,45 @@ class StateKeeper:
         decided for the identity it has now and for these `settings` (Choice.settings), and the chosen one's
         profile and served plan. None otherwise (every candidate is then prepared; a mismatch of a profile is
         logged and set aside as it is restored)."""
-        saved = self.saved_choice
-        if saved is None or self.path is None:
+        why = self._not_warm(identities, settings)
+        if why is not None:
+            self.not_reused = why
+            if self.saved_choice is not None:
+                log.info("state: %s; choosing again", why)
             return None
+        assert self.saved_choice is not None
+        self.choice, self.choice_restored = self.saved_choice, True
+        return self.saved_choice.served
+
+    def _not_warm(self, identities: dict[str, dict[str, Any]], settings: dict[str, Any]) -> str | None:
+        """Why the file's choice cannot be served again (`warm_choice`), in words for the log and the status."""
+        saved = self.saved_choice
+        if self.path is None:
+            return "nothing is kept across starts (--state-dir none, or a state folder that cannot be used)"
+        if saved is None:
+            return self.set_aside_why or f"no choice was kept in {self.path} yet (this is its first start there)"
         if saved.settings != settings:
             changed = ", ".join(f"{k} {saved.settings.get(k)!r} → {v!r}" for k, v in settings.items()
                                 if saved.settings.get(k) != v)  # fmt: skip
-            log.info("state: the choice was made for other settings (%s); choosing again", changed)
-            return None
+            return f"the kept choice was made for other settings ({changed})"
         if sorted(saved.identities) != sorted(identities):
-            log.info("state: the candidates changed (%s at the last choice, %s now); choosing again",
-                     ", ".join(sorted(saved.identities)), ", ".join(sorted(identities)))  # fmt: skip
-            return None
+            return (f"the candidates changed ({', '.join(sorted(saved.identities))} at the kept choice, "
+                    f"{', '.join(sorted(identities))} now)")  # fmt: skip
         for key, current in identities.items():
             why = mismatch(saved.identities[key], current)
             if why is not None:
-                log.info("state: the choice was made for another setting (%s: %s); choosing again", key, why)
-                return None
-        served = saved.served
-        resumed = self.resumed
-        if served is None or served not in self.saved or resumed is None or resumed.key != served:
-            return None
-        self.choice, self.choice_restored = saved, True
-        return served
+                return f"the kept choice was made for another setting ({key}: {why})"
+        served, resumed = saved.served, self.resumed
+        if served is None or served not in self.saved:
+            return "the kept choice has no profile of the candidate it served"
+        if resumed is None or resumed.key != served:
+            return "the daemon that made the kept choice stopped before it saved its plan"
+        return None
 
     def set_aside(self, why: str) -> None:
         """Rename the file out of the way (kept for a look), and say why."""
         assert self.path is not None
+        self.set_aside_why = f"the state file was set aside: {why}"
         try:
             aside = set_aside(self.path)
         except (OSError, PackratError) as exc:
@@ -328,6 +342,7 @@ class StateKeeper:
             "decided_at_this_start": not self.choice_restored,
             "decided_age_s": round(self._age(choice.decided_unix), 1),
             "candidates": [verdict.to_json() for verdict in choice.verdicts],
+            "kept_choice_not_reused": None if self.choice_restored else self.not_reused,
         }
 
     def provenance(self, serving: Serving, now: float | None = None) -> dict[str, Any]:
@@ -353,6 +368,14 @@ class StateKeeper:
                 }
                 for c in learned
             ],  # fmt: skip
+            "measured_while": None if entry is None else entry.measured_while,
+            "contention": None
+            if entry is None or entry.contention is None
+            else {
+                **entry.contention.to_json(),
+                "contended": entry.contention.contended,
+                "describe": entry.contention.describe(),
+            },  # fmt: skip
             "restored_from": self.restored_from,
             "state_file": None if self.path is None else str(self.path),
             "saved_age_s": None if self.path is None or self.last_saved < 0 else round(now - self.last_saved, 1),

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from packrat_daemon.adapt.production import LearnedCell
+from packrat_daemon.measure.contention import Contention
 from packrat_daemon.measure.runtime_choice import SERVED, Verdict
 from packrat_daemon.ops.state_files import StateError
 from policies.base import MAX_INSTANCE_COUNT, Plan
@@ -44,6 +45,8 @@ class Entry:
     measured_unix: float = field(default_factory=time.time)
     # A reduced precision's accuracy guard: {"result": GuardResult.to_json(), "settings": what it was run under}.
     guard: dict[str, Any] | None = None
+    contention: Contention | None = None  # how crowded its cores were while it was measured (None: unknown)
+    measured_while: str | None = None  # the candidate that served meanwhile (a first answer's background), if any
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -52,6 +55,8 @@ class Entry:
             "guard": self.guard,
             "cells": [[t, b, c.latency_ms, c.samples, c.p90_ms] for (t, b), c in self.profile.items()],
             "estimated": [[t, b, ms] for (t, b), ms in sorted(self.estimated.items())],
+            "contention": None if self.contention is None else self.contention.to_json(),
+            "measured_while": self.measured_while,
         }
 
     @classmethod
@@ -70,7 +75,15 @@ class Entry:
         for row in _list(data.get("estimated", []), "an entry's estimated cells"):
             t, b, ms = _row(row, 3, "an estimated cell")
             estimated[_key(t, b)] = _latency(ms)
-        return cls(ident, profile, estimated, unix(data.get("measured_unix")), _guard(data.get("guard")))
+        crowding = data.get("contention")
+        try:
+            contention = None if crowding is None else Contention.from_json(crowding)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StateError(f"an entry's contention record cannot be read ({exc})") from None
+        during = data.get("measured_while")
+        during = None if during is None else _text(during, "what served while an entry was measured")
+        return cls(ident, profile, estimated, unix(data.get("measured_unix")), _guard(data.get("guard")), contention,
+                   during)  # fmt: skip
 
 
 @dataclass

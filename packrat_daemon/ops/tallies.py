@@ -9,11 +9,14 @@ them into Prometheus families, so that the loop's side stays small and cheap.
 from __future__ import annotations
 
 import logging
+import statistics
 from bisect import bisect_left
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.utils import floatToGoString
+
+from policies.planning.profile import Profile
 
 if TYPE_CHECKING:
     from packrat_daemon.ops.records import Answer
@@ -152,3 +155,33 @@ def first_of_batch(done: Answer) -> bool:
     if not requests[0].answered:  # nearly always: the generator below only when the first timed out
         return requests[0] is done.request
     return next((r for r in requests if not r.answered), None) is done.request
+
+
+MIN_NOISE = 0.05  # a profile's noise is taken as at least this: medians of a few runs are not tighter
+
+
+def profile_noise(profile: Profile | None) -> float:
+    """How far a served latency may stray from the profile's prediction by noise alone: the median over the
+    cells of p90 ÷ median − 1 (the cells' spread over their runs), at least MIN_NOISE."""
+    spreads = [] if profile is None else [c.p90_ms / c.latency_ms - 1 for _, c in profile.items()
+                                          if c.p90_ms is not None and c.latency_ms > 0]  # fmt: skip
+    return max(MIN_NOISE, statistics.median(spreads)) if spreads else MIN_NOISE
+
+
+def compared(layouts: LayoutTimes, noise: float) -> list[dict[str, Any]]:
+    """Per layout served: its batches, their mean measured compute and the profile's mean prediction (of the
+    batches that had one), and whether the two disagree by more than `noise` (either way)."""
+    rows = []
+    for label, tally in sorted(layouts.observed.items()):
+        count = sum(tally.counts)
+        if not count:
+            continue
+        predicted = layouts.predicted_batches.get(label, 0)
+        predicted_ms = layouts.predicted_s[label] / predicted * 1000.0 if predicted else None
+        measured_ms = tally.sum / count * 1000.0
+        ratio = None if not predicted_ms else measured_ms / predicted_ms
+        rows.append({"layout": label, "batches": count, "measured_ms": round(measured_ms, 4),
+                     "predicted_ms": None if predicted_ms is None else round(predicted_ms, 4),
+                     "ratio": None if ratio is None else round(ratio, 4),
+                     "disagrees": ratio is not None and not 1 / (1 + noise) <= ratio <= 1 + noise})  # fmt: skip
+    return rows

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from packrat_daemon.fleet.backend import Backend
 from packrat_daemon.measure import emulation
 from packrat_daemon.measure.bench import Bench
+from packrat_daemon.measure.contention import quiet_now
 from packrat_daemon.measure.profiling import measure_profile
 from packrat_daemon.measure.runtime_choice import SCREEN_MARGIN, ms_text, screened_slower
 from packrat_daemon.ops.state import Entry
@@ -120,7 +121,12 @@ def load(ctx: StartContext, runtime: str, precision: str, nice: int) -> Loaded:
     log.info("model %s: input %s %s per sample", config.model, info.dtype, list(info.shape))
     state = ctx.state
     ident = state.identity(config, info.runtime, info.precision, ctx.topology)
-    return Loaded(key, precision, backend, info, ident, state.restore(key, ident), state)
+    saved = state.restore(key, ident)
+    if saved is not None and saved.contention is not None and saved.contention.contended and quiet_now():
+        log.info("state: %s's profile was %s; the machine is quiet now, so it is measured again", key,
+                 saved.contention.describe())  # fmt: skip
+        saved = None
+    return Loaded(key, precision, backend, info, ident, saved, state)
 
 
 def profile_and_plan(ctx: StartContext, loaded: Loaded, measure: bool) -> RuntimeCandidate:
@@ -144,11 +150,11 @@ def profile_and_plan(ctx: StartContext, loaded: Loaded, measure: bool) -> Runtim
         profiles.know(profile)
     elif measure:
         distribution = distribution_for(config)
-        profile, estimated = measure_profile(
+        profile, estimated, crowding = measure_profile(
             backend, info, config, topology, distribution, lambda p: policy.plan(p, topology, distribution),
             ctx.interrupted,
         )  # fmt: skip
-        entry = Entry(loaded.identity, profile, estimated)
+        entry = Entry(loaded.identity, profile, estimated, contention=crowding)
         if profiles.save(profile):
             log.info("profile saved to %s", config.save_profile)
     else:

@@ -122,6 +122,9 @@ class Measuring:
             self.remaining = [each for each in self.remaining if each != key]
 
         candidates = prepare_candidates(ctx, self.pairs, True, refused, screened, MEASURE_NICE, decided)
+        for key, entry in state.entries.items():
+            if entry is not state.saved.get(key):  # measured now, beside the first answer's workers
+                entry.measured_while = self.served_key
         try:
             served, reason = settle(ctx, candidates)
         finally:

@@ -18,6 +18,7 @@ from packrat_daemon.measure.profiling import ProfileFile
 from packrat_daemon.measure.runtime_choice import ms_text, verdicts
 from packrat_daemon.ops.metrics import Metrics
 from packrat_daemon.ops.state import Choice, StateKeeper, state_folder
+from packrat_daemon.ops.tallies import profile_noise
 from packrat_daemon.startup.candidates import prepare_candidates, prepare_runtime
 from packrat_daemon.startup.checks import (
     candidate_pairs,
@@ -81,9 +82,17 @@ def start_up(
     served = _prepare_and_choose(ctx, pairs, identities, measure)
     guard = "not needed" if served.info.guard is None else "passed"
     metrics.served(served.info.runtime, served.info.precision, guard)
+    measured_profile(metrics, ctx.state, served)
     _log_verdicts(ctx.state)
     log.info("serving %s at %s (accuracy guard: %s)", served.info.runtime, served.info.precision, guard)
     return Started(topology, policy, served, profiles, ctx.state)
+
+
+def measured_profile(metrics: Metrics, state: StateKeeper, served: RuntimeCandidate) -> None:
+    """The metrics' account of the served profile's measurement: how crowded its cores were, and its noise."""
+    entry = state.entries.get(served.key)
+    crowding = None if entry is None else entry.contention
+    metrics.profile_measured(None if crowding is None else crowding.on_cpu, profile_noise(served.profile))
 
 
 def _state_keeper(config: ServeConfig) -> StateKeeper:

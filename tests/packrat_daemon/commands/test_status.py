@@ -95,7 +95,7 @@ STATUS: dict[str, Any] = {
 EXPECTED = """\
 model builtin:tiny-mlp on torch (fp32), max batch 8
 
-plan (generation 3): packrat, threads per instance 2, split exact, predicted 0.0 ms
+plan (generation 3): packrat, threads per instance 2, split exact, predicted 0.0412 ms
   why: exact optimum for batch 4 on 2 cores
   planning: policy packrat, adapting yes
 
@@ -107,10 +107,11 @@ workers:
 traffic (half-life 60 s): 498.2 inputs/s in 124.6 batches/s; batch sizes 4: 100%
 queue: 0 request(s), 0/1024 inputs, batch in flight: no
 
-profile: 8 cell(s) measured offline 4 s ago, 0 estimated by the start-up search (not served on), 2 learned in \
-production
-  production ⟨1 thread(s), batch 2⟩: 0.10 ms, weight 399.1, last seen 2 s ago
-  production ⟨2 thread(s), batch 4⟩: 0.06 ms, weight 299.1, last seen 1 s ago
+profile: 8 cell(s) measured at start, 4 s ago; 0 estimated by the start-up search (not served on)
+production: 2 cell(s) timed while serving, 2 with enough samples to count: online adaptation plans on the profile \
+rescaled to these and merged with them
+  ⟨1 thread(s), batch 2⟩: 0.10 ms, weight 399.1 (counts), last seen 2 s ago
+  ⟨2 thread(s), batch 4⟩: 0.06 ms, weight 299.1 (counts), last seen 1 s ago
 
 plan history:"""
 HISTORY_HEADER = ["time (UTC)", "reason", "from", "to", "gain", "first", "serving", "retired"]
@@ -173,7 +174,7 @@ def test_no_batches_yet_and_a_draining_queue() -> None:
     ("age_s", "text"), [(119.4, "119 s"), (120.0, "2 min"), (7199.0, "120 min"), (9000.0, "2.5 h")]
 )
 def test_ages_read_in_seconds_minutes_or_hours(age_s: float, text: str) -> None:
-    assert f"measured offline {text} ago," in render(status(profile={"offline_age_s": age_s}))
+    assert f"measured at start, {text} ago;" in render(status(profile={"offline_age_s": age_s}))
 
 
 def test_a_profile_restored_and_kept_in_a_state_file() -> None:
@@ -181,7 +182,7 @@ def test_a_profile_restored_and_kept_in_a_state_file() -> None:
                "state_file": "/var/lib/packrat/state.json", "saved_age_s": 30.0, "production": []}  # fmt: skip
     lines = render(status(profile=profile)).splitlines()
     start = lines.index(next(line for line in lines if line.startswith("profile:")))
-    assert lines[start].startswith("profile: 8 cell(s) measured offline, 0 estimated")
+    assert lines[start].startswith("profile: 8 cell(s) measured at start; 0 estimated")
     assert lines[start + 1 : start + 3] == [
         "  restored from /var/lib/packrat/state.json",
         "  kept in /var/lib/packrat/state.json, saved 30 s ago",
@@ -235,3 +236,48 @@ def test_the_gateway_beside_the_daemon_says_whether_it_serves_and_why_not() -> N
     assert "gateway: REST :8000: down (exit -9), restart 2 in 0.4 s, 2 restart(s), last exit -9" in render(
         status(gateway=down)
     )
+
+
+def test_cells_measured_while_a_first_answer_served_and_a_crowded_measurement_are_said() -> None:
+    crowding = {"on_cpu": 0.48, "crowded": 6, "cells": 8, "load": 3.1, "cpus": 2, "contended": True,
+                "describe": "measured while other work ran on its cores: 6 of 8 cell(s) ..."}  # fmt: skip
+    text = render(status(profile={"measured_while": "torch", "contention": crowding}))
+    assert "profile: 8 cell(s) measured at start in the background, while torch served, 4 s ago;" in text
+    assert (
+        "  WARNING: measured while other work ran on its cores: 6 of 8 cell(s) ...; a start on a quiet "
+        "machine measures it again\n" in text
+    )
+
+
+def test_production_cells_that_do_not_count_yet_are_told_apart() -> None:
+    production = [
+        {"threads": 1, "batch": 2, "latency_ms": 0.1, "weight": 1.0, "age_s": 2.0, "counts": False},
+        {"threads": 2, "batch": 4, "latency_ms": 0.06, "weight": 9.0, "age_s": 1.0, "counts": True},
+    ]
+    text = render(status(profile={"learned_in_production": 1, "production": production},
+                         planning={"adapting": False}))  # fmt: skip
+    assert "production: 2 cell(s) timed while serving, 1 with enough samples to count: kept, not planned on" in text
+    assert "⟨1 thread(s), batch 2⟩: 0.10 ms, weight 1.0 (too few samples yet)" in text
+
+
+def test_predicted_against_measured_per_layout_and_when_they_disagree() -> None:
+    rows = [{"layout": "2", "batches": 40, "measured_ms": 8.1, "predicted_ms": 12.3, "ratio": 0.6585,
+             "disagrees": True},
+            {"layout": "1+1", "batches": 5, "measured_ms": 10.0, "predicted_ms": 10.2, "ratio": 0.98,
+             "disagrees": False}]  # fmt: skip
+    text = render(status(predictions={"noise": 0.06, "layouts": rows}))
+    assert "predicted against measured (compute per batch on this plan; the profile's noise ±6%):\n" in text
+    assert "  layout 2: 40 batch(es), measured 8.10 ms, predicted 12.30 ms (0.66×): disagree beyond the noise" in text
+    assert "  layout 1+1: 5 batch(es), measured 10.00 ms, predicted 10.20 ms (0.98×): agree within the noise" in text
+    assert "do not hold on this machine now: production timings correct the plan as it serves" in text
+    assert "predicted against measured" not in render(STATUS)  # nothing served on a prediction yet
+
+
+@pytest.mark.parametrize(
+    ("by", "said"),
+    [("every usable CPU", "every usable CPU (no --cpus given, no coordinator)"), ("--cpus", "as --cpus gives"),
+     ("coordinator: traffic moved", "assigned by coordinator: traffic moved")],
+)  # fmt: skip
+def test_who_gave_the_cpus_reads_as_a_sentence(by: str, said: str) -> None:
+    share = {"cpus": "0-1", "cores": 2, "assigned_by": by}
+    assert f"  share: CPUs 0-1 (2 cores), {said}\n" in render(status(share=share))

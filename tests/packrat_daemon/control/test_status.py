@@ -47,7 +47,7 @@ def test_the_reply_is_info_then_the_live_state() -> None:
     reply = live_status(snapshot())
     assert list(reply) == [
         "model", "workers", "plan", "generation", "planning", "traffic", "queue", "profile", "share",
-        "runtime_choice", "gateway", "history",
+        "runtime_choice", "gateway", "predictions", "history",
     ]  # fmt: skip
     assert reply["model"] == "builtin:tiny-mlp" and reply["generation"] == 2
     assert reply["planning"] == {

@@ -257,16 +257,22 @@ def test_a_restart_among_the_same_candidates_serves_the_one_chosen_with_its_verd
                                                                               ("torch/bf16", "refused")]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "change", ["another candidate", "another library version", "other batch sizes", "no choice kept"]
-)
+WHY_NOT = {
+    "another candidate": "the candidates changed (torch, torch/bf16 at the kept choice, openvino, torch, torch/bf16 now)",
+    "another library version": "the kept choice was made for another setting (torch/bf16: torch ",
+    "other batch sizes": "the kept choice was made for other settings (batches [] → [1, 16])",
+    "no choice kept": "no choice was kept in ",
+}
+
+
+@pytest.mark.parametrize("change", list(WHY_NOT))
 def test_a_restart_chooses_again_when_the_candidates_or_their_identity_changed(tmp_path: Path, change: str) -> None:
     identities = choice_saved(tmp_path)
     if change == "another candidate":
         identities["openvino"] = identity(CONFIG, "openvino", "fp32", TOPOLOGY)
     elif change == "another library version":
         identities["torch/bf16"] = {**identities["torch/bf16"], "versions": {"torch": "0.0.1"}}
-    else:
+    elif change == "no choice kept":
         data = json.loads((tmp_path / STATE_FILE).read_text())
         data["choice"] = None
         (tmp_path / STATE_FILE).write_text(json.dumps(data))
@@ -274,6 +280,20 @@ def test_a_restart_chooses_again_when_the_candidates_or_their_identity_changed(t
     settings = {**SETTINGS, "batches": [1, 16]} if change == "other batch sizes" else SETTINGS
     assert keeper.warm_choice(identities, settings) is None
     assert keeper.choice is None and keeper.choice_restored is False
+    assert keeper.not_reused is not None and keeper.not_reused.startswith(WHY_NOT[change])  # said by status, the demo
+
+
+def test_why_a_kept_choice_is_not_served_says_a_state_folder_of_none_and_a_file_set_aside(tmp_path: Path) -> None:
+    identities = choice_saved(tmp_path)
+    nowhere = StateKeeper(None)
+    assert nowhere.warm_choice(identities, SETTINGS) is None
+    assert (
+        nowhere.not_reused == "nothing is kept across starts (--state-dir none, or a state folder that cannot be used)"
+    )
+    (tmp_path / STATE_FILE).write_text("{not json")
+    keeper = StateKeeper(str(tmp_path))
+    assert keeper.warm_choice(identities, SETTINGS) is None
+    assert keeper.not_reused is not None and keeper.not_reused.startswith("the state file was set aside: ")
 
 
 def test_a_crafted_verdict_sets_the_file_aside(tmp_path: Path) -> None:
