@@ -1,7 +1,7 @@
 """`packrat load` against real daemons of the models users bring: an ONNX file of two inputs and a Hugging Face
 folder (three token inputs, built here, never downloaded), each sent its inputs by name and every request answered;
-lengths sent to the folder's fixed-length daemon padded; and a run in which every request fails exits 1 with the
-server's own message."""
+lengths sent to the folder's fixed-length daemon padded, and to its free sequence axis each at its own; and a run
+in which every request fails exits 1 with the server's own message."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from packrat_daemon.cli import main
+from packrat_daemon.wire.client import Client
 from tests.helpers import onnx_models
 from tests.helpers.daemons import running_daemon
 from tests.packrat_daemon.test_models_served import tiny_bert_folder
@@ -76,3 +77,18 @@ def test_a_run_in_which_every_request_failed_exits_1_with_the_server_s_message(b
     assert report["ok"] == 0 and report["errors"] == {"OVERLOADED": 5}
     message = report["error_messages"]["OVERLOADED"]
     assert message and message in captured.err and message in captured.out  # the server's words, in both
+
+
+@pytest.mark.slow
+def test_lengths_sent_to_a_folder_of_a_free_sequence_axis_each_go_at_their_own(tmp_path: Path, capsys) -> None:
+    folder = tiny_bert_folder(tmp_path / "tiny-bert")
+    with running_daemon(tmp_path, "--model", str(folder), *QUICK, timeout=300) as (endpoint, _):
+        with Client(endpoint, timeout=30) as client:
+            declared = client.info()["inputs"]
+        # The folder's sequence axis is free (issue 40): up to its 32 positions, each request its own length.
+        assert [(t["shape"], t["max_length"]) for t in declared] == [([-1], 32)] * 3
+        report = load(capsys, "--endpoint", endpoint, "--concurrency", "2", "--requests", "40", "--batches",
+                      "1:1,3:1", "--lengths", "lognormal:median=6,p99=24,max=32")  # fmt: skip
+    assert report["sent"] == report["ok"] == 40 and report["errors"] == {}
+    assert report["lengths"] == "lognormal:median=6,p99=24,max=32" and report["padded_to"] is None
+    assert 0 < report["tokens_per_s"] < 32 * report["samples_per_s"]
