@@ -12,7 +12,7 @@ Every distribution draws whole lengths in [shortest, longest], so a caller check
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -178,12 +178,14 @@ class Empirical:
 
     lengths: tuple[int, ...]
     source: str = ""
+    _array: np.ndarray = field(init=False, repr=False, compare=False)  # drawn from, made once
 
     def __post_init__(self) -> None:
         if not self.lengths:
             raise ConfigError(f"{self.source or 'the list of lengths'} holds no lengths; give one integer per line")
         if min(self.lengths) < 1:
             raise ConfigError(f"{self.source or 'a length'}: lengths must be at least 1 token, got {min(self.lengths)}")
+        object.__setattr__(self, "_array", np.asarray(self.lengths, dtype=np.int64))
 
     @classmethod
     def read(cls, path: str | Path) -> Empirical:
@@ -203,14 +205,14 @@ class Empirical:
 
     @property
     def shortest(self) -> int:
-        return min(self.lengths)
+        return int(self._array.min())
 
     @property
     def longest(self) -> int:
-        return max(self.lengths)
+        return int(self._array.max())
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        return rng.choice(np.asarray(self.lengths, dtype=np.int64), size=n, replace=True)
+        return self._array[rng.integers(0, self._array.size, size=n)]
 
     def describe(self) -> str:
         return f"file:{self.source}"
