@@ -46,6 +46,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--tie-within", type=argument_type(FRACTION), default=TIE_WITHIN, metavar="FRACTION",
         help=f"speed-ups closer to 1 than this are a tie (default {TIE_WITHIN})",
     )  # fmt: skip
+    parser.add_argument(
+        "--state-dir", metavar="DIR",
+        help="where the packrat daemon keeps what it measured and chose, as serve's --state-dir (default: serve's "
+        "default folder for this model and policy; `none` keeps nothing). A later demo with the same folder and "
+        "flags serves the kept choice at once. Given, the `single` baseline keeps nothing",
+    )  # fmt: skip
     parser.set_defaults(run=run)
 
 
@@ -122,17 +128,19 @@ def run(args: argparse.Namespace) -> int:
         common = ["--model", args.model, "--max-batch", str(args.batch), "--max-delay-ms", "0"]
         chosen = ["--runtime", args.runtime, "--precision", args.precision, "--max-rel-error", str(args.max_rel_error)]
         chosen += ["--first-answer", "off"]  # the demo times the choice, not the first answer while it is made
+        kept = [] if args.state_dir is None else ["--state-dir", args.state_dir]
         try:
             print(
                 f"packrat demo: serving {args.model} with the packrat policy at runtime {args.runtime}, precision "
-                f"{args.precision} (measuring each candidate first; a later demo serves what this one chose) ...",
+                f"{args.precision} (each candidate measured first, unless the state folder keeps an earlier demo's choice) ...",
                 file=sys.stderr,
             )
-            packrat, packrat_endpoint = _start(folder, "packrat", [*common, *chosen, "--policy", "packrat"])
+            packrat, packrat_endpoint = _start(folder, "packrat", [*common, *chosen, *kept, "--policy", "packrat"])
             processes.append(packrat)
             info = _wait(packrat, packrat_endpoint)
             print("packrat demo: starting the `single` baseline (torch at fp32) ...", file=sys.stderr)
             baseline = ["--runtime", "torch", "--precision", "fp32", "--policy", "single"]
+            baseline += [] if args.state_dir is None else ["--state-dir", "none"]  # never the packrat daemon's file
             single, single_endpoint = _start(folder, "single", [*common, *baseline])
             processes.append(single)
             single_info = _wait(single, single_endpoint)
@@ -154,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
                         start = time.perf_counter()
                         client.infer(batch)
                         times[name].append((time.perf_counter() - start) * 1000.0)
-                choice = fast.status().get("runtime_choice")
+                status = fast.status()
         finally:
             for process in processes:
                 process.terminate()
@@ -168,9 +176,8 @@ def run(args: argparse.Namespace) -> int:
     packrat_ms, single_ms = statistics.median(times["packrat"]), statistics.median(times["single"])
     print(f"model: {args.model}, batch {args.batch}, {args.requests} requests each (paired rounds)")
     print(f"packrat plan: {len(plan['instances'])} instance(s): {parts}")
-    predicted = plan.get("predicted_latency_ms")
-    if predicted is not None:
-        print(f"  predicted from the profile: {predicted:.1f} ms")
+    for line in _prediction_lines(plan.get("predicted_latency_ms"), status):
+        print(line)
     print(f"  why: {plan['reason']}")
     served = f"{info.get('runtime')} {info.get('precision', 'fp32')}"
     print(f"median latency  packrat: {packrat_ms:8.1f} ms   ({served})")
@@ -196,19 +203,49 @@ def run(args: argparse.Namespace) -> int:
             "  packrat serves the same layout as single here (splitting is not predicted to pay on this "
             "machine), so the difference above is noise between two processes"
         )
-    for line in _choice_lines(choice):  # last: a line per candidate
+    for line in _choice_lines(status.get("runtime_choice"), status["profile"].get("state_file")):  # a line each
         print(line)
     return 0
 
 
-def _choice_lines(choice: dict[str, Any] | None) -> list[str]:
-    """How the packrat daemon chose its runtime and precision: one line per candidate (status' runtime_choice)."""
+def _prediction_lines(predicted: float | None, status: dict[str, Any]) -> list[str]:
+    """The plan's predicted latency against the compute the packrat daemon measured per layout while the demo ran
+    (status' `predictions`), said to disagree beyond the profile's noise; and a profile measured while other work
+    ran on its cores (status' profile `contention`)."""
+    from packrat_daemon.measure.runtime_choice import ms_text
+
+    lines = [] if predicted is None else [f"  predicted from the profile: {ms_text(predicted)} ms"]
+    predictions = status.get("predictions") or {}
+    noise = predictions.get("noise", 0.0)
+    for row in predictions.get("layouts", []):
+        if row["predicted_ms"] is None:
+            continue
+        verdict = f"beyond the profile's noise (±{noise:.0%})" if row["disagrees"] else "within the profile's noise"
+        measured = f"measured {ms_text(row['measured_ms'])} ms compute per batch"
+        lines.append(f"  layout {row['layout']}: predicted {ms_text(row['predicted_ms'])} ms, {measured} "
+                     f"({row['ratio']:.2f}×, {verdict})")  # fmt: skip
+    crowding = status.get("profile", {}).get("contention")
+    if crowding and crowding.get("contended"):
+        lines.append(f"  WARNING: the profile was {crowding['describe']}; the predictions above are not this "
+                     "machine's alone (the next start on a quiet machine measures it again)")  # fmt: skip
+    elif any(row["disagrees"] for row in predictions.get("layouts", []) if row["predicted_ms"] is not None):
+        lines.append("  the profile's predictions do not hold here now: production timings correct the plan as it "
+                     "serves (packrat status shows them)")  # fmt: skip
+    return lines
+
+
+def _choice_lines(choice: dict[str, Any] | None, state_file: str | None = None) -> list[str]:
+    """How the packrat daemon chose its runtime and precision: when, why an earlier choice was not served again,
+    and one line per candidate (status' runtime_choice)."""
     from packrat_daemon.measure.runtime_choice import ms_text
 
     if not choice or len(choice["candidates"]) < 2:
         return []
-    when = "at this start" if choice["decided_at_this_start"] else "at an earlier start, kept in the state folder"
+    where = "the state folder" if state_file is None else state_file
+    when = "at this start" if choice["decided_at_this_start"] else f"at an earlier start, kept in {where}"
     lines = [f"packrat chose among {len(choice['candidates'])} candidates {when}:"]
+    if choice["decided_at_this_start"] and choice.get("kept_choice_not_reused"):
+        lines.insert(0, f"packrat measured every candidate again: {choice['kept_choice_not_reused']}")
     for candidate in choice["candidates"]:
         predicted = "" if candidate["predicted_ms"] is None else f" (predicted {ms_text(candidate['predicted_ms'])} ms)"
         lines.append(f"  {candidate['candidate']}: {candidate['verdict']}{predicted}: {candidate['why']}")

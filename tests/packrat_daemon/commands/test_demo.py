@@ -42,6 +42,36 @@ def test_demo_serves_both_policies_and_prints_the_comparison() -> None:
     assert f"  {runtime if precision == 'fp32' else runtime + '/' + precision}: served" in "\n".join(lines)
 
 
+def demo(*args: str) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "packrat_daemon", "demo", "--model", "builtin:tiny-mlp", "--batch", "4",
+         "--requests", "6", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.splitlines()
+
+
+@pytest.mark.slow
+def test_a_second_demo_serves_the_first_ones_choice_at_once(tmp_path: Path) -> None:
+    """The README's promise: the first demo measures every candidate and keeps its choice; the second, on the same
+    state folder and flags, serves that choice without measuring, and says so; and each says why when it does not."""
+    state = tmp_path / "state"
+    first = demo("--state-dir", str(state))
+    said = f"packrat measured every candidate again: no choice was kept in {state}/learned-profile.json yet"
+    assert said in "\n".join(first)
+    assert any(line.startswith("packrat chose among ") and line.endswith(" at this start:") for line in first)
+    served = next(line for line in first if line.startswith("packrat serves "))
+    second = demo("--state-dir", str(state))
+    assert f"at an earlier start, kept in {state}/learned-profile.json:" in "\n".join(second)
+    assert not any(line.startswith("packrat measured every candidate again") for line in second)
+    assert served in second  # the same runtime and precision
+    assert any(line.startswith("  why: restored from the state file") for line in second)
+    third = demo("--state-dir", str(state), "--batch", "2")  # another max batch: another choice, and why
+    said = "packrat measured every candidate again: the kept choice was made for other settings (max_batch 4 → 2"
+    assert said in "\n".join(third)
+
+
 def noisy(base: float, factor: float, rounds: int, seed: int) -> tuple[list[float], list[float]]:
     """Paired latencies: packrat around `base` ms, single `factor` times it, each with ±10% noise."""
     draw = random.Random(seed)
