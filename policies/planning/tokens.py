@@ -3,13 +3,8 @@
 A batch of a text model's requests is padded, slice by slice, to the slice's longest sequence, so a slice of `rows`
 sequences `length` long costs what `rows × length` padded tokens cost. The profile is measured at one length (the
 model's longest, `reference`); a slice at another is predicted by the rule the 16-core length tables were made by
-(docs/design.md, "Planning by tokens"): latency follows padded tokens as it follows the batch,
-
-    L(threads, rows, length) ≈ L(threads, rows · length / reference),
-
-read off the profile's row for those threads by linear interpolation between its batch sizes, and below its
-smallest batch along the line through its first two (a batch's fixed cost stays: clamped at a tenth of the first).
-`bench/lengths.py` measures how far this holds on this machine's BERT (the ratio of 128 to 32 tokens).
+(docs/design.md, "Planning by tokens", and `packrat_daemon.wire.length_cost`, which the emulated workers share):
+L(threads, rows, length) ≈ L(threads, rows · length / reference).
 
 Sorted by length, a batch's rows are cut into contiguous slices, the longest to the instances of most threads,
 so that the slowest slice is as fast as it can be (`cut_by_cost`): a long sequence and four short ones are not
@@ -20,9 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from packrat_daemon.wire.length_cost import equivalent_batch, interpolate
 from policies.planning.profile import Profile
-
-FLOOR = 0.1  # a slice costs at least this share of the profile's smallest batch: its fixed cost per batch
 
 Cost = Callable[[int, int, int], "float | None"]  # (threads, rows, padded length) -> predicted ms
 
@@ -34,24 +28,7 @@ def token_latency(profile: Profile, threads: int, rows: int, length: int, refere
     row = profile.row(threads)
     if not row or rows <= 0:
         return None if not row else 0.0
-    equivalent = rows * length / reference if reference > 0 else float(rows)
-    return interpolate(row, equivalent)
-
-
-def interpolate(row: Sequence[tuple[int, float]], batch: float) -> float | None:
-    """The latency of a (fractional) batch on a profile row of (batch, ms) pairs, linear between its points and
-    below the first along the line through the first two; None past the last."""
-    first_batch, first_ms = row[0]
-    if batch <= first_batch:
-        if len(row) == 1:
-            return max(FLOOR * first_ms, first_ms * batch / first_batch)
-        second_batch, second_ms = row[1]
-        slope = (second_ms - first_ms) / (second_batch - first_batch)
-        return max(FLOOR * first_ms, first_ms - slope * (first_batch - batch))
-    for (low, low_ms), (high, high_ms) in zip(row, row[1:], strict=False):
-        if batch <= high:
-            return low_ms + (high_ms - low_ms) * (batch - low) / (high - low)
-    return None
+    return interpolate(row, equivalent_batch(rows, length, reference))
 
 
 def cut_by_cost(lengths: Sequence[int], threads: Sequence[int], cost: Cost) -> list[int]:

@@ -38,6 +38,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from packrat_daemon.wire.errors import ConfigError, ModelSpecError
+from packrat_daemon.wire.length_cost import equivalent_batch, interpolate
 from workers.models.cache import entry_dir
 from workers.models.spec import (
     EMULATED,
@@ -94,10 +95,15 @@ class Numbers:
             "label": self.label,
         }
 
-    def latency_s(self, threads: int, batch: int) -> float:
-        """L̂(threads, batch) in seconds; ValueError when the profile cannot carry it."""
+    def latency_s(self, threads: int, batch: int, length: int = 0, reference: int = 0) -> float:
+        """L̂(threads, batch) in seconds; ValueError when the profile cannot carry it. `length`: the batch's padded
+        length along a free axis, the profile's being `reference`: then the profiled batches' latencies at the
+        equivalent batch (packrat_daemon.wire.length_cost, the rule the planner predicts by)."""
         row = self.latency_ms.get(threads, ())
-        latency = row[batch - 1] if 1 <= batch <= len(row) else None
+        if length and reference and length != reference:
+            latency = interpolate(_profiled_points(row), equivalent_batch(batch, length, reference))
+        else:
+            latency = row[batch - 1] if 1 <= batch <= len(row) else None
         if latency is None:
             raise ValueError(f"the profile has no latency for {threads} thread(s) at batch {batch}")
         return latency / 1000.0
@@ -160,6 +166,17 @@ def _alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
+def _profiled_points(row: Sequence[float | None]) -> list[tuple[int, float]]:
+    """The profiled (batch, ms) points of a row of L̂ for batches 1, 2, …: the last batch of each step (L̂ is the
+    smallest profiled batch's latency at or above b)."""
+    points = []
+    for batch, latency in enumerate(row, start=1):
+        following = row[batch] if batch < len(row) else None
+        if latency is not None and latency != following:
+            points.append((batch, latency))
+    return points
+
+
 class EmulatedRuntime(Runtime):
     name = EMULATED
     # Its workers compute nothing, so they are left unpinned: the cores they stand for need not exist here.
@@ -172,6 +189,7 @@ class EmulatedRuntime(Runtime):
         self.output_shape: tuple[int, ...] = ()
         self.output_dtype = np.dtype(np.float32)
         self.board: BusyBoard | None = None
+        self.spec = InputSpec("float32", ())
         self._late_s = 0.0  # the learned lateness of a wake-up (see _wait)
 
     def load(self, spec: str, input_override: str | None = None) -> InputSpec:
@@ -185,15 +203,17 @@ class EmulatedRuntime(Runtime):
         self.output_shape = tuple(shapes["output"]["shape"])
         self.output_dtype = np.dtype(shapes["output"]["dtype"])
         self.board = BusyBoard()  # before the template forks: every worker shares it
-        return InputSpec.from_json(shapes["input"])
+        self.spec = InputSpec.from_json(shapes["input"])
+        return self.spec
 
     def set_threads(self, threads: int) -> None:
         self.threads = threads
 
     def run(self, batch: np.ndarray) -> np.ndarray:
         assert self.numbers is not None and self.board is not None, "load() first"
-        rows = int(batch.shape[0])
-        latency_s = self.numbers.latency_s(self.threads, rows)
+        rows, spec = int(batch.shape[0]), self.spec
+        length = spec.length_of(batch.shape[1:]) if spec.ragged else 0  # a batch padded to its longest: tokens
+        latency_s = self.numbers.latency_s(self.threads, rows, length, spec.max_length)
         if not self.board.claimed:
             self.board.claim()
         self.board.set(self.threads)
