@@ -236,3 +236,17 @@ def test_the_model_configuration_says_the_batching_delay_the_daemon_says_now() -
     assert delay_us() == 7250
     del status["max_delay_ms"]  # an older daemon that does not say it: the last value stays
     assert delay_us() == 7250
+
+
+def test_a_free_axis_is_minus_one_in_the_metadata_and_takes_any_length_up_to_its_longest() -> None:
+    from packrat_daemon.protocol.errors import OipError
+    from packrat_daemon.protocol.model import ModelSpec, TensorSpec, check_tensor
+
+    ids = TensorSpec("input_ids", "INT64", (-1,), max_length=128)
+    spec = ModelSpec("bert", "hf:bert", "torch", (ids,), (TensorSpec("output", "FP32", (-1, 8)),), max_batch=4,
+                     max_message_bytes=1 << 16, instances=1)  # fmt: skip
+    assert ids.to_json()["shape"] == [-1, -1] and ids.longest() == (128,)
+    for length in (1, 77, 128):
+        check_tensor(spec, "input_ids", "INT64", (2, length))
+    with pytest.raises(OipError, match=r"takes \[N, -1\] \(N samples; -1: any length up to 128\)"):
+        check_tensor(spec, "input_ids", "INT64", (2, 129))

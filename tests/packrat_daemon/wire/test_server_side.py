@@ -22,7 +22,7 @@ from packrat_daemon.wire.codec import (
     ErrorCode,
     ProtocolError,
 )
-from packrat_daemon.wire.model_checks import check_against_model
+from packrat_daemon.wire.model_checks import check_against_model, request_length
 from packrat_daemon.wire.server_replies import encode_error, encode_info, encode_timed_result
 from packrat_daemon.wire.server_side import InferRequest, InfoRequest, _well_formed_infer, parse_request
 
@@ -461,3 +461,12 @@ def test_the_end_client_a_gateway_names_is_kept_and_checked_on_both_paths() -> N
         frames = [json.dumps({**header, "client": bad}).encode(), array.tobytes()]
         with pytest.raises(ProtocolError, match="'client' must be a string"):
             parse_request(frames, max_message_bytes=1 << 20)
+
+
+def test_along_a_free_axis_any_length_from_the_least_to_the_longest_is_taken() -> None:
+    for length in (2, 9, 16):
+        check_against_model(infer_request("int64", (3, length)), "int64", (16,), 4, free_axis=0, min_length=2)
+    for length, words in ((1, "axis 1 is 1 long; the model takes 2 to 16"), (17, "axis 1 is 17 long")):
+        with pytest.raises(ProtocolError, match=words):
+            check_against_model(infer_request("int64", (3, length)), "int64", (16,), 4, free_axis=0, min_length=2)
+    assert request_length(infer_request("int64", (3, 9)), 0) == 9 and request_length(infer_request(), None) == 0
