@@ -132,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             print(
                 f"packrat demo: serving {args.model} with the packrat policy at runtime {args.runtime}, precision "
-                f"{args.precision} (each candidate measured first, unless the state folder keeps an earlier demo's choice) ...",
+                f"{args.precision} (each candidate measured first, unless the state folder keeps an earlier demo's "
+                "choice) ...",
                 file=sys.stderr,
             )
             packrat, packrat_endpoint = _start(folder, "packrat", [*common, *chosen, *kept, "--policy", "packrat"])

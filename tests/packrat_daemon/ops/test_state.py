@@ -258,7 +258,8 @@ def test_a_restart_among_the_same_candidates_serves_the_one_chosen_with_its_verd
 
 
 WHY_NOT = {
-    "another candidate": "the candidates changed (torch, torch/bf16 at the kept choice, openvino, torch, torch/bf16 now)",
+    "another candidate": "the candidates changed (torch, torch/bf16 at the kept choice, openvino, torch, "
+    "torch/bf16 now)",
     "another library version": "the kept choice was made for another setting (torch/bf16: torch ",
     "other batch sizes": "the kept choice was made for other settings (batches [] → [1, 16])",
     "no choice kept": "no choice was kept in ",
