@@ -136,6 +136,7 @@ check_image() {
     rm -rf "$models"
     mkdir -p "$models"
     "${check[@]}" model "$models"
+    chmod -R a+rX "$models"  # onnx writes external data 0600: the image's user (10001) must read the model
     podman rm -f packrat-check >/dev/null 2>&1 || true
     podman volume rm -f "$state" >/dev/null 2>&1 || true
     run() {  # run PODMAN-OPTION... -- SERVE-FLAG...: detached, under the CPU limit, its ports on loopback
