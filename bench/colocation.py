@@ -44,6 +44,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from packrat_daemon.config import ServeConfig  # noqa: E402
 from packrat_daemon.load.arrivals import BatchMix  # noqa: E402
@@ -210,6 +211,23 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}" if value >= 100 else f"{value:.1f}"
 
 
+def family(args: argparse.Namespace) -> None:
+    """`--family`: every group of bench/colocation_family.py under every shape; JSON out, by default to
+    bench/results/colocation-family.json."""
+    import colocation_family  # bench/ is on the path when this file runs as a script
+
+    if args.render_family:
+        print(colocation_family.render(json.loads(Path(args.render_family).read_text())))
+        return
+    cores = [int(c) for c in args.cores.split(",")]
+    data = colocation_family.run_family(cores, args.shapes.split(","), args.seed, args.workers, args.held)
+    data["command"] = " ".join(["bench/colocation.py", *sys.argv[1:]])
+    text = json.dumps(data, indent=1)
+    print(text)
+    Path(args.out or ROOT / "bench" / "results" / "colocation-family.json").write_text(text + "\n")
+    print(json.dumps(data["verdict"], indent=1), file=sys.stderr)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cores", default="16,32,64")
@@ -221,9 +239,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="16 cores, shifting heavy traffic, 30 s")
     parser.add_argument("--out", help="also write the JSON here")
     parser.add_argument("--render", nargs="+", metavar="FILE.json", help="print the docs' tables of saved runs")
+    parser.add_argument("--family", action="store_true", help="the family of tables (bench/colocation_family.py)")
+    parser.add_argument("--shapes", default="shift-heavy,shift-light,burst", help="--family: the traffic shapes")
+    parser.add_argument("--held", choices=("all", "tuning", "held-out"), default="all", help="--family: which groups")
+    parser.add_argument("--render-family", metavar="FILE.json", help="--family: print the docs' table of a run")
+    parser.add_argument("--workers", type=int, default=2, help="--family: processes running groups side by side")
     args = parser.parse_args()
     if args.render:
         print(render(args.render))
+        return
+    if args.family:
+        family(args)
         return
     if args.quick:
         args.cores, args.traffic, args.loads, args.duration = "16", "shift", "heavy", 30.0

@@ -39,17 +39,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from packrat_daemon.wire.errors import InfeasibleError, PackratError, ProfileError
+from packrat_daemon.wire.errors import InfeasibleError, ProfileError
 from policies.base import Plan, format_ms
-from policies.packrat import PackratPolicy
+from policies.colocation_options import Option, options, sojourn_ms
 from policies.planning.distribution import BatchDistribution
-from policies.planning.layouts import LayoutTable
 from policies.planning.profile import Profile
-from policies.planning.topology import Topology
 
 # Two scores this close (relative) are a tie, so that float rounding never decides where a core goes.
 TIE = 1e-9
-_CACHE_SIZE = 512  # (profile, distribution) pairs whose per-core-count plans are kept
 
 
 @dataclass(frozen=True)
@@ -84,6 +81,8 @@ class ModelShare:
     predicted_ms: float  # expected sojourn: queueing + service (inf when saturated)
     busy_fraction: float  # rate × service time (utilisation; 1 or more: saturated)
     target_ms: float | None = None  # the model's target, if it declared one
+    second_ms2: float = 0.0  # the service time's second moment under this plan
+    busy_threads: float = 0.0  # threads one batch keeps busy, on average
 
     @property
     def saturated(self) -> bool:
@@ -110,6 +109,9 @@ class JointPlan:
     shares: tuple[ModelShare, ...]  # in the order of the demands
     cores: int  # the machine's usable cores
     predicted_ms: float  # traffic-weighted mean sojourn over all models (inf when one is saturated)
+    # Every model planned for all the cores, the shares overlapping (policies.colocation_choice.shared_plan):
+    # each share's service time is then its own plan's slowed by the others' collisions.
+    shared: bool = False
 
     def share(self, name: str) -> ModelShare:
         for share in self.shares:
@@ -142,29 +144,12 @@ class JointPlan:
     def to_json(self) -> dict[str, Any]:
         return {
             "cores": self.cores,
+            "shared": self.shared,
             "predicted_ms": _finite(self.predicted_ms),
             "saturated": list(self.saturated),
             "missed_targets": list(self.missed_targets),
             "shares": [share.to_json() for share in self.shares],
         }
-
-
-@dataclass(frozen=True)
-class _Option:
-    """One model's best plan on one core count, and its service time's first two moments (ms, ms²)."""
-
-    plan: Plan
-    mean_ms: float
-    second_ms2: float
-
-
-def sojourn_ms(mean_ms: float, second_ms2: float, rate_per_s: float) -> float:
-    """The M/G/1 mean sojourn (Pollaczek–Khinchine) in ms; inf at ρ = λ·E[S] ≥ 1."""
-    rate_per_ms = rate_per_s / 1000.0
-    rho = rate_per_ms * mean_ms
-    if rho >= 1.0:
-        return math.inf
-    return mean_ms + rate_per_ms * second_ms2 / (2.0 * (1.0 - rho))
 
 
 def plan_jointly(demands: Sequence[ModelDemand], cores: int, min_cores: int = 1) -> JointPlan:
@@ -299,7 +284,7 @@ def _weights(demands: Sequence[ModelDemand]) -> list[float]:
     return [demand.rate_per_s / total for demand in demands]
 
 
-def _score(demand: ModelDemand, option: _Option, share: int, weight: float) -> tuple[float, float, float, float]:
+def _score(demand: ModelDemand, option: Option, share: int, weight: float) -> tuple[float, float, float, float]:
     """A model's terms of the lexicographic score: overload, target excess, weighted sojourn, -(rate × cores)."""
     rho = demand.rate_per_s / 1000.0 * option.mean_ms
     wait = sojourn_ms(option.mean_ms, option.second_ms2, demand.rate_per_s)
@@ -317,58 +302,17 @@ def _better(a: tuple[tuple[float, ...], tuple[int, ...]], b: tuple[tuple[float, 
     return a[1] > b[1]
 
 
-def _share(demand: ModelDemand, share: int, option: _Option) -> ModelShare:
+def _share(demand: ModelDemand, share: int, option: Option) -> ModelShare:
     busy = demand.rate_per_s / 1000.0 * option.mean_ms
     wait = sojourn_ms(option.mean_ms, option.second_ms2, demand.rate_per_s)
-    return ModelShare(demand.name, share, option.plan, option.mean_ms, wait, busy, demand.target_ms)
+    return ModelShare(
+        demand.name, share, option.plan, option.mean_ms, wait, busy, demand.target_ms, option.second_ms2,
+        option.busy_threads,
+    )  # fmt: skip
 
 
-def _options(demand: ModelDemand, most: int, least: int) -> dict[int, _Option]:
-    """The model's best plan on each core count from `least` to `most` that has one; InfeasibleError if none."""
-    table = _table(demand.profile, demand.distribution)
-    found: dict[int, _Option] = {}
-    for cores in range(least, most + 1):
-        if cores not in table:
-            table[cores] = _best_on(demand.profile, demand.distribution, cores)
-        option = table[cores]
-        if option is not None:
-            found[cores] = option
-    if not found:
-        raise InfeasibleError(
-            f"model {demand.name} has no plan on {least}..{most} cores for batches up to "
-            f"{demand.distribution.max_batch}: give it more cores, profile more thread counts or serve smaller batches",
-            largest_servable_batch=0,
-        )
-    return found
-
-
-# (profile's rows, distribution) → cores → the option, or None when no plan fits: a memo of a pure function,
-# since a coordinator asks again with the same profiles and, mostly, the same batch sizes.
-_memo: dict[tuple[object, BatchDistribution], dict[int, _Option | None]] = {}
-
-
-def _table(profile: Profile, distribution: BatchDistribution) -> dict[int, _Option | None]:
-    key = (tuple((t, profile.row(t)) for t in profile.threads()), distribution)
-    table = _memo.get(key)
-    if table is None:
-        if len(_memo) >= _CACHE_SIZE:
-            _memo.pop(next(iter(_memo)))
-        table = _memo[key] = {}
-    return table
-
-
-def _best_on(profile: Profile, distribution: BatchDistribution, cores: int) -> _Option | None:
-    try:
-        plan = PackratPolicy().plan(profile, Topology.synthetic(cores), distribution)
-    except PackratError:  # no row fits these cores, or the largest batch cannot be carried on them
-        return None
-    latencies = LayoutTable(profile, plan.layout_threads, distribution).batch_latencies()
-    served = [(weight, latency) for batch, weight in distribution.weights if (latency := latencies[batch]) is not None]
-    if len(served) < len(distribution.weights):
-        return None
-    mean = sum(weight * latency for weight, latency in served)
-    second = sum(weight * latency**2 for weight, latency in served)
-    return _Option(plan, mean, second)
+def _options(demand: ModelDemand, most: int, least: int) -> dict[int, Option]:
+    return options(demand.name, demand.profile, demand.distribution, most, least)
 
 
 def _finite(value: float) -> float | None:

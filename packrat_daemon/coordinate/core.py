@@ -30,6 +30,7 @@ from packrat_daemon.coordinate.strategies import Strategy
 from packrat_daemon.coordinate.watch import Decision, Reading, Watch, WatchSettings
 from packrat_daemon.wire.errors import PackratError
 from policies.colocation import JointPlan, ModelDemand
+from policies.colocation_choice import Choice
 
 log = logging.getLogger("packrat.coordinate")
 
@@ -90,6 +91,7 @@ class LookCore:
         self.joint: JointPlan | None = None  # the split served, scored at the last look that planned
         self.looks = 0
         self.plans = 0  # looks that planned (the others saw no change, or could not plan)
+        self.choice: Choice | None = None  # the last choice among splits (the joint strategy's): what it serves
 
     def tick(self) -> None:
         """One look, phase by phase (the module's docstring)."""
@@ -124,13 +126,16 @@ class LookCore:
         now, split, strategy = self.clock(), daemons.split, self.strategy
         try:
             # A backlog moves at once, else a predicted gain of min_gain, at most once per cool-down.
-            decision = self.watch.decide(now, bases, strategy.propose, lambda d: strategy.rescore(d, split))
+            chooser = strategy.choose if strategy.name == "joint" else None
+            decision = self.watch.decide(now, bases, strategy.propose, lambda d: strategy.rescore(d, split), chooser)
         except PackratError as exc:
             daemons.decline(f"no joint plan: {exc}")
             log.warning("coordinator: no joint plan: %s", exc)
             return
         self.plans += decision.planned
         self.joint = decision.current
+        if decision.choice is not None:
+            self.choice = decision.choice
         if decision.move:
             if daemons.move(now, decision):
                 self.joint = decision.proposed
@@ -155,6 +160,8 @@ def declined(decision: Decision, settings: WatchSettings) -> str:
         return f"waiting for {settings.fast_s:g} s of every model's arrivals before planning on them"
     if current is None or proposed is None:
         return "the traffic has not changed enough since the last plan to plan again"
+    if decision.choice is not None:
+        return f"serving {decision.choice.describe()}; not worth a move (min gain {settings.min_gain:.0%})"
     return (
         f"the split {list(current.split)} is predicted at {ms(current.predicted_ms)}, the best "
         f"{list(proposed.split)} at {ms(proposed.predicted_ms)}: not worth a move (min gain "

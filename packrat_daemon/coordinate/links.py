@@ -143,7 +143,14 @@ class ControlDaemons:
             self._look(link, readings)
         returned = [link.name for link in self.links if link.up and link.returned]
         if returned:
-            self._assign(returned, {name: self.shares[name] for name in returned}, "its share", None)
+            target = {name: self.shares[name] for name in returned}
+            # Models that share those CPUs by design (every model on all the cores) keep sharing them.
+            shared = {
+                link.name: self.shares[link.name]
+                for link in self.links
+                if link.name not in target and any(self.shares[link.name] & cpus for cpus in target.values())
+            }
+            self._assign(returned, target | shared, "its share", None)
         return readings
 
     def _look(self, link: Link, readings: dict[str, Reading | None]) -> None:
@@ -225,6 +232,8 @@ class ControlDaemons:
         names = [link.name for link in self.links if target[link.name] != self.shares[link.name]]
         predicted = (finite(current.predicted_ms), finite(proposed.predicted_ms))
         reason = "joint plan" if decision.rule == "gain" else f"joint plan, {', '.join(decision.backlogged)} backlogged"
+        if decision.choice is not None:
+            reason = f"{reason}: {decision.choice.mode}"
         move = self._assign(names, {name: target[name] for name in names}, reason, predicted, plans)
         if move is None or not all(step["ok"] for step in move.steps):
             return False
@@ -320,7 +329,11 @@ class ControlDaemons:
         return True
 
     def divide(self, split: Sequence[int]) -> dict[str, frozenset[int]]:
-        """Each model's CPUs for `split` (its cores, in order)."""
+        """Each model's CPUs for `split` (its cores, in order; more than the machine's in all: every model on
+        all of them, the joint strategy's `every` choice)."""
+        if sum(split) > len(self.cores) and all(count == len(self.cores) for count in split):
+            every = frozenset(cpu for core in self.cores for cpu in core)
+            return {link.name: every for link in self.links}
         cpus = divide(self.cores, split)
         return {link.name: frozenset(share) for link, share in zip(self.links, cpus, strict=True)}
 

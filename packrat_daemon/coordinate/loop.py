@@ -122,6 +122,8 @@ class Coordinator:
             "split": dict(zip(daemons.names, self.split, strict=True)),
             "models": [link.to_json(daemons.shares[link.name], self._offered(link)) for link in self.links],
             "joint_plan": None if self.joint is None else self.joint.to_json(),
+            # What it serves and why: the joint plan's split, or the simple one that wins for the traffic seen.
+            "serving": None if self.core.choice is None else self.core.choice.to_json(),
             "declined": self.declined,
             "moves": [move.to_json() for move in self.moves],
         }

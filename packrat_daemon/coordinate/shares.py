@@ -53,7 +53,9 @@ def divide(cores: Sequence[tuple[int, ...]], counts: Sequence[int]) -> tuple[tup
 
 def move_order(held: Mapping[str, frozenset[int]], target: Mapping[str, frozenset[int]]) -> list[str]:
     """The models to tell their `target` share, in an order where each one, when told, gains only CPUs no
-    other model holds (`held`: what each model holds now, a model not in `target` keeps what it holds).
+    other model holds, or that one holds and is meant to keep sharing (`held`: what each model holds now, a
+    model not in `target` keeps what it holds; targets that overlap by design, every model on all the cores,
+    are shared).
 
     Shrinks come first, so a model gaining cores is told only once the model losing them has finished.
     Raises CoordinateError when no such order exists (two models each waiting for the other's CPUs)."""
@@ -65,7 +67,9 @@ def move_order(held: Mapping[str, frozenset[int]], target: Mapping[str, frozense
             name
             for name in pending
             if not any(
-                (target[name] - now.get(name, frozenset())) & cpus for other, cpus in now.items() if other != name
+                (target[name] - now.get(name, frozenset())) & (cpus - target.get(other, frozenset()))
+                for other, cpus in now.items()
+                if other != name
             )
         ]
         if not ready:

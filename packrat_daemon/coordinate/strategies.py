@@ -1,7 +1,9 @@
 """How a coordinator splits the machine's cores among the models: `packrat coordinate`'s joint plan, and the
 splits users make today that its simulation compares it with.
 
-- `joint`: policies.colocation.plan_jointly (what `packrat coordinate` does);
+- `joint`: what `packrat coordinate` does: policies.colocation_choice.choose among every model on all cores,
+  the even and proportional splits and policies.colocation.plan_jointly's split, judged on the traffic seen
+  (its fast rule moves to plan_jointly's split at once);
 - `every`: each model plans for all the machine's cores, as independent daemons do (the shares overlap);
 - `even`: a static even split;
 - `proportional`: cores in proportion to each model's offered work.
@@ -12,14 +14,15 @@ co-location loop (packrat_daemon.coordinate.core) asks it at every look. Pure fu
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from packrat_daemon.wire.errors import ConfigError
 from policies.colocation import JointPlan, ModelDemand, evaluate, plan_jointly
+from policies.colocation_choice import Choice, RateHistory, choose, even_counts, proportional_split, shared_plan
 
 STRATEGIES = ("joint", "every", "even", "proportional")
+__all__ = ["STRATEGIES", "Strategy", "even_counts", "every_core", "proportional_split"]
 
 
 @dataclass(frozen=True)
@@ -45,33 +48,24 @@ class Strategy:
         return evaluate(demands, proportional_split(loads, cores, self.min_cores))
 
     def rescore(self, demands: Sequence[ModelDemand], split: Sequence[int]) -> JointPlan:
-        """The split served (`split`: each model's cores) under `demands`."""
+        """The split served (`split`: each model's cores; more than the machine's in all: every model on all
+        of them) under `demands`."""
         if self.name == "every":
             return every_core(demands, self.cores)
+        if sum(split) > self.cores:
+            return shared_plan(demands, self.cores)
         return evaluate(demands, split, total_cores=self.cores)
 
-
-def even_counts(models: int, cores: int) -> list[int]:
-    """The cores as evenly as they divide, the first models taking the remainder (none checked: see
-    `coordinate.shares.even_split` for the coordinator's checked one)."""
-    base, extra = divmod(cores, models)
-    return [base + (1 if k < extra else 0) for k in range(models)]
-
-
-def proportional_split(loads: Sequence[float], cores: int, min_cores: int = 1) -> list[int]:
-    """min_cores each, the rest in proportion to `loads` by largest remainder (even when there is no load)."""
-    spare = cores - min_cores * len(loads)
-    if spare < 0:
-        raise ConfigError(f"{len(loads)} models need {min_cores} core(s) each; the machine has {cores}")
-    total = sum(loads)
-    if total <= 0:
-        return [min_cores + extra for extra in even_counts(len(loads), spare)]
-    exact = [spare * load / total for load in loads]
-    given = [math.floor(x) for x in exact]
-    order = sorted(range(len(loads)), key=lambda k: (-(exact[k] - given[k]), k))
-    for k in order[: spare - sum(given)]:
-        given[k] += 1
-    return [min_cores + g for g in given]
+    def choose(
+        self,
+        demands: Sequence[ModelDemand],
+        histories: Sequence[RateHistory],
+        current: JointPlan,
+        min_gain: float,
+        collisions: float | None,
+    ) -> Choice:
+        """The joint strategy's choice among splits (policies.colocation_choice.choose) for its slow rule."""
+        return choose(demands, self.cores, histories, current, min_gain, self.min_cores, collisions)
 
 
 def every_core(demands: Sequence[ModelDemand], cores: int) -> JointPlan:

@@ -42,8 +42,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from packrat_daemon.coordinate import choosing
 from packrat_daemon.wire.errors import ConfigError
 from policies.colocation import JointPlan, ModelDemand, should_move, worth_moving
+from policies.colocation_choice import Choice
 from policies.planning.distribution import BatchDistribution
 
 RATE_FLOOR = 1.0  # batches per second: below it a rate's change is judged against 1/s
@@ -87,6 +89,12 @@ class WatchSettings:
     # The slow rule's gain must also exceed noise_gain / √n, n the fewest inputs a model with traffic had in its window:
     # a rate counted from n Poisson arrivals is off by about 1/√n, and so is a gain predicted from it.
     noise_gain: float = 0.0
+    # The choice among splits (the joint strategy's; policies.colocation_choice): a candidate must also win at
+    # each model's rate noise_z standard deviations (Poisson) above its estimate; bursts are read in stretches
+    # of bin_s over the last history_s, and while some model's traffic is bursty the fast rule stands down.
+    noise_z: float = 2.0
+    history_s: float = 20.0
+    bin_s: float = 1.0
 
     def __post_init__(self) -> None:
         if not (self.arrivals_s > 0 and self.fast_s > 0 and self.cooldown_s >= 0 and self.change >= 0):
@@ -100,6 +108,8 @@ class WatchSettings:
                 "the backlog test needs a positive factor, a number of inputs >= 0 and a number of looks >= 0 "
                 "(0 turns the fast rule off), and a noise gain >= 0"
             )
+        if self.noise_z < 0 or not (0 < self.bin_s <= self.history_s):
+            raise ConfigError("noise_z is standard deviations >= 0; bin_s a positive stretch no longer than history_s")
         if self.rise_z < 0 or self.fall_z < 0:
             raise ConfigError(f"rise_z and fall_z are standard deviations >= 0; got {self.rise_z!r}, {self.fall_z!r}")
 
@@ -118,6 +128,7 @@ class Decision:
     current: JointPlan | None  # the split served, scored under `demands`
     proposed: JointPlan | None
     backlogged: tuple[str, ...] = ()
+    choice: Choice | None = None  # the choice among splits, when the strategy makes one
 
     @property
     def move(self) -> bool:
@@ -185,36 +196,40 @@ class Watch:
             for base in bases
         )
 
-    def decide(self, now: float, bases: Sequence[ModelDemand], propose: Planner, rescore: Planner) -> Decision:
+    def decide(
+        self,
+        now: float,
+        bases: Sequence[ModelDemand],
+        propose: Planner,
+        rescore: Planner,
+        choose: choosing.Chooser | None = None,
+    ) -> Decision:
         """One look's decision (the module's two rules). `bases`: each model's demand but its rate, in the
-        watch's order; `propose`: the strategy's split for demands; `rescore`: the split served, under them."""
+        watch's order; `propose`: the strategy's split for demands; `rescore`: the split served, under them;
+        `choose`: the strategy's choice among splits for the slow rule (None: `propose` and should_move)."""
         if tuple(base.name for base in bases) != self.names:
             raise ConfigError(f"the demands must name the watched models in order: {', '.join(self.names)}")
         settings = self.settings
         slow = self.demands(now, bases, settings.arrivals_s)
         served = rescore(slow)
-        backlogged = self.backlogged(served, slow)
-        if backlogged:
-            fast = self.demands(now, bases, settings.fast_s)
-            current = rescore(fast)
-            if settings.saturating:
-                backlogged = tuple(name for name in backlogged if current.share(name).saturated)
-            if settings.rise_z > 0:
-                backlogged = tuple(name for name in backlogged if self.rise(name, now) >= settings.rise_z)
-        if backlogged:
-            proposed = propose(fast)
-            grows = any(proposed.share(name).cores > current.share(name).cores for name in backlogged)
-            # A rise the donors do not mirror waits for the backlog to hold one look more.
-            confirmed = self._shifted(now, current, proposed) or bool(
-                self.backlogged(served, slow, settings.backlog_looks + 1, among=backlogged)
-            )
-            if grows and confirmed and worth_moving(current, proposed, settings.min_gain):
-                return Decision("backlog", fast, current, proposed, backlogged)
+        burst = choose is not None and choosing.bursts(self, now)
+        backlogged = () if burst else self.backlogged(served, slow)
+        if backlogged:  # the fast rule (never while the traffic comes in bursts it cannot follow)
+            fast_move = self._fast(now, bases, slow, served, backlogged, propose, rescore)
+            if fast_move.move:
+                return fast_move
+            backlogged = fast_move.backlogged
         if not self._covered(now):
             return Decision("gathering", slow, served, None, backlogged)
+        if burst:  # judged on the bursts' whole pattern: the rates over the history, not the last seconds
+            slow = self.demands(now, bases, settings.history_s)
+            served = rescore(slow)
         if not self._changed(slow):
             return Decision("steady", slow, served, None, backlogged)
         self._planned = [(d.rate_per_s, _mean(d.distribution)) for d in slow]
+        if choose is not None:
+            move, choice = choosing.judge(self, now, bases, slow, served, choose, burst)
+            return Decision("gain" if move else "hold", slow, served, choice.plan, backlogged, choice)
         proposed = propose(slow)
         gain = settings.min_gain
         counts = [self.inputs_per_s(d.name, now, settings.arrivals_s) * settings.arrivals_s for d in slow]
@@ -224,6 +239,36 @@ class Watch:
         if should_move(served, proposed, gain, now - self.last_move, settings.cooldown_s):
             return Decision("gain", slow, served, proposed, backlogged)
         return Decision("hold", slow, served, proposed, backlogged)
+
+    def _fast(
+        self,
+        now: float,
+        bases: Sequence[ModelDemand],
+        slow: Sequence[ModelDemand],
+        served: JointPlan,
+        backlogged: tuple[str, ...],
+        propose: Planner,
+        rescore: Planner,
+    ) -> Decision:
+        """The fast rule on the models backlogged at the slow rates: a "backlog" decision, or a "hold" one
+        that names the models still backlogged after its tests."""
+        settings = self.settings
+        fast = self.demands(now, bases, settings.fast_s)
+        current = rescore(fast)
+        if settings.saturating:
+            backlogged = tuple(name for name in backlogged if current.share(name).saturated)
+        if settings.rise_z > 0:
+            backlogged = tuple(name for name in backlogged if self.rise(name, now) >= settings.rise_z)
+        if backlogged:
+            proposed = propose(fast)
+            grows = any(proposed.share(name).cores > current.share(name).cores for name in backlogged)
+            # A rise the donors do not mirror waits for the backlog to hold one look more.
+            confirmed = self._shifted(now, current, proposed) or bool(
+                self.backlogged(served, slow, settings.backlog_looks + 1, among=backlogged)
+            )
+            if grows and confirmed and worth_moving(current, proposed, settings.min_gain):
+                return Decision("backlog", fast, current, proposed, backlogged)
+        return Decision("hold", fast, current, None, backlogged)
 
     def moved(self, now: float, decision: Decision) -> None:
         """The cores moved as `decision` said, at `now`."""
@@ -236,8 +281,8 @@ class Watch:
         """How far the requests of the last fast_s exceed what the rate over the arrivals_s before them
         predicts, in standard deviations of the difference (Poisson counts); 0 without the readings."""
         fast_s, before_s = self.settings.fast_s, self.settings.arrivals_s
-        recent = self._count(name, now - fast_s, now)
-        earlier = self._count(name, now - fast_s - before_s, now - fast_s)
+        recent = self.count(name, now - fast_s, now)
+        earlier = self.count(name, now - fast_s - before_s, now - fast_s)
         if recent is None or earlier is None:
             return 0.0
         (n_recent, s_recent), (n_earlier, s_earlier) = recent, earlier
@@ -248,9 +293,9 @@ class Watch:
         spread = math.sqrt(max(rate, 1.0 / s_earlier) * (s_recent + s_recent**2 / s_earlier))
         return (n_recent - expected) / spread
 
-    def _count(self, name: str, start: float, end: float) -> tuple[int, float] | None:
-        """Requests counted between the readings nearest `start` and `end` (at or before each), and the
-        seconds between those readings; None when no reading is that old."""
+    def count(self, name: str, start: float, end: float, inputs: bool = False) -> tuple[int, float] | None:
+        """Requests (or inputs) counted between the readings nearest `start` and `end` (at or before each),
+        and the seconds between those readings; None when no reading is that old."""
         readings = self._readings[name]
         first = last = None
         for reading in readings:
@@ -260,6 +305,8 @@ class Watch:
                 last = reading
         if first is None or last is None:
             return None
+        if inputs:
+            return last.arrived_inputs - first.arrived_inputs, last.t_s - first.t_s
         return last.requests - first.requests, last.t_s - first.t_s
 
     def backlogged(

@@ -208,6 +208,8 @@ class Coordinator:
             "predicted_ms_before": finite(current.predicted_ms),
             "predicted_ms_after": finite(proposed.predicted_ms),
             "predicted_gain": None if gain is None else round(gain, 4),
+            "mode": None if decision.choice is None else decision.choice.mode,
+            "choice": None if decision.choice is None else decision.choice.to_json(),
         })  # fmt: skip
         for tenant, share in zip(self.tenants, proposed.shares, strict=True):
             if share.cores != tenant.share or share.plan != tenant.plan:

@@ -85,14 +85,24 @@ def run(made: Made, looks: int) -> LookCore:
 
 def test_a_look_reads_then_plans_and_moves_cores_to_the_busy_model() -> None:
     made = Made()
-    made.rates["b"] = 250.0  # past what 4 cores carry (222 a second); a idle
+    made.rates = {"a": 150.0, "b": 250.0}  # b past what 4 cores carry (222 a second), a busy too
     core = run(made, 4)
     assert made.calls[:3] == ["look", "look", "bases"]  # the start's reading, then each look's phases in order
-    assert [call for call in made.calls if call.startswith("move")] == ["move gain [1, 7]"]
-    assert made.split == (1, 7) and "not changed enough" in made.why  # the looks after it: steady traffic
+    assert [call for call in made.calls if call.startswith("move")] == ["move gain [2, 6]"]
+    assert made.split == (2, 6) and "not changed enough" in made.why  # the looks after it: steady traffic
     assert core.joint is not None and core.joint.split == made.split
+    assert core.choice is not None and core.choice.mode == "joint"
     assert core.looks == 4 and 1 <= core.plans <= 4
     assert core.watch.last_move > 0
+
+
+def test_with_one_model_at_rest_every_model_is_served_on_all_cores_and_the_status_says_so() -> None:
+    made = Made()
+    made.rates["b"] = 250.0  # a idle: no collision, so b is best served on the whole machine
+    core = run(made, 4)
+    assert [call for call in made.calls if call.startswith("move")] == ["move gain [8, 8]"]
+    assert core.choice is not None and core.choice.mode == "every" and core.joint is not None and core.joint.shared
+    assert "every model on all cores" in core.choice.describe()
 
 
 def test_while_a_daemon_is_down_no_core_moves_and_its_share_is_kept() -> None:
@@ -115,10 +125,10 @@ def test_a_model_without_a_profile_keeps_the_split() -> None:
 
 def test_a_move_not_taken_leaves_the_split_and_the_watch_as_they_were() -> None:
     made = Made()
-    made.rates["b"] = 250.0
+    made.rates = {"a": 150.0, "b": 250.0}
     made.takes = False
     core = run(made, 4)
-    assert [call for call in made.calls if call.startswith("move")] == ["move gain [1, 7]"]
+    assert [call for call in made.calls if call.startswith("move")][0] == "move gain [2, 6]"
     assert made.split == (4, 4) and core.joint is not None and core.joint.split == (4, 4)
     assert core.watch.last_move == -float("inf")  # no cool-down started by a move that did not happen
 
