@@ -1,0 +1,80 @@
+"""The choice among splits (policies.colocation_choice): the collision model of shared cores, the burst
+detector, and the choice with its hysteresis."""
+
+from __future__ import annotations
+
+import pytest
+
+from packrat_daemon.wire.errors import ConfigError, ProfileError
+from policies.colocation import ModelDemand, evaluate
+from policies.colocation_choice import (
+    RateHistory,
+    bursty,
+    choose,
+    collide,
+    collisions,
+    predicted_delay,
+    proportional_split,
+    shared_plan,
+)
+from policies.planning.distribution import BatchDistribution
+from policies.testing import amdahl_profile
+
+PROFILE = amdahl_profile(8, (1, 2, 4), serial_ms=1.0, parallel_ms=8.0)
+
+
+def demand(name: str, rate: float) -> ModelDemand:
+    return ModelDemand(name, PROFILE, BatchDistribution.single(1), rate)
+
+
+def test_shared_cores_slow_a_model_only_while_the_others_run_beside_it() -> None:
+    alone = [evaluate([demand(n, 10.0)], [8]).shares[0] for n in "ab"]
+    assert collisions(alone, [0.0, 0.0], 8) == [1.0, 1.0]  # nobody else busy: its own plan's time
+    both = collisions(alone, [1.0, 1.0], 8)
+    expected = max(1.0, (alone[0].busy_threads + alone[1].busy_threads) / 8)
+    assert both[0] == pytest.approx(expected) and both[0] > 1.0
+    half = collisions(alone, [0.5, 0.5], 8)[0]
+    assert 1.0 < half < both[0]
+    plan = shared_plan([demand("a", 50.0), demand("b", 50.0)], 8)
+    assert plan.shared and plan.split == (8, 8)
+    assert all(share.busy_fraction > 50.0 / 1000.0 * share.service_ms for share in plan.shares)
+
+
+def test_bursts_that_fall_back_are_told_from_a_shift_that_stays() -> None:
+    assert bursty([10, 10, 40, 40, 10, 10, 10, 10, 40, 10, 10])
+    assert not bursty([10, 10, 10, 10, 40, 40, 40, 40, 40, 40])  # a shift: it stays up
+    assert not bursty([10, 12, 9, 11, 10, 13, 8, 10])  # Poisson noise
+    assert collide([[10, 40, 10, 10, 10], [10, 10, 10, 40, 10]]) == 0.0
+    assert collide([[10, 40, 10, 10, 10], [10, 40, 10, 10, 10]]) == 1.0
+
+
+def test_with_one_model_at_rest_every_model_on_all_cores_is_chosen_and_then_held() -> None:
+    demands = [demand("a", 0.0), demand("b", 150.0)]
+    current = evaluate(demands, [4, 4])
+    histories = [RateHistory.steady(demands)]
+    choice = choose(demands, 8, histories, current, 0.1)
+    assert choice.mode == "every" and choice.move and choice.plan.shared
+    again = choose(demands, 8, histories, choice.plan, 0.1)
+    assert again.mode == "every" and not again.move  # served already: no move
+    assert "every model on all cores" in again.describe() and again.to_json()["mode"] == "every"
+
+
+def test_a_move_must_pay_on_every_history_and_bursts_that_rarely_meet_are_served_on_all_cores() -> None:
+    demands = [demand("a", 120.0), demand("b", 120.0)]
+    current = evaluate(demands, [4, 4])
+    steady = RateHistory.steady(demands)
+    best = choose(demands, 8, [steady], current, 0.0)
+    assert predicted_delay(best.plan, steady) <= predicted_delay(current, steady)
+    held = choose(demands, 8, [steady], current, 0.99)  # no candidate gains 99%: the split served stays
+    assert not held.move and held.plan.split == (4, 4)
+    burst = choose(demands, 8, [steady], current, 0.1, collisions=0.0)
+    assert burst.mode == "every" and burst.move and burst.bursty
+
+
+def test_errors_say_what_to_do() -> None:
+    with pytest.raises(ProfileError, match="at least one rate history"):
+        choose([demand("a", 1.0)], 8, [], evaluate([demand("a", 1.0)], [8]), 0.1)
+    with pytest.raises(ProfileError, match="stretch"):
+        RateHistory(0.0, ((1.0,),))
+    with pytest.raises(ConfigError, match="the machine has 2"):
+        proportional_split([1.0, 1.0, 1.0], 2)
