@@ -154,14 +154,14 @@ check_image() {
     say "1. the ONNX file in /mnt/models, over REST and gRPC, with --cpus $CHECK_CPUS"
     run -v "$models:/mnt/models:ro" -- "${onnx[@]}" >/dev/null
     "${check[@]}" infer --container packrat-check --http "127.0.0.1:$http" --grpc "127.0.0.1:$grpc" \
-        --model classifier --out "$WORK/check-infer.json"
+        --model classifier --wait-log 'candidate \S+: served' --out "$WORK/check-infer.json"
     podman stop --time 30 packrat-check >/dev/null
     podman logs packrat-check >"$WORK/check-1.log" 2>&1
     podman rm packrat-check >/dev/null
     say "2. a second start on the same state volume"
     run -v "$models:/mnt/models:ro" -- "${onnx[@]}" >/dev/null
     "${check[@]}" restart --container packrat-check --http "127.0.0.1:$http" --model classifier \
-        --out "$WORK/check-restart.json"
+        --expect-log 'restored from the state file' --out "$WORK/check-restart.json"
     podman stop --time 30 packrat-check >/dev/null
     podman logs packrat-check >"$WORK/check-2.log" 2>&1
     podman rm packrat-check >/dev/null

@@ -103,7 +103,7 @@ def infer(args: argparse.Namespace) -> dict[str, Any]:
         for name, want in expected.items():
             np.testing.assert_allclose(result.as_numpy(name), want, rtol=1e-4, atol=1e-5, err_msg=protocol)
         answers[protocol] = result.as_numpy("scores")[0].round(4).tolist()
-    chosen = wait_log(args.container, args.wait_log, READY_TIMEOUT_S) if args.wait_log else None
+    chosen = wait_log(args.container, args.wait_log, READY_TIMEOUT_S)  # what the state volume then holds
     return {
         "ready_s": round(ready_s, 1),
         "user": podman("exec", args.container, "id", "-u"),
@@ -155,8 +155,10 @@ def main() -> int:
         command.add_argument("--grpc", default="", help="HOST:PORT of gRPC")
         command.add_argument("--model", required=True, help="the name the model is served under")
         command.add_argument("--out", type=Path, help="write what was seen here, as JSON")
-        command.add_argument("--wait-log", default="", help="infer: then wait for a log line matching this")
-        command.add_argument("--expect-log", default="", help="restart: a log line matching this must be there")
+        if name == "infer":
+            command.add_argument("--wait-log", required=True, help="then wait for a log line matching this")
+        if name == "restart":
+            command.add_argument("--expect-log", required=True, help="a log line matching this must be there")
     args = parser.parse_args()
     if args.command == "model":
         path = two_outputs(args.dir / MODEL_FILE, external_data=True)
