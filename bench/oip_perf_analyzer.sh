@@ -2,10 +2,11 @@
 # Triton's perf_analyzer against Packrat's Open Inference Protocol frontend: a concurrency sweep over HTTP and
 # over gRPC on built-in ResNet-50, each CSV kept in bench/results/ (docs/oip.md, bench/README.md).
 #
-#   bash bench/oip_perf_analyzer.sh     # BATCH=16 CONCURRENCY=1:4 INTERVAL_MS=5000 STABILITY=10 REQUESTS=0
+#   bash bench/oip_perf_analyzer.sh     # BATCH=16 CONCURRENCY=1:4 REQUESTS=6 STABILITY=10 (INTERVAL_MS=5000)
 #
-# REQUESTS=N measures windows of N requests (perf_analyzer's count_windows mode) instead of INTERVAL_MS: at
-# batch 16 on a few cores a time window holds too few requests to be stable.
+# REQUESTS=N measures windows of N requests (perf_analyzer's count_windows mode); REQUESTS=0 measures time windows
+# of INTERVAL_MS instead, perf_analyzer's default, which cannot settle at batch 16 on a few cores: a 5 s window
+# holds one ~4 s request or two, so its throughput doubles from one window to the next (docs/oip.md).
 #
 # perf_analyzer is installed by bench/peers/install_perf_analyzer.sh into an environment of its own. The daemon
 # serves a fixed plan (one instance on every core, batch BATCH) so that the sweep measures serving, not
@@ -17,7 +18,7 @@ batch="${BATCH:-16}"
 concurrency="${CONCURRENCY:-1:4}"
 interval="${INTERVAL_MS:-5000}"
 stability="${STABILITY:-10}"
-requests="${REQUESTS:-0}"
+requests="${REQUESTS:-6}"
 if [ "$requests" -gt 0 ]; then
     window=(--measurement-mode count_windows --measurement-request-count "$requests")
 else
