@@ -95,7 +95,7 @@ def test_a_small_grid_is_measured_in_full_and_a_stop_signal_ends_it_between_cell
         return PackratPolicy().plan(table, topology, ONLY_2)
 
     with model_session("builtin:tiny-mlp") as (backend, info):
-        measured, estimated = measure_profile(backend, info, config, topology, ONLY_2, plan_for, lambda: False)
+        measured, estimated, _ = measure_profile(backend, info, config, topology, ONLY_2, plan_for, lambda: False)
         with pytest.raises(KeyboardInterrupt):
             measure_profile(backend, info, config, topology, ONLY_2, plan_for, lambda: True)
     assert sorted(key for key, _ in measured.items()) == [(1, 1), (1, 2), (2, 1), (2, 2)]  # threads 1..2 × 1, 2
