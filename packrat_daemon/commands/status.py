@@ -180,6 +180,8 @@ def _choice(choice: dict[str, Any] | None) -> list[str]:
         return []
     when = "at this start" if choice["decided_at_this_start"] else f"at a start {_age(choice['decided_age_s'])} ago"
     lines = ["", f"runtime choice ({when}): serving {choice['served']}"]
+    if choice["decided_at_this_start"] and choice.get("kept_choice_not_reused"):
+        lines.append(f"  every candidate measured again: {choice['kept_choice_not_reused']}")
     for c in choice["candidates"]:
         predicted = "" if c["predicted_ms"] is None else f", predicted {ms_text(c['predicted_ms'])} ms"
         lines.append(f"  {c['candidate']}: {c['verdict']}{predicted}: {c['why']}")

@@ -281,3 +281,16 @@ def test_predicted_against_measured_per_layout_and_when_they_disagree() -> None:
 def test_who_gave_the_cpus_reads_as_a_sentence(by: str, said: str) -> None:
     share = {"cpus": "0-1", "cores": 2, "assigned_by": by}
     assert f"  share: CPUs 0-1 (2 cores), {said}\n" in render(status(share=share))
+
+
+def test_a_choice_made_again_says_why_the_kept_one_was_not_served() -> None:
+    candidates = [{"candidate": c, "verdict": v, "predicted_ms": None, "why": "w"}
+                  for c, v in (("onnxruntime", "served"), ("torch", "slower"))]  # fmt: skip
+    choice = {"served": "onnxruntime", "decided_at_this_start": True, "decided_age_s": 0.0, "candidates": candidates,
+              "kept_choice_not_reused": "the kept choice was made for other settings (max_batch 4 → 2)"}  # fmt: skip
+    lines = render(status(runtime_choice=choice)).splitlines()
+    at = lines.index("runtime choice (at this start): serving onnxruntime")
+    assert (
+        lines[at + 1]
+        == "  every candidate measured again: the kept choice was made for other settings (max_batch 4 → 2)"
+    )
