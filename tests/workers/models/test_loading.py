@@ -13,7 +13,7 @@ from torch import nn
 
 from packrat_daemon.wire.errors import ModelSpecError
 from workers.models.loading import BUILTINS, load_model
-from workers.models.spec import InputSpec
+from workers.models.spec import InputSpec, TensorSpec
 
 
 class TinyMLP(nn.Module):
@@ -101,7 +101,7 @@ def test_torchscript_file_needs_an_input_override(traced_mlp: tuple[Path, nn.Mod
 def test_traced_torchscript_file_loads_with_its_input(traced_mlp: tuple[Path, nn.Module]) -> None:
     path, module = traced_mlp
     loaded = load_model(str(path), "float32:16")
-    assert loaded.input == InputSpec("float32", (16,))
+    assert loaded.input == InputSpec("float32", (16,)).with_outputs([TensorSpec("output", "float32", (4,))])
     assert_inference_ready(loaded.module)
     x = torch.randn(5, 16)
     assert torch.allclose(loaded.module(x), module(x))
