@@ -8,7 +8,8 @@
 #        found on this machine (or $TORCH_WHEEL, or PyTorch's CPU index) and the rest from the package index.
 # check: runs the image under a CPU limit and checks, with tritonclient from a venv of its own: ready, an
 #        inference over REST and gRPC (an ONNX file of an arbitrary name in /mnt/models, answers compared with
-#        numpy's), the state volume read back by a second start, and SIGTERM under load (no request lost).
+#        numpy's), the state volume read back by a second start, SIGTERM under load (no request lost), and the
+#        KServe runtime's own command and flags serving the same folder.
 #
 # Heavy (a few GB downloaded, minutes of CPU): run by hand, never in CI or the README's install. Settings, from
 # the environment:
@@ -170,6 +171,16 @@ check_image() {
     "${check[@]}" drain --container packrat-check --http "127.0.0.1:$http" --grpc "127.0.0.1:$grpc" \
         --model tiny-mlp --out "$WORK/check-drain.json"
     podman logs packrat-check >"$WORK/check-3.log" 2>&1
+    podman rm packrat-check >/dev/null
+    podman volume rm "$state" >/dev/null
+    say "4. the KServe runtime's own command and flags (deploy/kserve/servingruntime.yaml), on a fresh volume"
+    local kserve
+    mapfile -t kserve < <(sed -n 's/^ *- \(--.*\)$/\1/p' "$REPO/deploy/kserve/servingruntime.yaml")
+    run -v "$models:/mnt/models:ro" --entrypoint packrat -- serve "${kserve[@]//\{\{.Name\}\}/classifier}" >/dev/null
+    "${check[@]}" infer --container packrat-check --http "127.0.0.1:$http" --grpc "127.0.0.1:$grpc" \
+        --model classifier --wait-log 'candidate \S+: served' --out "$WORK/check-kserve.json"
+    podman stop --time 30 packrat-check >/dev/null
+    podman logs packrat-check >"$WORK/check-4.log" 2>&1
     podman rm packrat-check >/dev/null
     podman volume rm "$state" >/dev/null
     say "passed; results and logs in $WORK (check-*.json, check-*.log)"
