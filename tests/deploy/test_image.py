@@ -121,3 +121,19 @@ def test_build_sh_parses_and_is_not_run_by_the_install_or_ci() -> None:
     for path in (REPO / "README.md", REPO / ".ci" / "run", REPO / "pyproject.toml"):
         if path.exists():
             assert "build.sh" not in path.read_text(), path
+
+
+def test_the_kserve_check_runs_exactly_the_runtimes_flags() -> None:
+    """build.sh's check 4 reads the ServingRuntime's flags with sed: the very args the runtime gives, no other."""
+    import yaml
+
+    runtime = REPO / "deploy" / "kserve" / "servingruntime.yaml"
+    (expression,) = re.findall(r"sed -n '([^']+)' \"\$REPO/deploy/kserve/servingruntime.yaml\"", build_script())
+    read = subprocess.run(["sed", "-n", expression, str(runtime)], capture_output=True, text=True, check=True)
+    container = yaml.safe_load(runtime.read_text())["spec"]["containers"][0]
+    assert container["command"] == ["packrat", "serve"]
+    assert read.stdout.splitlines() == container["args"]
+
+
+def build_script() -> str:
+    return (IMAGE_DIR / "build.sh").read_text()
