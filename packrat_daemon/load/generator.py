@@ -98,7 +98,7 @@ class Generator:
             tally.failed(error_code(exc), time.perf_counter(), error_message(exc))
         else:
             now = time.perf_counter()
-            tally.answered(now - began, samples, now, samples * length if length is not None else None)
+            tally.answered(now - began, samples, now, length)
 
     async def warm_up(self, spec: LoadSpec, seconds: float) -> Tally:
         """Closed loop for `seconds`, each size of the mix in turn: connections, workers' first calls and

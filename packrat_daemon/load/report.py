@@ -37,6 +37,7 @@ class Tally:
     tokens_ok: int = 0  # the answered requests' tokens (samples × length), when lengths were sent
     latencies_s: list[float] = field(default_factory=list)
     samples_answered: list[int] = field(default_factory=list)  # each answered request's size, as latencies_s
+    lengths_answered: list[int] = field(default_factory=list)  # each answered request's length, when sent
     lags_s: list[float] = field(default_factory=list)  # how late each open-loop request left its schedule
     sends: list[tuple[float, int]] = field(default_factory=list)  # each request as it left: (s after started, samples)
     send_window_s: float = 0.0  # from the start to the end of the sending (at least the asked duration)
@@ -48,10 +49,12 @@ class Tally:
     def in_flight(self) -> int:
         return self.sent - self.ok - sum(self.errors.values())
 
-    def answered(self, latency_s: float, samples: int, now: float, tokens: int | None = None) -> None:
+    def answered(self, latency_s: float, samples: int, now: float, length: int | None = None) -> None:
         self.ok += 1
         self.samples_ok += samples
-        self.tokens_ok += tokens or 0
+        if length is not None:
+            self.tokens_ok += samples * length
+            self.lengths_answered.append(length)
         self.latencies_s.append(latency_s)
         self.samples_answered.append(samples)
         self.last_done = max(self.last_done, now)
@@ -107,11 +110,25 @@ def summarize(tally: Tally, **extra: Any) -> dict[str, Any]:
             str(size): {"ok": int((sizes == size).sum()), **_percentiles_ms(latencies[sizes == size])}
             for size in distinct
         }
+    if tally.lengths_answered and len(tally.lengths_answered) == latencies.size:
+        report["latency_ms_by_length"] = _by_length(latencies, np.asarray(tally.lengths_answered, dtype=np.int64))
     if tally.lags_s:
         lag_p50, lag_p99 = np.percentile(tally.lags_s, [50.0, 99.0]).tolist()
         report["send_lag_p50_ms"] = _ms(lag_p50)
         report["send_lag_p99_ms"] = _ms(lag_p99)
     return report
+
+
+def _by_length(latencies: np.ndarray, lengths: np.ndarray) -> dict[str, dict[str, Any]]:
+    """Per class of lengths (1-8, 9-16, 17-32, …: each up to a power of two), its count and percentiles: lengths
+    compute for different times, as sizes do, so an overall median can fall between their modes."""
+    upper = np.maximum(8, 2 ** np.ceil(np.log2(np.maximum(lengths, 1)))).astype(np.int64)
+    classes: dict[str, dict[str, Any]] = {}
+    for top in np.unique(upper).tolist():
+        chosen = upper == top
+        name = f"{1 if top == 8 else top // 2 + 1}-{top}"
+        classes[name] = {"ok": int(chosen.sum()), **_percentiles_ms(latencies[chosen])}
+    return classes
 
 
 def _number(value: float | None, digits: int = 2) -> str:

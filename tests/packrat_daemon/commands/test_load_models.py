@@ -92,3 +92,4 @@ def test_lengths_sent_to_a_folder_of_a_free_sequence_axis_each_go_at_their_own(t
     assert report["sent"] == report["ok"] == 40 and report["errors"] == {}
     assert report["lengths"] == "lognormal:median=6,p99=24,max=32" and report["padded_to"] is None
     assert 0 < report["tokens_per_s"] < 32 * report["samples_per_s"]
+    assert sum(one["ok"] for one in report["latency_ms_by_length"].values()) == 40

@@ -101,13 +101,18 @@ def test_each_error_code_keeps_the_first_message_it_came_with_and_the_table_show
     assert "error_messages" not in summarize(tally_of([1.0], {}, window_s=1.0))
 
 
-def test_a_run_of_lengths_reports_its_tokens():
+def test_a_run_of_lengths_reports_its_tokens_and_each_class_of_lengths_its_percentiles():
     tally = Tally(started=0.0)
-    for tokens in (10, 30):
+    for length, latency_ms in ((5, 1.0), (15, 3.0), (8, 2.0), (100, 9.0)):
         tally.sent += 1
-        tally.answered(0.001, 2, 2.0, tokens)
-    tally.send_window_s = 2.0
-    report = summarize(tally, lengths="uniform:5..15", padded_to=32)
-    assert report["tokens_per_s"] == pytest.approx(20.0)
-    assert "uniform:5..15, padded to 32, 20.00 tokens/s" in format_report(report)
-    assert "tokens_per_s" not in summarize(tally_of([1.0], {}, window_s=1.0))
+        tally.answered(latency_ms / 1000.0, 2, 4.0, length)
+    tally.send_window_s = 4.0
+    report = summarize(tally, lengths="uniform:5..100", padded_to=128)
+    assert report["tokens_per_s"] == pytest.approx(2 * (5 + 15 + 8 + 100) / 4.0)
+    assert "uniform:5..100, padded to 128, 64.00 tokens/s" in format_report(report)
+    by_length = report["latency_ms_by_length"]
+    assert list(by_length) == ["1-8", "9-16", "65-128"]
+    assert by_length["1-8"]["ok"] == 2 and by_length["1-8"]["p50"] == pytest.approx(1.5)
+    assert by_length["65-128"] == {"ok": 1, "p50": 9.0, "p90": 9.0, "p99": 9.0, "p999": 9.0}
+    plain = summarize(tally_of([1.0], {}, window_s=1.0))
+    assert "tokens_per_s" not in plain and "latency_ms_by_length" not in plain
