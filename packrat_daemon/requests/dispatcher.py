@@ -33,7 +33,7 @@ from typing import Any
 from packrat_daemon.fleet import verdicts
 from packrat_daemon.fleet.pool import WorkerHandle
 from packrat_daemon.ops.tallies import HOP, OwnTimes
-from packrat_daemon.requests import ragged, slices
+from packrat_daemon.requests import slices
 from packrat_daemon.requests.batcher import Request
 from packrat_daemon.requests.inflight import Actions, InFlight
 from packrat_daemon.requests.jobs import Completed, InFlightBatch, Job
@@ -167,14 +167,14 @@ class Dispatcher(InFlight):
                 late = self.late_workers(time.monotonic(), self.timing.late_after())
                 free = [w for w in workers if w.id not in late]
             workers = free or workers
-        batch = ragged.in_flight(requests, self.ragged)
+        batch = slices.in_flight(requests, self.ragged)
         deadlines = [r.deadline for r in requests if r.deadline is not None]
         if deadlines:
             batch.deadline = min(deadlines)
             self.next_deadline = min(self.next_deadline, batch.deadline)
         self.batch = batch
         offset = 0
-        for worker, rows in ragged.split(self.splitter, workers, batch):
+        for worker, rows in slices.split(self.splitter, workers, batch):
             self._send_job(batch, offset, rows, worker)
             offset += rows
         batch.aside_at = self.timing.late_at(batch, not self.splitter.oversubscribed)
@@ -182,7 +182,7 @@ class Dispatcher(InFlight):
 
     def run_aside(self, request: Request, worker: WorkerHandle) -> None:
         """Send a request to run alone (parked) to `worker`, aside from the loop's batches."""
-        batch = ragged.in_flight([request], self.ragged)
+        batch = slices.in_flight([request], self.ragged)
         if request.deadline is not None:
             batch.deadline = request.deadline
             self.next_deadline = min(self.next_deadline, batch.deadline)
@@ -192,7 +192,7 @@ class Dispatcher(InFlight):
     def profile_rows(self, header: dict[str, Any]) -> int | None:
         """A RESULT's rows as a profile cell (asked before `on_result`); None: padded to another length than its."""
         job = self.jobs.get(header["job"])
-        return int(header["batch"]) if job is None or ragged.at_reference(job) else None
+        return int(header["batch"]) if job is None or slices.at_reference(job) else None
 
     # -- the workers' events -----------------------------------------------------------------------------
     def on_result(self, worker: WorkerHandle, header: dict[str, Any], payload: list[Any]) -> list[Completed]:
@@ -218,7 +218,7 @@ class Dispatcher(InFlight):
             slices.put_in_place_of(batch.jobs, twin, job)
         job.output = payload[0]  # the output array, as the pool decoded it (a copy if it came shared)
         job.compute_ms = float(header["compute_ms"])
-        if ragged.at_reference(job):  # production's table is of one length: the profile's
+        if slices.at_reference(job):  # production's table is of one length: the profile's
             self.timing.learn(worker.threads, job.rows, job.compute_ms)
         if self.own_times is not None:
             self.own_times.add(HOP, time.monotonic() - job.sent_at - job.compute_ms / 1000.0)

@@ -14,14 +14,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from packrat_daemon.requests.jobs import InFlightBatch, Job
 from packrat_daemon.wire.codec import DTYPES, pack_records, unpack_records
 from workers.models.spec import RAGGED_MODES, InputSpec, TensorSpec
 
 if TYPE_CHECKING:
-    from packrat_daemon.fleet.pool import WorkerHandle
     from packrat_daemon.requests.batcher import Request
-    from packrat_daemon.requests.splitter import Splitter
 
 
 BY_COST, PAD_BATCH = RAGGED_MODES  # the setting `length_batching`: sorted and cut by cost, or the baseline
@@ -103,29 +100,3 @@ def _cut(array: np.ndarray, tensor: TensorSpec, length: int) -> np.ndarray:
     index: list[slice] = [slice(None)] * array.ndim
     index[1 + tensor.free_axis] = slice(0, length)
     return np.ascontiguousarray(array[tuple(index)])
-
-
-def in_flight(requests: list[Request], ragged: Ragged | None) -> InFlightBatch:
-    """A batch in flight of `requests`: for a model of a free axis, sorted by length (each slice then pads to its own
-    longest, and the longest rows go to the instances of most threads), except in the mode PAD_BATCH."""
-    first = requests[0]
-    dtype, sample_shape = DTYPES[first.dtype], tuple(first.shape[1:])
-    if ragged is None:
-        return InFlightBatch(requests, dtype, sample_shape)
-    ordered = requests if ragged.mode == PAD_BATCH else sorted(requests, key=lambda request: request.length)
-    return InFlightBatch(ordered, dtype, sample_shape, ragged=ragged)
-
-
-def split(splitter: Splitter, workers: list[WorkerHandle], batch: InFlightBatch) -> list[tuple[WorkerHandle, int]]:
-    """Which workers take `batch`, and how many rows each: the splitter's exact split, or for a model of a free axis,
-    its rows cut by predicted cost across the workers that split chose (by count in the mode PAD_BATCH)."""
-    if batch.ragged is None or batch.ragged.mode == PAD_BATCH:
-        return splitter.choose(workers, batch.rows)
-    lengths = [request.length for request in batch.requests for _ in range(request.samples)]
-    return splitter.choose_by_cost(workers, lengths, batch.ragged.longest)
-
-
-def at_reference(job: Job) -> bool:
-    """Whether a slice's time is a profile cell's: a fixed-shape model's, or one padded to the model's longest (the
-    length the profile is measured at)."""
-    return job.batch.ragged is None or job.length == job.batch.ragged.longest

@@ -1,4 +1,5 @@
-"""Functions of a batch's slices, which hold no state of their own: the rows a slice sends (views of the clients'
+"""Functions of a batch's slices, which hold no state of their own: how a batch in flight is formed and split
+(sorted and cut by cost for a model of a free axis, `requests.ragged`), the rows a slice sends (views of the clients'
 buffers), the answers gathered from them, which requests a slice holds, and the links between a hedge's copies that
 must be cut when one leaves. The dispatcher (`requests.dispatcher`) owns the slices and calls these.
 """
@@ -6,11 +7,18 @@ must be cut when one leaves. The dispatcher (`requests.dispatcher`) owns the sli
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from packrat_daemon.requests.batcher import Request
 from packrat_daemon.requests.jobs import Completed, InFlightBatch, Job
+from packrat_daemon.requests.ragged import PAD_BATCH, Ragged
+from packrat_daemon.wire.codec import DTYPES
+
+if TYPE_CHECKING:
+    from packrat_daemon.fleet.pool import WorkerHandle
+    from packrat_daemon.requests.splitter import Splitter
 
 
 def sort(batch: InFlightBatch, job: Job) -> tuple[list[Request], list[Request]]:
@@ -151,3 +159,29 @@ def answered_in_part(batch: InFlightBatch) -> list[Completed]:
             completed.append(Completed(request, rows, queue_ms, compute_ms, done))
         offset = end
     return completed
+
+
+def in_flight(requests: list[Request], ragged: Ragged | None) -> InFlightBatch:
+    """A batch in flight of `requests`: for a model of a free axis, sorted by length (each slice then pads to its own
+    longest, and the longest rows go to the instances of most threads), except in the mode PAD_BATCH."""
+    first = requests[0]
+    dtype, sample_shape = DTYPES[first.dtype], tuple(first.shape[1:])
+    if ragged is None:
+        return InFlightBatch(requests, dtype, sample_shape)
+    ordered = requests if ragged.mode == PAD_BATCH else sorted(requests, key=lambda request: request.length)
+    return InFlightBatch(ordered, dtype, sample_shape, ragged=ragged)
+
+
+def split(splitter: Splitter, workers: list[WorkerHandle], batch: InFlightBatch) -> list[tuple[WorkerHandle, int]]:
+    """Which workers take `batch`, and how many rows each: the splitter's exact split, or for a model of a free axis,
+    its rows cut by predicted cost across the workers that split chose (by count in the mode PAD_BATCH)."""
+    if batch.ragged is None or batch.ragged.mode == PAD_BATCH:
+        return splitter.choose(workers, batch.rows)
+    lengths = [request.length for request in batch.requests for _ in range(request.samples)]
+    return splitter.choose_by_cost(workers, lengths, batch.ragged.longest)
+
+
+def at_reference(job: Job) -> bool:
+    """Whether a slice's time is a profile cell's: a fixed-shape model's, or one padded to the model's longest (the
+    length the profile is measured at)."""
+    return job.batch.ragged is None or job.length == job.batch.ragged.longest

@@ -122,8 +122,8 @@ class SentTally(Tally):
 
     sent_s: list[float] = field(default_factory=list)
 
-    def answered(self, latency_s: float, samples: int, now: float) -> None:
-        super().answered(latency_s, samples, now)
+    def answered(self, latency_s: float, samples: int, now: float, length: int | None = None) -> None:
+        super().answered(latency_s, samples, now, length)
         self.sent_s.append(now - latency_s)
 
 

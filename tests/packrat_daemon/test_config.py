@@ -39,6 +39,8 @@ SAMPLE: dict[str, Any] = {
     "insecure_public": True,
     "max_batch": 8,
     "max_delay_ms": 2.5,
+    "max_batch_tokens": 512,
+    "length_batching": "pad-batch",
     "max_queue": 64,
     "run_dir": "/tmp/packrat-run",
     "control": "tcp://127.0.0.1:7001",

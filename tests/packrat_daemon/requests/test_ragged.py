@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from packrat_daemon.requests import ragged
+from packrat_daemon.requests import slices
 from packrat_daemon.requests.batcher import Batcher, Request
 from packrat_daemon.requests.ragged import PAD_BATCH, Ragged
 from packrat_daemon.wire.codec import pack_records, unpack_records
@@ -60,9 +60,9 @@ def test_a_per_token_output_is_cut_back_to_the_requests_length_and_a_pooled_one_
 
 def test_a_batch_is_sorted_by_length_except_in_the_baseline() -> None:
     requests = [text_request(9), text_request(2), text_request(5)]
-    assert [r.length for r in ragged.in_flight(requests, Ragged(TEXT)).requests] == [2, 5, 9]
-    assert [r.length for r in ragged.in_flight(requests, Ragged(TEXT, PAD_BATCH)).requests] == [9, 2, 5]
-    assert ragged.in_flight(requests, None).ragged is None
+    assert [r.length for r in slices.in_flight(requests, Ragged(TEXT)).requests] == [2, 5, 9]
+    assert [r.length for r in slices.in_flight(requests, Ragged(TEXT, PAD_BATCH)).requests] == [9, 2, 5]
+    assert slices.in_flight(requests, None).ragged is None
 
 
 def lengths(batch: list[Request]) -> list[int]:

@@ -103,7 +103,7 @@ def test_outputs_without_a_batch_axis_are_left_out_and_noted() -> None:
 def test_a_model_returning_a_tensor_is_served_as_it_is() -> None:
     model = nn.Linear(16, 4)
     served, named, note = serve_outputs("m", model, FLOAT16)
-    assert note is None and named == FLOAT16  # one output, unnamed: "output"
+    assert note is None and named == FLOAT16.with_outputs([TensorSpec("output", "float32", (4,))])  # unnamed
     x = torch.randn(2, 16)
     with torch.inference_mode():
         torch.testing.assert_close(served(x), model(x))
