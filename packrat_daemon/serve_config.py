@@ -17,6 +17,7 @@ class ServeConfig:
 
     # Model
     model: str = "builtin:resnet50"
+    repository: str | None = None
     input: str | None = None
     runtime: str = "auto"
     emulate_cores: int | None = None

@@ -45,6 +45,17 @@ SERVED: tuple[str | Setting, ...] = (
         reload="restart",
     ),
     Setting(
+        "repository",
+        OPTIONAL_TEXT,
+        None,
+        "serve every model of a model repository instead of --model: a folder in Triton's layout (NAME/1/model.onnx, "
+        "config.pbtxt read where present) and/or a repository.toml listing models with their own settings; one "
+        "daemon per model, one Open Inference Protocol endpoint (--http-port, --grpc-port) with Triton's repository "
+        "extension, the joint core plan over the models loaded (docs/repository.md)",
+        unset="serve --model alone",
+        reload="restart",
+    ),
+    Setting(
         "input",
         OPTIONAL_TEXT,
         None,

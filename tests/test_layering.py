@@ -71,7 +71,10 @@ ORDER: tuple[dict[str, tuple[str, ...]], ...] = (
         "daemon": ("packrat_daemon.daemon",),  # the daemon
         "simulate": ("packrat_daemon.simulate",),  # `packrat simulate`: the daemon's loop on a simulated clock
     },
-    {"service": ("packrat_daemon.service",)},  # the daemon and its gateway as one service
+    {
+        "service": ("packrat_daemon.service",),  # the daemon and its gateway as one service
+        "repository": ("packrat_daemon.repository",),  # `serve --repository`: a daemon per model, one gateway
+    },
     {"commands": ("packrat_daemon.commands",)},  # the CLI's commands
     {"cli": ("packrat_daemon.cli", "packrat_daemon.__main__")},
 )

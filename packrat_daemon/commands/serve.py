@@ -38,6 +38,14 @@ def config_loader(args: argparse.Namespace) -> Callable[[], ServeConfig]:
 def run(args: argparse.Namespace) -> int:
     from packrat_daemon.service import serve
 
+    flags = typed_settings(args)
+    if flags.get("repository") or (args.config and load_config(flags, args.config).repository):
+        # Every model of a repository, one daemon each, behind one gateway (docs/repository.md).
+        from packrat_daemon.repository.server import serve_repository
+
+        config = load_config(flags, args.config)
+        setup_logging(config.log_level, config.log_format)
+        return serve_repository(config, flags)
     load = config_loader(args)
     config = load()
     setup_logging(config.log_level, config.log_format)

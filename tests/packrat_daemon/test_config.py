@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 # A value other than the default for every setting, as TOML would hold it.
 SAMPLE: dict[str, Any] = {
     "model": "builtin:tiny-mlp",
+    "repository": "/srv/models",
     "input": "float32:16",
     "runtime": "onnxruntime",
     "emulate_cores": 16,
