@@ -82,6 +82,7 @@ def render(status: dict[str, Any]) -> str:
         "",
         f"traffic (half-life {traffic['half_life_s']:.0f} s): {traffic['inputs_per_s']:.1f} inputs/s in "
         f"{traffic['batches_per_s']:.1f} batches/s; batch sizes {sizes}",
+        *_tokens(traffic.get("tokens")),
         f"queue: {queue['requests']} request(s), {queue['inputs']}/{queue['max_inputs']} inputs, batch in flight: "
         f"{'yes' if queue['batch_in_flight'] else 'no'}{'' if queue['accepting'] else ', not accepting (draining)'}",
     ]
@@ -198,6 +199,22 @@ def _age(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def _tokens(tokens: dict[str, Any] | None) -> list[str]:
+    """A model of a free axis: its sequences' lengths and what padding cost, since start."""
+    if not tokens:
+        return []
+    shares = ", ".join(f"<={bound}: {share:.0%}" for bound, share in tokens["length_shares"])
+    waste = tokens["padding_waste"]
+    return [
+        f"sequences: {tokens['sequences']} answered, mean {tokens['mean_length']:.1f} tokens ({shares}); padding "
+        + (
+            "none counted yet"
+            if waste is None
+            else f"waste {waste:.2f}x ({tokens['padded_tokens']} tokens computed for {tokens['real_tokens']})"
+        )
+    ]
 
 
 def _table(rows: list[list[str]]) -> list[str]:

@@ -55,6 +55,8 @@ class Snapshot:
     gateway: dict[str, Any] | None = None
     # Predicted against measured compute per layout served, and the profile's noise they are judged by.
     predictions: dict[str, Any] | None = None
+    # A model of a free axis: its sequences' lengths and the padding waste since start (ops.tallies.Tokens).
+    tokens: dict[str, Any] | None = None
 
 
 def snapshot(
@@ -81,6 +83,7 @@ def snapshot(
         max_queued_inputs=batcher.max_queued_inputs, batch_in_flight=board.dispatcher.busy,
         accepting=frontend.accepting, profile=board.state.provenance(board.kept(), now),
         runtime_choice=runtime_choice, share=share, gateway=gateway, predictions=_predictions(board),
+        tokens=board.metrics.tokens.to_json(),
     )  # fmt: skip
 
 
@@ -120,6 +123,7 @@ def live_status(s: Snapshot) -> dict[str, Any]:
         "batches_per_s": s.batches_per_s,
         "inputs_per_s": s.inputs_per_s,
         "half_life_s": s.half_life_s,
+        "tokens": s.tokens,
     }
     reply["queue"] = {
         "requests": s.queued_requests,

@@ -30,7 +30,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from packrat_daemon.ops import metrics_http
-from packrat_daemon.ops.tallies import HOP, LOOP_PHASES, LayoutTimes, OwnTimes, Tally, first_of_batch
+from packrat_daemon.ops.tallies import HOP, LOOP_PHASES, LayoutTimes, OwnTimes, Tally, Tokens, first_of_batch
 from policies.base import Plan
 
 if TYPE_CHECKING:
@@ -98,6 +98,21 @@ class _RequestPathCollector(Collector):
         yield compute
         yield from _layout_families(m.layouts)
         yield from _own_time_families(m.own_times)
+        if m.tokens.real:
+            yield from _token_families(m.tokens)
+
+
+def _token_families(tokens: Tokens) -> Iterator[Any]:
+    lengths = HistogramMetricFamily(
+        "packrat_sequence_length_tokens", "Tokens per answered sequence, along the model's free axis"
+    )
+    lengths.add_metric([], tokens.lengths.cumulative(), tokens.lengths.sum)
+    yield lengths
+    yield CounterMetricFamily("packrat_tokens_real", "Tokens the answered batches' requests held", value=tokens.real)
+    yield CounterMetricFamily(
+        "packrat_tokens_padded", "Tokens the answered batches' slices computed, each padded to its longest",
+        value=tokens.padded,
+    )  # fmt: skip
 
 
 def _layout_families(layouts: LayoutTimes) -> Iterator[Any]:
@@ -157,6 +172,7 @@ class Metrics:
         self.buckets: tuple[float, ...] = LATENCY_BUCKETS
         self.layouts = LayoutTimes(LATENCY_BUCKETS)
         self.own_times = OwnTimes()
+        self.tokens = Tokens()  # a model of a free axis: lengths and padding
         r.register(_RequestPathCollector(self))
         # Updated rarely: prometheus_client's own metrics.
         self.queued = Gauge("packrat_queued_inputs", "Inputs waiting to be batched", registry=r)
@@ -247,8 +263,13 @@ class Metrics:
     def answered(self, done: Answer, total_ms: float) -> None:
         """A request answered with its result; once per batch, the batch's layout and times as well."""
         self.answered_ok(total_ms, done.queue_ms)
+        length = done.request.length
+        if length:
+            self.tokens.answered(length, done.request.samples)
         if first_of_batch(done):
             self.layouts.observe(done)
+            if length:
+                self.tokens.batch(done.jobs)
 
     def batch_started(self, inputs: int, seconds: float) -> None:
         """A batch of `inputs` went to the workers; starting it held the loop `seconds` (the "dispatch" phase)."""

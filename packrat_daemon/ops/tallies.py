@@ -157,6 +157,46 @@ def first_of_batch(done: Answer) -> bool:
     return next((r for r in requests if not r.answered), None) is done.request
 
 
+LENGTH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+class Tokens:
+    """A model of a free axis (a text model's tokens): each answered sequence's length, and per batch the tokens its
+    slices computed (each padded to its own longest) against the requests' own. Padding waste is padded ÷ real: 1.0
+    when every slice held one length, the model's longest ÷ the mean length when every request is padded to it."""
+
+    def __init__(self) -> None:
+        self.lengths = Tally(LENGTH_BUCKETS)
+        self.real = 0
+        self.padded = 0
+
+    def answered(self, length: int, samples: int) -> None:
+        for _ in range(samples):
+            self.lengths.observe(length)
+
+    def batch(self, jobs: Sequence[Any]) -> None:
+        """A batch's slices (`requests.jobs.Job`, each with its rows and padded `length`) all answered."""
+        self.padded += sum(job.rows * job.length for job in jobs)
+        self.real += sum(request.samples * request.length for request in jobs[0].batch.requests)
+
+    def to_json(self) -> dict[str, Any] | None:
+        """`packrat status`'s account since start: the lengths' distribution and the padding waste (None: no
+        sequence answered yet, or the model has no free axis)."""
+        counts = list(self.lengths.counts)
+        total = sum(counts)
+        if not total:
+            return None
+        shares = [[bound, round(n / total, 4)] for bound, n in zip(LENGTH_BUCKETS, counts, strict=False) if n]
+        return {
+            "sequences": total,
+            "mean_length": round(self.lengths.sum / total, 2),
+            "length_shares": shares,  # [at most this many tokens, share of sequences] per non-empty bucket
+            "padded_tokens": self.padded,
+            "real_tokens": self.real,
+            "padding_waste": round(self.padded / self.real, 4) if self.real else None,
+        }
+
+
 MIN_NOISE = 0.05  # a profile's noise is taken as at least this: medians of a few runs are not tighter
 
 

@@ -10,6 +10,7 @@ many lengths batched together, each answered what the model computes on that req
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,12 @@ def test_a_hugging_face_folder_answers_every_length_as_transformers_does_unpadde
                 np.testing.assert_allclose(answer[name], expected[name], **TOLERANCE)
         over_oip(http_port, grpc_port, model, requests[:4])
         with Client(endpoint, timeout=60) as client:
+            tokens = client.status()["traffic"]["tokens"]  # lengths and padding, since start
+            # Through ZeroMQ, then OIP's HTTP and gRPC, and the gateway's one probe at the shortest length (1 token).
+            real = sum(LENGTHS) + sum(LENGTHS[:4]) * 2 + 1
+            assert (tokens["sequences"], tokens["real_tokens"]) == (len(LENGTHS) + 8 + 1, real)
+            # Each slice padded to its own longest: less than padding every request to the model's longest.
+            assert real <= tokens["padded_tokens"] < LONGEST * tokens["sequences"]
             too_long = sequence(LONGEST + 1, 0)
             with pytest.raises(BadRequest, match=r"axis 1 is 33 long; the model takes 1 to 32 there"):
                 client.infer(too_long)
@@ -109,6 +116,10 @@ def over_oip(http_port: int, grpc_port: int, model: Any, requests: list[dict[str
     http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
     rpc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
     try:
+        deadline = time.monotonic() + 60.0  # the gateway finds the daemon serving on its own probe, after `info`
+        while not http.is_server_ready():
+            assert time.monotonic() < deadline, "the gateway never said ready"
+            time.sleep(0.2)
         metadata = http.get_model_metadata("bert")
         assert [(t["name"], t["shape"]) for t in metadata["inputs"]][0] == ("input_ids", [-1, -1])
         assert [(t["name"], t["shape"]) for t in metadata["outputs"]][0] == ("last_hidden_state", [-1, -1, 32])

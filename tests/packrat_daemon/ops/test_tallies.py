@@ -15,6 +15,7 @@ from packrat_daemon.ops.tallies import (
     LayoutTimes,
     OwnTimes,
     Tally,
+    Tokens,
     batch_predicted_ms,
     first_of_batch,
     layout_label,
@@ -50,6 +51,25 @@ def test_a_value_on_a_bound_counts_in_that_bucket_and_one_past_the_last_in_inf()
 def test_an_empty_tally_has_every_bucket_at_zero() -> None:
     assert Tally([0.5]).cumulative() == [("0.5", 0), ("+Inf", 0)]
     assert Tally([]).cumulative() == [("+Inf", 0)]
+
+
+# -- tokens ----------------------------------------------------------------------------------------
+def test_padding_waste_is_the_slices_padded_tokens_over_the_requests_own() -> None:
+    lengths = [3, 5, 12, 16]  # two slices, each padded to its own longest: 2 x 5 and 2 x 16
+    requests = [Request(b"c", None, k, "int64", (1, n), b"", length=n) for k, n in enumerate(lengths)]
+    batch = InFlightBatch(requests, np.dtype("int64"), (16,))
+    jobs = [Job(k, batch, 2 * k, 2, WorkerHandle(k, 1, (k,), 1), 0.0, 0.0, None, length=(5, 16)[k]) for k in (0, 1)]
+    tokens = Tokens()
+    assert tokens.to_json() is None  # nothing answered: status shows no line
+    for request in requests:
+        tokens.answered(request.length, request.samples)
+    tokens.batch(jobs)
+    found = tokens.to_json()
+    assert found is not None
+    assert (found["real_tokens"], found["padded_tokens"]) == (36, 42)
+    assert found["padding_waste"] == pytest.approx(42 / 36, abs=1e-4)
+    assert found["sequences"] == 4 and found["mean_length"] == 9.0
+    assert found["length_shares"] == [[4, 0.25], [8, 0.25], [16, 0.5]]  # 3 <= 4, 5 <= 8, 12 and 16 <= 16
 
 
 # -- layouts ----------------------------------------------------------------------------------------
