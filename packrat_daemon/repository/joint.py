@@ -12,8 +12,11 @@ comes back once models are unloaded down to the cores.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -90,11 +93,28 @@ class JointPlan:
             len(self.cores),
         )
         reason = f"repository: {len(daemons)} models share {len(self.cores)} cores"
+        self._write_shared([name for name, _ in daemons], reason, cpus)
         for name, endpoint in daemons:
             try:
                 control_request(endpoint, {"op": "assign", "cpus": cpus, "reason": reason}, ASSIGN_TIMEOUT_S)
             except PackratError as exc:  # down: it starts again on every CPU (first_cpus)
                 log.warning("model %s not told every CPU: %s", name, exc)
+
+    def _write_shared(self, names: list[str], reason: str, cpus: list[int]) -> None:
+        """The status file as `packrat coordinate --status` reads it, for the models time-sharing every CPU."""
+        every = format_cpulist(cpus)
+        status = {
+            "time": time.time(), "pid": os.getpid(), "looks": 0, "interval_s": self.interval_s, "mode": "shared",
+            "machine": {"cpus": every, "cores": len(self.cores)},
+            "models": [{"name": name, "up": True, "cpus": every} for name in names],
+            "declined": f"{reason}: no joint plan until the models loaded are at most the cores", "moves": [],
+        }  # fmt: skip
+        tmp = self.status_path.with_name(f".{self.status_path.name}.tmp")
+        try:
+            tmp.write_text(json.dumps(status, indent=2), encoding="utf-8")
+            os.replace(tmp, self.status_path)
+        except OSError as exc:
+            log.warning("cannot write %s: %s", self.status_path, exc)
 
     def _end(self) -> None:
         if self._thread is not None:

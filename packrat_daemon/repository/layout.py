@@ -48,6 +48,13 @@ OWNED = {
     **{name: _SHARED for name in GATEWAY},
 }
 LOAD = "load"  # not a serve setting: whether the model is loaded at start
+# What each model needs a value of its own for: given for every model ([defaults], the flags), refused.
+OWN_ONLY = {
+    "endpoint": "each model's daemon binds its own ZeroMQ endpoint (default ipc://RUN_DIR/models/NAME/front.ipc)",
+    "metrics_port": "each model's daemon would bind the same port; the repository's one metrics endpoint is the "
+    "gateway's (/metrics on --http-port, or --oip-metrics-port)",
+}
+STATE_DIR = "state_dir"  # given for every model: a parent folder, each model's below it (STATE_DIR/NAME)
 
 
 @dataclass(frozen=True)
@@ -74,9 +81,20 @@ class Repository:
         """The serve settings of model `name`: [defaults], then the flags typed, then config.pbtxt's, then the
         model's own (each wins over those before it), less those the repository owns."""
         entry = self.models[name]
-        merged = {**self.defaults, **{k: v for k, v in flags.items() if k not in OWNED}, **entry.given, **entry.own}
+        shared = {**self.defaults, **{k: v for k, v in flags.items() if k not in OWNED}}
+        check_shared(shared, "the flags typed or [defaults]")
+        if shared.get(STATE_DIR) is not None:
+            shared[STATE_DIR] = str(Path(shared[STATE_DIR]) / name)
+        merged = {**shared, **entry.given, **entry.own}
         merged["model"] = entry.model
         return merged
+
+
+def check_shared(values: Mapping[str, Any], where: str) -> None:
+    """RepositoryError for a setting given to every model that each model needs a value of its own for."""
+    for key in values:
+        if key in OWN_ONLY:
+            raise RepositoryError(f"{where} give {key} to every model: {OWN_ONLY[key]}; set it in [models.NAME]")
 
 
 def read_repository(path: str) -> Repository:
@@ -92,9 +110,11 @@ def read_repository(path: str) -> Repository:
             f"layout: NAME/1/model.onnx) or a TOML file listing them ({REPOSITORY_TOML})"
         )
     table = _read_toml(toml) if toml.is_file() else {}
+    defaults = _checked(table.get("defaults", {}), toml, "[defaults]")
+    check_shared(defaults, f"{toml}: [defaults] would")
     listed = _models_table(table, toml)
     models: dict[str, ModelEntry] = {}
-    folders = {} if toml == given else {p.name: p for p in sorted(root.iterdir()) if _model_folder(p)}
+    folders = {p.name: p for p in sorted(root.iterdir()) if _model_folder(p)}
     for folder in folders.values():
         triton = read_triton_model(folder)
         own = listed.pop(folder.name, listed.pop(triton.name, {}))
@@ -133,7 +153,7 @@ def read_repository(path: str) -> Repository:
             f"{given} holds no model; put each in a folder of its own (NAME/1/model.onnx, as "
             f"Triton's layout has it) or list them in {REPOSITORY_TOML} ([models.NAME])"
         )
-    return Repository(root, models, _checked(table.get("defaults", {}), toml, "[defaults]"))
+    return Repository(root, models, defaults)
 
 
 def _model_folder(path: Path) -> bool:

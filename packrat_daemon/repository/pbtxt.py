@@ -32,6 +32,7 @@ def _tokens(text: str, source: str) -> list[tuple[str, str]]:
         if match is None:
             if text[position:].strip() == "":
                 break
+            position += len(text[position:]) - len(text[position:].lstrip())
             line = text.count("\n", 0, position) + 1
             raise RepositoryError(
                 f"{source}, line {line}: cannot read {text[position : position + 20]!r}; "

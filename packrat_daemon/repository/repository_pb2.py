@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*packrat_daemon/repository/repository.proto\x12\tinference\"\x8a\x01\n\x18ModelRepositoryParameter\x12\x14\n\nbool_param\x18\x01 \x01(\x08H\x00\x12\x15\n\x0bint64_param\x18\x02 \x01(\x03H\x00\x12\x16\n\x0cstring_param\x18\x03 \x01(\tH\x00\x12\x15\n\x0b\x62ytes_param\x18\x04 \x01(\x0cH\x00\x42\x12\n\x10parameter_choice\"@\n\x16RepositoryIndexRequest\x12\x17\n\x0frepository_name\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\x08\"\xa4\x01\n\x17RepositoryIndexResponse\x12=\n\x06models\x18\x01 \x03(\x0b\x32-.inference.RepositoryIndexResponse.ModelIndex\x1aJ\n\nModelIndex\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\xec\x01\n\x1aRepositoryModelLoadRequest\x12\x17\n\x0frepository_name\x18\x01 \x01(\t\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12I\n\nparameters\x18\x03 \x03(\x0b\x32\x35.inference.RepositoryModelLoadRequest.ParametersEntry\x1aV\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x32\n\x05value\x18\x02 \x01(\x0b\x32#.inference.ModelRepositoryParameter:\x02\x38\x01\"\x1d\n\x1bRepositoryModelLoadResponse\"\xf0\x01\n\x1cRepositoryModelUnloadRequest\x12\x17\n\x0frepository_name\x18\x01 \x01(\t\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12K\n\nparameters\x18\x03 \x03(\x0b\x32\x37.inference.RepositoryModelUnloadRequest.ParametersEntry\x1aV\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x32\n\x05value\x18\x02 \x01(\x0b\x32#.inference.ModelRepositoryParameter:\x02\x38\x01\"\x1f\n\x1dRepositoryModelUnloadResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*packrat_daemon/repository/repository.proto\x12\x12packrat.repository\"\x8a\x01\n\x18ModelRepositoryParameter\x12\x14\n\nbool_param\x18\x01 \x01(\x08H\x00\x12\x15\n\x0bint64_param\x18\x02 \x01(\x03H\x00\x12\x16\n\x0cstring_param\x18\x03 \x01(\tH\x00\x12\x15\n\x0b\x62ytes_param\x18\x04 \x01(\x0cH\x00\x42\x12\n\x10parameter_choice\"@\n\x16RepositoryIndexRequest\x12\x17\n\x0frepository_name\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\x08\"\xad\x01\n\x17RepositoryIndexResponse\x12\x46\n\x06models\x18\x01 \x03(\x0b\x32\x36.packrat.repository.RepositoryIndexResponse.ModelIndex\x1aJ\n\nModelIndex\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\xfe\x01\n\x1aRepositoryModelLoadRequest\x12\x17\n\x0frepository_name\x18\x01 \x01(\t\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12R\n\nparameters\x18\x03 \x03(\x0b\x32>.packrat.repository.RepositoryModelLoadRequest.ParametersEntry\x1a_\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12;\n\x05value\x18\x02 \x01(\x0b\x32,.packrat.repository.ModelRepositoryParameter:\x02\x38\x01\"\x1d\n\x1bRepositoryModelLoadResponse\"\x82\x02\n\x1cRepositoryModelUnloadRequest\x12\x17\n\x0frepository_name\x18\x01 \x01(\t\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12T\n\nparameters\x18\x03 \x03(\x0b\x32@.packrat.repository.RepositoryModelUnloadRequest.ParametersEntry\x1a_\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12;\n\x05value\x18\x02 \x01(\x0b\x32,.packrat.repository.ModelRepositoryParameter:\x02\x38\x01\"\x1f\n\x1dRepositoryModelUnloadResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,24 +35,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REPOSITORYMODELLOADREQUEST_PARAMETERSENTRY']._serialized_options = b'8\001'
   _globals['_REPOSITORYMODELUNLOADREQUEST_PARAMETERSENTRY']._loaded_options = None
   _globals['_REPOSITORYMODELUNLOADREQUEST_PARAMETERSENTRY']._serialized_options = b'8\001'
-  _globals['_MODELREPOSITORYPARAMETER']._serialized_start=58
-  _globals['_MODELREPOSITORYPARAMETER']._serialized_end=196
-  _globals['_REPOSITORYINDEXREQUEST']._serialized_start=198
-  _globals['_REPOSITORYINDEXREQUEST']._serialized_end=262
-  _globals['_REPOSITORYINDEXRESPONSE']._serialized_start=265
-  _globals['_REPOSITORYINDEXRESPONSE']._serialized_end=429
-  _globals['_REPOSITORYINDEXRESPONSE_MODELINDEX']._serialized_start=355
-  _globals['_REPOSITORYINDEXRESPONSE_MODELINDEX']._serialized_end=429
-  _globals['_REPOSITORYMODELLOADREQUEST']._serialized_start=432
-  _globals['_REPOSITORYMODELLOADREQUEST']._serialized_end=668
-  _globals['_REPOSITORYMODELLOADREQUEST_PARAMETERSENTRY']._serialized_start=582
-  _globals['_REPOSITORYMODELLOADREQUEST_PARAMETERSENTRY']._serialized_end=668
-  _globals['_REPOSITORYMODELLOADRESPONSE']._serialized_start=670
-  _globals['_REPOSITORYMODELLOADRESPONSE']._serialized_end=699
-  _globals['_REPOSITORYMODELUNLOADREQUEST']._serialized_start=702
-  _globals['_REPOSITORYMODELUNLOADREQUEST']._serialized_end=942
-  _globals['_REPOSITORYMODELUNLOADREQUEST_PARAMETERSENTRY']._serialized_start=582
-  _globals['_REPOSITORYMODELUNLOADREQUEST_PARAMETERSENTRY']._serialized_end=668
-  _globals['_REPOSITORYMODELUNLOADRESPONSE']._serialized_start=944
-  _globals['_REPOSITORYMODELUNLOADRESPONSE']._serialized_end=975
+  _globals['_MODELREPOSITORYPARAMETER']._serialized_start=67
+  _globals['_MODELREPOSITORYPARAMETER']._serialized_end=205
+  _globals['_REPOSITORYINDEXREQUEST']._serialized_start=207
+  _globals['_REPOSITORYINDEXREQUEST']._serialized_end=271
+  _globals['_REPOSITORYINDEXRESPONSE']._serialized_start=274
+  _globals['_REPOSITORYINDEXRESPONSE']._serialized_end=447
+  _globals['_REPOSITORYINDEXRESPONSE_MODELINDEX']._serialized_start=373
+  _globals['_REPOSITORYINDEXRESPONSE_MODELINDEX']._serialized_end=447
+  _globals['_REPOSITORYMODELLOADREQUEST']._serialized_start=450
+  _globals['_REPOSITORYMODELLOADREQUEST']._serialized_end=704
+  _globals['_REPOSITORYMODELLOADREQUEST_PARAMETERSENTRY']._serialized_start=609
+  _globals['_REPOSITORYMODELLOADREQUEST_PARAMETERSENTRY']._serialized_end=704
+  _globals['_REPOSITORYMODELLOADRESPONSE']._serialized_start=706
+  _globals['_REPOSITORYMODELLOADRESPONSE']._serialized_end=735
+  _globals['_REPOSITORYMODELUNLOADREQUEST']._serialized_start=738
+  _globals['_REPOSITORYMODELUNLOADREQUEST']._serialized_end=996
+  _globals['_REPOSITORYMODELUNLOADREQUEST_PARAMETERSENTRY']._serialized_start=609
+  _globals['_REPOSITORYMODELUNLOADREQUEST_PARAMETERSENTRY']._serialized_end=704
+  _globals['_REPOSITORYMODELUNLOADRESPONSE']._serialized_start=998
+  _globals['_REPOSITORYMODELUNLOADRESPONSE']._serialized_end=1029
 # @@protoc_insertion_point(module_scope)

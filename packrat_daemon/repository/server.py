@@ -28,7 +28,7 @@ from packrat_daemon.protocol.gateway_metrics import GRPC, serve_metrics
 from packrat_daemon.protocol.limits import GatewayLimits
 from packrat_daemon.repository.extension import RepositoryRestApp, grpc_handler
 from packrat_daemon.repository.joint import JointPlan
-from packrat_daemon.repository.layout import Repository, read_repository
+from packrat_daemon.repository.layout import Repository, check_shared, read_repository
 from packrat_daemon.repository.metrics import RepositoryCollector
 from packrat_daemon.repository.plane import RepositoryPlane
 from packrat_daemon.repository.service import RepositoryService
@@ -78,6 +78,7 @@ def serve_repository(config: Any, flags: Mapping[str, Any]) -> int:
     from policies.planning.topology import Topology
 
     repository = read_repository(config.repository)
+    check_shared(flags, "the command line would")
     options = gateway_options(config)
     run_dir = run_dir_of(config)
     topology = Topology.detect().share(config.cpus)
