@@ -105,6 +105,13 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    # Not a stop: a repository is changed at run time through the extension's load and unload.
+    loop.add_signal_handler(
+        signal.SIGHUP,
+        log.warning,
+        "SIGHUP ignored: a repository does not reload; load or "
+        "unload models with the repository extension, or restart it to read the repository again",
+    )
     plane = RepositoryPlane()
     service = RepositoryService(repository, flags, run_dir, joint, plane)
     plane.metrics.registry.register(RepositoryCollector(service))

@@ -182,3 +182,15 @@ def test_what_each_model_needs_its_own_of_is_refused_for_all_and_a_shared_state_
         repository.settings("a", {"endpoint": "tcp://127.0.0.1:5555"})
     settings = repository.settings("a", {"state_dir": "/var/lib/packrat"})
     assert settings["state_dir"] == "/var/lib/packrat/a" and settings["metrics_port"] == 9464
+
+
+def test_the_repositorys_gateway_settings_are_checked_before_anything_starts() -> None:
+    from packrat_daemon.config import ServeConfig
+    from packrat_daemon.repository.server import gateway_options
+
+    with pytest.raises(ConfigError, match="give --http-port or --grpc-port .*e.g. --http-port 8000 --grpc-port 8001"):
+        gateway_options(ServeConfig(repository="/srv/models"))
+    with pytest.raises(ConfigError, match="--oip-model-name names a lone daemon's model"):
+        gateway_options(ServeConfig(repository="/srv/models", http_port=8000, oip_model_name="a"))
+    options = gateway_options(ServeConfig(repository="/srv/models", http_port=8000, grpc_port=8001))
+    assert (options.http_port, options.grpc_port, options.grpc_server) == (8000, 8001, "aio")
