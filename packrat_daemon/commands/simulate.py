@@ -18,7 +18,7 @@ from packrat_daemon.wire.errors import ConfigError
 # The serve settings that change what the simulated daemon does; the rest (sockets, workers, logging)
 # have nothing to act on here.
 SERVE_SETTINGS = [
-    "policy", "plan", "min_split_gain", "max_batch", "max_delay_ms", "max_queue",
+    "policy", "plan", "min_split_gain", "max_batch", "max_delay_ms", "max_queue", "max_batch_tokens", "length_batching",
     "adapt", "adapt_interval_s", "adapt_min_batches", "adapt_cooldown_s", "adapt_min_gain",
 ]  # fmt: skip
 
@@ -58,6 +58,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sizes = traffic.add_mutually_exclusive_group()
     sizes.add_argument("--batch", type=positive_int, help="samples per request (default 1)")
     sizes.add_argument("--batches", dest="mix", metavar="B:W,…", help="weighted samples per request, e.g. 1:0.5,8:0.5")
+    traffic.add_argument(
+        "--lengths",
+        metavar="DIST",
+        help="each request's length along a free axis (tokens), as packrat load's --lengths, e.g. "
+        "lognormal:median=12,p99=64,max=128: the model is then a masked text model of that longest, the profile "
+        "measured there, each slice waiting the length rule (docs/design.md)",
+    )
     traffic.add_argument("--duration", type=float, help="seconds of virtual time to send for")
     traffic.add_argument("--requests", type=positive_int, help="requests to send")
     add_poisson_count(traffic)
@@ -110,6 +117,7 @@ def costs_from(args: argparse.Namespace) -> Any:
 
 def traffic_from(args: argparse.Namespace) -> Any:
     from packrat_daemon.load.arrivals import BatchMix, Burst, Poisson, Trace
+    from packrat_daemon.load.lengths import parse_lengths
     from packrat_daemon.simulate import Traffic
 
     mix = BatchMix.parse(args.mix) if args.mix else BatchMix.single(args.batch or 1)
@@ -123,7 +131,8 @@ def traffic_from(args: argparse.Namespace) -> Any:
         process = None
     if args.duration is not None and not args.duration > 0:
         raise ConfigError(f"--duration must be a positive number of seconds, got {args.duration}")
-    return Traffic(mix, process, args.concurrency, args.duration, args.requests, args.seed, args.uptime_s)
+    lengths = None if args.lengths is None else parse_lengths(args.lengths)
+    return Traffic(mix, process, args.concurrency, args.duration, args.requests, args.seed, args.uptime_s, lengths)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -25,22 +25,27 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from packrat_daemon.adapt.online import OnlineAdaptation
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.fleet.pool import WorkerHandle, WorkerState
 from packrat_daemon.fleet.reconciler import plan_slots
 from packrat_daemon.load.arrivals import ArrivalProcess, BatchMix, within
+from packrat_daemon.load.lengths import Lengths
 from packrat_daemon.load.report import Tally, summarize
 from packrat_daemon.loop import LoopCore
 from packrat_daemon.measure.emulation import Interference
 from packrat_daemon.requests.batcher import Batcher, Request, plan_latency
+from packrat_daemon.requests.ragged import Ragged
 from packrat_daemon.requests.splitter import Splitter
 from packrat_daemon.simulate.clock import EventLoop, VirtualClock
 from packrat_daemon.simulate.costs import DaemonCosts, LoopModel
+from packrat_daemon.simulate.lengths import ragged_model, sliced
 from packrat_daemon.simulate.service import ServiceModel
 from packrat_daemon.startup import distribution_for, policy_for
 from packrat_daemon.wire.codec import ErrorCode
@@ -71,6 +76,9 @@ class Traffic:
     # How long the daemon has been serving when the first request comes: its adaptation looks come every
     # adapt_interval_s from its own start, so this decides which look first sees enough batches.
     uptime_s: float = 0.0
+    # Each request's length along a model's free axis (a text model's tokens), as packrat load's --lengths: the
+    # model is then one of that free axis, its longest the distribution's (simulate.lengths). None: fixed shape.
+    lengths: Lengths | None = None
 
     def __post_init__(self) -> None:
         if self.uptime_s < 0:
@@ -85,7 +93,8 @@ class Traffic:
 
     def describe(self) -> str:
         sender = self.process.describe() if self.process is not None else f"closed loop, {self.concurrency} client(s)"
-        return f"{sender}, batch {self.mix.describe()}"
+        lengths = "" if self.lengths is None else f", lengths {self.lengths.describe()}"
+        return f"{sender}, batch {self.mix.describe()}{lengths}"
 
 
 @dataclass
@@ -148,6 +157,9 @@ class Simulation:
         self.adapt_wall_s: list[float] = []  # wall time of each look of online adaptation (outside the result)
         self._senders = 0  # arrival sources still sending (1 open-loop process, or N closed-loop clients)
         self._tick_at: float | None = None  # the batch-due wake-up already scheduled, if any
+        self.ragged: Ragged | None = None  # traffic of many lengths: the model's free axis
+        self._draw_length: Callable[[], int] = lambda: 0
+        self._slice_lengths: list[int] | None = None  # the batch in flight's slices' padded lengths
 
     # -- the run --------------------------------------------------------------------------------
     def run(self, traffic: Traffic, max_events: int = MAX_EVENTS) -> SimulationResult:
@@ -163,6 +175,10 @@ class Simulation:
                 "would refuse every one; raise --max-batch or send smaller requests"
             )
         rng = random.Random(traffic.seed)
+        if traffic.lengths is not None:
+            lengths, drawn = traffic.lengths, np.random.default_rng(traffic.seed)
+            self.ragged = ragged_model(self.config, lengths.longest, self.batcher)
+            self._draw_length = lambda: int(lengths.sample(drawn, 1)[0])
         if traffic.process is not None:
             self._senders = 1
             arrivals = within(traffic.process, traffic.duration_s).arrivals(traffic.mix, rng)
@@ -219,7 +235,14 @@ class Simulation:
         self.tally.sent += 1
         sent = self.last_send = self.clock.now
         request = Request(
-            b"", None, answered, "float32", (samples,), None, arrived=sent + self.costs.transport_s(samples) / 2
+            b"",
+            None,
+            answered,
+            "float32",
+            (samples,),
+            None,
+            arrived=sent + self.costs.transport_s(samples) / 2,
+            length=self._draw_length(),
         )
         self._sent_at[id(request)] = sent
 
@@ -288,8 +311,11 @@ class Simulation:
         the loop starts them, and they come back after the trip to the workers."""
         self.queue_wait_s += sum(now - request.arrived for request in batch)
         rows = sum(request.samples for request in batch)
-        chosen = self.splitter.choose(self.workers, rows)
-        slices = [(worker.threads, part) for worker, part in chosen]
+        if self.ragged is None:
+            slices = [(worker.threads, part) for worker, part in self.splitter.choose(self.workers, rows)]
+        else:  # sorted and cut by cost as the daemon does, each slice padded to its longest
+            cut = sliced(batch, self.ragged, self.splitter, self.workers)
+            slices, self._slice_lengths = [(t, part) for t, part, _ in cut], [n for _, _, n in cut]
         self.busy = True
         self.batches += 1
         self.batch_inputs += rows
@@ -299,7 +325,8 @@ class Simulation:
     def compute(self, batch: list[Request], slices: list[tuple[int, int]], sent: float) -> None:
         """The slices, sent at `sent`, computed alone on the machine (the batch in flight is the only one):
         `_finish` once the last is back. A daemon sharing the machine overrides this (simulate.colocated)."""
-        compute_ms = self.service.batch_ms(slices)
+        reference = 0 if self.ragged is None else self.ragged.longest
+        compute_ms = self.service.batch_ms(slices, self._slice_lengths, reference)
         done = sent + (max(compute_ms) + self.costs.hop_ms) / 1000.0
         self.loop.at(done, lambda: self._finish(batch, slices, compute_ms))
 
@@ -311,8 +338,10 @@ class Simulation:
         fixed_ms, per_request_ms = self.costs.answer_ms
         for k, request in enumerate(batch, start=1):
             self._answered(request, at=started + (fixed_ms + per_request_ms * k) / 1000.0)
-        for (threads, rows), ms in zip(slices, compute_ms, strict=True):
-            self.adaptation.production.observe(threads, rows, ms, now)
+        padded = self._slice_lengths or [0] * len(slices)
+        for (threads, rows), ms, length in zip(slices, compute_ms, padded, strict=True):
+            if self.ragged is None or length == self.ragged.longest:  # production's table is the profile's length
+                self.adaptation.production.observe(threads, rows, ms, now)
         self._tick()
 
     def _answered(self, request: Request, error: str | None = None, at: float | None = None) -> None:

@@ -24,9 +24,13 @@ class ServiceModel:
     def of(cls, profile: Profile, cores: int, max_batch: int, interference: Interference) -> ServiceModel:
         return cls(numbers(profile, cores, max_batch, interference))
 
-    def batch_ms(self, slices: list[tuple[int, int]]) -> list[float]:
-        """When each (threads, rows) slice of one batch finishes, in ms after they all started together."""
-        work = [self.alone_ms(threads, rows) for threads, rows in slices]  # ms of work at no slow-down
+    def batch_ms(
+        self, slices: list[tuple[int, int]], lengths: list[int] | None = None, reference: int = 0
+    ) -> list[float]:
+        """When each (threads, rows) slice of one batch finishes, in ms after they all started together. `lengths`:
+        each slice's padded length along a free axis, the profile's being `reference` (simulate.lengths)."""
+        padded = lengths or [0] * len(slices)
+        work = [self.alone_ms(t, rows, n, reference) for (t, rows), n in zip(slices, padded, strict=True)]
         finished = [0.0] * len(slices)
         active = sorted(range(len(slices)), key=work.__getitem__)  # the least work finishes first
         now = done = 0.0  # done: work every active slice has completed so far
@@ -37,9 +41,9 @@ class ServiceModel:
             finished[index] = now
         return finished
 
-    def alone_ms(self, threads: int, rows: int) -> float:
+    def alone_ms(self, threads: int, rows: int, length: int = 0, reference: int = 0) -> float:
         try:
-            return self.numbers.latency_s(threads, rows) * 1000.0
+            return self.numbers.latency_s(threads, rows, length, reference) * 1000.0
         except ValueError as exc:
             raise ProfileError(
                 f"{exc}: the emulated workers could not serve this slice either; profile every thread count up to "
