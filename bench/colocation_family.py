@@ -164,7 +164,9 @@ def scenario(names: Sequence[str], cores: int, shape: str, seed: int) -> tuple[l
         trace = phased(phases, mix, duration, random.Random(seed * 1000 + index))
         config = ServeConfig(max_batch=MAX_BATCH, adapt=False, batches=list(mix.sizes), max_delay_ms=0.0)
         models.append(Model(name, config, profile, Traffic(mix, process=trace)))
+    # The start, each phase change and the traffic's end (a move as the last requests drain follows it).
     changes = [k * PHASE_S for k in range(len(names))] if kind == "shift" else [0.0]
+    changes.append(duration)
     return models, changes, duration
 
 
@@ -215,6 +217,7 @@ def run_group(case: tuple[int, tuple[str, ...], str, int]) -> dict[str, Any]:
             "moves": report["moves_made"],
             "moves_in_steady_phases": len(steady),
             "modes": [m.get("mode") for m in report["moves"]],
+            "moves_at": [[m["t_s"], m["rule"], m["mode"], m["to"]] for m in report["moves"]],
             "errors": sum(sum(m["errors"].values()) for m in report["models"].values()),
             "cpu_s": round(time.process_time() - started, 2),  # real seconds of this process, not simulated
         }

@@ -37,13 +37,41 @@ from policies.colocation import JointPlan, ModelDemand, ModelShare, evaluate, pl
 from policies.colocation_options import sojourn_ms
 
 MODES = ("every", "even", "proportional", "joint")
+MODE_GAIN = 0.2  # the least predicted gain of a move between every model on all cores and a split
 HOLD_S = 10.0  # steady rates are judged over this long: the queue a split that cannot carry them grows meanwhile
 RHO_CAP = 0.95  # the M/G/1 term is read at most this busy; beyond it the fluid backlog carries the wait
 FIXED_POINT = 30  # iterations of the collision fixed point (it converges in a few when a split can exist)
-BURST_Z = 4.0  # a stretch this many standard deviations above a model's median is part of a burst …
+HIGH_Z = 3.0  # a stretch this many standard deviations above a model's median may be part of a burst …
+BURST_Z = 4.0  # … a run of them this far above the stretches around it is one …
 BURST_BINS = 4  # … one that falls back within this many stretches …
 BURSTS = 1  # … seen this many times in the history: the traffic is bursty
 RARE = 0.25  # bursts collide rarely: at most this share of the stretches with a burst have two or more
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """How busy threads slow each other on one machine: the emulated workers' rule. A batch keeping `own`
+    threads busy while `total` are (its own included) runs f(total)/f(own) · max(1, total/cores) times slower
+    than alone: the interference of a busier machine, f linear from 1 alone to `full_load` with every core
+    busy, and time-sharing past the cores."""
+
+    cores: int
+    full_load: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.cores < 1 or not self.full_load >= 1.0:
+            raise ProfileError(
+                f"a machine needs a core or more and a full-load slow-down >= 1 (1: none); got {self.cores}, "
+                f"{self.full_load}"
+            )
+
+    def factor(self, busy: float) -> float:
+        if self.cores <= 1:
+            return 1.0
+        return 1.0 + (self.full_load - 1.0) * (min(max(busy, 1.0), self.cores) - 1.0) / (self.cores - 1)
+
+    def slowdown(self, own: float, total: float) -> float:
+        return self.factor(total) / self.factor(own) * max(1.0, total / self.cores)
 
 
 @dataclass(frozen=True)
@@ -115,46 +143,50 @@ def proportional_split(loads: Sequence[float], cores: int, min_cores: int = 1) -
     return [min_cores + g for g in given]
 
 
-def collisions(shares: Sequence[ModelShare], busy: Sequence[float], cores: int) -> list[float]:
-    """Each model's slow-down on shared cores: the expected max(1, busy threads / cores) while it serves, each
-    other model busy with probability `busy[j]` (independently) with its `busy_threads`."""
+def collisions(shares: Sequence[ModelShare], busy: Sequence[float], machine: Sharing, power: int = 1) -> list[float]:
+    """Each model's expected slow-down while it serves (`Sharing.slowdown`; its square with `power` 2, for the
+    service time's second moment), each other model busy with probability `busy[j]` (independently) with its
+    `busy_threads`: on shared cores they time-share, on disjoint shares they only interfere."""
     slow = []
     for m, share in enumerate(shares):
         others = [j for j in range(len(shares)) if j != m]
+        own = max(1.0, share.busy_threads)
         expected = 0.0
         for states in product((False, True), repeat=len(others)):
-            chance, threads = 1.0, max(1.0, share.busy_threads)
+            chance, threads = 1.0, own
             for j, on in zip(others, states, strict=True):
                 chance *= busy[j] if on else 1.0 - busy[j]
                 threads += shares[j].busy_threads if on else 0.0
-            expected += chance * max(1.0, threads / cores)
+            expected += chance * machine.slowdown(own, threads) ** power
         slow.append(expected)
     return slow
 
 
-def shared_slowdowns(
-    shares: Sequence[ModelShare], rates: Sequence[float], cores: int, saturated: Sequence[bool]
-) -> list[float]:
-    """The fixed point of `collisions`: each model busy λ·S·slow-down of the time (all of it while `saturated`)."""
+def slowdowns(
+    shares: Sequence[ModelShare], rates: Sequence[float], machine: Sharing, saturated: Sequence[bool]
+) -> tuple[list[float], list[float]]:
+    """The fixed point of `collisions`: each model busy λ·S·slow-down of the time (all of it while `saturated`);
+    each model's mean slow-down and mean squared slow-down there."""
     slow = [1.0] * len(shares)
+    busy = [0.0] * len(shares)
     for _ in range(FIXED_POINT):
         busy = [
             1.0 if full else min(1.0, rate / 1000.0 * share.service_ms * s)
             for share, rate, s, full in zip(shares, rates, slow, saturated, strict=True)
         ]
-        slow = collisions(shares, busy, cores)
-    return slow
+        slow = collisions(shares, busy, machine)
+    return slow, collisions(shares, busy, machine, 2)
 
 
-def shared_plan(demands: Sequence[ModelDemand], cores: int) -> JointPlan:
+def shared_plan(demands: Sequence[ModelDemand], cores: int, full_load: float = 1.0) -> JointPlan:
     """Every model planned for all `cores` (the shares overlapping). Each share's service time is its plan's
     alone; its predicted sojourn and busy fraction are slowed by the collisions at the demands' rates."""
     alone = [evaluate([demand], [cores]).shares[0] for demand in demands]
     rates = [d.rate_per_s for d in demands]
-    slow = shared_slowdowns(alone, rates, cores, [False] * len(alone))
+    slow, square = slowdowns(alone, rates, Sharing(cores, full_load), [False] * len(alone))
     shares = []
-    for share, demand, s in zip(alone, demands, slow, strict=True):
-        mean, second = share.service_ms * s, share.second_ms2 * s * s
+    for share, demand, s, s2 in zip(alone, demands, slow, square, strict=True):
+        mean, second = share.service_ms * s, share.second_ms2 * s2
         wait = sojourn_ms(mean, second, demand.rate_per_s)
         busy = demand.rate_per_s / 1000.0 * mean
         shares.append(replace(share, predicted_ms=wait, busy_fraction=busy))
@@ -164,13 +196,14 @@ def shared_plan(demands: Sequence[ModelDemand], cores: int) -> JointPlan:
     return JointPlan(tuple(shares), cores, predicted, shared=True)
 
 
-def predicted_delay(plan: JointPlan, history: RateHistory) -> float:
+def predicted_delay(plan: JointPlan, history: RateHistory, full_load: float = 1.0) -> float:
     """The traffic-weighted mean delay (ms) of `plan` over `history` (the module's fluid M/G/1 reading)."""
-    base = plan.shares  # a shared plan's service times are each plan's alone: the collisions are read per stretch
+    base = plan.shares  # each plan's service time alone: the collisions (or interference) are read per stretch
+    machine = Sharing(plan.cores, full_load)
     backlog = [0.0] * len(base)  # seconds of work queued beyond what the model carries
     total = weight = 0.0
     for rates in history.rates:
-        slow = shared_slowdowns(base, rates, plan.cores, [b > 0 for b in backlog]) if plan.shared else [1.0] * len(base)
+        slow, square = slowdowns(base, rates, machine, [b > 0 for b in backlog])
         for m, (share, rate) in enumerate(zip(base, rates, strict=True)):
             if rate <= 0:
                 backlog[m] = max(0.0, backlog[m] - history.bin_s)
@@ -178,18 +211,20 @@ def predicted_delay(plan: JointPlan, history: RateHistory) -> float:
             mean_s = share.service_ms * slow[m] / 1000.0
             end = max(0.0, backlog[m] + (rate * mean_s - 1.0) * history.bin_s)
             capped = min(rate, RHO_CAP / mean_s)
-            queueing = sojourn_ms(mean_s * 1000.0, share.second_ms2 * slow[m] ** 2, capped) / 1000.0
+            queueing = sojourn_ms(mean_s * 1000.0, share.second_ms2 * square[m], capped) / 1000.0
             total += rate * history.bin_s * (queueing + (backlog[m] + end) / 2.0)
             weight += rate * history.bin_s
             backlog[m] = end
     return 1000.0 * total / weight if weight > 0 else 0.0
 
 
-def candidates(demands: Sequence[ModelDemand], cores: int, min_cores: int = 1) -> dict[str, JointPlan]:
+def candidates(
+    demands: Sequence[ModelDemand], cores: int, min_cores: int = 1, full_load: float = 1.0
+) -> dict[str, JointPlan]:
     """The four candidate splits (MODES) for `demands`."""
     loads = [evaluate([d], [cores]).shares[0].busy_fraction for d in demands]
     return {
-        "every": shared_plan(demands, cores),
+        "every": shared_plan(demands, cores, full_load),
         "even": evaluate(demands, even_counts(len(demands), cores), total_cores=cores),
         "proportional": evaluate(demands, proportional_split(loads, cores, min_cores), total_cores=cores),
         "joint": plan_jointly(demands, cores, min_cores),
@@ -204,6 +239,7 @@ def choose(
     min_gain: float,
     min_cores: int = 1,
     collisions: float | None = None,
+    full_load: float = 1.0,
 ) -> Choice:
     """The candidate with the least predicted delay on `histories[0]`, and whether to move to it from
     `current`: only when it beats the split served by `min_gain` on every history.
@@ -214,21 +250,24 @@ def choose(
     traffic at the rates over the bursts' whole pattern."""
     if not histories:
         raise ProfileError("choose needs at least one rate history to judge the splits on")
-    found = candidates(demands, cores, min_cores)
-    scores = {mode: predicted_delay(plan, histories[0]) for mode, plan in found.items()}
+    found = candidates(demands, cores, min_cores, full_load)
+    scores = {mode: predicted_delay(plan, histories[0], full_load) for mode, plan in found.items()}
     best = min(MODES, key=lambda mode: (scores[mode], MODES.index(mode)))
-    if collisions is not None and collisions <= RARE:
+    rare = collisions is not None and collisions <= RARE
+    if rare:
         best = "every"
     plan = found[best]
     same = plan.shared == current.shared and (plan.shared or plan.split == current.split)
-    move = not same and (
-        best == "every"
-        and collisions is not None
-        and collisions <= RARE
-        or all(predicted_delay(plan, h) <= predicted_delay(current, h) * (1.0 - min_gain) for h in histories)
-    )
+    served = [predicted_delay(current, h, full_load) for h in histories]
+    gains = [
+        1.0 - predicted_delay(plan, h, full_load) / d if d > 0 else 0.0 for h, d in zip(histories, served, strict=True)
+    ]
+    # Between every model on all the cores and a split, each model's whole plan changes and the prediction of
+    # the collisions is the coarsest part: such a move asks MODE_GAIN at least.
+    needed = max(min_gain, MODE_GAIN) if plan.shared != current.shared else min_gain
+    move = not same and (rare and best == "every" or min(gains) >= needed)
     bursty = collisions is not None
-    current_ms = predicted_delay(current, histories[0])
+    current_ms = served[0]
     if not move:  # the split served stays: say which candidate it is
         best, plan = mode_of(current, found), current
     return Choice(best, plan, tuple((m, scores[m]) for m in MODES), current_ms, move, bursty)
@@ -244,12 +283,12 @@ def mode_of(plan: JointPlan, found: dict[str, JointPlan]) -> str:
     return "joint"
 
 
-def high(counts: Sequence[int]) -> list[bool]:
-    """Which stretches of one model's requests lie BURST_Z standard deviations (Poisson) above its median."""
+def high(counts: Sequence[int], z: float = HIGH_Z) -> list[bool]:
+    """Which stretches of one model's requests lie `z` standard deviations (Poisson) above its median."""
     if not counts:
         return []
     median = statistics.median(counts)
-    return [n > median + BURST_Z * math.sqrt(max(median, 1.0)) for n in counts]
+    return [n > median + z * math.sqrt(max(median, 1.0)) for n in counts]
 
 
 def collide(counts: Sequence[Sequence[int]]) -> float:
@@ -261,18 +300,22 @@ def collide(counts: Sequence[Sequence[int]]) -> float:
 
 
 def bursty(counts: Sequence[int]) -> bool:
-    """Whether one model's requests per stretch show BURSTS bursts: runs of at most BURST_BINS stretches
-    BURST_Z standard deviations above its median (`high`), with a stretch that is not before and after each
-    (a rise that stays is a shift, not a burst)."""
+    """Whether one model's requests per stretch show BURSTS bursts: runs of at most BURST_BINS stretches above
+    its median (`high`) that stand BURST_Z standard deviations (Poisson) above the two stretches before and
+    the two after them. A rise that stays is a shift, not a burst; and a stretch is judged against its own
+    neighbours, not the median, so that the level before a shift does not read as a burst after it."""
     flags = high(counts)
-    seen, run, opened = 0, 0, False
-    for flag in flags:
-        if flag:
-            run += 1
-            continue
-        if opened and 0 < run <= BURST_BINS:
-            seen += 1
-        opened, run = True, 0
+    seen, start = 0, None
+    for k, flag in enumerate([*flags, False]):
+        if flag and start is None:
+            start = k
+        elif not flag and start is not None:
+            if start > 0 and k < len(counts) and k - start <= BURST_BINS:
+                around = [*counts[max(0, start - 2) : start], *counts[k : k + 2]]
+                level = sum(around) / len(around)
+                peak = sum(counts[start:k]) / (k - start)
+                seen += peak > level + BURST_Z * math.sqrt(max(level, 1.0))
+            start = None
     return seen >= BURSTS
 
 

@@ -26,8 +26,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
+from packrat_daemon.coordinate.readings import Reading, WatchSettings
 from packrat_daemon.coordinate.strategies import Strategy
-from packrat_daemon.coordinate.watch import Decision, Reading, Watch, WatchSettings
+from packrat_daemon.coordinate.watch import Decision, Watch
 from packrat_daemon.wire.errors import PackratError
 from policies.colocation import JointPlan, ModelDemand
 from policies.colocation_choice import Choice

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from packrat_daemon.coordinate.core import finite, ms
+from packrat_daemon.coordinate.readings import Reading
 from packrat_daemon.coordinate.shares import CoordinateError, divide, even_split, move_order
-from packrat_daemon.coordinate.watch import Decision, Reading
+from packrat_daemon.coordinate.watch import Decision
 from packrat_daemon.wire.errors import ConfigError, PackratError, PolicyError, TopologyError
 from policies.base import Plan
 from policies.colocation import ModelDemand
@@ -119,9 +120,12 @@ class ControlDaemons:
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self.request = request
         self.clock = clock
-        self.split = even_split(len(self.cores), len(self.links))
+        # The even division: what each daemon's own --cpus should say, and the share a restarted one comes back on.
+        self.first = self.divide(even_split(len(self.cores), len(self.links)))
+        # The start is the safe default, every model on all the cores: the joint strategy leaves it for a split
+        # once the traffic asks for one (policies.colocation_choice).
+        self.split = tuple(len(self.cores) for _ in self.links)
         self.shares = self.divide(self.split)
-        self.first = dict(self.shares)  # the even division: what each daemon's own --cpus should say
         self.plans: dict[str, Plan | None] = {link.name: None for link in self.links}
         self.declined = ""  # why the last look did not move cores
         self.moves: deque[Move] = deque(maxlen=MOVES_KEPT)

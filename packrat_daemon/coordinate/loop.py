@@ -27,9 +27,10 @@ from typing import Any
 from packrat_daemon.control.server import request as control_request
 from packrat_daemon.coordinate.core import LookCore
 from packrat_daemon.coordinate.links import ControlDaemons, Link, Move, Request, describe
+from packrat_daemon.coordinate.readings import WatchSettings
 from packrat_daemon.coordinate.shares import cores_of
 from packrat_daemon.coordinate.strategies import Strategy
-from packrat_daemon.coordinate.watch import Watch, WatchSettings
+from packrat_daemon.coordinate.watch import Watch
 from policies.colocation import JointPlan
 from policies.planning.topology import Topology, format_cpulist
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from packrat_daemon.measure.emulation import DEFAULT_FULL_LOAD
 from packrat_daemon.wire.errors import ConfigError
 from policies.colocation import JointPlan, ModelDemand, evaluate, plan_jointly
 from policies.colocation_choice import Choice, RateHistory, choose, even_counts, proportional_split, shared_plan
@@ -30,6 +31,9 @@ class Strategy:
     name: str  # one of STRATEGIES
     cores: int  # the machine's usable cores
     min_cores: int = 1  # the fewest a model is given (joint and proportional)
+    # The slow-down with every core busy that the joint strategy's choice predicts with (its interference):
+    # the emulation's default, fitted to Inception-v3 instances measured side by side (docs/emulation.md).
+    full_load: float = DEFAULT_FULL_LOAD
 
     def __post_init__(self) -> None:
         if self.name not in STRATEGIES:
@@ -53,7 +57,7 @@ class Strategy:
         if self.name == "every":
             return every_core(demands, self.cores)
         if sum(split) > self.cores:
-            return shared_plan(demands, self.cores)
+            return shared_plan(demands, self.cores, self.full_load)
         return evaluate(demands, split, total_cores=self.cores)
 
     def choose(
@@ -65,7 +69,7 @@ class Strategy:
         collisions: float | None,
     ) -> Choice:
         """The joint strategy's choice among splits (policies.colocation_choice.choose) for its slow rule."""
-        return choose(demands, self.cores, histories, current, min_gain, self.min_cores, collisions)
+        return choose(demands, self.cores, histories, current, min_gain, self.min_cores, collisions, self.full_load)
 
 
 def every_core(demands: Sequence[ModelDemand], cores: int) -> JointPlan:

@@ -30,91 +30,21 @@ The `Watch` turns them into each model's demand and decides whether to move, by 
   rate that still averages the phase before.
 
 docs/colocation.md measures what each test costs and saves.
-`Watch` holds the readings; every decision is `policies.colocation`'s, a pure function of the demands.
+`Watch` extends the readings (packrat_daemon.coordinate.readings); every decision is `policies.colocation`'s,
+a pure function of the demands.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from packrat_daemon.coordinate import choosing
+from packrat_daemon.coordinate.readings import RATE_FLOOR, Readings, WatchSettings, mean_batch
 from packrat_daemon.wire.errors import ConfigError
 from policies.colocation import JointPlan, ModelDemand, should_move, worth_moving
 from policies.colocation_choice import Choice
-from policies.planning.distribution import BatchDistribution
-
-RATE_FLOOR = 1.0  # batches per second: below it a rate's change is judged against 1/s
-KEPT_S = 30.0  # readings older than this (and than every window) are dropped
-
-
-@dataclass(frozen=True)
-class Reading:
-    """One model's traffic at one look: its daemon's cumulative count of inputs queued and its queue now."""
-
-    t_s: float  # when it was read, on the watcher's clock (seconds)
-    arrived_inputs: int  # every input queued since the daemon started
-    queued_inputs: int  # inputs waiting to be batched at that instant
-    arrived_requests: int | None = None  # every request queued since start (None: count the inputs instead)
-
-    @property
-    def requests(self) -> int:
-        return self.arrived_inputs if self.arrived_requests is None else self.arrived_requests
-
-
-@dataclass(frozen=True)
-class WatchSettings:
-    arrivals_s: float = 3.0  # the slow rule's rate: the inputs that arrived over this last stretch
-    min_gain: float = 0.1  # predicted gain a move must bring (the hysteresis)
-    cooldown_s: float = 4.0  # least time between two moves of the slow rule
-    # A look plans only when some model's batch rate or mean batch moved by more than this fraction since the
-    # last plan: a change detector before the planner, so a steady phase is not re-planned for noise.
-    change: float = 0.15
-    fast_s: float = 1.0  # the fast rule's rate: the inputs that arrived over this last stretch
-    backlog: float = 3.0  # a queue past this many times one batch's arrivals is a backlog …
-    backlog_inputs: int = 4  # … and past this many inputs at least (a model at rest queues none)
-    backlog_looks: int = 1  # … at this many looks in a row (0: the fast rule is off)
-    saturating: bool = True  # … and only a model its share cannot carry at the last fast_s's rate
-    # … and only a model whose requests over the last fast_s exceed, by rise_z standard deviations, what the
-    # rate over the arrivals_s before them predicts (0: not asked): a jump, not a Poisson clump.
-    rise_z: float = 2.0
-    # … and, to move at one look, the models whose cores it takes must show the other side of a shift: their
-    # requests over the last fast_s fell by fall_z standard deviations (0: not asked). A rise the donors do not
-    # mirror (a clump, or new traffic on top of theirs) waits for the backlog to hold one look more.
-    fall_z: float = 1.0
-    # The slow rule's gain must also exceed noise_gain / √n, n the fewest inputs a model with traffic had in its window:
-    # a rate counted from n Poisson arrivals is off by about 1/√n, and so is a gain predicted from it.
-    noise_gain: float = 0.0
-    # The choice among splits (the joint strategy's; policies.colocation_choice): a candidate must also win at
-    # each model's rate noise_z standard deviations (Poisson) above its estimate; bursts are read in stretches
-    # of bin_s over the last history_s, and while some model's traffic is bursty the fast rule stands down.
-    noise_z: float = 2.0
-    history_s: float = 20.0
-    bin_s: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not (self.arrivals_s > 0 and self.fast_s > 0 and self.cooldown_s >= 0 and self.change >= 0):
-            raise ConfigError(
-                "the coordinator's rate windows must be positive seconds, its cool-down and change threshold >= 0"
-            )
-        if not 0 <= self.min_gain < 1:
-            raise ConfigError(f"the min gain is a fraction in [0, 1), e.g. 0.1; got {self.min_gain!r}")
-        if self.backlog_looks < 0 or self.backlog <= 0 or self.backlog_inputs < 0 or self.noise_gain < 0:
-            raise ConfigError(
-                "the backlog test needs a positive factor, a number of inputs >= 0 and a number of looks >= 0 "
-                "(0 turns the fast rule off), and a noise gain >= 0"
-            )
-        if self.noise_z < 0 or not (0 < self.bin_s <= self.history_s):
-            raise ConfigError("noise_z is standard deviations >= 0; bin_s a positive stretch no longer than history_s")
-        if self.rise_z < 0 or self.fall_z < 0:
-            raise ConfigError(f"rise_z and fall_z are standard deviations >= 0; got {self.rise_z!r}, {self.fall_z!r}")
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -142,59 +72,13 @@ class Decision:
 Planner = Callable[[Sequence[ModelDemand]], JointPlan]
 
 
-class Watch:
-    """Each model's readings, and the two rules of the module over them."""
+class Watch(Readings):
+    """Each model's readings (`Readings`), and the two rules of the module over them."""
 
     def __init__(self, names: Sequence[str], settings: WatchSettings) -> None:
-        if len(set(names)) != len(names) or not names:
-            raise ConfigError(f"a watch needs one or more models, each its own name; got {list(names)}")
-        self.names = tuple(names)
-        self.settings = settings
-        self._readings: dict[str, deque[Reading]] = {name: deque() for name in names}
+        super().__init__(names, settings)
         self._planned: list[tuple[float, float]] | None = None  # (batch rate, mean batch) per model at the last plan
-        self.last_move = -math.inf
-        self._change_point = -math.inf  # the fast rule's last move: rates are read from fast_s before it
-
-    def read(self, name: str, reading: Reading) -> None:
-        readings = self._readings[name]
-        if readings and reading.t_s <= readings[-1].t_s:
-            return  # the same instant read twice
-        if readings and reading.arrived_inputs < readings[-1].arrived_inputs:
-            readings.clear()  # its daemon restarted: its count starts again
-        readings.append(reading)
-        keep = max(KEPT_S, self.settings.arrivals_s, self.settings.fast_s) + 1.0
-        while len(readings) > 2 and readings[1].t_s < reading.t_s - keep:
-            readings.popleft()
-
-    def forget(self, name: str) -> None:
-        """A model whose daemon went down: its readings end there (its count restarts with it)."""
-        self._readings[name].clear()
-
-    def inputs_per_s(self, name: str, now: float, span: float) -> float:
-        """The inputs offered per second over the last `span` (from the newest reading at least `span` old,
-        else the oldest; never before the last change point's window); 0 without two readings."""
-        readings = self._readings[name]
-        if len(readings) < 2:
-            return 0.0
-        last = readings[-1]
-        start = max(now - span, self._change_point - self.settings.fast_s)
-        first = readings[0]
-        for reading in readings:
-            if reading.t_s > start:
-                break
-            first = reading
-        if first is last:
-            first = readings[-2]
-        elapsed = last.t_s - first.t_s
-        return (last.arrived_inputs - first.arrived_inputs) / elapsed if elapsed > 0 else 0.0
-
-    def demands(self, now: float, bases: Sequence[ModelDemand], span: float) -> tuple[ModelDemand, ...]:
-        """`bases` (each model's profile, live batch sizes, target) with the batch rate its arrivals over `span`
-        give: inputs per second over the mean batch."""
-        return tuple(
-            dataclasses.replace(base, rate_per_s=self.inputs_per_s(base.name, now, span) / _mean(base.distribution))
-            for base in bases
-        )
+        self._recheck = math.inf  # plan again then, whatever changed: the rates after a change, read clean
 
     def decide(
         self,
@@ -219,17 +103,29 @@ class Watch:
             if fast_move.move:
                 return fast_move
             backlogged = fast_move.backlogged
-        if not self._covered(now):
+        if not self.covered(now):
             return Decision("gathering", slow, served, None, backlogged)
         if burst:  # judged on the bursts' whole pattern: the rates over the history, not the last seconds
             slow = self.demands(now, bases, settings.history_s)
             served = rescore(slow)
-        if not self._changed(slow):
+        span = settings.history_s if burst else settings.arrivals_s
+        settled = True  # the window holds one traffic: the start's, or the one after a change read clean
+        if now >= self._recheck:
+            self._recheck = math.inf
+        elif self._changed(slow, span):
+            # The window that showed the change still holds the traffic before it: plan once more when it
+            # holds only the traffic after it, and until then move only to relieve a saturated model.
+            settled = self._planned is None
+            self._recheck = now + span
+        else:
             return Decision("steady", slow, served, None, backlogged)
-        self._planned = [(d.rate_per_s, _mean(d.distribution)) for d in slow]
+        self._planned = [(d.rate_per_s, mean_batch(d.distribution)) for d in slow]
         if choose is not None:
-            move, choice = choosing.judge(self, now, bases, slow, served, choose, burst)
-            return Decision("gain" if move else "hold", slow, served, choice.plan, backlogged, choice)
+            judged = choosing.judge(self, now, slow, served, choose, burst, settled)
+            if judged.again:
+                self.replan()
+            rule = "gain" if judged.move else "hold"
+            return Decision(rule, slow, served, judged.choice.plan, backlogged, judged.choice)
         proposed = propose(slow)
         gain = settings.min_gain
         counts = [self.inputs_per_s(d.name, now, settings.arrivals_s) * settings.arrivals_s for d in slow]
@@ -273,41 +169,9 @@ class Watch:
     def moved(self, now: float, decision: Decision) -> None:
         """The cores moved as `decision` said, at `now`."""
         self.last_move = now
-        self._planned = [(d.rate_per_s, _mean(d.distribution)) for d in decision.demands]
+        self._planned = [(d.rate_per_s, mean_batch(d.distribution)) for d in decision.demands]
         if decision.rule == "backlog":
             self._change_point = now
-
-    def rise(self, name: str, now: float) -> float:
-        """How far the requests of the last fast_s exceed what the rate over the arrivals_s before them
-        predicts, in standard deviations of the difference (Poisson counts); 0 without the readings."""
-        fast_s, before_s = self.settings.fast_s, self.settings.arrivals_s
-        recent = self.count(name, now - fast_s, now)
-        earlier = self.count(name, now - fast_s - before_s, now - fast_s)
-        if recent is None or earlier is None:
-            return 0.0
-        (n_recent, s_recent), (n_earlier, s_earlier) = recent, earlier
-        if s_recent <= 0 or s_earlier <= 0:
-            return 0.0
-        rate = n_earlier / s_earlier
-        expected = rate * s_recent
-        spread = math.sqrt(max(rate, 1.0 / s_earlier) * (s_recent + s_recent**2 / s_earlier))
-        return (n_recent - expected) / spread
-
-    def count(self, name: str, start: float, end: float, inputs: bool = False) -> tuple[int, float] | None:
-        """Requests (or inputs) counted between the readings nearest `start` and `end` (at or before each),
-        and the seconds between those readings; None when no reading is that old."""
-        readings = self._readings[name]
-        first = last = None
-        for reading in readings:
-            if reading.t_s <= start + 1e-9:
-                first = reading
-            if reading.t_s <= end + 1e-9:
-                last = reading
-        if first is None or last is None:
-            return None
-        if inputs:
-            return last.arrived_inputs - first.arrived_inputs, last.t_s - first.t_s
-        return last.requests - first.requests, last.t_s - first.t_s
 
     def backlogged(
         self, served: JointPlan, demands: Sequence[ModelDemand], looks: int | None = None, among: Sequence[str] = ()
@@ -326,7 +190,7 @@ class Watch:
             readings = [r for r in self._readings[share.name] if r.t_s > self.last_move]
             if len(readings) < looks:
                 continue
-            arriving = demand.rate_per_s * _mean(demand.distribution) * share.service_ms / 1000.0
+            arriving = demand.rate_per_s * mean_batch(demand.distribution) * share.service_ms / 1000.0
             limit = max(settings.backlog_inputs, settings.backlog * arriving)
             if all(r.queued_inputs > limit for r in readings[-looks:]):
                 found.append(share.name)
@@ -340,29 +204,22 @@ class Watch:
         donors = [share.name for share in proposed.shares if share.cores < current.share(share.name).cores]
         return bool(donors) and all(-self.rise(name, now) >= self.settings.fall_z for name in donors)
 
-    def _covered(self, now: float) -> bool:
-        """Whether every model's readings span at least fast_s: a rate over the first half second of a model's
-        traffic is noise, and a move made on it is undone; one that waits for the whole slow window leaves a
-        model that its first share cannot carry queueing for those seconds."""
-        need = self.settings.fast_s
-        return all(readings and readings[0].t_s <= now - need for readings in self._readings.values())
-
-    def _changed(self, demands: Sequence[ModelDemand]) -> bool:
-        """Whether some model's batch rate or mean batch moved by more than `change` since the last plan."""
+    def _changed(self, demands: Sequence[ModelDemand], span: float) -> bool:
+        """Whether some model's offered inputs per second moved since the last plan by more than `change`, and
+        by more than the noise of two rates counted over `span` (noise_z·√2/√n, n the inputs counted): the
+        hysteresis sized from the rates' own noise. Inputs, not batches: the batches a daemon forms follow
+        the split served, so a move would otherwise be the change that calls for the next."""
         if self._planned is None:
             return True
-        change = self.settings.change
+        settings = self.settings
         for demand, (rate, mean) in zip(demands, self._planned, strict=True):
-            if abs(demand.rate_per_s - rate) > change * max(rate, RATE_FLOOR):
-                return True
-            if abs(_mean(demand.distribution) - mean) > change * mean:
+            offered, before = demand.rate_per_s * mean_batch(demand.distribution), rate * mean
+            counted = offered * span
+            noise = settings.noise_z * math.sqrt(2.0 / counted) if counted > 0 else 0.0
+            if abs(offered - before) > max(settings.change, noise) * max(before, RATE_FLOOR):
                 return True
         return False
 
     def replan(self) -> None:
         """Plan at the next look whatever changed (a split that won one look waits for the next)."""
         self._planned = None
-
-
-def _mean(distribution: BatchDistribution) -> float:
-    return sum(batch * weight for batch, weight in distribution.weights)

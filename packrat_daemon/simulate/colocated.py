@@ -32,8 +32,9 @@ import numpy as np
 
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.coordinate.core import LookCore, finite
+from packrat_daemon.coordinate.readings import Reading, WatchSettings
 from packrat_daemon.coordinate.strategies import STRATEGIES, Strategy, even_counts
-from packrat_daemon.coordinate.watch import Decision, Reading, Watch, WatchSettings
+from packrat_daemon.coordinate.watch import Decision, Watch
 from packrat_daemon.load.arrivals import BatchMix, PoissonCount, Trace
 from packrat_daemon.measure.emulation import Interference
 from packrat_daemon.simulate.clock import EventLoop, VirtualClock
@@ -333,7 +334,7 @@ def simulate_colocated(
         )
     loop = EventLoop(VirtualClock())
     machine = SharedMachine(cores, loop)
-    start = [cores] * len(models) if settings.strategy == "every" else even_counts(len(models), cores)
+    start = [cores] * len(models) if settings.strategy in ("every", "joint") else even_counts(len(models), cores)
     tenants = []
     for model, share in zip(models, start, strict=True):
         if model.config.adapt:

@@ -9,6 +9,7 @@ from packrat_daemon.wire.errors import ConfigError, ProfileError
 from policies.colocation import ModelDemand, evaluate
 from policies.colocation_choice import (
     RateHistory,
+    Sharing,
     bursty,
     choose,
     collide,
@@ -29,12 +30,19 @@ def demand(name: str, rate: float) -> ModelDemand:
 
 def test_shared_cores_slow_a_model_only_while_the_others_run_beside_it() -> None:
     alone = [evaluate([demand(n, 10.0)], [8]).shares[0] for n in "ab"]
-    assert collisions(alone, [0.0, 0.0], 8) == [1.0, 1.0]  # nobody else busy: its own plan's time
-    both = collisions(alone, [1.0, 1.0], 8)
+    machine = Sharing(8)
+    assert collisions(alone, [0.0, 0.0], machine) == [1.0, 1.0]  # nobody else busy: its own plan's time
+    both = collisions(alone, [1.0, 1.0], machine)
     expected = max(1.0, (alone[0].busy_threads + alone[1].busy_threads) / 8)
     assert both[0] == pytest.approx(expected) and both[0] > 1.0
-    half = collisions(alone, [0.5, 0.5], 8)[0]
+    half = collisions(alone, [0.5, 0.5], machine)[0]
     assert 1.0 < half < both[0]
+    # Interference: on disjoint halves a busy neighbour slows a model by f(8)/f(4), and only that.
+    halves = evaluate([demand("a", 10.0), demand("b", 10.0)], [4, 4]).shares
+    noisy = Sharing(8, 1.157)
+    assert collisions(halves, [1.0, 1.0], noisy)[0] == pytest.approx(
+        noisy.factor(halves[0].busy_threads + halves[1].busy_threads) / noisy.factor(halves[0].busy_threads)
+    )
     plan = shared_plan([demand("a", 50.0), demand("b", 50.0)], 8)
     assert plan.shared and plan.split == (8, 8)
     assert all(share.busy_fraction > 50.0 / 1000.0 * share.service_ms for share in plan.shares)
@@ -67,13 +75,20 @@ def test_a_move_must_pay_on_every_history_and_bursts_that_rarely_meet_are_served
     assert predicted_delay(best.plan, steady) <= predicted_delay(current, steady)
     held = choose(demands, 8, [steady], current, 0.99)  # no candidate gains 99%: the split served stays
     assert not held.move and held.plan.split == (4, 4)
+    # Bursts that rarely meet: every model on all the cores, each burst on the whole machine, even where the
+    # mean rates alone favour a split (the fluid reading of steady rates does not see that the bursts alternate).
     burst = choose(demands, 8, [steady], current, 0.1, collisions=0.0)
     assert burst.mode == "every" and burst.move and burst.bursty
+    assert dict(burst.scores)["every"] > dict(burst.scores)["joint"]
+    met = choose(demands, 8, [steady], current, 0.1, collisions=0.5)  # bursts that meet: judged as steady
+    assert met.mode != "every" and met.bursty
 
 
 def test_errors_say_what_to_do() -> None:
     with pytest.raises(ProfileError, match="at least one rate history"):
         choose([demand("a", 1.0)], 8, [], evaluate([demand("a", 1.0)], [8]), 0.1)
+    with pytest.raises(ProfileError, match="full-load slow-down"):
+        Sharing(8, 0.5)
     with pytest.raises(ProfileError, match="stretch"):
         RateHistory(0.0, ((1.0,),))
     with pytest.raises(ConfigError, match="the machine has 2"):

@@ -9,8 +9,9 @@ from collections.abc import Sequence
 import pytest
 
 from packrat_daemon.coordinate.core import Daemons, LookCore
+from packrat_daemon.coordinate.readings import Reading, WatchSettings
 from packrat_daemon.coordinate.strategies import STRATEGIES, Strategy, even_counts, proportional_split
-from packrat_daemon.coordinate.watch import Decision, Reading, WatchSettings
+from packrat_daemon.coordinate.watch import Decision
 from packrat_daemon.wire.errors import ConfigError, ProfileError
 from policies.colocation import ModelDemand
 from policies.planning.distribution import BatchDistribution

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from packrat_daemon.coordinate.watch import Reading, Watch, WatchSettings
+from packrat_daemon.coordinate.readings import Reading, WatchSettings
+from packrat_daemon.coordinate.watch import Watch
 from packrat_daemon.wire.errors import ConfigError
 from policies.colocation import JointPlan, ModelDemand, evaluate, plan_jointly
 from policies.planning.distribution import BatchDistribution
