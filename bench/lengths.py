@@ -7,6 +7,9 @@ lengths drawn from `--lengths`, by default lognormal with median 12 tokens, p99 
   machine's cores, served by today's fixed-length daemon (`--input int64:128`: every request padded to 128 by its
   client) and by the daemon of a free axis (each slice padded to its own longest). Both on one plan (`fixed 1xN`,
   torch fp32), so only the lengths differ. Load: half the fixed daemon's capacity (measured first, closed loop).
+- `simulated`: the emulated comparison's daemon on a virtual clock (`packrat simulate --lengths`: the daemon's
+  batcher, splitter and policy, each slice waiting the same table and length rule), at 0.5, 0.7, 0.8 and 0.9 of the
+  pad-batch daemon's simulated capacity, three seeds each: what the emulated run shows without this machine's load.
 - `emulated`: the same model at 16 emulated cores (`--runtime emulated`, the Packrat paper's 16-core BERT table),
   planned by the packrat policy, served by length (`--length-batching by-cost`) and in the naive dynamic mode
   (`pad-batch`: every slice padded to the batch's longest, cut by count). The emulated workers wait what the
@@ -215,6 +218,42 @@ def emulated(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     return result
 
 
+def simulated(args: argparse.Namespace) -> dict[str, Any]:
+    """The emulated comparison's daemon on a virtual clock (`packrat simulate --lengths`): the same table and rule,
+    none of this machine's load; a sweep of loads, each a share of the pad-batch daemon's simulated capacity."""
+    from packrat_daemon.config import ServeConfig
+    from packrat_daemon.load.arrivals import BatchMix, Poisson
+    from packrat_daemon.simulate import Simulation, Traffic
+    from policies.planning.profile import Profile
+
+    profile, lengths = Profile.read_csv(PROFILE_16), parse_lengths(args.lengths)
+
+    def run(mode: str, seed: int, rate: float | None = None) -> dict[str, Any]:
+        config = ServeConfig(max_batch=16, length_batching=mode)
+        if rate is None:  # closed loop: the capacity
+            traffic = Traffic(BatchMix.single(1), concurrency=64, duration_s=30.0, seed=seed, lengths=lengths)
+        else:
+            traffic = Traffic(BatchMix.single(1), Poisson(rate), duration_s=120.0, seed=seed, lengths=lengths)
+        return Simulation(config, profile, 16).run(traffic).to_json()
+
+    capacity = run("pad-batch", 0)["throughput_rps"]
+    sweep = []
+    for share in (0.5, 0.7, 0.8, 0.9):
+        rounds = []
+        for seed in range(1, 4):
+            both = {mode: run(mode, seed, share * capacity)["latency_ms"] for mode in ("pad-batch", "by-cost")}
+            rounds.append({mode: {"p50_ms": v["p50"], "p99_ms": v["p99"]} for mode, v in both.items()})
+        point: dict[str, Any] = {"load": share, "rate_per_s": round(share * capacity, 1), "rounds": rounds}
+        for key in ("p99_ms", "p50_ms"):
+            point[f"{key[:3]}_ratio_pad_batch_over_by_cost"] = ratio({"rounds": rounds}, "pad-batch", "by-cost", key)
+        sweep.append(point)
+        print(
+            json.dumps({"simulated_load": share, **{k: v for k, v in sweep[-1].items() if "ratio" in k}}),
+            file=sys.stderr,
+        )
+    return {"pad_batch_capacity_per_s": capacity, "seconds": 120.0, "seeds": 3, "sweep": sweep}
+
+
 def rule_check(threads: int, batch: int = 4, short: int = 32, repeats: int = 5) -> dict[str, Any]:
     """How far the length rule holds for this machine's BERT-base: L(batch, short) measured against the rule's
     prediction from the table at 128 tokens, L(batch*short/128, 128) (here a batch of 1)."""
@@ -250,7 +289,7 @@ def rule_check(threads: int, batch: int = 4, short: int = 32, repeats: int = 5) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("local", "emulated"))
+    parser.add_argument("--only", choices=("local", "emulated", "simulated"))
     parser.add_argument("--lengths", default=f"lognormal:median=12,p99=64,max={LONGEST}")
     parser.add_argument("--seconds", type=float, default=30.0, help="of traffic per daemon per round")
     parser.add_argument("--rounds", type=int, default=3)
@@ -267,6 +306,8 @@ def main() -> None:
             result["local"] = local(args, Path(tmp))
         if args.only in (None, "emulated"):
             result["emulated_16"] = emulated(args, Path(tmp))
+        if args.only in (None, "simulated"):
+            result["simulated_16"] = simulated(args)
     text = json.dumps(result, indent=2)
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
