@@ -5,7 +5,7 @@ lengths drawn from `--lengths`, by default lognormal with median 12 tokens, p99 
 
 - `local`: built-in BERT-base (`builtin:bert-base-masked`: input_ids, attention_mask, token_type_ids) on this
   machine's cores, served by today's fixed-length daemon (`--input int64:128`: every request padded to 128 by its
-  client) and by the daemon of a free axis (each slice padded to its own longest). Both on one plan (`fixed 1xN`,
+  client) and by the daemon of a free axis (each slice padded to its own longest). Both on one plan (`fixed Nx8`,
   torch fp32), so only the lengths differ. Load: half the fixed daemon's capacity (measured first, closed loop).
 - `simulated`: the emulated comparison's daemon on a virtual clock (`packrat simulate --lengths`: the daemon's
   batcher, splitter and policy, each slice waiting the same table and length rule), at 0.5, 0.7, 0.8 and 0.9 of the
@@ -169,7 +169,7 @@ def ratio(result: dict[str, Any], slower: str, faster: str, key: str) -> float:
 
 def local(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     common = ["--model", MODEL, "--runtime", "torch", "--precision", "fp32", "--policy", "fixed",
-              "--plan", f"1x{args.threads}", "--max-batch", "8", "--log-level", "warning"]  # fmt: skip
+              "--plan", f"{args.threads}x8", "--max-batch", "8", "--log-level", "warning"]  # fmt: skip
     fixed = DaemonProcess("fixed-128", folder, [*common, "--input", f"int64:{LONGEST}"])
     by_length = DaemonProcess("by-length", folder, common)
     try:

@@ -7,7 +7,7 @@ infinity tokenizes each text itself, Packrat is sent the ids. Request lengths ar
 (short queries: lognormal with median 12 tokens, p99 near 64, at most 128, the HF folder's longest in Packrat).
 
 - Packrat: `packrat serve --model FOLDER` (the Hugging Face folder, its sequence axis free up to 128), torch fp32
-  at one instance of every core (`--policy fixed --plan 1xN`: on this machine's cores the planner has nothing to
+  at one instance of every core (`--policy fixed --plan Nx8`: on this machine's cores the planner has nothing to
   split, and no start-up measurement enters the run), batches sorted by length and cut by cost (the default
   `--length-batching by-cost`), each slice padded to its own longest. Its native front door: ZeroMQ, one DEALER
   socket, open loop. It returns BERT's per-token hidden states at each request's own length; the client takes
@@ -228,7 +228,7 @@ def main() -> None:
                 "--policy",
                 "fixed",
                 "--plan",
-                f"1x{args.threads}",
+                f"{args.threads}x8",
                 "--max-batch",
                 "8",
                 "--log-level",
@@ -260,7 +260,7 @@ def main() -> None:
             **{k: infinity.folder_config(folder)[k] for k in ("hidden_size", "num_hidden_layers")},
         },
         "lengths": args.lengths,
-        "packrat": {"input": info.get("input"), "plan": f"1x{args.threads}", "runtime": "torch fp32"},
+        "packrat": {"input": info.get("input"), "plan": f"{args.threads}x8", "runtime": "torch fp32"},
         "infinity": peer,
         "agreement": agreed,
         "packrat_capacity_per_s": round(capacity, 2),
