@@ -9,6 +9,9 @@ that clients between two requests get their refusal rather than a closed connect
 
 With `--status-fd` (the daemon that started it: `launch.GatewayProcess`) it writes "serving" there once every
 port is bound and serving, "failed REASON" when it cannot start, and "draining" on its stop signal.
+
+`bound`, `rest_started` and `drain` are how this gateway binds, starts and drains; `packrat serve --repository`'s
+gateway (packrat_daemon.repository.server) does the same with them.
 """
 
 from __future__ import annotations
@@ -144,7 +147,7 @@ async def serve_gateway(options: GatewayOptions, install_signals: bool, stop: as
             options.describe(),
         )
         if servers.rest is not None and servers.rest_task is not None:
-            await _rest_started(servers.rest, servers.rest_task)
+            await rest_started(servers.rest, servers.rest_task)
         _say(options.status_fd, "serving")
         served = True
         await _serve_until(plane, stop, servers.rest_task)
@@ -152,7 +155,7 @@ async def serve_gateway(options: GatewayOptions, install_signals: bool, stop: as
         plane.draining = True  # not ready from now on; new inferences are refused, those in flight go on
         if served:
             _say(options.status_fd, "draining")
-            await _drain(plane)
+            await drain(plane)
         await servers.stop()
         upstream.close()
         log.info("Open Inference Protocol gateway stopped")
@@ -185,12 +188,12 @@ class _Servers:
             return
         try:
             if options.tls_cert:
-                bound = rpc.add_secure_port(target, _grpc_credentials(options))
+                bound_port = rpc.add_secure_port(target, _grpc_credentials(options))
             else:
-                bound = rpc.add_insecure_port(target)
+                bound_port = rpc.add_insecure_port(target)
         except RuntimeError:  # what grpcio raises for a port it cannot bind
-            bound = 0
-        if not bound:
+            bound_port = 0
+        if not bound_port:
             raise ConfigError(f"cannot bind gRPC to {target}; is the port in use?")
         if isinstance(rpc, grpc.aio.Server):
             await rpc.start()
@@ -207,7 +210,7 @@ class _Servers:
         refused = functools.partial(plane.metrics.refused, "rest")
         self.rest = rest_server(RestApp(plane, options.limits), options, DRAIN_GRACE_S, refused)
         # Bound here, not by uvicorn, whose failure to bind is a sys.exit: a port in use is a ConfigError.
-        self.rest_task = asyncio.create_task(self.rest.serve(sockets=[_bound(options.address, options.http_port)]))
+        self.rest_task = asyncio.create_task(self.rest.serve(sockets=[bound(options.address, options.http_port)]))
 
     async def stop(self) -> None:
         """Each server stopped, those in flight given DRAIN_GRACE_S."""
@@ -237,7 +240,7 @@ async def _serve_until(plane: DataPlane, stop: asyncio.Event, rest_task: asyncio
         raise RuntimeError("the REST server stopped by itself")  # the daemon starts the gateway again
 
 
-async def _rest_started(rest: uvicorn.Server, task: asyncio.Task[None]) -> None:
+async def rest_started(rest: uvicorn.Server, task: asyncio.Task[None]) -> None:
     """Wait until uvicorn serves on its socket; its failure to start, raised."""
     while not rest.started:
         if task.done():
@@ -246,7 +249,7 @@ async def _rest_started(rest: uvicorn.Server, task: asyncio.Task[None]) -> None:
         await asyncio.sleep(0.005)
 
 
-async def _drain(plane: DataPlane) -> None:
+async def drain(plane: DataPlane) -> None:
     """Wait for the inferences in flight (at most DRAIN_GRACE_S), then linger: see DRAIN_LINGER_S."""
     deadline = time.monotonic() + DRAIN_GRACE_S
     while plane.in_flight and time.monotonic() < deadline:
@@ -262,7 +265,8 @@ async def _warm_up(plane: DataPlane, stop: asyncio.Event) -> None:
         await asyncio.sleep(WARM_UP_POLL_S)
 
 
-def _bound(address: str, port: int) -> socket.socket:
+def bound(address: str, port: int) -> socket.socket:
+    """A TCP socket bound to `address` and `port` for the REST server (uvicorn serves on it); ConfigError if not."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     # IPPROTO_TCP named, not left 0: asyncio sets TCP_NODELAY only on accepted sockets whose proto says TCP, and
     # without it a reply written as headers then body waits for the client's delayed ACK (tens of ms a request).

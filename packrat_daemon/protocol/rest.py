@@ -100,7 +100,7 @@ class RestApp:
             status, headers, body = _error(Status.INTERNAL, "the server failed on this request; it is logged")
         call.status = str(status)
         headers.append((b"content-length", str(len(body)).encode()))  # not chunked: the size is known
-        if self.plane.draining:  # the gateway stops: this connection takes no further request (gateway._drain)
+        if self.plane.draining:  # the gateway stops: this connection takes no further request (gateway.drain)
             headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -23,7 +23,7 @@ from typing import Any
 
 from packrat_daemon.ops.hardening import private_dir
 from packrat_daemon.ops.notify import sd_notify
-from packrat_daemon.protocol.gateway import DRAIN_GRACE_S, GatewayOptions, _bound, _drain, _rest_started, host_port
+from packrat_daemon.protocol.gateway import DRAIN_GRACE_S, GatewayOptions, bound, drain, host_port, rest_started
 from packrat_daemon.protocol.gateway_metrics import GRPC, serve_metrics
 from packrat_daemon.protocol.limits import GatewayLimits
 from packrat_daemon.repository.extension import RepositoryRestApp, grpc_handler
@@ -127,14 +127,14 @@ async def _serve(
             refused = functools.partial(plane.metrics.refused, "rest")
             app = RepositoryRestApp(RestApp(plane, options.limits), service)
             rest = rest_server(app, options, DRAIN_GRACE_S, refused)
-            rest_task = asyncio.create_task(rest.serve(sockets=[_bound(options.address, options.http_port)]))
-            await _rest_started(rest, rest_task)
+            rest_task = asyncio.create_task(rest.serve(sockets=[bound(options.address, options.http_port)]))
+            await rest_started(rest, rest_task)
         log.info("Open Inference Protocol for the repository: %s (%s)", _ports(options), options.describe())
         starting = asyncio.create_task(service.start())
         await _until_stopped(stop, starting, rest_task)
     finally:
         plane.draining = True
-        await _drain(plane)
+        await drain(plane)
         if rest is not None:
             rest.should_exit = True
         if rpc is not None:
@@ -156,12 +156,12 @@ def _bind_grpc(rpc: Any, options: GatewayOptions) -> None:
         if options.tls_cert and options.tls_key:
             with open(options.tls_key, "rb") as key, open(options.tls_cert, "rb") as cert:
                 credentials = grpc.ssl_server_credentials([(key.read(), cert.read())])
-            bound = rpc.add_secure_port(target, credentials)
+            bound_port = rpc.add_secure_port(target, credentials)
         else:
-            bound = rpc.add_insecure_port(target)
+            bound_port = rpc.add_insecure_port(target)
     except RuntimeError:
-        bound = 0
-    if not bound:
+        bound_port = 0
+    if not bound_port:
         raise ConfigError(f"cannot bind gRPC to {target}; is the port in use?")
 
 

@@ -195,7 +195,7 @@ def test_rest_connections_are_accepted_with_nagle_off() -> None:
     import asyncio
     import socket
 
-    from packrat_daemon.protocol.gateway import _bound
+    from packrat_daemon.protocol.gateway import bound
 
     async def accept_one() -> int:
         seen: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -204,7 +204,7 @@ def test_rest_connections_are_accepted_with_nagle_off() -> None:
             seen.set_result(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
             writer.close()
 
-        listening = _bound("127.0.0.1", 0)
+        listening = bound("127.0.0.1", 0)
         server = await asyncio.start_server(handler, sock=listening)
         port = listening.getsockname()[1]
         _, writer = await asyncio.open_connection("127.0.0.1", port)

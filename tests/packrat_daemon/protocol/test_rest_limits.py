@@ -24,7 +24,7 @@ import pytest
 from packrat_daemon.protocol import http_server
 from packrat_daemon.protocol.dataplane import DataPlane
 from packrat_daemon.protocol.errors import OipError
-from packrat_daemon.protocol.gateway import GatewayOptions, _bound
+from packrat_daemon.protocol.gateway import GatewayOptions, bound
 from packrat_daemon.protocol.limits import GatewayLimits
 from packrat_daemon.protocol.model import ModelSpec, TensorSpec
 from packrat_daemon.protocol.rest import MAX_TIMEOUT_US, RestApp, parse_infer_request
@@ -57,7 +57,7 @@ class Served:
         self.plane = DataPlane(self.upstream, MODEL, timeout_s=2.0)
         self.plane.spec = self.spec  # known from the start: no warm-up needed to read an infer's body
         self.app = RestApp(self.plane, self.limits)
-        sock = _bound("127.0.0.1", 0)
+        sock = bound("127.0.0.1", 0)
         self.port = sock.getsockname()[1]
         options = GatewayOptions(connect=self.endpoint, http_port=self.port, limits=self.limits)
         self.server = http_server.rest_server(self.app, options, 1.0, self.refusals.append)

@@ -21,9 +21,8 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.helpers import onnx_models
+from tests.helpers import onnx_models, repository_models
 from tests.helpers.daemons import PINNED_ARGS, daemon_env, stop_process
-from tests.packrat_daemon.repository import repo_models
 
 pytestmark = pytest.mark.slow
 httpclient = pytest.importorskip("tritonclient.http")
@@ -78,7 +77,7 @@ class Served:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """One repository served for the module's tests (its start loads three daemons: seconds each)."""
     tmp = tmp_path_factory.mktemp("repository")
-    root = repo_models.build(tmp / "models")
+    root = repository_models.build(tmp / "models")
     run_dir = tmp / "run"
     run_dir.mkdir(mode=0o700)
     http, grpc = free_port(), free_port()
@@ -104,7 +103,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 def infer(client: Any, module: Any, name: str, samples: int = 2) -> dict[str, np.ndarray]:
     tensors = []
-    for tensor_name, array in repo_models.inputs(name, samples).items():
+    for tensor_name, array in repository_models.inputs(name, samples).items():
         tensor = module.InferInput(tensor_name, list(array.shape), "INT64" if array.dtype == np.int64 else "FP32")
         tensor.set_data_from_numpy(array)
         tensors.append(tensor)
@@ -114,21 +113,21 @@ def infer(client: Any, module: Any, name: str, samples: int = 2) -> dict[str, np
 
 
 def check_answers(client: Any, module: Any) -> None:
-    linear = repo_models.inputs("linear")["x"]
+    linear = repository_models.inputs("linear")["x"]
     np.testing.assert_allclose(infer(client, module, "linear")["scores"], onnx_models.scores(linear), rtol=1e-4,
                                atol=1e-5)  # fmt: skip
     doubled = infer(client, module, "doubler")["output"]
-    np.testing.assert_allclose(doubled, repo_models.inputs("doubler")["input"] * 2 + 1, rtol=1e-6)
+    np.testing.assert_allclose(doubled, repository_models.inputs("doubler")["input"] * 2 + 1, rtol=1e-6)
     assert infer(client, module, "bert")["logits"].shape == (2, 3)
 
 
 def test_triton_clients_see_the_three_models_on_one_port_each(served: Served) -> None:
-    assert served.index() == dict.fromkeys(repo_models.NAMES, "READY")
+    assert served.index() == dict.fromkeys(repository_models.NAMES, "READY")
     grpc_index = served.grpc.get_model_repository_index(as_json=True)["models"]
-    assert [(m["name"], m["state"]) for m in grpc_index] == [(name, "READY") for name in repo_models.NAMES]
+    assert [(m["name"], m["state"]) for m in grpc_index] == [(name, "READY") for name in repository_models.NAMES]
     assert "model_repository" in served.http.get_server_metadata()["extensions"]
     for client, module in ((served.http, httpclient), (served.grpc, grpcclient)):
-        for name in repo_models.NAMES:
+        for name in repository_models.NAMES:
             assert client.is_model_ready(name)
         check_answers(client, module)
     # Each model under its own name and runtime; config.pbtxt's max_batch_size read.
@@ -137,7 +136,7 @@ def test_triton_clients_see_the_three_models_on_one_port_each(served: Served) ->
     assert [t["name"] for t in served.http.get_model_metadata("bert")["inputs"]] == [
         "input_ids", "attention_mask", "token_type_ids"]  # fmt: skip
     stats = served.http.get_inference_statistics()["model_stats"]
-    assert {s["name"] for s in stats} == set(repo_models.NAMES) and all(s["inference_count"] >= 4 for s in stats)
+    assert {s["name"] for s in stats} == set(repository_models.NAMES) and all(s["inference_count"] >= 4 for s in stats)
     with pytest.raises(Exception, match="unknown model 'resnet'; this server serves bert, doubler, linear"):
         served.http.get_model_metadata("resnet")
     metrics = served.http._get("metrics", None, None).read().decode()  # the one metrics endpoint
@@ -230,7 +229,7 @@ def test_unload_and_load_at_run_time_move_cores_through_the_joint_plan(served: S
     assert infer(served.http, httpclient, "linear")["scores"].shape == (2, onnx_models.CLASSES)
     served.http.load_model("bert")
     served.grpc.load_model("doubler")
-    assert served.index() == dict.fromkeys(repo_models.NAMES, "READY")
+    assert served.index() == dict.fromkeys(repository_models.NAMES, "READY")
     check_answers(served.grpc, grpcclient)
     wait_for("bert told its CPUs", lambda: "assigned by" in share_of(served, "bert"), 30, served.log)
     with pytest.raises(Exception, match="the repository has no model 'resnet'"):
