@@ -56,8 +56,13 @@ def test_the_reply_is_info_then_the_live_state() -> None:
         "adapt_interval_s": 5.0,
         "override": "--plan 2*1x4",
     }
-    assert reply["traffic"] == {"batch_sizes": [[1, 0.75], [4, 0.25]], "batches_per_s": 2.5, "inputs_per_s": 4.0,
-                                "half_life_s": 30.0, "tokens": None}  # fmt: skip  (a fixed-shape model)
+    assert reply["traffic"] == {
+        "batch_sizes": [[1, 0.75], [4, 0.25]],
+        "batches_per_s": 2.5,
+        "inputs_per_s": 4.0,
+        "half_life_s": 30.0,
+        "tokens": None,
+    }  # fmt: skip  (a fixed-shape model)
     assert reply["queue"] == {"requests": 1, "inputs": 4, "max_inputs": 64, "batch_in_flight": True, "accepting": True}
     assert reply["profile"] == {"measured_offline": 0}
     assert [h["reason"] for h in reply["history"]] == ["control: --plan 2*1x4"]
