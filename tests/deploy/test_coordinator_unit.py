@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import shlex
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from packrat_daemon.cli import build_parser
 from packrat_daemon.commands.coordinate import parse_daemons
-from tests.deploy.test_systemd_unit import MAX_EXPOSURE, directives, exposure
+from tests.deploy.test_systemd_unit import MAX_EXPOSURE, assert_verifies, directives, exposure, install
 
 SYSTEMD = Path(__file__).resolve().parents[2] / "systemd"
 UNIT = SYSTEMD / "packrat-coordinator.service"
@@ -25,23 +23,14 @@ needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reas
 
 @pytest.fixture
 def installed_unit(tmp_path: Path) -> Path:
-    packrat = Path(sys.executable).parent / "packrat"
-    if not packrat.exists():
-        pytest.skip(f"{packrat} is missing: install the checkout into its venv (pip install -e .)")
-    text = UNIT.read_text()
-    assert text.count(SHIPPED_EXEC) == 1
     env = tmp_path / "coordinator.env"
     env.write_text((SYSTEMD / "coordinator.env").read_text())
-    unit = tmp_path / UNIT.name
-    unit.write_text(text.replace(SHIPPED_EXEC, str(packrat)).replace("/etc/packrat/coordinator.env", str(env)))
-    return unit
+    return install(UNIT, tmp_path, replace={"/etc/packrat/coordinator.env": str(env)})
 
 
 @needs_analyze
 def test_systemd_analyze_verify_passes(installed_unit: Path) -> None:
-    result = subprocess.run(["systemd-analyze", "verify", str(installed_unit)], capture_output=True, text=True)
-    complaints = [line for line in (result.stdout + result.stderr).splitlines() if "coordinator" in line]
-    assert result.returncode == 0 and not complaints, result.stdout + result.stderr
+    assert_verifies(installed_unit, "coordinator")
 
 
 @needs_analyze

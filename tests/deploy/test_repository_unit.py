@@ -5,14 +5,12 @@ repository's READY=1, and each model gets a state folder of its own under the un
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from packrat_daemon.repository.daemons import child_env, state_dir_of
-from tests.deploy.test_systemd_unit import MAX_EXPOSURE, SHIPPED_EXEC, directives, exposure
+from tests.deploy.test_systemd_unit import MAX_EXPOSURE, assert_verifies, directives, exposure, install
 
 UNIT = Path(__file__).resolve().parents[2] / "systemd" / "packrat-repository.service"
 needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
@@ -20,21 +18,12 @@ needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reas
 
 @pytest.fixture
 def installed_unit(tmp_path: Path) -> Path:
-    packrat = Path(sys.executable).parent / "packrat"
-    if not packrat.exists():
-        pytest.skip(f"{packrat} is missing: install the checkout into its venv (pip install -e .)")
-    text = UNIT.read_text()
-    assert text.count(SHIPPED_EXEC) == 1
-    unit = tmp_path / "packrat-repository.service"
-    unit.write_text(text.replace(SHIPPED_EXEC, str(packrat)))
-    return unit
+    return install(UNIT, tmp_path)
 
 
 @needs_analyze
 def test_systemd_analyze_verify_passes(installed_unit: Path) -> None:
-    result = subprocess.run(["systemd-analyze", "verify", str(installed_unit)], capture_output=True, text=True)
-    complaints = [line for line in (result.stdout + result.stderr).splitlines() if "packrat-repository" in line]
-    assert result.returncode == 0 and not complaints, result.stdout + result.stderr
+    assert_verifies(installed_unit, "packrat-repository")
 
 
 @needs_analyze

@@ -29,24 +29,38 @@ def directives(text: str) -> dict[str, list[str]]:
     return found
 
 
-@pytest.fixture
-def installed_unit(tmp_path: Path) -> Path:
-    """The shipped unit with ExecStart at this venv's `packrat`, as the instance packrat@test."""
+def install(unit: Path, into: Path, name: str | None = None, replace: dict[str, str] | None = None) -> Path:
+    """A shipped `unit` written into `into` (as `name`, default its own) with ExecStart at this venv's `packrat`
+    and any other shipped paths `replace`d; skipped where the checkout is not installed in its venv."""
     packrat = Path(sys.executable).parent / "packrat"
     if not packrat.exists():
         pytest.skip(f"{packrat} is missing: install the checkout into its venv (pip install -e .)")
-    text = UNIT.read_text()
+    text = unit.read_text()
     assert text.count(SHIPPED_EXEC) == 1
-    template = tmp_path / "packrat@.service"
-    template.write_text(text.replace(SHIPPED_EXEC, str(packrat)))
+    for shipped, here in {SHIPPED_EXEC: str(packrat), **(replace or {})}.items():
+        text = text.replace(shipped, here)
+    written = into / (name or unit.name)
+    written.write_text(text)
+    return written
+
+
+def assert_verifies(unit: Path, marker: str) -> None:
+    """`systemd-analyze verify` passes on `unit` with no complaint about a line naming `marker`."""
+    result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+    complaints = [line for line in (result.stdout + result.stderr).splitlines() if marker in line]
+    assert result.returncode == 0 and not complaints, result.stdout + result.stderr
+
+
+@pytest.fixture
+def installed_unit(tmp_path: Path) -> Path:
+    """The shipped unit with ExecStart at this venv's `packrat`, as the instance packrat@test."""
+    install(UNIT, tmp_path)
     return tmp_path / "packrat@test.service"  # systemd-analyze finds the template beside it
 
 
 @needs_analyze
 def test_systemd_analyze_verify_passes(installed_unit: Path) -> None:
-    result = subprocess.run(["systemd-analyze", "verify", str(installed_unit)], capture_output=True, text=True)
-    complaints = [line for line in (result.stdout + result.stderr).splitlines() if "packrat@" in line]
-    assert result.returncode == 0 and not complaints, result.stdout + result.stderr
+    assert_verifies(installed_unit, "packrat@")
 
 
 @needs_analyze
