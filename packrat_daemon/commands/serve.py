@@ -36,8 +36,10 @@ def config_loader(args: argparse.Namespace) -> Callable[[], ServeConfig]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from packrat_daemon.repository.daemons import follow_parent
     from packrat_daemon.service import serve
 
+    follow_parent()  # a model daemon of a repository ends with it
     flags = typed_settings(args)
     if flags.get("repository") or (args.config and load_config(flags, args.config).repository):
         # Every model of a repository, one daemon each, behind one gateway (docs/repository.md).

@@ -10,7 +10,6 @@ The daemon reads its settings from RUN_DIR/models/NAME/serve.toml, written here 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -32,6 +31,10 @@ RESTART_MAX_S = 30.0
 RESTART_RESET_AFTER_S = 60.0
 STOP_MARGIN_S = 10.0  # past the daemon's own drain_timeout_s, before it is killed
 CONFIG_FILE = "serve.toml"
+# The repository's pid, given to each model daemon it starts: the daemon asks the kernel for SIGTERM when that process
+# dies (`follow_parent`). The child asks, not a preexec_fn: code run between fork and exec in a process whose gRPC
+# threads run can abort the child (SIGABRT before it ever served).
+PARENT_ENV = "PACKRAT_REPOSITORY_PID"
 # A model daemon's states, as the repository index names them (Triton's words).
 READY, LOADING, UNAVAILABLE, UNLOADING = "READY", "LOADING", "UNAVAILABLE", "UNLOADING"
 
@@ -49,7 +52,18 @@ def toml_text(settings: Mapping[str, Any]) -> str:
 def child_env() -> dict[str, str]:
     """A model daemon's environment: the repository's, less what systemd gave the repository's process alone (its
     notify socket: the repository says READY; its state folder: each model is given a folder of its own)."""
-    return {key: value for key, value in os.environ.items() if key not in ("NOTIFY_SOCKET", "STATE_DIRECTORY")}
+    env = {key: value for key, value in os.environ.items() if key not in ("NOTIFY_SOCKET", "STATE_DIRECTORY")}
+    return {**env, PARENT_ENV: str(os.getpid())}
+
+
+def follow_parent() -> None:
+    """In a model daemon started by a repository: end with SIGTERM when the repository's process dies (a SIGKILL
+    leaves it no chance to stop its daemons), and keep the variable from the daemon's own children."""
+    parent = os.environ.pop(PARENT_ENV, None)
+    if parent:
+        from workers.pinning import die_with_parent
+
+        die_with_parent(int(parent), signal.SIGTERM)
 
 
 def state_dir_of(name: str) -> str | None:
@@ -57,11 +71,6 @@ def state_dir_of(name: str) -> str | None:
     a folder per model under $XDG_STATE_HOME/packrat)."""
     given = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
     return os.path.join(given, name) if given else None
-
-
-def _die_with_parent() -> None:
-    # A model daemon must not outlive the repository that supervises it (SIGKILL leaves it no chance to stop it).
-    ctypes.CDLL(None, use_errno=True).prctl(1, ctypes.c_ulong(int(signal.SIGTERM)), 0, 0, 0)
 
 
 class ModelDaemon:
@@ -112,7 +121,6 @@ class ModelDaemon:
                     env=child_env(),
                     stdout=out,
                     stderr=subprocess.STDOUT if out else None,
-                    preexec_fn=_die_with_parent,
                 )
             finally:
                 if out is not None:

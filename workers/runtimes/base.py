@@ -30,7 +30,7 @@ from packrat_daemon.wire.errors import ConfigError
 from workers.models.cache import ensure_converted, ensure_quantized
 from workers.models.calibration import split_precision
 from workers.models.free_axis import LayoutsByLength
-from workers.models.spec import InputSpec, check_precision
+from workers.models.spec import DEFAULT_OUTPUT_NAME, InputSpec, check_precision
 
 
 def log_notes(notes: list[str] | tuple[str, ...]) -> None:
@@ -131,8 +131,11 @@ class SessionRuntime(Runtime):
             raise ConfigError(f"runtime {self.name} cannot take bfloat16 inputs (numpy has none); use --runtime torch")
         self.path, self.input = Path(path), input_spec
         # A model of several inputs, or of named outputs (a graph may have more than are served), is fed and read by
-        # name; one of one input and one unnamed output by position.
-        self._named = input_spec.records or bool(input_spec.outputs)
+        # name; one of one input and one unnamed output (declared as DEFAULT_OUTPUT_NAME, whatever the graph calls
+        # it: an exporter names a lone tensor as it likes) by position.
+        outputs = input_spec.outputs
+        unnamed = len(outputs) == 1 and outputs[0].name == DEFAULT_OUTPUT_NAME
+        self._named = input_spec.records or (bool(outputs) and not unnamed)
         self._input_names = [tensor.name for tensor in input_spec.inputs]
         self._input_layout = LayoutsByLength(input_spec)  # at each length, for a model of a free axis
         self._output_names = [tensor.name for tensor in input_spec.outputs]
@@ -160,8 +163,8 @@ class SessionRuntime(Runtime):
         if len(self._input_names) > 1:
             layout = self._input_layout.of(batch.shape[1])
             feeds = dict(zip(self._input_names, unpack_records(batch, layout), strict=True))
-        else:
-            feeds = {self._input_names[0] if self._input_names else 0: np.ascontiguousarray(batch)}
+        else:  # one input: by position (the graph's own name for it may not be the model's)
+            feeds = {0: np.ascontiguousarray(batch)}
         return self._run_named(serving, feeds, self._output_names)
 
     def _install(self, built: Any, threads: int) -> None:

@@ -234,3 +234,32 @@ def test_unload_and_load_at_run_time_move_cores_through_the_joint_plan(served: S
     wait_for("bert told its CPUs", lambda: "assigned by" in share_of(served, "bert"), 30, served.log)
     with pytest.raises(Exception, match="the repository has no model 'resnet'"):
         served.http.load_model("resnet")
+
+
+def test_the_model_daemons_end_with_a_killed_repository(tmp_path: Path) -> None:
+    """SIGKILL leaves the repository no chance to stop its daemons: each asked the kernel to end it with its parent
+    (`repository.daemons.follow_parent`), so none is left serving a model nobody routes to."""
+    root = repository_models.build(tmp_path / "models")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    http, grpc = free_port(), free_port()
+    log = tmp_path / "repository.log"
+    command = [sys.executable, "-m", "packrat_daemon", "serve", "--repository", str(root), "--http-port", str(http),
+               "--grpc-port", str(grpc), "--run-dir", str(run_dir), *PINNED_ARGS]  # fmt: skip
+    env = daemon_env()
+    env["PACKRAT_CACHE_DIR"] = str(tmp_path / "cache")
+    with open(log, "wb") as out:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    serving = Served(process, run_dir, log, http, grpc)
+    try:
+        wait_for("the repository ready", lambda: serving.http.is_server_ready(), 120, log)
+        daemons = [psutil.Process(serving.daemon_pid(name)) for name in repository_models.NAMES]
+        process.kill()
+        process.wait(10)
+        _, alive = psutil.wait_procs(daemons, timeout=30)
+        assert not alive, f"daemons outlived their repository: {alive}\n{log.read_text()[-3000:]}"
+    finally:
+        if process.poll() is None:
+            process.kill()
+        serving.http.close()
+        serving.grpc.close()
