@@ -220,7 +220,8 @@ def family(args: argparse.Namespace) -> None:
         print(colocation_family.render(json.loads(Path(args.render_family).read_text())))
         return
     cores = [int(c) for c in args.cores.split(",")]
-    data = colocation_family.run_family(cores, args.shapes.split(","), args.seed, args.workers, args.held)
+    replay = colocation_family.REPLAY if args.replay else None
+    data = colocation_family.run_family(cores, args.shapes.split(","), args.seed, args.workers, args.held, replay)
     data["command"] = " ".join(["bench/colocation.py", *sys.argv[1:]])
     text = json.dumps(data, indent=1)
     print(text)
@@ -243,6 +244,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="shift-heavy,shift-light,burst", help="--family: the traffic shapes")
     parser.add_argument("--held", choices=("all", "tuning", "held-out"), default="all", help="--family: which groups")
     parser.add_argument("--render-family", metavar="FILE.json", help="--family: print the docs' table of a run")
+    parser.add_argument("--replay", action="store_true", help="--family: the joint strategy scores by a replay")
     parser.add_argument("--workers", type=int, default=2, help="--family: processes running groups side by side")
     args = parser.parse_args()
     if args.render:

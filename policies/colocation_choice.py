@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import product
 from typing import Any
@@ -46,6 +46,12 @@ BURST_Z = 4.0  # … a run of them this far above the stretches around it is one
 BURST_BINS = 4  # … one that falls back within this many stretches …
 BURSTS = 1  # … seen this many times in the history: the traffic is bursty
 RARE = 0.25  # bursts collide rarely: at most this share of the stretches with a burst have two or more
+
+
+# How a candidate split is scored (ms, lower is better) on a rate history: `predicted_delay` unless the caller
+# passes another (the simulation's replay of the traffic, packrat_daemon.simulate.colocated_replay). A pure
+# function of the split, the demands (each model's live batch sizes) and the history, as far as choose is told.
+Scorer = Callable[["JointPlan", Sequence[ModelDemand], "RateHistory"], float]
 
 
 @dataclass(frozen=True)
@@ -240,6 +246,9 @@ def choose(
     min_cores: int = 1,
     collisions: float | None = None,
     full_load: float = 1.0,
+    score: Scorer | None = None,
+    mode_gain: float = MODE_GAIN,
+    judge_bursts: bool = False,
 ) -> Choice:
     """The candidate with the least predicted delay on `histories[0]`, and whether to move to it from
     `current`: only when it beats the split served by `min_gain` on every history.
@@ -247,24 +256,29 @@ def choose(
     `collisions`: for bursty traffic, the share of its bursts that meet another model's (`collide`); None for
     traffic that is not bursty. Bursts that rarely meet (at most RARE) are served by every model on all the
     cores, each burst on the whole machine, and no split is chased; bursts that meet are judged as steady
-    traffic at the rates over the bursts' whole pattern."""
+    traffic at the rates over the bursts' whole pattern. `score`: how a split is scored on a history
+    (default `predicted_delay`); `mode_gain`: the least gain of a move between every model on all the cores
+    and a split; `judge_bursts`: bursts that rarely meet are judged by the score too (one that replays them)
+    rather than served on all the cores by rule."""
     if not histories:
         raise ProfileError("choose needs at least one rate history to judge the splits on")
+
+    def delay(plan: JointPlan, history: RateHistory) -> float:
+        return predicted_delay(plan, history, full_load) if score is None else score(plan, demands, history)
+
     found = candidates(demands, cores, min_cores, full_load)
-    scores = {mode: predicted_delay(plan, histories[0], full_load) for mode, plan in found.items()}
+    scores = {mode: delay(plan, histories[0]) for mode, plan in found.items()}
     best = min(MODES, key=lambda mode: (scores[mode], MODES.index(mode)))
-    rare = collisions is not None and collisions <= RARE
+    rare = collisions is not None and collisions <= RARE and not judge_bursts
     if rare:
         best = "every"
     plan = found[best]
     same = plan.shared == current.shared and (plan.shared or plan.split == current.split)
-    served = [predicted_delay(current, h, full_load) for h in histories]
-    gains = [
-        1.0 - predicted_delay(plan, h, full_load) / d if d > 0 else 0.0 for h, d in zip(histories, served, strict=True)
-    ]
+    served = [delay(current, h) for h in histories]
+    gains = [1.0 - delay(plan, h) / d if d > 0 else 0.0 for h, d in zip(histories, served, strict=True)]
     # Between every model on all the cores and a split, each model's whole plan changes and the prediction of
     # the collisions is the coarsest part: such a move asks MODE_GAIN at least.
-    needed = max(min_gain, MODE_GAIN) if plan.shared != current.shared else min_gain
+    needed = max(min_gain, mode_gain) if plan.shared != current.shared else min_gain
     move = not same and (rare and best == "every" or min(gains) >= needed)
     bursty = collisions is not None
     current_ms = served[0]

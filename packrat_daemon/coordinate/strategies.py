@@ -15,12 +15,21 @@ co-location loop (packrat_daemon.coordinate.core) asks it at every look. Pure fu
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from packrat_daemon.measure.emulation import DEFAULT_FULL_LOAD
 from packrat_daemon.wire.errors import ConfigError
 from policies.colocation import JointPlan, ModelDemand, evaluate, plan_jointly
-from policies.colocation_choice import Choice, RateHistory, choose, even_counts, proportional_split, shared_plan
+from policies.colocation_choice import (
+    MODE_GAIN,
+    Choice,
+    RateHistory,
+    Scorer,
+    choose,
+    even_counts,
+    proportional_split,
+    shared_plan,
+)
 
 STRATEGIES = ("joint", "every", "even", "proportional")
 __all__ = ["STRATEGIES", "Strategy", "even_counts", "every_core", "proportional_split"]
@@ -34,6 +43,13 @@ class Strategy:
     # The slow-down with every core busy that the joint strategy's choice predicts with (its interference):
     # the emulation's default, fitted to Inception-v3 instances measured side by side (docs/emulation.md).
     full_load: float = DEFAULT_FULL_LOAD
+    # How the joint strategy's choice scores a candidate split on a rate history: None, the closed-form
+    # prediction (policies.colocation_choice.predicted_delay); or a callable passed in from above, such as the
+    # simulation's replay of the recent traffic (packrat_daemon.simulate.colocated_replay), which this layer
+    # cannot import. `mode_gain`: the least gain of a move between every model on all cores and a split.
+    score: Scorer | None = field(default=None, compare=False)
+    mode_gain: float = MODE_GAIN
+    judge_bursts: bool = False  # bursts that rarely meet judged by `score` too, not served on all cores by rule
 
     def __post_init__(self) -> None:
         if self.name not in STRATEGIES:
@@ -69,7 +85,19 @@ class Strategy:
         collisions: float | None,
     ) -> Choice:
         """The joint strategy's choice among splits (policies.colocation_choice.choose) for its slow rule."""
-        return choose(demands, self.cores, histories, current, min_gain, self.min_cores, collisions, self.full_load)
+        return choose(
+            demands,
+            self.cores,
+            histories,
+            current,
+            min_gain,
+            self.min_cores,
+            collisions,
+            self.full_load,
+            self.score,
+            self.mode_gain,
+            self.judge_bursts,
+        )
 
 
 def every_core(demands: Sequence[ModelDemand], cores: int) -> JointPlan:

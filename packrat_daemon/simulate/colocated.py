@@ -21,6 +21,7 @@ Results are a simulation and say so (`"simulated": true`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections import Counter
@@ -38,6 +39,7 @@ from packrat_daemon.coordinate.watch import Decision, Watch
 from packrat_daemon.load.arrivals import BatchMix, PoissonCount, Trace
 from packrat_daemon.measure.emulation import Interference
 from packrat_daemon.simulate.clock import EventLoop, VirtualClock
+from packrat_daemon.simulate.colocated_replay import Replay, ReplayModel, ReplaySettings
 from packrat_daemon.simulate.costs import DaemonCosts
 from packrat_daemon.simulate.machine import SentTally, SharedMachine, Tenant
 from packrat_daemon.simulate.run import FREE, MAX_EVENTS, NO_INTERFERENCE, Traffic
@@ -93,6 +95,9 @@ class CoordinatorSettings:
     min_cores: int = 1
     # The demand estimate and the move rule, packrat coordinate's own (packrat_daemon.coordinate.watch).
     watch: WatchSettings = field(default_factory=WatchSettings)
+    # The joint strategy's candidates scored by a replay of the traffic (simulate.colocated_replay); None:
+    # by the closed-form prediction.
+    replay: ReplaySettings | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -108,6 +113,7 @@ class CoordinatorSettings:
             "window_s": self.window_s,
             "min_cores": self.min_cores,
             **self.watch.to_json(),
+            **({} if self.replay is None else {"replay": dataclasses.asdict(self.replay)}),
         }
 
 
@@ -115,7 +121,13 @@ class Coordinator:
     """The tenants as `packrat coordinate`'s loop drives its daemons (`coordinate.core.Daemons`), looked at
     every `look_s` of the virtual clock. A simulated daemon always answers and always takes its share."""
 
-    def __init__(self, tenants: Sequence[Tenant], cores: int, settings: CoordinatorSettings) -> None:
+    def __init__(
+        self,
+        tenants: Sequence[Tenant],
+        cores: int,
+        settings: CoordinatorSettings,
+        interference: Interference = NO_INTERFERENCE,
+    ) -> None:
         self.tenants = list(tenants)
         self.cores = cores
         self.settings = settings
@@ -125,6 +137,15 @@ class Coordinator:
         self._last_distribution = {t.name: distribution_for(t.config) for t in tenants}
         self._predict = PackratPolicy()
         strategy = Strategy(settings.strategy, cores, settings.min_cores)
+        self.replay: Replay | None = None
+        self.replay_looks_s: list[float] = []  # per look that replayed: the replays' CPU seconds
+        if settings.replay is not None and settings.strategy == "joint":
+            models = [ReplayModel(t.name, t.config, t.profile, t.traffic.mix) for t in tenants if t.traffic]
+            self.replay = Replay(models, cores, settings.replay, interference)
+            replay = settings.replay
+            strategy = dataclasses.replace(
+                strategy, score=self.replay, mode_gain=replay.mode_gain, judge_bursts=replay.bursts
+            )
         self.core = LookCore(self, strategy, settings.watch, self.loop.clock)
 
     @property
@@ -149,7 +170,10 @@ class Coordinator:
         if all(t.done for t in self.tenants):
             return  # the traffic is over: no more looks, so the run ends
         now = self.loop.clock.now
+        spent = len(self.replay.spent_s) if self.replay is not None else 0
         self.core.tick()
+        if self.replay is not None and len(self.replay.spent_s) > spent:  # the replays' CPU seconds this look
+            self.replay_looks_s.append(sum(self.replay.spent_s[spent:]))
         self.loop.at(now + self.settings.look_s, self._look)
 
     # -- coordinate.core.Daemons --------------------------------------------------------------------
@@ -344,7 +368,7 @@ def simulate_colocated(
         tenant = Tenant(model.name, model.config, model.profile, machine, share, interference, costs)
         tenant.traffic = model.traffic
         tenants.append(tenant)
-    coordinator = Coordinator(tenants, cores, settings)
+    coordinator = Coordinator(tenants, cores, settings, interference)
     for tenant, model in zip(tenants, models, strict=True):
         tenant.begin(model.traffic)
     coordinator.begin()

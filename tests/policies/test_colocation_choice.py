@@ -3,10 +3,12 @@ detector, and the choice with its hysteresis."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from packrat_daemon.wire.errors import ConfigError, ProfileError
-from policies.colocation import ModelDemand, evaluate
+from policies.colocation import JointPlan, ModelDemand, evaluate
 from policies.colocation_choice import (
     RateHistory,
     Sharing,
@@ -93,3 +95,28 @@ def test_errors_say_what_to_do() -> None:
         RateHistory(0.0, ((1.0,),))
     with pytest.raises(ConfigError, match="the machine has 2"):
         proportional_split([1.0, 1.0, 1.0], 2)
+
+
+def test_a_scorer_passed_in_replaces_the_closed_form_score() -> None:
+    demands = [demand("a", 120.0), demand("b", 120.0)]
+    current = shared_plan(demands, 8)
+    steady = RateHistory.steady(demands)
+    asked: list[tuple[tuple[int, ...], bool]] = []
+
+    def score(plan: JointPlan, given: Sequence[ModelDemand], history: RateHistory) -> float:
+        assert tuple(given) == tuple(demands) and history is steady
+        asked.append((plan.split, plan.shared))
+        return 1.0 if plan.split == (4, 4) and not plan.shared else 10.0  # only the even split is good
+
+    choice = choose(demands, 8, [steady], current, 0.1, score=score)
+    assert choice.mode in ("even", "proportional") and choice.plan.split == (4, 4) and choice.move
+    assert dict(choice.scores)["every"] == 10.0 and ((8, 8), True) in asked
+    # A move between every model on all cores and a split asks mode_gain: 90% here is more than it gains.
+    held = choose(demands, 8, [steady], current, 0.1, score=lambda p, d, h: 1.0 if p.split == (4, 4) else 5.0,
+                  mode_gain=0.9)  # fmt: skip
+    assert not held.move and held.mode == "every"
+    # Bursts that rarely meet are served on all the cores by rule, unless the scorer is asked to judge them.
+    even_best = choose(demands, 8, [steady], current, 0.1, collisions=0.0, score=score)
+    assert even_best.mode == "every" and not even_best.move
+    judged = choose(demands, 8, [steady], current, 0.1, collisions=0.0, score=score, judge_bursts=True)
+    assert judged.plan.split == (4, 4) and judged.move and judged.bursty
