@@ -73,10 +73,8 @@ class Served:
         return f"ipc://{self.run_dir / 'models' / name / 'front.ipc'}"
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """One repository served for the module's tests (its start loads three daemons: seconds each)."""
-    tmp = tmp_path_factory.mktemp("repository")
+def start_repository(tmp: Path) -> Served:
+    """`packrat serve --repository` of the three models under `tmp`, started (not yet ready)."""
     root = repository_models.build(tmp / "models")
     run_dir = tmp / "run"
     run_dir.mkdir(mode=0o700)
@@ -88,7 +86,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     env["PACKRAT_CACHE_DIR"] = str(tmp / "cache")
     with open(log, "wb") as out:
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
-    serving = Served(process, run_dir, log, http, grpc)
+    return Served(process, run_dir, log, http, grpc)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """One repository served for the module's tests (its start loads three daemons: seconds each)."""
+    serving = start_repository(tmp_path_factory.mktemp("repository"))
+    process, log, run_dir = serving.process, serving.log, serving.run_dir
     try:
         wait_for("the repository ready", lambda: serving.http.is_server_ready(), 120, log)
         yield serving
@@ -239,18 +244,8 @@ def test_unload_and_load_at_run_time_move_cores_through_the_joint_plan(served: S
 def test_the_model_daemons_end_with_a_killed_repository(tmp_path: Path) -> None:
     """SIGKILL leaves the repository no chance to stop its daemons: each asked the kernel to end it with its parent
     (`repository.daemons.follow_parent`), so none is left serving a model nobody routes to."""
-    root = repository_models.build(tmp_path / "models")
-    run_dir = tmp_path / "run"
-    run_dir.mkdir(mode=0o700)
-    http, grpc = free_port(), free_port()
-    log = tmp_path / "repository.log"
-    command = [sys.executable, "-m", "packrat_daemon", "serve", "--repository", str(root), "--http-port", str(http),
-               "--grpc-port", str(grpc), "--run-dir", str(run_dir), *PINNED_ARGS]  # fmt: skip
-    env = daemon_env()
-    env["PACKRAT_CACHE_DIR"] = str(tmp_path / "cache")
-    with open(log, "wb") as out:
-        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
-    serving = Served(process, run_dir, log, http, grpc)
+    serving = start_repository(tmp_path)
+    process, log = serving.process, serving.log
     try:
         wait_for("the repository ready", lambda: serving.http.is_server_ready(), 120, log)
         daemons = [psutil.Process(serving.daemon_pid(name)) for name in repository_models.NAMES]
