@@ -36,16 +36,29 @@ log = logging.getLogger("packrat.oip")
 STOP_GRACE_S = 15.0  # the gateway's own drain is at most DRAIN_GRACE_S (10 s) and a linger: room for both
 GATEWAY_MMAP_THRESHOLD = 1 << 20
 START_TIMEOUT_S = 60.0  # importing grpc and uvicorn and binding: seconds on a loaded machine, never a minute
-# Back-off between restarts of a gateway that died (after circus's watcher): quick the first time, since a
-# crash is usually a one-off, then doubling up to a ceiling, and back to quick once one has served a while.
-RESTART_FIRST_S = 0.2
-RESTART_MAX_S = 30.0
-RESTART_RESET_AFTER_S = 60.0
+RESTART_FIRST_S = 0.2  # a gateway that died starts again this soon the first time (RestartBackoff)
 # Lines the gateway writes on its status pipe (`packrat oip --status-fd`).
 SERVING, DRAINING, FAILED = "serving", "draining", "failed"
 _PR_SET_PDEATHSIG = 1
 # A bind address that means every interface, and the loopback address that reaches it from this machine.
 _ANY_TO_LOOPBACK = {"*": "127.0.0.1", "0.0.0.0": "127.0.0.1", "[::]": "[::1]", "[*]": "[::1]"}
+
+
+class RestartBackoff:
+    """The pause before starting a process that died again (after circus's watcher): `first_s` the first time,
+    since a crash is usually a one-off, then doubling up to `most_s`, and back to `first_s` once a run lasted
+    `reset_after_s`. The gateway's supervisor here and the repository's per model (repository.daemons) use it."""
+
+    def __init__(self, first_s: float, most_s: float = 30.0, reset_after_s: float = 60.0) -> None:
+        self.first_s, self.most_s, self.reset_after_s = first_s, most_s, reset_after_s
+        self._next_s = first_s
+
+    def after_exit(self, ran_s: float) -> float:
+        """The pause before the next start, after a run of `ran_s` seconds ended."""
+        if ran_s > self.reset_after_s:
+            self._next_s = self.first_s
+        delay, self._next_s = self._next_s, min(2 * self._next_s, self.most_s)
+        return delay
 
 
 def connect_endpoint(bind: str) -> str:
@@ -222,7 +235,7 @@ class GatewayProcess:
     # -- watch ------------------------------------------------------------------------------------
     def _watch(self) -> None:
         """Until the daemon stops it: follow the child's status; when it ends, unready, back off, start it again."""
-        delay = RESTART_FIRST_S
+        backoff = RestartBackoff(RESTART_FIRST_S)
         while self._status is not None:  # None: stopping came before a restart's spawn, so none was started
             began = time.monotonic()
             while line := self._read_status(None):  # "" once the child has ended (its end of the pipe closed)
@@ -231,7 +244,7 @@ class GatewayProcess:
             self._reap()
             if self._stopping.is_set():
                 break
-            delay = RESTART_FIRST_S if time.monotonic() - began > RESTART_RESET_AFTER_S else delay
+            delay = backoff.after_exit(time.monotonic() - began)
             self.restarts += 1
             self.next_start = time.monotonic() + delay
             log.error(
@@ -240,7 +253,6 @@ class GatewayProcess:
             )  # fmt: skip
             if self._stopping.wait(delay):
                 break
-            delay = min(2 * delay, RESTART_MAX_S)
             self.next_start = None
             self._spawn()
             if self._status is None or self._stopping.is_set():

@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from packrat_daemon.ops.hardening import private_dir
+from packrat_daemon.protocol.launch import RestartBackoff
 
 log = logging.getLogger("packrat.repository")
 
-RESTART_FIRST_S = 0.5
-RESTART_MAX_S = 30.0
-RESTART_RESET_AFTER_S = 60.0
+RESTART_FIRST_S = 0.5  # a model daemon that died starts again this soon the first time (RestartBackoff)
 STOP_MARGIN_S = 10.0  # past the daemon's own drain_timeout_s, before it is killed
 CONFIG_FILE = "serve.toml"
 # The repository's pid, given to each model daemon it starts: the daemon asks the kernel for SIGTERM when that process
@@ -129,7 +128,7 @@ class ModelDaemon:
             log.info("model %s: daemon started (pid %d, CPUs %s)", self.name, self.pid, self.cpus or "all")
 
     def _watch(self) -> None:
-        delay = RESTART_FIRST_S
+        backoff = RestartBackoff(RESTART_FIRST_S)
         while True:
             child = self._child
             if child is None:
@@ -139,7 +138,7 @@ class ModelDaemon:
             if self._stopping.is_set():
                 return
             self.state = UNAVAILABLE
-            delay = RESTART_FIRST_S if time.monotonic() - began > RESTART_RESET_AFTER_S else delay
+            delay = backoff.after_exit(time.monotonic() - began)
             self.restarts += 1
             log.error(
                 "model %s: its daemon exited (code %s); the other models serve on; starting it again in "
@@ -151,7 +150,6 @@ class ModelDaemon:
             )
             if self._stopping.wait(delay):
                 return
-            delay = min(2 * delay, RESTART_MAX_S)
             self.state = LOADING
             self._spawn()
 
