@@ -43,20 +43,22 @@ class Ragged:
 
     # -- into a slice ----------------------------------------------------------------------------------------
     def rows(self, requests: list[Request], offset: int, rows: int) -> tuple[np.ndarray, int]:
-        """Rows [offset, offset + rows) of a batch of `requests`, padded to the longest of them (in the mode
-        PAD_BATCH, to the batch's longest): (the array a worker takes, one row per sample, and that length)."""
-        pieces: list[tuple[Request, int, int]] = []
-        start = 0
-        for request in requests:
-            end = start + request.samples
-            low, high = max(offset, start), min(offset + rows, end)
-            if low < high:
-                pieces.append((request, low - start, high - start))
-            start = end
-        whole = self.mode == PAD_BATCH
-        length = max(request.length for request in requests) if whole else max(piece[0].length for piece in pieces)
+        """Rows [offset, offset + rows) of a batch of `requests`, padded to `slice_length`: (the array a worker
+        takes, one row per sample, and that length)."""
+        pieces = _pieces(requests, offset, rows)
+        length = self._longest(requests, pieces)
         padded = [self._padded(request, low, high, length) for request, low, high in pieces]
         return (padded[0] if len(padded) == 1 else np.concatenate(padded)), length
+
+    def slice_length(self, requests: list[Request], offset: int, rows: int) -> int:
+        """The length rows [offset, offset + rows) of a batch of `requests` are padded to: the longest of them (in
+        the mode PAD_BATCH, the batch's longest)."""
+        return self._longest(requests, _pieces(requests, offset, rows))
+
+    def _longest(self, requests: list[Request], pieces: list[tuple[Request, int, int]]) -> int:
+        if self.mode == PAD_BATCH:
+            return max(request.length for request in requests)
+        return max(request.length for request, _, _ in pieces)
 
     def _padded(self, request: Request, low: int, high: int, length: int) -> np.ndarray:
         spec = self.at(request.length)
@@ -78,6 +80,19 @@ class Ragged:
         arrays = unpack_records(output, [(t.dtype, t.shape) for t in self.at(length).outputs])
         pieces = [_cut(array, tensor, request_length) for array, tensor in zip(arrays, outputs, strict=True)]
         return pack_records(pieces)
+
+
+def _pieces(requests: list[Request], offset: int, rows: int) -> list[tuple[Request, int, int]]:
+    """Each request with rows in [offset, offset + rows) of the batch, and its own rows there (low, high)."""
+    pieces: list[tuple[Request, int, int]] = []
+    start = 0
+    for request in requests:
+        end = start + request.samples
+        low, high = max(offset, start), min(offset + rows, end)
+        if low < high:
+            pieces.append((request, low - start, high - start))
+        start = end
+    return pieces
 
 
 def _pad(array: np.ndarray, tensor: TensorSpec, length: int) -> np.ndarray:

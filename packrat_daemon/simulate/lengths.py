@@ -15,7 +15,7 @@ from packrat_daemon.config import ServeConfig
 from packrat_daemon.fleet.pool import WorkerHandle
 from packrat_daemon.requests import slices
 from packrat_daemon.requests.batcher import Batcher, Request
-from packrat_daemon.requests.ragged import PAD_BATCH, Ragged
+from packrat_daemon.requests.ragged import Ragged
 from packrat_daemon.requests.splitter import Splitter
 from workers.models.spec import MASK_INPUT, InputSpec, TensorSpec
 
@@ -33,12 +33,9 @@ def sliced(
 ) -> list[tuple[int, int, int]]:
     """The batch's slices as the daemon cuts them: (threads, rows, padded length) each, in the batch's row order."""
     in_flight = slices.in_flight(batch, ragged)
-    rows = [request.length for request in in_flight.requests for _ in range(request.samples)]
     cut = []
     offset = 0
     for worker, count in slices.split(splitter, list(workers), in_flight):
-        # In the mode PAD_BATCH every slice is padded to the batch's longest; else to its own.
-        longest = max(rows) if ragged.mode == PAD_BATCH else max(rows[offset : offset + count])
-        cut.append((worker.threads, count, longest))
+        cut.append((worker.threads, count, ragged.slice_length(in_flight.requests, offset, count)))
         offset += count
     return cut
