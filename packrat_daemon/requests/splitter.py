@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from packrat_daemon.fleet.pool import WorkerHandle
 from policies.planning.layouts import Split, fastest, split_on
 from policies.planning.profile import Profile
-from policies.planning.tokens import cut_by_cost, token_latency
+from policies.planning.tokens import cut_by_cost, split_by_cost, token_latency
 
 
 class Splitter:
@@ -53,11 +53,16 @@ class Splitter:
         self._chosen[batch] = chosen
         return chosen
 
-    def _choose(self, workers: Sequence[WorkerHandle], batch: int) -> list[tuple[WorkerHandle, int]]:
+    def _candidates(self, workers: Sequence[WorkerHandle]) -> list[list[WorkerHandle]]:
+        """The plan's layouts whose every slot a ready worker fills."""
         candidates = [members for layout in self.layouts if (members := _match(layout, workers))]
         if not candidates:
             # Mid-reconfiguration no layout may be complete: use ready workers whose cores do not overlap.
             candidates = [list(workers) if self.oversubscribed else _disjoint(workers)]
+        return candidates
+
+    def _choose(self, workers: Sequence[WorkerHandle], batch: int) -> list[tuple[WorkerHandle, int]]:
+        candidates = self._candidates(workers)
         splits = [self._split(tuple(w.threads for w in members), batch) for members in candidates]
         chosen = fastest(splits, self.min_split_gain)
         members, sizes = candidates[chosen], splits[chosen].rows
@@ -82,21 +87,27 @@ class Splitter:
     def choose_by_cost(
         self, workers: Sequence[WorkerHandle], lengths: Sequence[int], reference: int
     ) -> list[tuple[WorkerHandle, int]]:
-        """The workers the split chooses for a batch of `len(lengths)` rows, sorted by length, with the rows cut
-        by predicted cost instead of count (policies.planning.tokens.cut_by_cost); `reference`: the profile's
-        length."""
-        chosen = self.choose(workers, len(lengths))
-        if len(chosen) < 2:
-            return chosen
-        members = [worker for worker, _ in chosen]
-        threads = [worker.threads for worker in members]
+        """The workers that take a batch of `len(lengths)` rows, sorted by length, with their rows: each complete
+        layout's rows cut by predicted cost (policies.planning.tokens.split_by_cost), and the layout whose cut is
+        fastest by that cost (`fastest`, `min_split_gain` applied); `reference`: the profile's length. Without a
+        profile, the layout the count chooses, cut by padded tokens over threads."""
+        if self.profile is None:
+            chosen = self.choose(workers, len(lengths))
+            members = [worker for worker, _ in chosen]
+            sizes = cut_by_cost(lengths, [w.threads for w in members], lambda t, rows, n: rows * n / t)
+            return [(worker, rows) for worker, rows in zip(members, sizes, strict=True) if rows]
+        profile = self.profile
 
         def cost(count: int, rows: int, length: int) -> float | None:
-            if self.profile is None:  # no profile: padded tokens over threads
-                return rows * length / count
-            return token_latency(self.profile, count, rows, length, reference)
+            return token_latency(profile, count, rows, length, reference)
 
-        sizes = cut_by_cost(lengths, threads, cost)
+        candidates = self._candidates(workers)
+        splits = [split_by_cost(lengths, [w.threads for w in members], cost) for members in candidates]
+        scored = [(members, split) for members, split in zip(candidates, splits, strict=True) if split is not None]
+        if not scored:  # no layout's cost can be predicted (a batch past the profile): the count decides
+            return self.choose(workers, len(lengths))
+        best = fastest([split for _, split in scored], self.min_split_gain)
+        members, sizes = scored[best][0], scored[best][1].rows
         return [(worker, rows) for worker, rows in zip(members, sizes, strict=True) if rows]
 
     def _compute(self, threads: list[int], batch: int) -> Split:

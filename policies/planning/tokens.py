@@ -8,7 +8,9 @@ L(threads, rows, length) ≈ L(threads, rows · length / reference).
 
 Sorted by length, a batch's rows are cut into contiguous slices, the longest to the instances of most threads,
 so that the slowest slice is as fast as it can be (`cut_by_cost`): a long sequence and four short ones are not
-"five samples".
+"five samples". The layout a batch runs on is chosen by the same cost (`split_by_cost`, for
+`policies.planning.layouts.fastest`): counted at the profile's length, two short queries look like two long ones
+and win a split over one big instance that their real cost does not.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from packrat_daemon.wire.length_cost import equivalent_batch, interpolate
+from policies.planning.layouts import Split
 from policies.planning.profile import Profile
 
 Cost = Callable[[int, int, int], "float | None"]  # (threads, rows, padded length) -> predicted ms
@@ -57,6 +60,21 @@ def cut_by_cost(lengths: Sequence[int], threads: Sequence[int], cost: Cost) -> l
     for position, k in enumerate(order):
         rows[k] = best[position]
     return rows
+
+
+def split_by_cost(lengths: Sequence[int], threads: Sequence[int], cost: Cost) -> Split | None:
+    """`cut_by_cost`'s rows for each instance with the cut's predicted latency (its slowest slice's); None where a
+    slice's cost cannot be predicted."""
+    rows = cut_by_cost(lengths, threads, cost)
+    start, slowest = 0, 0.0
+    for k in sorted(range(len(threads)), key=lambda k: threads[k]):  # the order the cut takes the rows in
+        if rows[k]:
+            predicted = cost(threads[k], rows[k], lengths[start + rows[k] - 1])
+            if predicted is None:
+                return None
+            slowest = max(slowest, predicted)
+        start += rows[k]
+    return Split(slowest, rows)
 
 
 def _greedy(lengths: Sequence[int], threads: Sequence[int], cost: Cost, bound: float) -> list[int] | None:

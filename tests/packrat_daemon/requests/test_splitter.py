@@ -126,3 +126,23 @@ def test_the_prediction_is_the_smallest_profiled_batch_that_holds_the_rows() -> 
     assert splitter.predicted_ms(1, 9) is None  # past the largest profiled batch
     assert splitter.predicted_ms(4, 1) is None  # no row for 4 threads
     assert Splitter(None, "exact").predicted_ms(1, 1) is None
+
+
+# -- a batch of a free axis: the layout chosen by the rows' cost, not their count -------------------------------
+def test_short_rows_take_the_layout_their_tokens_favour_not_their_count() -> None:
+    # Counted at the profile's length (128), two rows split over the 1-thread workers (80 ms against 100); two rows of
+    # 16 tokens cost a 1-thread worker nearly its fixed cost (71 ms each) but the 2-thread worker 12.5 ms for both.
+    profile = Profile.from_latencies({(1, 1): 80.0, (1, 2): 90.0, (2, 1): 50.0, (2, 2): 100.0})
+    pool, layouts = spare_layout_pool()
+    splitter = Splitter(profile, "exact", layouts, min_split_gain=0.05)
+    assert rows(splitter, pool, 2) == [(2, 1), (3, 1)]
+    short = splitter.choose_by_cost(pool, [16, 16], 128)
+    assert [(worker.id, taken) for worker, taken in short] == [(1, 2)]
+    long = splitter.choose_by_cost(pool, [128, 128], 128)
+    assert [(worker.id, taken) for worker, taken in long] == [(2, 1), (3, 1)]
+
+
+def test_without_a_profile_a_free_axis_batch_is_cut_by_tokens_over_the_layout_the_count_chooses() -> None:
+    splitter = Splitter(None, "exact")
+    chosen = splitter.choose_by_cost(workers(1, 1), [8, 8, 8, 8, 128], 128)
+    assert [(worker.id, taken) for worker, taken in chosen] == [(1, 4), (2, 1)]

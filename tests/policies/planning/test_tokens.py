@@ -6,7 +6,7 @@ import pytest
 
 from packrat_daemon.wire.length_cost import FLOOR, equivalent_batch, interpolate
 from policies.planning.profile import Profile
-from policies.planning.tokens import cut_by_cost, token_latency
+from policies.planning.tokens import cut_by_cost, split_by_cost, token_latency
 
 ROW = [(1, 10.0), (2, 14.0), (4, 22.0), (8, 38.0)]  # a fixed cost of 6 ms and 4 ms an input, at 128 tokens
 
@@ -66,3 +66,11 @@ def test_without_a_prediction_rows_are_cut_by_threads_and_one_instance_takes_all
     assert cut_by_cost([1, 2, 3, 4], [2, 2], lambda t, r, n: None) == [2, 2]
     assert cut_by_cost([1, 2, 3], [4], cost) == [3]
     assert cut_by_cost([], [1, 1], cost) == [0, 0]
+
+
+def test_a_cut_is_predicted_at_its_slowest_slice_and_unpredictable_costs_give_none() -> None:
+    lengths = [8, 8, 8, 8, 128]
+    split = split_by_cost(lengths, [1, 1], cost)
+    assert split is not None and split.rows == [4, 1]
+    assert split.latency_ms == pytest.approx(slowest(lengths, [1, 1], [4, 1])) and split.busy == 2
+    assert split_by_cost(lengths, [1, 1], lambda t, r, n: None) is None
