@@ -15,6 +15,7 @@ NAMES = {
     "packrat_zmq": "Packrat (ZeroMQ)",
     "packrat_torch": "Packrat (OIP, torch fp32)",
     "packrat_oip_b": "Packrat (OIP, pass B)",
+    "packrat_torch_b": "Packrat (OIP, torch fp32, pass B)",
     "torchserve_default": "TorchServe defaults",
     "torchserve_best": "TorchServe best",
     "triton_default": "Triton defaults",
@@ -70,7 +71,8 @@ def render(result: dict[str, Any]) -> str:
                 cell += f" {entry['errors']} err"
             cells.append(cell)
         lines.append(f"| {point_label(row)} | " + " | ".join(cells) + " |")
-    lines += ["", "Packrat (OIP) p99 ÷ the others':", ""]
+    judged = result.get("packrat", "packrat_oip")
+    lines += ["", f"{NAMES[judged]} p99 ÷ the others':", ""]
     lines.append("| point | ÷ TorchServe defaults | ÷ the peer it does worst against | that peer | within 5% |")
     lines.append("|---|---|---|---|---|")
     for check in summary["checks"]:
@@ -92,9 +94,10 @@ def render(result: dict[str, Any]) -> str:
             f"| {peer} | {len(search['configurations'])} | {best} | "
             f"{fmt(search['configurations'][best]['score_p99_geomean_ms'])} ms | {search['search_s']:.0f} s |"
         )
+    started = result["started_s"].get("packrat" if judged == "packrat_oip" else judged)
     lines.append(
-        f"| packrat | 0 (its defaults) | {plan_label(result['configured']['packrat_oip'].get('plan'))} | — | "
-        f"{result['started_s']['packrat']:.0f} s from start to serving |"
+        f"| packrat | 0 (its defaults) | {plan_label(result['configured'][judged].get('plan'))} | — | "
+        f"{fmt(started)} s from start to serving |"
     )
     loadgen = result.get("loadgen")
     if loadgen:
@@ -120,14 +123,34 @@ def render(result: dict[str, Any]) -> str:
         f"Packrat's plan at start: {plan_label(result.get('packrat_plan_before_measuring'))}; after the "
         f"run: {plan_label(result.get('packrat_plan_after_measuring'))}.",
     ]
+    lines += versus_lowest(summary, NAMES[judged])
     targets = summary["targets"]
     lines += [
         "",
         f"Targets: Packrat's p99 below TorchServe's defaults at every concurrency: "
         f"{targets['packrat_p99_below_torchserve_default_every_concurrency']}; within 5% of the best peer at "
-        f"every point: {targets['packrat_within_5pct_of_best_peer_every_point']}.",
+        f"every point: {targets['packrat_within_5pct_of_best_peer_every_point']}; p50 and p99 at or below the best "
+        f"peer's at every point: {targets.get('packrat_at_or_below_best_peer_p50_p99_every_point')}.",
     ]
     return "\n".join(lines)
+
+
+def versus_lowest(summary: dict[str, Any], judged: str) -> list[str]:
+    """The judged Packrat's p50 and p99 ÷ the lowest peer's at each point (the issue's target: at or below both)."""
+    checks = [check for check in summary["checks"] if "vs_lowest_peer" in check]
+    if not checks:
+        return []
+    lines = ["", f"{judged} ÷ the lowest peer at each point (p50 and p99 each against its own lowest):", ""]
+    lines.append("| point | p50 ratio | lowest p50 | p99 ratio | lowest p99 | at or below both |")
+    lines.append("|---|---|---|---|---|---|")
+    for check in checks:
+        entry = check["vs_lowest_peer"]
+        lines.append(
+            f"| {point_label(check)} | {fmt(entry['p50']['ratio'])} | {NAMES.get(entry['p50']['peer'], '—')} | "
+            f"{fmt(entry['p99']['ratio'])} | {NAMES.get(entry['p99']['peer'], '—')} | "
+            f"{'yes' if entry['at_or_below'] else 'no'} |"
+        )
+    return lines
 
 
 def render_compact(result: dict[str, Any]) -> str:
