@@ -159,14 +159,8 @@ class Dispatcher(InFlight):
 
     def dispatch(self, requests: list[Request], workers: list[WorkerHandle]) -> None:
         if any(w.outstanding for w in workers):
-            # A worker still computing a slice nobody waits for (a hedge's loser, an abandoned batch) would
-            # take this batch's slice only after it: leave it out while the others can take the batch. With none
-            # free, leave out those whose slice is late (a hang's, maybe): the others answer theirs soon.
-            free = [w for w in workers if not w.outstanding]
-            if not free:
-                late = self.late_workers(time.monotonic(), self.timing.late_after())
-                free = [w for w in workers if w.id not in late]
-            workers = free or workers
+            late_after, shared = self.timing.late_after(), self.splitter.oversubscribed
+            workers = self.free_for_next(workers, time.monotonic(), late_after, shared)
         batch = slices.in_flight(requests, self.ragged)
         deadlines = [r.deadline for r in requests if r.deadline is not None]
         if deadlines:
@@ -225,7 +219,7 @@ class Dispatcher(InFlight):
         self.timing.answered(time.monotonic() - job.sent_at)
         batch.unanswered -= 1
         if not batch.done():
-            return []
+            return self.part_answered(batch, self.splitter.oversubscribed)
         self.drop(batch)
         return slices.completions(batch)
 

@@ -231,6 +231,38 @@ class InFlight:
             batch.aside_at = now + ASIDE_RECHECK_S  # every worker is busy: nothing to gain yet
             self.refresh_next_deadline()
             return None
+        return self.set_aside()
+
+    def part_answered(self, batch: InFlightBatch, shared_cores: bool) -> list[Completed]:
+        """A slice of `batch` is answered, others are not: the loop's batch moves aside now (`set_aside`, its
+        answered requests returned) if it was cut by cost, which holds its longest rows on the instances of most
+        threads while the others answer early: the requests queued behind it would wait for its longest slice with
+        workers free. Not where the plan's instances share cores (the next batch would run on the busy slice's)."""
+        ragged = batch.ragged
+        if batch is not self.batch or ragged is None or not ragged.cut_by_cost or shared_cores:
+            return []
+        return self.set_aside()
+
+    def free_for_next(
+        self, workers: list[WorkerHandle], now: float, late_after: float, shared_cores: bool
+    ) -> list[WorkerHandle]:
+        """The workers the next batch goes to while some hold slices: a worker still computing one (of a batch
+        aside, a hedge's loser, an abandoned batch) would take the batch's slice only after it, so it is left out
+        while others can take the batch, and so are those on its cores (a plan's spare layouts are), unless the
+        plan's instances share cores by design (`shared_cores`). With none free, those whose slice is late are left
+        out (a hang's, maybe): the others answer theirs soon."""
+        held = set() if shared_cores else {core for w in workers if w.outstanding for core in w.cores}
+        free = [w for w in workers if not w.outstanding and held.isdisjoint(w.cores)]
+        if not free:
+            late = self.late_workers(now, late_after)
+            free = [w for w in workers if w.id not in late]
+        return free or workers
+
+    def set_aside(self) -> list[Completed]:
+        """Move the loop's batch aside now: the requests whose rows are all in are answered (returned), the others
+        wait for their slices where they are, and the next batch may start on the free workers."""
+        batch = self.batch
+        assert batch is not None
         self.batch = None
         self.late.clear()
         self.aside.append(batch)

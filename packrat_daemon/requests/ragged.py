@@ -34,6 +34,11 @@ class Ragged:
         self.longest = spec.max_length
         self._at: dict[int, InputSpec] = {}
 
+    @property
+    def cut_by_cost(self) -> bool:
+        """Whether a batch's slices are cut by cost (each padded to its own longest), so they end at different times."""
+        return self.mode != PAD_BATCH
+
     def at(self, length: int) -> InputSpec:
         """The model's spec with its free axes `length` long (remembered: a handful of lengths recur)."""
         spec = self._at.get(length)

@@ -16,10 +16,12 @@ from packrat_daemon.fleet.verdicts import SPIN_LOOK_S, Reading
 from packrat_daemon.requests.batcher import Request
 from packrat_daemon.requests.dispatcher import Dispatcher
 from packrat_daemon.requests.inflight import ASIDE_RECHECK_S, Actions
+from packrat_daemon.requests.ragged import BY_COST, PAD_BATCH, Ragged
 from packrat_daemon.requests.splitter import Splitter
 from packrat_daemon.requests.timing import LEARNED_KEEP, Deadlines
 from packrat_daemon.wire.codec import ErrorCode
 from policies.planning.profile import Profile
+from workers.models.spec import InputSpec, TensorSpec
 
 
 class Recorder:
@@ -673,3 +675,63 @@ def test_the_deadlines_are_one_value_read_from_the_settings_and_replaced_whole()
     # The older spelling, a job timeout and the other bounds in order, stands for the same value.
     dispatcher.set_deadlines(9.0, 2.5, 0.05, 2.0, 0.02, 0.04)
     assert dispatcher.deadlines == deadlines and (dispatcher.job_timeout_s, dispatcher.spin_floor_s) == (9.0, 0.04)
+
+
+def query(request_id: int, length: int) -> Request:
+    """A one-sample request of `length` tokens for TOKENS, a model of a free axis."""
+    ids = np.arange(1, length + 1, dtype=np.int64).reshape(1, length)
+    request = Request(b"c%d" % request_id, None, request_id, "int64", ids.shape, memoryview(ids))
+    request.length = length
+    return request
+
+
+TOKENS = InputSpec.parse("int64:1..16").with_outputs([TensorSpec("output", "float32", (16,), free_axis=0)])
+
+
+def answer_tokens(dispatcher: Dispatcher, pool: list[WorkerHandle], sent: tuple[bytes, dict, bytes]) -> list:
+    identity, header, _ = sent
+    worker = next(w for w in pool if w.identity == identity)
+    output = np.ones(header["shape"], dtype=np.float32)  # one output per token, at the slice's padded length
+    reply = {"job": header["job"], "dtype": "float32", "shape": list(output.shape), "compute_ms": 1.0,
+             "threads": worker.threads, "batch": output.shape[0]}  # fmt: skip
+    return dispatcher.on_result(worker, reply, [output])
+
+
+@pytest.mark.parametrize("mode", [BY_COST, PAD_BATCH])
+def test_a_batch_cut_by_cost_moves_aside_once_its_short_slice_is_in_and_the_next_batch_starts_on_that_worker(
+    mode: str,
+) -> None:
+    # Issue 40: a long query and a short one, cut by cost, each on a worker of its own: the queue waited for the long
+    # slice with the short one's worker free. Padded to the batch's longest, slices end together: nothing to gain.
+    recorder, pool = Recorder(), workers(1, 1)
+    deadlines = Deadlines(job_timeout_s=10, margin=1.5, floor_s=0.2)
+    dispatcher = Dispatcher(recorder, Splitter(None, "exact"), deadlines, queued=lambda: 1, ragged=Ragged(TOKENS, mode))
+    dispatcher.serving = pool
+    long, short = query(0, 16), query(1, 2)
+    dispatcher.dispatch([long, short], pool)
+    first, second = recorder.sent
+    assert [header["shape"] for _, header, _ in recorder.sent] == (
+        [[1, 2], [1, 16]] if mode == BY_COST else [[1, 16]] * 2
+    )
+    in_flight = dispatcher.batch
+    done = answer_tokens(dispatcher, pool, first)
+    if mode == PAD_BATCH:
+        assert done == [] and dispatcher.batch is in_flight
+        return
+    assert [c.request for c in done] == [short] and done[0].output.shape == (1, 2)
+    assert dispatcher.batch is None and dispatcher.aside == [in_flight] and not dispatcher.busy
+    pool[1].outstanding = 1  # as the pool counts the long slice
+    following = query(2, 4)
+    dispatcher.dispatch([following], pool)
+    assert recorder.sent[2][0] == pool[0].identity  # the next batch on the free worker, not behind the long slice
+    assert [c.request for c in answer_tokens(dispatcher, pool, recorder.sent[2])] == [following]
+    assert [c.request for c in answer_tokens(dispatcher, pool, second)] == [long] and dispatcher.aside == []
+
+
+def test_the_next_batch_leaves_out_a_busy_workers_cores_unless_the_plan_shares_cores_by_design() -> None:
+    dispatcher = Dispatcher(Recorder(), Splitter(None, "exact"), Deadlines(job_timeout_s=10, margin=1.5, floor_s=0.2))
+    busy, free, spare = (WorkerHandle(1, 1, (0,), 1, WorkerState.READY), WorkerHandle(2, 1, (1,), 1, WorkerState.READY),
+                         WorkerHandle(3, 2, (0, 1), 1, WorkerState.READY))  # fmt: skip
+    busy.outstanding = 1  # a slice of a batch aside
+    assert dispatcher.free_for_next([busy, free, spare], time.monotonic(), 1.0, shared_cores=False) == [free]
+    assert dispatcher.free_for_next([busy, free, spare], time.monotonic(), 1.0, shared_cores=True) == [free, spare]
