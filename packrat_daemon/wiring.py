@@ -86,6 +86,7 @@ def assemble(
     # at that size and paged in once, so the daemon's resident size does not climb with each record slice.
     reconciler.pool.input_arena_bytes = config.max_batch * frontend.sample_bytes
     adaptation = OnlineAdaptation(config, started.policy, served.profile, started.topology)
+    adaptation.costs(reconciler)  # a switch that forks must pay for the forks' warm-up (adapt.tuner)
     state = started.state.attach(adaptation)  # production's estimates from --state-dir, if any
     supervisor = Supervisor(
         reconciler, dispatcher, metrics, adaptation.production, replies=frontend,

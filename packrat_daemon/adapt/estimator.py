@@ -46,11 +46,12 @@ class BatchSizeEstimator:
         self._novel = 0  # how many of _recent were new
         self.restarts = 0
         self.observed = 0  # batches seen since the last reset (the tuner waits for enough of them)
+        self.since: float | None = None  # when the traffic began, or last moved (a restart): how long it has lasted
 
     def observe(self, batch: int, now: float) -> None:
         self._decay(now)
         if self._first is None:
-            self._first = now
+            self._first = self.since = now
         novel = self._weights.get(batch, 0.0) < NOVEL_SHARE * self._total
         if len(self._recent) == RECENT:
             self._novel -= self._recent[0][1]
@@ -59,6 +60,7 @@ class BatchSizeEstimator:
         if self._novel >= SHIFT_SHARE * RECENT:
             # Judged as each batch comes: at a high rate, the new sizes stop being new within a second.
             self._restart()
+            self.since = now
         self._weights[batch] = self._weights.get(batch, 0.0) + 1.0
         self._total += 1.0
         self._batches += 1.0
@@ -81,6 +83,10 @@ class BatchSizeEstimator:
             return 0.0, 0.0
         window = self.half_life_s / math.log(2) * (1.0 - math.pow(0.5, (now - self._first) / self.half_life_s))
         return self._batches / window, self._inputs / window
+
+    def lasted_s(self, now: float) -> float:
+        """How long the traffic has lasted since it began or last moved (0 before any batch)."""
+        return 0.0 if self.since is None else max(0.0, now - self.since)
 
     def reset_count(self) -> None:
         self.observed = 0

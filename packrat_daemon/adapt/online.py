@@ -12,7 +12,7 @@ import time
 
 from packrat_daemon.adapt.estimator import BatchSizeEstimator
 from packrat_daemon.adapt.production import ProductionProfile, revert_plan, slow_splits
-from packrat_daemon.adapt.tuner import Tuner, TunerSettings
+from packrat_daemon.adapt.tuner import SwitchCost, Tuner, TunerSettings
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.wire.errors import PackratError
 from policies.base import Plan, Policy
@@ -32,6 +32,7 @@ class OnlineAdaptation:
         self.due = 0.0  # time.monotonic() of the next look at the live batch sizes
         self.restarts_seen = 0  # the estimator's restarts as of the last look
         self.splitting = profile  # what the dispatcher splits by (the production guard judges its splits)
+        self.switch_cost: SwitchCost | None = None  # what a switch forks (the reconciler); None: switches are free
         self.retune(config, policy, profile)
 
     def retune(self, config: ServeConfig, policy: Policy, profile: Profile | None) -> None:
@@ -40,8 +41,15 @@ class OnlineAdaptation:
         self.min_split_gain = config.min_split_gain
         if config.adapt and policy.adapts and profile is not None:
             self.tuner = Tuner(policy, profile, self.topology, TunerSettings.of(config))
+            self.tuner.switch_cost = self.switch_cost
         else:
             self.tuner = None
+
+    def costs(self, switch_cost: SwitchCost) -> None:
+        """Weigh each switch's forks against its gain from now on (the reconciler: what a plan forks, a fork's time)."""
+        self.switch_cost = switch_cost
+        if self.tuner is not None:
+            self.tuner.switch_cost = switch_cost
 
     def restrict(self, topology: Topology, now: float) -> None:
         """Plan inside this share of the machine from now on (`packrat coordinate` moved its cores); the plan
@@ -81,7 +89,8 @@ class OnlineAdaptation:
             self.tuner.last_switch = now
             return reverted
         try:
-            decision = self.tuner.consider(plan, distribution, self.estimator.observed, now, moved)
+            lasted = self.estimator.lasted_s(now)
+            decision = self.tuner.consider(plan, distribution, self.estimator.observed, now, moved, lasted)
         except PackratError as exc:
             log.warning("adaptation skipped: %s", exc)
             return None

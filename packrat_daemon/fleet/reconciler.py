@@ -5,7 +5,9 @@ describe the target, converge to it). Each plan is a new generation of slots (th
   1. live workers that already have a slot's threads and cores join the new generation as they are;
   2. other ready workers are re-threaded and re-pinned in place (no fork, no reload): they keep
      serving with their old threads until the switch is done;
-  3. slots still empty get freshly forked workers;
+  3. slots still empty get freshly forked workers; make before break: the workers to re-thread serve the old
+     plan as they are until every fork serves (at once, a 2-thread worker became a 1-thread one for the
+     other core's fork's whole warm-up, and ResNet-50's queue grew for seconds under load);
   4. workers the plan has no slot for stop serving only once every slot is served. They are parked, not
      stopped: idle, pinned as they were, for PARK_S, so that a later plan with their slot (switching back
      and forth between two plans, by hand or by adaptation) takes them at once instead of forking and
@@ -25,7 +27,8 @@ the daemon with that message instead of being re-forked in a loop.
 
 Every plan change is measured (`Reconfiguration`): the decision, the first re-threaded or forked worker
 serving, every slot serving (the new pool), and the last worker of an older plan retired. The history
-feeds `packrat status`, and each finished change is handed to `on_measured` (the metrics' histogram).
+feeds `packrat status`, and each finished change is handed to `on_measured` (the metrics' histogram). Forks are
+timed from spawn to READY (`fork_s`): what a plan that needs one (`forks_needed`) costs adaptation (adapt.tuner).
 """
 
 from __future__ import annotations
@@ -34,11 +37,10 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 from packrat_daemon.fleet.backend import Backend
 from packrat_daemon.fleet.pool import Pool, WorkerHandle, WorkerState
+from packrat_daemon.fleet.reconfiguration import Reconfiguration
 from packrat_daemon.ops.notify import sd_notify, status
 from packrat_daemon.wire.errors import WorkerBootError
 from policies.base import Plan
@@ -52,9 +54,8 @@ Slot = tuple[int, tuple[int, ...]]  # (threads, cores)
 MAX_BOOT_FAILURES = 5  # workers in a row that fail before they are ready; then the daemon stops
 BOOT_BACKOFF_FIRST_S = 0.25  # the pause after the first boot failure, doubled after each further one
 BOOT_BACKOFF_MAX_S = 8.0
-# A parked worker costs its private memory and a heartbeat a second, no CPU; a fork costs a model warm-up
-# (hundreds of milliseconds for ResNet-50) before the new plan serves. Parked workers never outnumber the
-# usable cores, the most workers a plan without oversubscription can have.
+# A parked worker costs its private memory and a heartbeat a second, no CPU; a fork costs a model warm-up (seconds
+# for ResNet-50 under load). Parked workers never outnumber the usable cores (what a plan without oversubscription has).
 PARK_S = 300.0
 HISTORY = 100  # plan changes kept for `packrat status` (a status reply stays far below any frame limit)
 
@@ -77,49 +78,6 @@ def plan_slots(plan: Plan, allocator: CoreAllocator) -> list[list[Slot]]:
     return slots
 
 
-@dataclass
-class Reconfiguration:
-    """One plan change and how long it took (time.monotonic() stamps; `wall` is the decision's time.time())."""
-
-    generation: int
-    reason: str  # what asked for it: "start", "adapt", "reload", "control: …"
-    old: Plan | None
-    new: Plan
-    decided: float
-    wall: float
-    predicted_ms: tuple[float, float] | None = None  # expected latency (old plan, new plan) when predicted
-    first_serving: float | None = None  # the first worker re-threaded or forked for it took batches
-    serving: float | None = None  # every slot of the new plan serves
-    retired: float | None = None  # no worker of an older plan is left serving
-    superseded: bool = False  # a later plan came before this one was served
-
-    @property
-    def done(self) -> bool:
-        return self.retired is not None or self.superseded
-
-    def seconds(self, stamp: float | None) -> float | None:
-        return None if stamp is None else stamp - self.decided
-
-    def to_json(self) -> dict[str, Any]:
-        gain = None
-        if self.predicted_ms is not None and self.predicted_ms[0] > 0:
-            gain = 1.0 - self.predicted_ms[1] / self.predicted_ms[0]
-        return {
-            "generation": self.generation,
-            "time": self.wall,
-            "reason": self.reason,
-            "from": None if self.old is None else self.old.describe(),
-            "to": self.new.describe(),
-            "why": self.new.reason,
-            "predicted_ms": None if self.predicted_ms is None else list(self.predicted_ms),
-            "predicted_gain": gain,
-            "first_serving_s": self.seconds(self.first_serving),
-            "serving_s": self.seconds(self.serving),
-            "retired_s": self.seconds(self.retired),
-            "superseded": self.superseded,
-        }
-
-
 class Reconciler:
     def __init__(
         self, pool: Pool, topology: Topology, on_measured: Callable[[Reconfiguration], None] | None = None
@@ -134,6 +92,10 @@ class Reconciler:
         self.history: deque[Reconfiguration] = deque(maxlen=HISTORY)
         self.on_measured = on_measured
         self._changed: set[int] = set()  # workers re-threaded, forked or unparked for the current generation
+        # Make before break: (worker, slot) re-threads that wait until every fork of the generation serves.
+        self._deferred: list[tuple[WorkerHandle, Slot]] = []
+        self._spawned_at: dict[int, float] = {}  # forks not yet ready: worker id -> time.monotonic() of the spawn
+        self.fork_s: float | None = None  # the last fork's time from spawn to ready (None: none timed yet)
 
     def set_plan(
         self,
@@ -173,10 +135,11 @@ class Reconciler:
         """
         if self.plan is None:
             return
-        # Every step, not only when a backend message comes: a template killed takes its workers with it, and
-        # then no message ever comes. (A loop that polls Backend.template_fd hears of it at once.)
+        # Every step: a template killed takes its workers with it, and then no message comes (Backend.template_fd).
         self.pool.check_template()
         self._fork(self._missing())
+        self._time_forks()
+        self._rethread_when_forks_serve()
         record = self.history[-1] if self.history else None
         # The first worker re-threaded or forked for this plan that serves (or at once: nothing had to change).
         if (record is not None and record.first_serving is None
@@ -267,7 +230,7 @@ class Reconciler:
             # No boot failure outstanding: every missing slot at once (at start, and for a worker lost
             # while serving, whose clients are waiting).
             for threads, cores in missing:
-                self._changed.add(pool.spawn(threads, cores, self.generation).id)
+                self._spawned(pool.spawn(threads, cores, self.generation))
             return
         if pool.boot_failures >= MAX_BOOT_FAILURES:
             raise WorkerBootError(
@@ -285,7 +248,11 @@ class Reconciler:
         threads, cores = missing[0]
         log.info("forking a %d-thread worker again after a %.2f s pause (%d boot failure(s) in a row)",
                  threads, pause, pool.boot_failures)  # fmt: skip
-        self._changed.add(pool.spawn(threads, cores, self.generation).id)
+        self._spawned(pool.spawn(threads, cores, self.generation))
+
+    def _spawned(self, worker: WorkerHandle) -> None:
+        self._changed.add(worker.id)
+        self._spawned_at[worker.id] = time.monotonic()
 
     def _adopt_live_workers(self) -> None:
         free = Counter(self._slots)
@@ -308,17 +275,63 @@ class Reconciler:
                 continue
         remaining = [slot for slot in self._slots for _ in range(free[slot])]
         # Slots keep plan order; pair each with a worker that already has that many threads if possible.
+        pairs: list[tuple[WorkerHandle, Slot]] = []
         for slot in list(remaining):
             match = next((w for w in leftovers if w.threads == slot[0]), None) or (leftovers[0] if leftovers else None)
             if match is None:
                 break
             leftovers.remove(match)
             remaining.remove(slot)
-            self.pool.reconfigure(match, slot[0], slot[1], self.generation)
-            self._changed.add(match.id)
-            match.parked_since = None
-            log.info("re-threading worker %d in place: %d→%d thread(s) on cores %s",
-                     match.id, match.threads, slot[0], list(slot[1]))  # fmt: skip
+            pairs.append((match, slot))
+        self._deferred = []
+        if remaining and pairs:
+            self._deferred = pairs  # they serve the old plan as they are until the forks serve
+            log.info("forking %d worker(s) first; %d worker(s) keep serving as they are until the forks serve, "
+                     "then are re-threaded", len(remaining), len(pairs))  # fmt: skip
+            return
+        for worker, slot in pairs:
+            self._rethread(worker, slot)
+
+    def _rethread(self, worker: WorkerHandle, slot: Slot) -> None:
+        self.pool.reconfigure(worker, slot[0], slot[1], self.generation)
+        self._changed.add(worker.id)
+        worker.parked_since = None
+        log.info("re-threading worker %d in place: %d→%d thread(s) on cores %s",
+                 worker.id, worker.threads, slot[0], list(slot[1]))  # fmt: skip
+
+    def _rethread_when_forks_serve(self) -> None:
+        """The deferred re-threads, once every fork of this generation serves (a dead one's slot is forked)."""
+        if not self._deferred:
+            return
+        if any(w.state is not WorkerState.READY for w in self._mine()) or self._missing():
+            return
+        deferred, self._deferred = self._deferred, []
+        for worker, slot in deferred:
+            if worker.state is WorkerState.READY and worker.pending is None:
+                self._rethread(worker, slot)
+
+    def _time_forks(self) -> None:
+        if not self._spawned_at:  # stamp each fork's time from spawn to ready (`fork_s`)
+            return
+        now = time.monotonic()
+        for worker in self.pool.live():
+            spawned = self._spawned_at.get(worker.id)
+            if spawned is not None and worker.state is WorkerState.READY:
+                self.fork_s = now - spawned
+                del self._spawned_at[worker.id]
+        live = {w.id for w in self.pool.live()}
+        self._spawned_at = {wid: at for wid, at in self._spawned_at.items() if wid in live}
+
+    def forks_needed(self, plan: Plan) -> list[int]:
+        """The threads of each worker a switch to `plan` would fork: its slots that no live worker of this template
+        has, beyond those the others would be re-threaded into (in plan order, as `_adopt_live_workers` pairs them)."""
+        needed: Counter[Slot] = Counter()
+        for layout in plan_slots(plan, self.allocator):
+            needed |= Counter(layout)
+        mine = Counter(w.target for w in self.pool.live() if self.pool.via(w) is self.pool.backend)
+        spare = sum((mine - needed).values())  # live workers without their slot: re-threaded, not forked
+        empty = sorted((needed - mine).elements(), key=lambda slot: (-slot[0], slot[1]))
+        return [threads for threads, _ in empty[spare:]]
 
     def _mine(self) -> list[WorkerHandle]:
         return [
@@ -330,6 +343,7 @@ class Reconciler:
 
     def _missing(self) -> list[Slot]:
         have = Counter(w.target for w in self._mine())
+        have.update(slot for worker, slot in self._deferred if worker.state is WorkerState.READY)  # re-threaded later
         missing = []
         for slot in self._slots:
             if have[slot]:

@@ -98,3 +98,15 @@ def test_a_move_to_a_busier_traffic_is_caught_between_two_looks() -> None:
         now += 0.05
         estimator.observe(1, now)
     assert estimator.restarts == 1 and dict(estimator.distribution(now).weights) == {1: 1.0}
+
+
+def test_the_traffic_has_lasted_since_its_first_batch_or_since_it_last_moved() -> None:
+    estimator = BatchSizeEstimator()
+    assert estimator.lasted_s(10.0) == 0.0
+    for k in range(200):
+        estimator.observe(1, 10.0 + k * 0.05)
+    assert estimator.lasted_s(20.0) == pytest.approx(10.0)
+    for k in range(16):  # batches of 8 from 20 s: the counts restart, and so does the traffic's age
+        estimator.observe(8, 20.0 + k * 0.05)
+    assert estimator.restarts == 1
+    assert 0.0 < estimator.lasted_s(22.0) < 2.0

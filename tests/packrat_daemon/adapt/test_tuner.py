@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from packrat_daemon.adapt.tuner import Tuner, TunerSettings
+from packrat_daemon.adapt.tuner import Tuner, TunerSettings, covers_switch
 from packrat_daemon.wire.errors import PolicyError
 from policies.base import Plan
 from policies.packrat import PackratPolicy
@@ -91,3 +91,38 @@ def test_after_the_batch_sizes_moved_the_wait_and_cool_down_are_skipped_once_but
     assert patient.consider(plan_for(FOURS), ONES, observed=5, now=101.0) is None  # within the cool-down
     assert patient.consider(plan_for(FOURS), ONES, observed=5, now=101.0, moved=True) is not None
     assert patient.consider(plan_for(ONES), ONES, observed=5, now=102.0, moved=True) is None  # no gain, no switch
+
+
+class Forks:
+    """A reconciler as the tuner asks it: the threads of each worker a switch would fork, a fork's measured time."""
+
+    def __init__(self, threads: list[int], fork_s: float | None) -> None:
+        self.threads, self.fork_s = threads, fork_s
+
+    def forks_needed(self, plan: Plan) -> list[int]:
+        return self.threads
+
+
+def test_a_switch_that_forks_waits_until_its_gain_over_the_remaining_traffic_pays_for_the_fork() -> None:
+    # One 2-thread instance to two 1-thread ones for batch 4: 2.6 -> 1.2 ms, a 54% gain; the 1-thread fork took 4 s
+    # on one of the two cores: worth 2 s of serving, which a 54% gain pays for once the traffic has lasted 3.7 s.
+    costly = tuner()
+    costly.switch_cost = Forks([1], fork_s=4.0)
+    assert costly.consider(plan_for(ONES), FOURS, observed=50, now=100.0, moved=True, lasted_s=2.0) is None
+    assert "does not pay" in costly.declined and "4.0 s" in costly.declined
+    assert costly.consider(plan_for(ONES), FOURS, observed=50, now=105.0, lasted_s=7.0) is not None
+
+
+def test_a_switch_the_live_workers_cover_or_no_fork_timed_is_not_held_back() -> None:
+    free = tuner()
+    free.switch_cost = Forks([], fork_s=4.0)  # parked or re-threaded workers take every slot
+    assert free.consider(plan_for(ONES), FOURS, observed=50, now=100.0, moved=True, lasted_s=0.5) is not None
+    untimed = tuner()
+    untimed.switch_cost = Forks([1], fork_s=None)
+    assert untimed.consider(plan_for(ONES), FOURS, observed=50, now=100.0, moved=True, lasted_s=0.5) is not None
+
+
+def test_covers_switch_weighs_the_gain_over_the_time_left_against_the_cores_the_forks_take() -> None:
+    assert covers_switch(0.10, lasted_s=20.0, fork_s=4.0, forked_cores=1, cores=2)  # 2 s of 2 s
+    assert not covers_switch(0.10, lasted_s=19.0, fork_s=4.0, forked_cores=1, cores=2)
+    assert not covers_switch(0.10, lasted_s=30.0, fork_s=4.0, forked_cores=2, cores=2)  # every core: 4 s

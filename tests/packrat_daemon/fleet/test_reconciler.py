@@ -284,3 +284,52 @@ def test_a_plan_on_another_template_forks_every_slot_there_and_stops_the_old_wor
         exited(reconciler.pool, worker, 0)
     reconciler.step()
     assert old.closed and reconciler.pool.backends == (new,) and not new.closed
+
+
+def configures(backend: RecordingBackend) -> int:
+    return sum(kind == messages.CONFIGURE for _, kind, _ in backend.sent)
+
+
+def test_a_plan_that_needs_a_fork_re_threads_the_serving_worker_only_once_the_fork_serves(clock: Clock) -> None:
+    """Make before break: one 2-thread worker to two 1-thread ones keeps the 2-thread worker serving both cores while
+    the second core's fork warms up (re-threaded at once, it served on one core for the whole warm-up)."""
+    backend = RecordingBackend()
+    reconciler = Reconciler(Pool(backend), Topology.synthetic(2))
+    reconciler.set_plan(Plan((InstancePlan(2, 2),), "fixed", "one two-thread instance"))
+    reconciler.step()
+    (old,) = starting(reconciler)
+    clock.now += 1.5
+    ready(reconciler.pool, old)
+    reconciler.step()
+    assert reconciler.fork_s == pytest.approx(1.5)  # spawn to ready, timed
+    two = Plan((InstancePlan(1, 1), InstancePlan(1, 1)), "adapt", "two one-thread instances")
+    assert reconciler.forks_needed(two) == [1]
+
+    reconciler.set_plan(two, "adapt")
+    reconciler.step()
+    (fork,) = starting(reconciler)
+    assert configures(backend) == 0 and old.pending is None  # not re-threaded while the fork warms up
+    assert reconciler.serving() == [old]  # the old worker serves both cores meanwhile
+    reconciler.step()
+    assert len(starting(reconciler)) == 1 and configures(backend) == 0  # its slot is not forked a second time
+
+    clock.now += 2.0
+    ready(reconciler.pool, fork)
+    reconciler.step()
+    assert configures(backend) == 1 and old.target == (1, (0,))  # the fork serves: now re-threaded
+    assert reconciler.fork_s == pytest.approx(2.0)
+    configured(reconciler, old)
+    reconciler.step()
+    assert reconciler.converged() and reconciler.forks_needed(two) == []
+
+
+def test_a_plan_without_a_fork_re_threads_at_once(clock: Clock) -> None:
+    reconciler, backend = two_slot_reconciler()
+    reconciler.step()
+    for worker in starting(reconciler):
+        ready(reconciler.pool, worker)
+    reconciler.step()
+    one = Plan((InstancePlan(2, 2),), "adapt", "one two-thread instance")
+    assert reconciler.forks_needed(one) == []
+    reconciler.set_plan(one, "adapt")
+    assert configures(backend) == 1  # the live workers cover every slot: nothing to wait for
