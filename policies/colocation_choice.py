@@ -9,7 +9,10 @@ coordinator chooses among four candidates, each a pure function of the demands:
 - `every`: every model planned for all the cores, the shares overlapping (`shared_plan`). Its service
   times are each model's own plan's, slowed while the others' batches run beside it: a batch of T_m busy
   threads with the others' T_j busy at once runs max(1, (T_m + Σ T_j) / cores) times slower (the cores
-  time-shared), each other model busy with its own busy fraction, found by a fixed point (`collisions`);
+  time-shared), each other model busy with its own busy fraction, found by a fixed point (`collisions`).
+  A batch's work progresses at 1/slow-down, so its time is stretched by the harmonic mean of the slow-downs
+  over the others' states, not the arithmetic one, which overrated the collisions under heavy load and made
+  splits look better than they run (docs/colocation.md, the family);
 - `even` and `proportional` (cores in proportion to each model's busy fraction on all the cores);
 - `joint`: `plan_jointly`'s split.
 
@@ -149,22 +152,30 @@ def proportional_split(loads: Sequence[float], cores: int, min_cores: int = 1) -
     return [min_cores + g for g in given]
 
 
-def collisions(shares: Sequence[ModelShare], busy: Sequence[float], machine: Sharing, power: int = 1) -> list[float]:
-    """Each model's expected slow-down while it serves (`Sharing.slowdown`; its square with `power` 2, for the
-    service time's second moment), each other model busy with probability `busy[j]` (independently) with its
-    `busy_threads`: on shared cores they time-share, on disjoint shares they only interfere."""
+def collisions(
+    shares: Sequence[ModelShare], busy: Sequence[float], machine: Sharing, second: bool = False
+) -> list[float]:
+    """Each model's slow-down while it serves (`Sharing.slowdown`), each other model busy with probability
+    `busy[j]` (independently) with its `busy_threads`: on shared cores they time-share, on disjoint shares
+    they only interfere. A batch's work progresses at 1/slow-down, so its time is its work over the mean of
+    that rate: the slow-down is the harmonic mean over the others' states, not the arithmetic one (which
+    overrates the collisions: at a 2x slow-down half the time, a batch takes 1.33x its time alone, not 1.5x).
+    With `second`, the factor of the service time's second moment instead: a batch's time squared over its
+    time alone squared, each batch in one state (the others' batches as long as its own), E[s] x the mean."""
     slow = []
     for m, share in enumerate(shares):
         others = [j for j in range(len(shares)) if j != m]
         own = max(1.0, share.busy_threads)
-        expected = 0.0
+        rate = mean = 0.0
         for states in product((False, True), repeat=len(others)):
             chance, threads = 1.0, own
             for j, on in zip(others, states, strict=True):
                 chance *= busy[j] if on else 1.0 - busy[j]
                 threads += shares[j].busy_threads if on else 0.0
-            expected += chance * machine.slowdown(own, threads) ** power
-        slow.append(expected)
+            factor = machine.slowdown(own, threads)
+            rate += chance / factor
+            mean += chance * factor
+        slow.append(mean / rate if second else 1.0 / rate)
     return slow
 
 
@@ -172,7 +183,7 @@ def slowdowns(
     shares: Sequence[ModelShare], rates: Sequence[float], machine: Sharing, saturated: Sequence[bool]
 ) -> tuple[list[float], list[float]]:
     """The fixed point of `collisions`: each model busy λ·S·slow-down of the time (all of it while `saturated`);
-    each model's mean slow-down and mean squared slow-down there."""
+    each model's mean slow-down and its service time's second-moment factor there."""
     slow = [1.0] * len(shares)
     busy = [0.0] * len(shares)
     for _ in range(FIXED_POINT):
@@ -181,7 +192,7 @@ def slowdowns(
             for share, rate, s, full in zip(shares, rates, slow, saturated, strict=True)
         ]
         slow = collisions(shares, busy, machine)
-    return slow, collisions(shares, busy, machine, 2)
+    return slow, collisions(shares, busy, machine, second=True)
 
 
 def shared_plan(demands: Sequence[ModelDemand], cores: int, full_load: float = 1.0) -> JointPlan:

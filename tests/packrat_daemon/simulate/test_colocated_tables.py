@@ -86,10 +86,12 @@ def test_the_small_cases_tables_are_the_stored_ones() -> None:
 @pytest.mark.slow
 def test_the_benchmarks_quick_case_is_the_stored_one() -> None:
     row = bench_table()
-    # Both models busy (0.8 and 0.5 of their capacity): once the first seconds show no bursts, the joint strategy
-    # leaves every model on all the cores for a split, by the slow rule, and holds it.
+    # Both models busy (0.8 and 0.5 of their capacity). The collisions read as a harmonic mean of the slow-downs
+    # (policies.colocation_choice.collisions) predict the even split within the 20% a move off every model on
+    # all the cores asks (2-5% at most looks; the even split's mean is 1.39x lower here): the joint strategy
+    # holds every model on all the cores, request for request `every`'s run (docs/colocation.md, the family).
     moves = row["strategies"]["joint"]["moves"]
-    assert [(move["rule"], move["mode"]) for move in moves] == [("gain", "even")]
+    assert moves == [] and row["strategies"]["joint"]["overall"] == row["strategies"]["every"]["overall"]
     assert row == json.loads(BENCH.read_text())
 
 
