@@ -338,7 +338,7 @@ class Dispatcher(InFlight):
         self.late = [job for job in self.late if job.batch is batch and job.output is None and job.twin is None]
         if not self.late:
             return []
-        idle = self.idle(workers)
+        idle = self.idle_apart(workers)  # a copy on a busy worker's cores would slow the slice it hedges
         copies = []
         while self.late and idle:
             job = self.late.pop(0)

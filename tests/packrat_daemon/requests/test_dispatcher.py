@@ -735,3 +735,26 @@ def test_the_next_batch_leaves_out_a_busy_workers_cores_unless_the_plan_shares_c
     busy.outstanding = 1  # a slice of a batch aside
     assert dispatcher.free_for_next([busy, free, spare], time.monotonic(), 1.0, shared_cores=False) == [free]
     assert dispatcher.free_for_next([busy, free, spare], time.monotonic(), 1.0, shared_cores=True) == [free, spare]
+
+
+def test_a_late_batch_neither_moves_aside_nor_is_hedged_onto_a_spare_layout_on_its_own_cores() -> None:
+    """A plan's spare layout shares the main layout's cores (a 2-thread worker on cores 0-1, 1-thread ones on 0 and
+    1): the next batch or a hedge's copy on them ran beside the late slice on its cores and slowed both."""
+    recorder, _, dispatcher = aside()
+    wide = WorkerHandle(1, 2, (0, 1), 1, WorkerState.READY)
+    narrow = [WorkerHandle(2, 1, (0,), 1, WorkerState.READY), WorkerHandle(3, 1, (1,), 1, WorkerState.READY)]
+    pool = [wide, *narrow]
+    dispatcher.serving = pool
+    dispatcher.splitter = Splitter(Profile.from_latencies({(1, 1): 15.0, (2, 1): 10.0}), "exact")  # hedged slices
+    dispatcher.dispatch(requests(1)[0], [wide])
+    in_flight = dispatcher.batch
+    assert in_flight is not None and in_flight.aside_at < math.inf
+    assert in_flight.jobs[0].hedge_at <= in_flight.aside_at  # the slice is predicted: it would be hedged
+    now = in_flight.aside_at + 0.01
+    assert dispatcher.idle(pool) == narrow and dispatcher.idle_apart(pool) == []
+    assert dispatcher.move_aside(now) is None and dispatcher.batch is in_flight  # the batch stays the loop's
+    assert dispatcher.hedge(now + 10.0, pool) == [] and len(recorder.sent) == 1  # no copy on its cores
+    apart = WorkerHandle(4, 1, (2,), 1, WorkerState.READY)  # a worker on a core of its own may take the next batch
+    dispatcher.serving = [*pool, apart]
+    assert dispatcher.idle_apart(dispatcher.serving) == [apart]
+    assert dispatcher.move_aside(now + ASIDE_RECHECK_S) is not None and dispatcher.batch is None
