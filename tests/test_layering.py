@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import functools
 import re
 import subprocess
 import sys
@@ -100,8 +101,11 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
-def imported_modules(path: Path, root: Path) -> set[str]:
-    """Every module `path` imports, absolute, wherever the import statement sits."""
+@functools.cache
+def imported_modules(path: Path, root: Path) -> frozenset[str]:
+    """Every module `path` imports, absolute, wherever the import statement sits. Kept for the session: the layer
+    checks here and the import-cycle checks (tests/test_import_cycles.py) read every product module, five times
+    over otherwise."""
     name = module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
@@ -123,7 +127,7 @@ def imported_modules(path: Path, root: Path) -> set[str]:
                     names = True
             if names:
                 found.add(target)
-    return found
+    return frozenset(found)
 
 
 def _within(module: str, prefix: str) -> bool:
