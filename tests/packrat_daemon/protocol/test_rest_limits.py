@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import gzip
 import json
+import select
 import socket
 import threading
 import time
@@ -188,29 +189,33 @@ def test_a_head_of_too_many_fields_is_answered_431(serve: Serve) -> None:
 
 
 def test_a_head_that_stops_coming_is_answered_408_and_closed(serve: Serve) -> None:
-    served = serve(header_timeout_s=0.3)
+    served = serve(header_timeout_s=0.2)
     with served.connect() as sock:
         sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: te")
         started = time.monotonic()
         status, _, body = answer(sock)
         assert status == 408 and time.monotonic() - started < 1.5
-        assert json.loads(body) == {"error": "the request head did not arrive within 0.3 s"}
+        assert json.loads(body) == {"error": "the request head did not arrive within 0.2 s"}
         assert closed_by_server(sock, 1.0)
-    # Sent a byte at a time, a head still has to be whole within its timeout.
+    # Sent a byte at a time, a head still has to be whole within its timeout: the 408 comes while the bytes do
+    # (they would take 2 s), so none of them started its clock again. Sending stops once it has come.
+    trickle = b"GET /v2/health/live HTTP/1.1\r\nHost: test\r\nX-Slow: " + b"a" * 60
     with served.connect() as sock:
         started = time.monotonic()
-        for byte in b"GET /v2/health/live HTTP/1.1\r\nHost: test\r\n":
+        sent = 0
+        while sent < len(trickle) and not select.select([sock], [], [], 0.02)[0]:  # 0.02 s apart, until answered
             try:
-                sock.send(bytes([byte]))
+                sock.send(trickle[sent : sent + 1])
             except (BrokenPipeError, ConnectionResetError):
                 break
-            time.sleep(0.02)
+            sent += 1
         assert answer(sock)[0] == 408 and time.monotonic() - started < 1.5
+        assert sent < len(trickle)
     assert served.refusals == ["header_timeout", "header_timeout"]
 
 
 def test_an_idle_connection_is_closed_before_and_after_a_request(serve: Serve) -> None:
-    served = serve(idle_timeout_s=0.3)
+    served = serve(idle_timeout_s=0.2)
     with served.connect() as sock:  # a connection that never sends: closed, nothing written
         sock.settimeout(2)
         assert sock.recv(100) == b""
@@ -271,12 +276,12 @@ def test_a_body_announced_and_not_sent_holds_what_came_then_408(serve: Serve) ->
 
 
 def test_a_body_trickled_past_its_whole_timeout_is_408(serve: Serve) -> None:
-    served = serve(body_idle_timeout_s=0.5, body_timeout_s=0.8)
+    served = serve(body_idle_timeout_s=0.3, body_timeout_s=0.5)
     with served.connect() as sock:
         sock.sendall(head(content_length=1000, content_type="application/json"))
         started = time.monotonic()
-        sock.settimeout(0.2)
-        while time.monotonic() - started < 3:  # a byte every 0.2 s: never idle long, never done
+        sock.settimeout(0.1)
+        while time.monotonic() - started < 3:  # a byte every 0.1 s: never idle long, never done
             sock.send(b" ")
             try:
                 data = sock.recv(65536)
@@ -287,7 +292,7 @@ def test_a_body_trickled_past_its_whole_timeout_is_408(serve: Serve) -> None:
         sock.settimeout(5)
         while chunk := sock.recv(65536):  # the answer's head and body may come apart; the server closes after it
             data += chunk
-        assert data.startswith(b"HTTP/1.1 408 ") and b"longer than 0.8 s" in data
+        assert data.startswith(b"HTTP/1.1 408 ") and b"longer than 0.5 s" in data
         assert elapsed < 1.5
 
 
@@ -312,7 +317,7 @@ def test_bodies_past_their_shared_limit_are_429_unless_alone(serve: Serve) -> No
 
 
 def test_an_answer_before_the_body_drops_the_rest_then_closes(serve: Serve, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(http_server, "LINGER_S", 0.3)
+    monkeypatch.setattr(http_server, "LINGER_S", 0.2)
     served = serve()
     with served.connect() as sock:  # an unknown model: 404 before its body is read
         sock.sendall(head("/v2/models/other/infer", content_length=100_000) + b" " * 1000)
@@ -322,7 +327,7 @@ def test_an_answer_before_the_body_drops_the_rest_then_closes(serve: Serve, monk
         sock.sendall(head("/v2/models/other/infer", content_length=100_000) + b" " * 1000)
         assert answer(sock)[0] == 404
         sock.sendall(b" " * 99_000)
-        time.sleep(0.5)
+        time.sleep(0.4)  # past LINGER_S
         sock.sendall(head("/v2/health/live", "GET"))
         assert answer(sock)[0] == 200
 
