@@ -201,7 +201,7 @@ def local(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
 
 def emulated(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     common = ["--model", MODEL, "--runtime", "emulated", "--emulate-cores", "16", "--emulate-interference", "none",
-              "--profile", str(PROFILE_16), "--max-batch", "16", "--log-level", "warning"]  # fmt: skip
+              "--profile", str(PROFILE_16), "--max-batch", "16", "--log-level", "info"]  # fmt: skip
     naive = DaemonProcess("pad-batch-16", folder, [*common, "--length-batching", "pad-batch"])
     by_cost = DaemonProcess("by-cost-16", folder, [*common, "--length-batching", "by-cost"])
     try:

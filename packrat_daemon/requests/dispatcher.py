@@ -219,7 +219,7 @@ class Dispatcher(InFlight):
         self.timing.answered(time.monotonic() - job.sent_at)
         batch.unanswered -= 1
         if not batch.done():
-            return self.part_answered(batch, self.splitter.oversubscribed)
+            return self.part_answered(batch, self.splitter.oversubscribed, time.monotonic())
         self.drop(batch)
         return slices.completions(batch)
 

@@ -48,6 +48,13 @@ class Hang:
     replace: list[WorkerHandle]  # the slice's worker and those holding a hung request's rows: nobody waits for them
 
 
+def holds_the_queue(now: float, started: float, ends: list[float]) -> bool:
+    """Whether a batch part answered at `now`, started at `started`, would hold the requests queued behind it for
+    longer than it has run: its slices still out are predicted back at `ends`. Slices cut to even costs end close
+    together (waiting for them keeps the whole pool for the next batch); a long row alone ends far later."""
+    return bool(ends) and max(ends) - now > now - started
+
+
 class InFlight:
     def __init__(self, queued: Callable[[], int]) -> None:
         self.batch: InFlightBatch | None = None  # the loop's batch: the next one starts once it is answered
@@ -242,15 +249,21 @@ class InFlight:
             return None
         return self.set_aside()
 
-    def part_answered(self, batch: InFlightBatch, shared_cores: bool) -> list[Completed]:
+    def part_answered(self, batch: InFlightBatch, shared_cores: bool, now: float) -> list[Completed]:
         """A slice of `batch` is answered, others are not: the loop's batch moves aside now (`set_aside`, its
-        answered requests returned) if it was cut by cost, which holds its longest rows on the instances of most
-        threads while the others answer early: the requests queued behind it would wait for its longest slice with
-        workers free. Not where the plan's instances share cores (the next batch would run on the busy slice's)."""
+        answered requests returned) if it was cut by cost and its rows still out are predicted back later than the
+        batch has run so far (`holds_the_queue`). A cut by cost balances the slices' predicted costs, except that a
+        long row cannot be divided: then the others answer early and the requests queued behind the batch would wait
+        for its longest slice with workers free. Not where the plan's instances share cores (the next batch would
+        run on the busy slice's)."""
         ragged = batch.ragged
         if batch is not self.batch or ragged is None or not ragged.cut_by_cost or shared_cores:
             return []
-        return self.set_aside()
+        out = [job for job in batch.jobs if job.output is None]
+        if any(job.expected_ms is None for job in out):
+            return []
+        ends = [job.sent_at + (job.expected_ms or 0.0) / 1000.0 for job in out]
+        return self.set_aside() if holds_the_queue(now, batch.started, ends) else []
 
     def free_for_next(
         self, workers: list[WorkerHandle], now: float, late_after: float, shared_cores: bool

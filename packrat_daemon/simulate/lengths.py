@@ -10,6 +10,7 @@ daemon's own `requests.slices` functions; each slice then waits the emulated wor
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.fleet.pool import WorkerHandle
@@ -28,14 +29,52 @@ def ragged_model(config: ServeConfig, longest: int, batcher: Batcher) -> Ragged:
     return Ragged(spec, config.length_batching)
 
 
-def sliced(
-    batch: list[Request], ragged: Ragged, splitter: Splitter, workers: Sequence[WorkerHandle]
-) -> list[tuple[int, int, int]]:
-    """The batch's slices as the daemon cuts them: (threads, rows, padded length) each, in the batch's row order."""
+class Cut(NamedTuple):
+    """A batch as the daemon cuts it: its requests in row order (sorted by length) and its slices."""
+
+    requests: list[Request]
+    slices: list[tuple[WorkerHandle, int, int]]  # (worker, rows, padded length) each, in row order
+
+
+def sliced(batch: list[Request], ragged: Ragged, splitter: Splitter, workers: Sequence[WorkerHandle]) -> Cut:
+    """The batch's slices as the daemon cuts them."""
     in_flight = slices.in_flight(batch, ragged)
     cut = []
     offset = 0
     for worker, count in slices.split(splitter, list(workers), in_flight):
-        cut.append((worker.threads, count, ragged.slice_length(in_flight.requests, offset, count)))
+        cut.append((worker, count, ragged.slice_length(in_flight.requests, offset, count)))
         offset += count
-    return cut
+    return Cut(in_flight.requests, cut)
+
+
+def answered_apart(cut: Cut, ends: Sequence[float]) -> list[tuple[float, list[Request], list[int]]]:
+    """When the requests of a batch cut by cost are answered, as the daemon's dispatcher answers them
+    (`InFlight.part_answered`: the batch moves aside at its first slice back, and each request is answered once its
+    rows are in): (time, the requests answered then, the slices back then) in time order; `ends`: each slice's."""
+    bounds, offset = [], 0
+    for _, rows, _ in cut.slices:
+        bounds.append((offset, offset + rows))
+        offset += rows
+    answered: dict[float, tuple[list[Request], list[int]]] = {end: ([], []) for end in ends}
+    for k, end in enumerate(ends):
+        answered[end][1].append(k)
+    offset = 0
+    for request in cut.requests:
+        low, high = offset, offset + request.samples
+        end = max(ends[k] for k, (first, last) in enumerate(bounds) if first < high and low < last)
+        answered[end][0].append(request)
+        offset = high
+    return [(end, *answered[end]) for end in sorted(answered)]
+
+
+def free_workers(
+    workers: Sequence[WorkerHandle], busy_until: dict[int, float], now: float, shared_cores: bool
+) -> list[WorkerHandle]:
+    """The workers the next batch may take while slices of a batch aside compute (`busy_until`: each busy worker's
+    end, by `id()` of its handle), as `InFlight.free_for_next` chooses them."""
+    busy = [w for w in workers if busy_until.get(id(w), 0.0) > now]
+    if not busy:
+        return list(workers)
+    held = set() if shared_cores else {core for w in busy for core in w.cores}
+    free = [w for w in workers if w not in busy and held.isdisjoint(w.cores)]
+    return free or list(workers)

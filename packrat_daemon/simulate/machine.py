@@ -154,13 +154,13 @@ class Tenant(Simulation):
         self.tally = SentTally(started=0.0)
 
     def compute(self, batch: list[Request], slices: list[tuple[int, int]], sent: float) -> None:
-        started = self.clock.now
+        started, lengths = self.clock.now, self._slice_lengths
         self.started.append((started, sum(rows for _, rows in slices)))
 
         def finished(compute_ms: list[float]) -> None:
             self.busy_s += self.clock.now - started
             back = self.clock.now + self.costs.hop_ms / 1000.0
-            self.loop.at(back, lambda: self._finish(batch, slices, compute_ms))
+            self.loop.at(back, lambda: self._finish(batch, slices, compute_ms, lengths))
 
         self.loop.at(sent, lambda: self.machine.run(self.service, slices, finished))
 

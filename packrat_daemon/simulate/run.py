@@ -15,7 +15,8 @@ What is the daemon's code and what is modelled:
   is `Traffic.uptime_s` before the first request (so the same traffic can meet its first switch a whole
   interval later). The loop wakes when a request has been read, a batch answered, a batch falls due or a
   look is due, each time once the modelled loop is free; the simulation is `LoopCore`'s `Workers`.
-One batch is in flight at a time, as in the daemon's loop.
+One batch is in flight at a time, as in the daemon's loop, except that a batch cut by cost moves aside at its first
+slice back (`simulate.lengths.answered_apart`), as the daemon's dispatcher moves it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -35,18 +36,19 @@ from packrat_daemon.adapt.online import OnlineAdaptation
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.fleet.pool import WorkerHandle, WorkerState
 from packrat_daemon.fleet.reconciler import plan_slots
-from packrat_daemon.load.arrivals import ArrivalProcess, BatchMix, within
-from packrat_daemon.load.lengths import Lengths
-from packrat_daemon.load.report import Tally, summarize
+from packrat_daemon.load.arrivals import within
+from packrat_daemon.load.report import Tally
 from packrat_daemon.loop import LoopCore
 from packrat_daemon.measure.emulation import Interference
 from packrat_daemon.requests.batcher import Batcher, Request, plan_latency
+from packrat_daemon.requests.inflight import holds_the_queue
 from packrat_daemon.requests.ragged import Ragged
 from packrat_daemon.requests.splitter import Splitter
 from packrat_daemon.simulate.clock import EventLoop, VirtualClock
 from packrat_daemon.simulate.costs import DaemonCosts, LoopModel
-from packrat_daemon.simulate.lengths import ragged_model, sliced
+from packrat_daemon.simulate.lengths import Cut, answered_apart, free_workers, ragged_model, sliced
 from packrat_daemon.simulate.service import ServiceModel
+from packrat_daemon.simulate.traffic import SimulationResult, Traffic
 from packrat_daemon.startup import distribution_for, policy_for
 from packrat_daemon.wire.codec import ErrorCode
 from packrat_daemon.wire.errors import ConfigError
@@ -60,62 +62,6 @@ log = logging.getLogger("packrat.simulate")
 NO_INTERFERENCE = Interference.named("none")
 FREE = DaemonCosts()  # the daemon itself costs nothing: the bare simulation
 MAX_EVENTS = 200_000_000  # bounds a run: about an hour of simulation time on this machine's slowest case
-
-
-@dataclass(frozen=True)
-class Traffic:
-    """What the clients send: open loop (`process`) or closed loop (`concurrency` clients, each sending its
-    next request when the last is answered); `mix` samples per request; until `duration_s` or `requests`."""
-
-    mix: BatchMix
-    process: ArrivalProcess | None = None
-    concurrency: int | None = None
-    duration_s: float | None = None
-    requests: int | None = None
-    seed: int = 0
-    # How long the daemon has been serving when the first request comes: its adaptation looks come every
-    # adapt_interval_s from its own start, so this decides which look first sees enough batches.
-    uptime_s: float = 0.0
-    # Each request's length along a model's free axis (a text model's tokens), as packrat load's --lengths: the
-    # model is then one of that free axis, its longest the distribution's (simulate.lengths). None: fixed shape.
-    lengths: Lengths | None = None
-
-    def __post_init__(self) -> None:
-        if self.uptime_s < 0:
-            raise ConfigError(f"the daemon's uptime when the traffic starts cannot be negative, got {self.uptime_s}")
-        if (self.process is None) == (self.concurrency is None):
-            raise ConfigError("give the traffic either an arrival process (open loop) or a concurrency (closed loop)")
-        if self.concurrency is not None and self.concurrency < 1:
-            raise ConfigError(f"the concurrency must be at least 1 client, got {self.concurrency}")
-        finite = self.process is not None and self.process.finite
-        if self.duration_s is None and self.requests is None and not finite:
-            raise ConfigError("the traffic never ends by itself: give a duration or a number of requests")
-
-    def describe(self) -> str:
-        sender = self.process.describe() if self.process is not None else f"closed loop, {self.concurrency} client(s)"
-        lengths = "" if self.lengths is None else f", lengths {self.lengths.describe()}"
-        return f"{sender}, batch {self.mix.describe()}{lengths}"
-
-
-@dataclass
-class SimulationResult:
-    tally: Tally = field(repr=False)  # as packrat load counts, in virtual seconds from 0
-    batches: int
-    batch_inputs: int
-    plan_changes: list[dict[str, Any]]
-    queue_wait_s: float = 0.0  # summed over the requests batched: what the daemon's packrat_queue_wait_seconds sums
-
-    def to_json(self) -> dict[str, Any]:
-        """`packrat load`'s report (its one home: load.report.summarize), then the simulation's own fields."""
-        batched = self.tally.ok  # every answered request was batched; refusals never wait
-        return summarize(
-            self.tally,
-            simulated=True,
-            batches=self.batches,
-            mean_batch=round(self.batch_inputs / self.batches, 4) if self.batches else 0.0,
-            queue_wait_mean_ms=round(1000.0 * self.queue_wait_s / batched, 3) if batched else None,
-            plan_changes=self.plan_changes,
-        )
 
 
 class Simulation:
@@ -160,6 +106,8 @@ class Simulation:
         self.ragged: Ragged | None = None  # traffic of many lengths: the model's free axis
         self._draw_length: Callable[[], int] = lambda: 0
         self._slice_lengths: list[int] | None = None  # the batch in flight's slices' padded lengths
+        self._cut: Cut | None = None  # the batch in flight, when cut by cost: its slices answer apart
+        self._busy_until: dict[int, float] = {}  # by id() of a worker handle: when its slice of a batch aside is back
 
     # -- the run --------------------------------------------------------------------------------
     def run(self, traffic: Traffic, max_events: int = MAX_EVENTS) -> SimulationResult:
@@ -314,8 +262,10 @@ class Simulation:
         if self.ragged is None:
             slices = [(worker.threads, part) for worker, part in self.splitter.choose(self.workers, rows)]
         else:  # sorted and cut by cost as the daemon does, each slice padded to its longest
-            cut = sliced(batch, self.ragged, self.splitter, self.workers)
-            slices, self._slice_lengths = [(t, part) for t, part, _ in cut], [n for _, _, n in cut]
+            free = free_workers(self.workers, self._busy_until, now, self.splitter.oversubscribed)
+            cut = sliced(batch, self.ragged, self.splitter, free)
+            slices, self._slice_lengths = [(w.threads, part) for w, part, _ in cut.slices], [n for *_, n in cut.slices]
+            self._cut = cut if self.ragged.cut_by_cost and not self.splitter.oversubscribed else None
         self.busy = True
         self.batches += 1
         self.batch_inputs += rows
@@ -328,17 +278,43 @@ class Simulation:
         reference = 0 if self.ragged is None else self.ragged.longest
         compute_ms = self.service.batch_ms(slices, self._slice_lengths, reference)
         done = sent + (max(compute_ms) + self.costs.hop_ms) / 1000.0
-        self.loop.at(done, lambda: self._finish(batch, slices, compute_ms))
+        if self._cut is not None and len(slices) > 1:
+            first = sent + (min(compute_ms) + self.costs.hop_ms) / 1000.0
+            if holds_the_queue(first, sent, [done]):  # as the dispatcher's part_answered decides
+                self._apart(self._cut, compute_ms, sent)
+                return
+        self.loop.at(done, partial(self._finish, batch, slices, compute_ms, self._slice_lengths))
 
-    def _finish(self, batch: list[Request], slices: list[tuple[int, int]], compute_ms: list[float]) -> None:
-        """The last slice is back: the loop answers the batch's requests one after another when it is free."""
+    def _apart(self, cut: Cut, compute_ms: list[float], sent: float) -> None:
+        """A batch cut by cost: each slice is back at its own time, the batch moves aside at the first, and each
+        worker is busy until its own slice is back (simulate.lengths.answered_apart, as the dispatcher does)."""
+        ends = [sent + (ms + self.costs.hop_ms) / 1000.0 for ms in compute_ms]
+        for (worker, _, _), end in zip(cut.slices, ends, strict=True):
+            self._busy_until[id(worker)] = end
+        for n, (end, requests, back) in enumerate(answered_apart(cut, ends)):
+            slices = [(cut.slices[k][0].threads, cut.slices[k][1]) for k in back]
+            lengths, times = [cut.slices[k][2] for k in back], [compute_ms[k] for k in back]
+            self.loop.at(end, partial(self._finish, requests, slices, times, lengths, ends_batch=n == 0))
+
+    def _finish(
+        self,
+        batch: list[Request],
+        slices: list[tuple[int, int]],
+        compute_ms: list[float],
+        lengths: list[int] | None = None,
+        ends_batch: bool = True,
+    ) -> None:
+        """Slices are back (the batch's last, or of a batch cut by cost, any): the loop answers the requests whose
+        rows are in one after another when it is free; `lengths`: those slices' padded lengths. `ends_batch`: the
+        loop's batch is over (its last slice, or the first of one cut by cost, which then moves aside)."""
         now = self.clock.now
-        self.busy = False
+        if ends_batch:
+            self.busy = False
         started, _ = self.daemon_loop.take(now, self.costs.answer_s(len(batch)))
         fixed_ms, per_request_ms = self.costs.answer_ms
         for k, request in enumerate(batch, start=1):
             self._answered(request, at=started + (fixed_ms + per_request_ms * k) / 1000.0)
-        padded = self._slice_lengths or [0] * len(slices)
+        padded = lengths or [0] * len(slices)
         for (threads, rows), ms, length in zip(slices, compute_ms, padded, strict=True):
             if self.ragged is None or length == self.ragged.longest:  # production's table is the profile's length
                 self.adaptation.production.observe(threads, rows, ms, now)

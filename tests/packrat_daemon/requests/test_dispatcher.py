@@ -15,7 +15,7 @@ from packrat_daemon.fleet.pool import WorkerHandle, WorkerState
 from packrat_daemon.fleet.verdicts import SPIN_LOOK_S, Reading
 from packrat_daemon.requests.batcher import Request
 from packrat_daemon.requests.dispatcher import Dispatcher
-from packrat_daemon.requests.inflight import ASIDE_RECHECK_S, Actions
+from packrat_daemon.requests.inflight import ASIDE_RECHECK_S, Actions, holds_the_queue
 from packrat_daemon.requests.ragged import BY_COST, PAD_BATCH, Ragged
 from packrat_daemon.requests.splitter import Splitter
 from packrat_daemon.requests.timing import LEARNED_KEEP, Deadlines
@@ -705,7 +705,10 @@ def test_a_batch_cut_by_cost_moves_aside_once_its_short_slice_is_in_and_the_next
     # slice with the short one's worker free. Padded to the batch's longest, slices end together: nothing to gain.
     recorder, pool = Recorder(), workers(1, 1)
     deadlines = Deadlines(job_timeout_s=10, margin=1.5, floor_s=0.2)
-    dispatcher = Dispatcher(recorder, Splitter(None, "exact"), deadlines, queued=lambda: 1, ragged=Ragged(TOKENS, mode))
+    profile = Profile.from_latencies({(1, 1): 100.0, (1, 2): 200.0})  # at 16 tokens; 2 tokens: 12.5 ms
+    dispatcher = Dispatcher(
+        recorder, Splitter(profile, "exact"), deadlines, queued=lambda: 1, ragged=Ragged(TOKENS, mode)
+    )
     dispatcher.serving = pool
     long, short = query(0, 16), query(1, 2)
     dispatcher.dispatch([long, short], pool)
@@ -758,3 +761,23 @@ def test_a_late_batch_neither_moves_aside_nor_is_hedged_onto_a_spare_layout_on_i
     dispatcher.serving = [*pool, apart]
     assert dispatcher.idle_apart(dispatcher.serving) == [apart]
     assert dispatcher.move_aside(now + ASIDE_RECHECK_S) is not None and dispatcher.batch is None
+
+
+def test_a_batch_moves_aside_only_while_its_slices_still_out_would_hold_the_queue_longer_than_it_has_run() -> None:
+    # Cut to even costs, slices end together: waiting keeps the whole pool for the next batch. A long row alone
+    # ends far later than the others: waiting would hold the queue with workers free.
+    assert holds_the_queue(now=10.010, started=10.0, ends=[10.100])  # 90 ms more, after 10 ms
+    assert not holds_the_queue(now=10.100, started=10.0, ends=[10.105])  # 5 ms more, after 100 ms
+    assert not holds_the_queue(now=10.0, started=10.0, ends=[])
+    recorder, pool = Recorder(), workers(1, 1)
+    profile = Profile.from_latencies({(1, 1): 100.0, (1, 2): 200.0})
+    dispatcher = Dispatcher(recorder, Splitter(profile, "exact"), Deadlines(job_timeout_s=10, margin=1.5, floor_s=0.2),
+                            queued=lambda: 1, ragged=Ragged(TOKENS, BY_COST))  # fmt: skip
+    dispatcher.serving = pool
+    dispatcher.dispatch([query(0, 16), query(1, 16)], pool)
+    in_flight = dispatcher.batch
+    assert in_flight is not None
+    in_flight.started -= 0.1  # as if the first slice came back after its 100 ms, the second due now
+    for job in in_flight.jobs:
+        job.sent_at -= 0.1
+    assert answer_tokens(dispatcher, pool, recorder.sent[0]) == [] and dispatcher.batch is in_flight

@@ -12,7 +12,7 @@ from packrat_daemon.load.lengths import parse_lengths
 from packrat_daemon.requests.batcher import Batcher, Request
 from packrat_daemon.requests.splitter import Splitter
 from packrat_daemon.simulate import Simulation, Traffic
-from packrat_daemon.simulate.lengths import ragged_model, sliced
+from packrat_daemon.simulate.lengths import Cut, answered_apart, free_workers, ragged_model, sliced
 from policies.planning.profile import Profile
 
 CORES = 16
@@ -45,11 +45,27 @@ def test_a_slice_is_padded_to_its_own_longest_or_in_pad_batch_to_the_batchs(mode
     workers = [WorkerHandle(k + 1, 4, tuple(range(4 * k, 4 * k + 4)), 1, WorkerState.READY) for k in range(2)]
     splitter = Splitter(per_token_profile(), "exact")
     cut = sliced([request(n) for n in (100, 3, 7, 5)], ragged, splitter, workers)
-    assert sum(rows for _, rows, _ in cut) == 4
+    assert sum(rows for _, rows, _ in cut.slices) == 4
     if mode == "pad-batch":
-        assert [length for _, _, length in cut] == [100] * len(cut)  # cut by count, every slice padded to 100
+        assert [length for _, _, length in cut.slices] == [100] * len(cut.slices)  # by count, each padded to 100
+        assert [r.length for r in cut.requests] == [100, 3, 7, 5]
     else:  # sorted: the three short ones together, the long one alone on the other instance
-        assert [(rows, length) for _, rows, length in cut] == [(3, 7), (1, 100)]
+        assert [(rows, length) for _, rows, length in cut.slices] == [(3, 7), (1, 100)]
+        assert [r.length for r in cut.requests] == [3, 5, 7, 100]
+
+
+def test_a_batch_cut_by_cost_answers_each_request_once_its_rows_are_in_and_its_workers_stay_busy_until_theirs() -> None:
+    # As the dispatcher's part_answered: the batch moves aside at its first slice back.
+    workers = [WorkerHandle(k + 1, 4, tuple(range(4 * k, 4 * k + 4)), 1, WorkerState.READY) for k in range(2)]
+    short, long = request(3), Request(b"", None, None, "float32", (2,), None, length=100)  # two rows: both slices
+    cut = Cut([short, long], [(workers[0], 2, 100), (workers[1], 1, 100)])
+    assert answered_apart(cut, [0.5, 2.0]) == [(0.5, [short], [0]), (2.0, [long], [1])]
+    busy = {id(workers[1]): 2.0}
+    assert free_workers(workers, busy, 1.0, shared_cores=False) == [workers[0]]
+    assert free_workers(workers, busy, 2.5, shared_cores=False) == workers  # its slice is back
+    spare = WorkerHandle(3, 8, tuple(range(8)), 1, WorkerState.READY)  # a spare layout on both workers' cores
+    assert free_workers([*workers, spare], busy, 1.0, shared_cores=False) == [workers[0]]
+    assert free_workers([*workers, spare], busy, 1.0, shared_cores=True) == [workers[0], spare]
 
 
 def test_every_request_at_the_longest_is_served_alike_in_both_modes() -> None:
