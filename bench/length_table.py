@@ -26,6 +26,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +46,14 @@ BATCHES = (1, 2, 4, 8, 16)
 VOCAB = 30522
 
 
-def measure(repeats: int) -> tuple[dict[int, float], list[dict[str, Any]]]:
-    """This machine's BERT-base on one thread: ms per batch at 128 tokens, and the length rule's check."""
+def bert_timer(threads: int, repeats: int) -> Callable[[int, int], float]:
+    """Times this machine's BERT-base (torch fp32, `threads` threads): ms of `rows` sequences of `length` tokens,
+    the median of `repeats` runs after one warm-up."""
     import torch
 
     from workers.models.loading import load_model
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     model = load_model(MODEL).module
     rng = np.random.default_rng(0)
 
@@ -68,6 +70,12 @@ def measure(repeats: int) -> tuple[dict[int, float], list[dict[str, Any]]]:
                 samples.append((time.perf_counter() - start) * 1000.0)
         return statistics.median(samples)
 
+    return timed
+
+
+def measure(repeats: int) -> tuple[dict[int, float], list[dict[str, Any]]]:
+    """This machine's BERT-base on one thread: ms per batch at 128 tokens, and the length rule's check."""
+    timed = bert_timer(1, repeats)
     column = {batch: timed(batch, REFERENCE) for batch in BATCHES}
     row = sorted(column.items())
     checks = []

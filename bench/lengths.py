@@ -268,25 +268,9 @@ def simulated(args: argparse.Namespace) -> dict[str, Any]:
 def rule_check(threads: int, batch: int = 4, short: int = 32, repeats: int = 5) -> dict[str, Any]:
     """How far the length rule holds for this machine's BERT-base: L(batch, short) measured against the rule's
     prediction from the table at 128 tokens, L(batch*short/128, 128) (here a batch of 1)."""
-    import torch
+    from bench.length_table import bert_timer
 
-    from workers.models.loading import load_model
-
-    torch.set_num_threads(threads)
-    model = load_model(MODEL).module
-
-    def timed(rows: int, length: int) -> float:
-        x = torch.from_numpy(np.concatenate([np.concatenate(list(request(length, 0, k).values()), axis=1)
-                                              .view(np.uint8) for k in range(rows)]))  # fmt: skip
-        with torch.inference_mode():
-            model(x)
-            samples = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                model(x)
-                samples.append((time.perf_counter() - start) * 1000.0)
-        return statistics.median(samples)
-
+    timed = bert_timer(threads, repeats)
     at_ref_1, at_ref_b, at_short = timed(1, LONGEST), timed(batch, LONGEST), timed(batch, short)
     return {
         "threads": threads,
