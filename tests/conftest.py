@@ -10,6 +10,14 @@ import pytest
 
 from tests.helpers.timing_guard import TimingGuard
 
+# numpy's and scipy's OpenBLAS on one thread, unless the caller chose otherwise. Left alone it starts a thread per
+# core and wakes them all for each call, and the suite's calls are on matrices of tens of rows (the search's
+# Gaussian process, the solver's tables): on two cores shared with other work the wake-ups cost more than the
+# arithmetic (the search, policy and simulation tests took 2.5 times as long, and a third more CPU). It is read when
+# OpenBLAS loads, so here, before any test module imports numpy; the daemons and workers tests start inherit it
+# (their models run on torch's own thread pool, which this leaves alone).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """The fast suite's time guard: an unmarked test over 2 s of CPU fails (tests/helpers/timing_guard.py)."""
