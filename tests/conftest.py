@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,10 +45,22 @@ def _no_state_in_the_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             os.environ[name] = value
 
 
+@pytest.fixture(scope="session")
+def _state_homes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("state-homes")
+
+
+_state_home_numbers = itertools.count()
+
+
 @pytest.fixture(autouse=True)
-def _own_state_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test its own $XDG_STATE_HOME: no test's daemon serves what an earlier test's learned."""
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state-home")))
+def _own_state_home(_state_homes: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test its own $XDG_STATE_HOME: no test's daemon serves what an earlier test's learned. Numbered here, in
+    one folder of the session's: `tmp_path_factory.mktemp` lists the session's whole temporary folder to number a
+    new one, a few milliseconds a test once it holds a suite's worth, seconds over the suite."""
+    home = _state_homes / str(next(_state_home_numbers))
+    home.mkdir()
+    monkeypatch.setenv("XDG_STATE_HOME", str(home))
 
 
 @pytest.fixture(scope="session")
