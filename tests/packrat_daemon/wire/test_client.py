@@ -78,7 +78,7 @@ class Server:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                if self._socket.poll(20, zmq.POLLIN):
+                if self._socket.poll(5, zmq.POLLIN):  # 5 ms: how long a stop waits, at each test's end
                     identity, *frames = self._socket.recv_multipart(copy=False)
                     self._answer(identity.bytes, frames)
         finally:
