@@ -66,7 +66,7 @@ def test_500_idle_connections_take_no_thread_and_a_scrape_still_answers(metrics:
 
 
 def test_a_slow_or_oversized_request_is_let_go(metrics: Metrics, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(metrics_http, "HEAD_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(metrics_http, "HEAD_TIMEOUT_S", 0.1)
     port = port_of(metrics)
     with socket.create_connection(("127.0.0.1", port)) as slow:
         slow.sendall(b"GET /metrics HTTP/1.1\r\nHost: x")  # and nothing more
