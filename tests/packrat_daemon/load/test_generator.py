@@ -151,18 +151,18 @@ def test_inputs_match_the_model_and_refuse_requests_over_max_batch():
     ],
 )
 def test_a_cancelled_run_stops_and_still_adds_up(spec: LoadSpec):
-    client = StandInClient(service_s=0.2)
+    client = StandInClient(service_s=0.1)
 
     async def go() -> Any:
         run_task = asyncio.create_task(Generator(client, Inputs(INFO, 1), progress=False).run(spec))
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.25)  # some requests answered, some in flight
         run_task.cancel()  # what asyncio.run does on Ctrl-C
         return await run_task
 
     started = time.perf_counter()
     tally = asyncio.run(go())
     assert time.perf_counter() - started < 1.5
-    assert tally.interrupted and tally.send_window_s == pytest.approx(0.5, abs=0.2)
+    assert tally.interrupted and tally.send_window_s == pytest.approx(0.25, abs=0.15)
     assert tally.sent == tally.ok + sum(tally.errors.values())
     assert tally.ok > 0 and tally.errors["UNFINISHED"] > 0 and set(tally.errors) == {"UNFINISHED"}
 
