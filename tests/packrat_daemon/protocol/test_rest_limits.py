@@ -72,7 +72,16 @@ class Served:
         self.upstream.close()
 
     def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(10)
+        self.stop_soon()
+        self.wait_stopped()
+
+    def stop_soon(self) -> None:
+        """Ask the server to stop, and return: uvicorn's own stop takes 0.1-0.2 s, idle (its loop looks every 0.1 s,
+        then gives the connections 0.1 s), which the `serve` fixture lets pass while the next test runs."""
+        self.stopping = asyncio.run_coroutine_threadsafe(self._stop(), self.loop)
+
+    def wait_stopped(self) -> None:
+        self.stopping.result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()
@@ -84,11 +93,20 @@ class Served:
 
 
 Serve = Callable[..., "Served"]
+STOPPING: list[Served] = []  # servers asked to stop after their test, waited for at the module's end
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _servers_stopped() -> Iterator[None]:
+    yield
+    while STOPPING:
+        STOPPING.pop().wait_stopped()
 
 
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Serve]:
-    """`serve(**limits)`: a server with those limits changed; stopped after the test."""
+    """`serve(**limits)`: a server with those limits changed; asked to stop after the test (its own clients have
+    closed by then), and waited for at the module's end."""
     started: list[Served] = []
 
     def start(**changes: Any) -> Served:
@@ -98,7 +116,8 @@ def serve(tmp_path: Path) -> Iterator[Serve]:
 
     yield start
     for served in started:
-        served.stop()
+        served.stop_soon()
+        STOPPING.append(served)
 
 
 def head(path: str = INFER, method: str = "POST", **headers: object) -> bytes:
