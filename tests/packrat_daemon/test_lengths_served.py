@@ -94,9 +94,11 @@ def test_a_hugging_face_folder_answers_every_length_as_transformers_does_unpadde
         over_oip(http_port, grpc_port, model, requests[:4])
         with Client(endpoint, timeout=60) as client:
             tokens = client.status()["traffic"]["tokens"]  # lengths and padding, since start
-            # Through ZeroMQ, then OIP's HTTP and gRPC, and the gateway's one probe at the shortest length (1 token).
-            real = sum(LENGTHS) + sum(LENGTHS[:4]) * 2 + 1
-            assert (tokens["sequences"], tokens["real_tokens"]) == (len(LENGTHS) + 8 + 1, real)
+            # Through ZeroMQ, then OIP's HTTP and gRPC, and the gateway's probe at the shortest length (1 token): one,
+            # or more where a probe timed out on a busy machine and was asked again.
+            probes = tokens["sequences"] - len(LENGTHS) - 8
+            real = sum(LENGTHS) + sum(LENGTHS[:4]) * 2 + probes
+            assert probes >= 1 and tokens["real_tokens"] == real
             # Each slice padded to its own longest: less than padding every request to the model's longest.
             assert real <= tokens["padded_tokens"] < LONGEST * tokens["sequences"]
             too_long = sequence(LONGEST + 1, 0)
