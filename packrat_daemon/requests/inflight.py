@@ -103,9 +103,14 @@ class InFlight:
         share cores (one 2-thread worker, two 1-thread ones on the same 2 cores): a batch moved aside onto the idle
         ones, or a hedge's copy, ran beside the busy worker on its cores, slowed both, made the next batch late too,
         and the queue grew (ResNet-50 on 2 cores at concurrency 8: a p99 of 2.6 s, half the throughput)."""
+        held = self.held_cores(workers)
+        return [w for w in self.idle(workers) if held.isdisjoint(w.cores)]
+
+    def held_cores(self, workers: list[WorkerHandle]) -> set[int]:
+        """The cores of the workers computing a slice: of a batch in flight, or one nobody waits for (outstanding)."""
         held = {core for job in self.jobs.values() for core in job.worker.cores}
         held.update(core for w in workers if w.outstanding for core in w.cores)
-        return [w for w in self.idle(workers) if held.isdisjoint(w.cores)]
+        return held
 
     def held_by(self, worker: WorkerHandle) -> list[Job]:
         """The slices `worker` holds, oldest first (it runs them one after another)."""
@@ -273,7 +278,7 @@ class InFlight:
         while others can take the batch, and so are those on its cores (a plan's spare layouts are), unless the
         plan's instances share cores by design (`shared_cores`). With none free, those whose slice is late are left
         out (a hang's, maybe): the others answer theirs soon."""
-        held = set() if shared_cores else {core for w in workers if w.outstanding for core in w.cores}
+        held = set() if shared_cores else self.held_cores(workers)
         free = [w for w in workers if not w.outstanding and held.isdisjoint(w.cores)]
         if not free:
             late = self.late_workers(now, late_after)
