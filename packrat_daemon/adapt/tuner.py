@@ -41,7 +41,8 @@ class TunerSettings:
 class SwitchCost(Protocol):
     """What a switch would fork, and what a fork measured (the reconciler)."""
 
-    fork_s: float | None  # the last fork's time from spawn to ready; None: none timed
+    @property
+    def fork_s(self) -> float | None: ...  # the last fork's time from spawn to ready; None: none timed
 
     def forks_needed(self, plan: Plan) -> list[int]: ...  # the threads of each worker a switch to `plan` forks
 

@@ -78,6 +78,17 @@ def plan_slots(plan: Plan, allocator: CoreAllocator) -> list[list[Slot]]:
     return slots
 
 
+def forks_for(plan: Plan, allocator: CoreAllocator, live: Counter[Slot]) -> list[int]:
+    """The threads of each worker a switch to `plan` forks, given the `live` workers' slots: the plan's slots that no
+    live worker has, beyond those the others are re-threaded into (in plan order, as the reconciler pairs them)."""
+    needed: Counter[Slot] = Counter()
+    for layout in plan_slots(plan, allocator):
+        needed |= Counter(layout)
+    spare = sum((live - needed).values())  # live workers without their slot: re-threaded, not forked
+    empty = sorted((needed - live).elements(), key=lambda slot: (-slot[0], slot[1]))
+    return [threads for threads, _ in empty[spare:]]
+
+
 class Reconciler:
     def __init__(
         self, pool: Pool, topology: Topology, on_measured: Callable[[Reconfiguration], None] | None = None
@@ -323,15 +334,9 @@ class Reconciler:
         self._spawned_at = {wid: at for wid, at in self._spawned_at.items() if wid in live}
 
     def forks_needed(self, plan: Plan) -> list[int]:
-        """The threads of each worker a switch to `plan` would fork: its slots that no live worker of this template
-        has, beyond those the others would be re-threaded into (in plan order, as `_adopt_live_workers` pairs them)."""
-        needed: Counter[Slot] = Counter()
-        for layout in plan_slots(plan, self.allocator):
-            needed |= Counter(layout)
+        """The threads of each worker a switch to `plan` would fork (`forks_for`, the live workers of this template)."""
         mine = Counter(w.target for w in self.pool.live() if self.pool.via(w) is self.pool.backend)
-        spare = sum((mine - needed).values())  # live workers without their slot: re-threaded, not forked
-        empty = sorted((needed - mine).elements(), key=lambda slot: (-slot[0], slot[1]))
-        return [threads for threads, _ in empty[spare:]]
+        return forks_for(plan, self.allocator, mine)
 
     def _mine(self) -> list[WorkerHandle]:
         return [

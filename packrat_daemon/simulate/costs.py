@@ -30,7 +30,8 @@ class DaemonCosts:
     answer_ms: tuple[float, float] = (0.0, 0.0)
     # A slice's trip to its worker and back beyond its compute; the loop is free meanwhile.
     hop_ms: float = 0.0
-    # The reconciler's time from a re-plan until the new plan serves (the old plan serves meanwhile).
+    # The reconciler's time from a re-plan until the new plan serves (the old plan serves meanwhile); also a
+    # fork's time, which adaptation weighs a switch that forks against (adapt.tuner).
     switch_ms: float = 0.0
 
     def __post_init__(self) -> None:

@@ -35,7 +35,7 @@ import numpy as np
 from packrat_daemon.adapt.online import OnlineAdaptation
 from packrat_daemon.config import ServeConfig
 from packrat_daemon.fleet.pool import WorkerHandle, WorkerState
-from packrat_daemon.fleet.reconciler import plan_slots
+from packrat_daemon.fleet.reconciler import forks_for, plan_slots
 from packrat_daemon.load.arrivals import within
 from packrat_daemon.load.report import Tally
 from packrat_daemon.loop import LoopCore
@@ -90,6 +90,8 @@ class Simulation:
         predict = plan_latency(lambda: self.splitter, lambda: self.workers)  # as the daemon does
         self.batcher = Batcher(config.max_batch, config.max_delay_ms / 1000.0, config.max_queue, predict)
         self.adaptation = OnlineAdaptation(config, self.policy, profile, self.topology)
+        if costs.switch_ms > 0:  # a switch costs what it forks, as the daemon's reconciler measures it (adapt.tuner)
+            self.adaptation.costs(self)
         self.plan = self.policy.plan(profile, self.topology, distribution_for(config))
         self.plan_changes: list[dict[str, Any]] = []
         self._switch(self.plan, "start")
@@ -342,6 +344,14 @@ class Simulation:
         """The reconciler's switch: the old plan's workers serve until the new plan's are ready (the tuner's
         cool-down keeps a second decision from coming meanwhile)."""
         self.loop.at(self.clock.now + self.costs.switch_ms / 1000.0, lambda: self._switch(plan, reason))
+
+    @property
+    def fork_s(self) -> float:
+        """A fork's time, as the reconciler measures it: the switch's (adapt.tuner.SwitchCost)."""
+        return self.costs.switch_ms / 1000.0
+
+    def forks_needed(self, plan: Plan) -> list[int]:
+        return forks_for(plan, self.allocator, Counter((w.threads, w.cores) for w in self.workers))
 
     def _switch(self, plan: Plan, reason: str) -> None:
         """As the daemon's switch: the new plan's layouts on cores, and the splitter for them."""

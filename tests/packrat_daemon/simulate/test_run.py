@@ -174,3 +174,18 @@ def test_the_queue_wait_is_reported_as_the_daemons_metric_counts_it():
     alone = amdahl_profile().lhat(CORES, 8)
     assert alone is not None
     assert result["queue_wait_mean_ms"] == pytest.approx((0.0 + alone - 1.0) / 2, abs=1e-3)
+
+
+def test_a_switch_that_forks_waits_until_the_traffic_has_lasted_long_enough_to_pay_for_the_forks():
+    # Planned for single inputs (one 16-thread instance), sent 64 at a time: sixteen 1-thread instances are predicted
+    # 47% faster, but fifteen of them are forks. At 0.4 s a fork the first look switches; at 20 s a fork, on 15 of
+    # the 16 cores, only once the traffic has lasted 40 s (0.47 × 40 s ≥ 20 s × 15/16), in force 20 s later.
+    def changes(switch_ms: float) -> list[float]:
+        traffic = Traffic(BatchMix.single(64), concurrency=1, duration_s=60.0)
+        config = ServeConfig(max_batch=64, batches=[1])
+        result = Simulation(config, amdahl_profile(), CORES, costs=DaemonCosts(switch_ms=switch_ms)).run(traffic)
+        return [change["t_s"] for change in result.to_json()["plan_changes"]]
+
+    assert changes(400.0) == [0.0, pytest.approx(5.4)]
+    slow = changes(20_000.0)
+    assert len(slow) == 2 and slow[1] >= 40.0 + 20.0
