@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -131,10 +132,12 @@ def run_points(
                             seed=round_index,
                         )
                     )
+                    report["load_average"] = round(os.getloadavg()[0], 2)  # the machine's, the run's own included
                     point["runs"][name].append(report)
                     log(
                         f"{label} round {round_index + 1}: {name} p50 {report['latency_ms']['p50']} "
-                        f"p99 {report['latency_ms']['p99']} ms, {report['throughput_rps']}/s, errors {report['errors']}"
+                        f"p99 {report['latency_ms']['p99']} ms, {report['throughput_rps']}/s, "
+                        f"errors {report['errors']}, load {report['load_average']}"
                     )
     return points
 

@@ -119,6 +119,7 @@ def main() -> int:
             server.close()
     result = run.result
     result["run_s"] = round(time.monotonic() - run.began, 1)
+    result["load_average_at_end"] = os.getloadavg()
     result["work"] = str(work)
     text = dump(result)
     print(text)

@@ -45,6 +45,15 @@ def plan_label(plan: Any) -> str:
     )
 
 
+def _load_during(result: dict[str, Any]) -> str:
+    """The 1-minute load average as the points ran (each run records it as it ends) and at the end, where recorded."""
+    loads = [run["load_average"] for point in result.get("points", []) for runs in point["runs"].values()
+             for run in runs if "load_average" in run]  # fmt: skip
+    during = f", {min(loads):.1f}–{max(loads):.1f} as the points ran" if loads else ""
+    end = result.get("load_average_at_end")
+    return during + (f", {end[0]:.1f} at the end" if end else "")
+
+
 def point_label(row: dict[str, Any]) -> str:
     traffic = f"c={row['concurrency']}" if "concurrency" in row else f"Poisson {row['rate']:g}/s"
     return f"B={row['batch']}, {traffic}"
@@ -55,7 +64,8 @@ def render(result: dict[str, Any]) -> str:
     names = [name for name in NAMES if name in summary["table"][0]]
     lines = [
         f"{result['model']} on {result['cores']} cores; {result['options']['duration']:g} s per point, "
-        f"{result['options']['rounds']} round(s); load average at start {result['load_average_at_start'][0]:.1f}",
+        f"{result['options']['rounds']} round(s); load average at start {result['load_average_at_start'][0]:.1f}"
+        + _load_during(result),
         "",
     ]
     lines.append("p50 / p99 ms (throughput req/s; errors if any):")
