@@ -15,7 +15,7 @@ BERT did. The length rule the emulated workers wait by (`packrat_daemon.wire.len
 cost a batch of b·n/128) is checked here on the same model: the JSON carries measured L(b, n) at shorter lengths
 against the rule's prediction from the measured 128-token column.
 
-    .venv/bin/python bench/length_table.py            # writes bench/profiles/bert-base-lengths16.csv, JSON on stdout
+    .venv/bin/python bench/length_table.py  # the table, and its JSON in bench/results/length-table.json
 """
 
 from __future__ import annotations
@@ -128,12 +128,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--json", type=Path, default=HERE / "results" / "length-table.json")
     args = parser.parse_args()
     load = os.getloadavg()[0]
     column, checks = measure(args.repeats)
     args.out.write_text(table(column))
-    print(json.dumps({"load_average": load, "one_thread_128_tokens_ms": {b: round(v, 1) for b, v in column.items()},
-                      "rule_check": checks, "table": str(args.out.relative_to(HERE.parent))}, indent=2))  # fmt: skip
+    result = {
+        "load_average": load,
+        "one_thread_128_tokens_ms": {b: round(v, 1) for b, v in column.items()},
+        "rule_check": checks,
+        "table": str(args.out.relative_to(HERE.parent)),
+    }
+    text = json.dumps(result, indent=2)
+    print(text)
+    args.json.write_text(text + "\n")
 
 
 if __name__ == "__main__":
