@@ -47,9 +47,10 @@ def judge(
 ) -> Judged:
     """The slow rule by the strategy's choice among splits: judged on the bursts as they came, or on the
     rates now and at their upper bound; whether to move (at most once per cool-down unless the move relieves
-    a saturated model). Unless `settled`, the rates' window still mixes the traffic before a change with the
-    traffic after it: two models each half busy over it may never be busy together, so such a window
-    overstates the collisions on shared cores. On it only a move back to every model on all the cores (which
+    a saturated model; never to a split that leaves more models saturated than the one served). Unless
+    `settled`, the rates' window still mixes the traffic before a change with the traffic after it: two
+    models each half busy over it may never be busy together, so such a window overstates the collisions on
+    shared cores. On it only a move back to every model on all the cores (which
     the overstatement cannot favour) or one that relieves a saturated model is made; a move to a split waits
     for the window to hold the new traffic alone."""
     settings = watch.settings
@@ -57,6 +58,11 @@ def judge(
     collisions = collide([counts(watch, name, now) for name in watch.names]) if burst else None
     choice = choose(slow, histories, served, settings.min_gain, collisions)
     relieves = len(choice.plan.saturated) < len(served.saturated)
+    if len(choice.plan.saturated) > len(served.saturated):
+        # The choice scores a split by its delay over HOLD_S, which a small overload adds little to; but a split
+        # its own queueing model leaves more models saturated than the one served is never moved to: near
+        # saturation that is the noise of the rates, and the look after such a move relieved it at once.
+        return Judged(choice, False)
     # A burst is told from a shift by falling back within BURST_BINS stretches: until that long has been read,
     # a rise may be either, and a move slower than a burst cannot follow one.
     settle = max(settings.arrivals_s, (BURST_BINS + 1) * settings.bin_s)

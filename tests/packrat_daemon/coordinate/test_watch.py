@@ -7,10 +7,12 @@ from collections.abc import Sequence
 
 import pytest
 
+from packrat_daemon.coordinate import choosing
 from packrat_daemon.coordinate.readings import Reading, WatchSettings
 from packrat_daemon.coordinate.watch import Watch
 from packrat_daemon.wire.errors import ConfigError
 from policies.colocation import JointPlan, ModelDemand, evaluate, plan_jointly
+from policies.colocation_choice import Choice
 from policies.planning.distribution import BatchDistribution
 from policies.testing import amdahl_profile
 
@@ -159,3 +161,24 @@ def test_the_slow_rules_gain_must_clear_the_noise_of_the_rates_it_is_read_from()
 
     # b's 60 inputs over 3 s give its rate to ±13%: the predicted 25% of moving to 6/2 is under 2/√60 = 26%.
     assert moves(0.0) >= 1 and moves(2.0) == 0 and moves(20.0) == 0
+
+
+def test_the_slow_rule_never_moves_to_a_split_that_leaves_more_models_saturated() -> None:
+    watch = Watch(["a", "b"], WatchSettings())
+    for k in range(21):  # 10 s of 100 inputs a second for each model
+        for name in ("a", "b"):
+            watch.read(name, Reading(k * LOOK_S, 50 * k, 0))
+    demands = watch.demands(10.0, BASES, 3.0)
+    served = evaluate(demands, [4, 4], total_cores=8)
+    saturating = evaluate(demands, [7, 1], total_cores=8)  # b's one core carries 95 inputs a second
+    assert saturating.saturated == ("b",) and not served.saturated
+
+    def choose_split(split: JointPlan) -> choosing.Chooser:
+        def choose(*_: object) -> Choice:  # the choice says move, and to `split`
+            return Choice("joint", split, (("joint", 1.0),), 2.0, move=True)
+
+        return choose
+
+    assert not choosing.judge(watch, 10.0, demands, served, choose_split(saturating), burst=False).move
+    carried = evaluate(demands, [5, 3], total_cores=8)
+    assert choosing.judge(watch, 10.0, demands, served, choose_split(carried), burst=False).move
