@@ -337,7 +337,8 @@ class Frontend:
 
     def reply_result(self, done: Completed) -> None:
         request = done.request
-        total_ms = (time.monotonic() - request.arrived) * 1000.0
+        now = time.monotonic()
+        total_ms = (now - request.arrived) * 1000.0
         output = done.output
         if request.named or self.tensors.output_records:  # named tensors (protocol version 2)
             reply = self.tensors.reply(done, request.named, total_ms)
@@ -349,6 +350,7 @@ class Frontend:
         self.send(request.identity, request.delimiter, reply, output.nbytes >= ZERO_COPY_MIN_BYTES)
         self.metrics.answered(done, total_ms)
         self.served((total_ms - done.queue_ms - done.compute_ms) / 1000.0)  # what batching waits for
+        self.batcher.answered(request.samples, now)  # a closed loop's client comes back within a round trip
         log_request(done, total_ms)
 
     def max_message_bytes(self) -> int:

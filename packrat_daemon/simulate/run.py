@@ -312,6 +312,7 @@ class Simulation:
         now = self.clock.now
         if ends_batch:
             self.busy = False
+        self.batcher.answered(sum(request.samples for request in batch), now)  # as the daemon's replies tell it
         started, _ = self.daemon_loop.take(now, self.costs.answer_s(len(batch)))
         fixed_ms, per_request_ms = self.costs.answer_ms
         for k, request in enumerate(batch, start=1):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import zmq
 
@@ -15,6 +18,7 @@ from packrat_daemon.measure.profiling import ProfileFile
 from packrat_daemon.ops.metrics import Metrics
 from packrat_daemon.ops.state import StateKeeper
 from packrat_daemon.requests.batcher import Request
+from packrat_daemon.requests.jobs import Completed
 from packrat_daemon.startup import RuntimeCandidate, Started, policy_for
 from packrat_daemon.wiring import Parts, assemble
 from policies.base import InstancePlan, Plan
@@ -80,3 +84,17 @@ def test_the_supervisor_answers_through_the_frontend_and_requeues_into_the_batch
     assert built.supervisor.replies is built.frontend
     built.supervisor.requeue([request(3)])
     assert built.batcher.queued_inputs == 3 and built.supervisor.queued() == 3
+
+
+def test_each_answer_tells_the_batcher_whose_clients_may_come_back(parts: tuple[Parts, Metrics]) -> None:
+    # The daemon's reply path feeds the batcher's hold for closed-loop clients (requests.waiting, issue 43): the first
+    # request after an answer times the clients' return.
+    built, _ = parts
+    answered = request(2)
+    answered.arrived = time.monotonic()
+    built.frontend.reply_result(Completed(answered, np.zeros((2, 4), np.float32), 0.1, 1.0, []))
+    assert built.batcher.return_s == math.inf  # no request since
+    back = request(2)
+    back.arrived = time.monotonic()
+    assert built.batcher.offer(back)
+    assert 0.0 <= built.batcher.return_s < 1.0
