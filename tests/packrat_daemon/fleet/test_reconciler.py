@@ -51,6 +51,21 @@ def two_slot_reconciler() -> tuple[Reconciler, RecordingBackend]:
     return reconciler, backend
 
 
+def all_ready(reconciler: Reconciler) -> None:
+    """Every starting worker reports ready."""
+    for worker in starting(reconciler):
+        ready(reconciler.pool, worker)
+
+
+def serving_two_slots() -> tuple[Reconciler, RecordingBackend]:
+    """`two_slot_reconciler`'s plan started and served: both workers forked and ready, the plan converged."""
+    reconciler, backend = two_slot_reconciler()
+    reconciler.step()
+    all_ready(reconciler)
+    reconciler.step()
+    return reconciler, backend
+
+
 def spawned(backend: RecordingBackend) -> int:
     return sum(kind == messages.SPAWN for _, kind, _ in backend.sent)
 
@@ -134,8 +149,7 @@ def test_a_plan_change_is_measured_from_decision_to_new_pool_serving_and_old_wor
     reconciler = Reconciler(Pool(backend), Topology.synthetic(2), measured.append)
     reconciler.set_plan(Plan((InstancePlan(1, 1), InstancePlan(1, 1)), "fixed", "two one-thread instances"))
     reconciler.step()
-    for worker in starting(reconciler):
-        ready(reconciler.pool, worker)
+    all_ready(reconciler)
     clock.now += 0.05
     reconciler.step()
     assert measured == []  # the start is a boot, not a change
@@ -169,11 +183,7 @@ def test_a_plan_replaced_before_it_served_is_marked_superseded(clock: Clock) -> 
 
 
 def test_a_worker_the_plan_no_longer_needs_is_parked_and_taken_back_without_a_fork(clock: Clock) -> None:
-    reconciler, backend = two_slot_reconciler()
-    reconciler.step()
-    for worker in starting(reconciler):
-        ready(reconciler.pool, worker)
-    reconciler.step()
+    reconciler, backend = serving_two_slots()
     forks = spawned(backend)
 
     reconciler.set_plan(Plan((InstancePlan(2, 2),), "fixed", "one two-thread instance"))
@@ -195,8 +205,7 @@ def test_a_worker_the_plan_no_longer_needs_is_parked_and_taken_back_without_a_fo
 def test_a_parked_worker_is_stopped_after_the_parking_time(clock: Clock) -> None:
     reconciler, backend = two_slot_reconciler()
     reconciler.step()
-    for worker in starting(reconciler):
-        ready(reconciler.pool, worker)
+    all_ready(reconciler)
     reconciler.set_plan(Plan((InstancePlan(2, 2),), "fixed", "one two-thread instance"))
     configured(reconciler, next(w for w in reconciler.pool.live() if w.pending is not None))
     reconciler.step()
@@ -221,11 +230,7 @@ def test_a_worker_on_a_cpu_the_share_gave_away_is_stopped_not_parked(clock: Cloc
     """`packrat coordinate` moved CPU 1 to another model: the worker left there must not idle on it."""
     from policies.planning.cores import CoreAllocator
 
-    reconciler, backend = two_slot_reconciler()
-    reconciler.step()
-    for worker in starting(reconciler):
-        ready(reconciler.pool, worker)
-    reconciler.step()
+    reconciler, backend = serving_two_slots()
     on_one = next(w for w in reconciler.pool.live() if w.cores == (1,))
     reconciler.allocator = CoreAllocator(Topology.synthetic(2).restricted([0]))
     reconciler.set_plan(Plan((InstancePlan(1, 1),), "fixed", "one one-thread instance on CPU 0"))
@@ -239,8 +244,7 @@ def test_a_parked_worker_is_stopped_once_its_cpu_is_given_away(clock: Clock) -> 
 
     reconciler, _ = two_slot_reconciler()
     reconciler.step()
-    for worker in starting(reconciler):
-        ready(reconciler.pool, worker)
+    all_ready(reconciler)
     reconciler.set_plan(Plan((InstancePlan(1, 1),), "fixed", "one one-thread instance"))
     reconciler.step()
     (parked,) = [w for w in reconciler.pool.live() if w.id in reconciler.parked]
@@ -254,11 +258,7 @@ def test_a_parked_worker_is_stopped_once_its_cpu_is_given_away(clock: Clock) -> 
 def test_a_plan_on_another_template_forks_every_slot_there_and_stops_the_old_workers_once_it_serves(
     clock: Clock,
 ) -> None:
-    reconciler, old = two_slot_reconciler()
-    reconciler.step()
-    for worker in starting(reconciler):
-        ready(reconciler.pool, worker)
-    reconciler.step()
+    reconciler, old = serving_two_slots()
     first = reconciler.serving()
 
     new = RecordingBackend()  # another runtime's template
@@ -270,8 +270,7 @@ def test_a_plan_on_another_template_forks_every_slot_there_and_stops_the_old_wor
     assert not any(kind == messages.STOP for _, kind, _ in old.sent)
     assert reconciler.pool.backends == (new, old)
 
-    for worker in starting(reconciler):
-        ready(reconciler.pool, worker)
+    all_ready(reconciler)
     reconciler.step()
     assert {w.id for w in reconciler.serving()} == {w.id for w in reconciler.pool.live() if w.backend is new}
     assert reconciler.parked == {}  # an older runtime's worker is never parked: no later plan can take it
@@ -324,11 +323,7 @@ def test_a_plan_that_needs_a_fork_re_threads_the_serving_worker_only_once_the_fo
 
 
 def test_a_plan_without_a_fork_re_threads_at_once(clock: Clock) -> None:
-    reconciler, backend = two_slot_reconciler()
-    reconciler.step()
-    for worker in starting(reconciler):
-        ready(reconciler.pool, worker)
-    reconciler.step()
+    reconciler, backend = serving_two_slots()
     one = Plan((InstancePlan(2, 2),), "adapt", "one two-thread instance")
     assert reconciler.forks_needed(one) == []
     reconciler.set_plan(one, "adapt")
