@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -46,6 +46,12 @@ class Hang:
     hung: list[Request]  # run alone already and hung again: the caller answers them with an error, never re-sends
     again: list[Request]  # to queue again at the head: the batch's other requests, then each suspect alone
     replace: list[WorkerHandle]  # the slice's worker and those holding a hung request's rows: nobody waits for them
+
+
+def on_free_cores(workers: Sequence[WorkerHandle], busy: Collection[int], held: set[int]) -> list[WorkerHandle]:
+    """Those of `workers` not busy (`busy`: their ids) and on none of the `held` cores: the next batch's, while
+    slices of a batch aside compute (the daemon's `InFlight.free_for_next`, the simulation's `free_workers`)."""
+    return [w for w in workers if w.id not in busy and held.isdisjoint(w.cores)]
 
 
 def holds_the_queue(now: float, started: float, ends: list[float]) -> bool:
@@ -279,7 +285,7 @@ class InFlight:
         plan's instances share cores by design (`shared_cores`). With none free, those whose slice is late are left
         out (a hang's, maybe): the others answer theirs soon."""
         held = set() if shared_cores else self.held_cores(workers)
-        free = [w for w in workers if not w.outstanding and held.isdisjoint(w.cores)]
+        free = on_free_cores(workers, {w.id for w in workers if w.outstanding}, held)
         if not free:
             late = self.late_workers(now, late_after)
             free = [w for w in workers if w.id not in late]

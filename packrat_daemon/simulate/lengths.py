@@ -16,6 +16,7 @@ from packrat_daemon.config import ServeConfig
 from packrat_daemon.fleet.pool import WorkerHandle
 from packrat_daemon.requests import slices
 from packrat_daemon.requests.batcher import Batcher, Request
+from packrat_daemon.requests.inflight import on_free_cores
 from packrat_daemon.requests.ragged import Ragged
 from packrat_daemon.requests.splitter import Splitter
 from workers.models.spec import MASK_INPUT, InputSpec, TensorSpec
@@ -71,10 +72,9 @@ def free_workers(
     workers: Sequence[WorkerHandle], busy_until: dict[int, float], now: float, shared_cores: bool
 ) -> list[WorkerHandle]:
     """The workers the next batch may take while slices of a batch aside compute (`busy_until`: each busy worker's
-    end, by `id()` of its handle), as `InFlight.free_for_next` chooses them."""
+    end, by `id()` of its handle), by the dispatcher's rule (`requests.inflight.on_free_cores`)."""
     busy = [w for w in workers if busy_until.get(id(w), 0.0) > now]
     if not busy:
         return list(workers)
     held = set() if shared_cores else {core for w in busy for core in w.cores}
-    free = [w for w in workers if w not in busy and held.isdisjoint(w.cores)]
-    return free or list(workers)
+    return on_free_cores(workers, {w.id for w in busy}, held) or list(workers)
